@@ -1,0 +1,154 @@
+/* core: status codes, logging, checked allocation, thread pool, config parsing.
+ *
+ * Every keel function that can fail returns a keel_status. The function that
+ * detects bad user input prints exactly one line naming the file/key/value and
+ * the fix (keel_errorf) and returns KEEL_ERR_INPUT; main() turns statuses into
+ * exit codes with keel_status_exit_code(). exit() lives only in main.
+ *
+ *     keel_config cfg;
+ *     keel_config_defaults(&cfg);
+ *     if (keel_config_load_file(&cfg, "configs/tiny.json") != KEEL_OK) return 2;
+ *     if (keel_config_set(&cfg, "train.steps=10") != KEEL_OK) return 2;
+ *     if (keel_config_finalize(&cfg) != KEEL_OK) return 2;
+ *     char *json = keel_config_to_json(&cfg);   // caller frees
+ */
+#ifndef KEEL_CORE_H
+#define KEEL_CORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KEEL_VERSION "0.1.0"
+
+typedef enum {
+    KEEL_OK = 0,
+    KEEL_ERR_INPUT = 1,    /* bad user input: config, data file, tokenizer, CLI */
+    KEEL_ERR_IO = 2,       /* the system failed us: disk full, permission, ... */
+    KEEL_ERR_NOMEM = 3,
+    KEEL_ERR_NUMERIC = 4,  /* non-finite loss or gradient */
+    KEEL_ERR_INTERNAL = 5, /* a bug in keel */
+} keel_status;
+
+/* Exit code for a status: 0 ok, 2 bad input, 1 anything else. */
+int keel_status_exit_code(keel_status st);
+const char *keel_status_str(keel_status st);
+
+/* ---- logging ------------------------------------------------------------ */
+
+typedef enum { KEEL_LOG_DEBUG, KEEL_LOG_INFO, KEEL_LOG_WARN, KEEL_LOG_ERROR } keel_log_level;
+
+void keel_log_set_level(keel_log_level level);
+void keel_log(keel_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define keel_log_debug(...) keel_log(KEEL_LOG_DEBUG, __VA_ARGS__)
+#define keel_log_info(...) keel_log(KEEL_LOG_INFO, __VA_ARGS__)
+#define keel_log_warn(...) keel_log(KEEL_LOG_WARN, __VA_ARGS__)
+/* One-line user-facing error: "keel: error: <message>" on stderr. */
+void keel_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Always-on internal invariant (never for user input): prints file:line and aborts. */
+#define KEEL_CHECK(cond, ...)                                                 \
+    do {                                                                      \
+        if (!(cond)) keel_check_failed(__FILE__, __LINE__, #cond, __VA_ARGS__); \
+    } while (0)
+_Noreturn void keel_check_failed(const char *file, int line, const char *cond, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* ---- checked allocation --------------------------------------------------- */
+
+/* Allocate or abort with a message naming `what` and the size: keel treats an
+ * out-of-memory as fatal (like redis' zmalloc). Memory is 64-byte aligned and,
+ * for keel_xcalloc, zeroed. Free with keel_free. */
+void *keel_xmalloc(size_t bytes, const char *what);
+void *keel_xcalloc(size_t bytes, const char *what);
+void *keel_xrealloc(void *p, size_t bytes, const char *what); /* not aligned beyond malloc's */
+char *keel_xstrdup(const char *s);
+void keel_free(void *p);
+
+/* Peak resident set size of this process in bytes (VmHWM), 0 if unknown. */
+uint64_t keel_peak_rss_bytes(void);
+/* Monotonic wall clock in seconds. */
+double keel_now_s(void);
+
+/* ---- thread pool ---------------------------------------------------------- */
+/* keel's own threads for non-GEMM kernels. Workers block on a condition
+ * variable between jobs (never spin), so they cannot steal cycles from the
+ * BLAS threads that run between two of our parallel regions. */
+
+/* chunk is in [0, keel_pool_threads()): a fixed slot for per-chunk partial
+ * results, so reductions are deterministic for a given thread count. */
+typedef void (*keel_pool_fn)(void *ctx, int64_t begin, int64_t end, int chunk);
+
+/* Start `threads` - 1 workers (the caller is the last one). threads >= 1. */
+void keel_pool_init(int threads);
+void keel_pool_shutdown(void);
+int keel_pool_threads(void);
+/* Split [0, n) into contiguous chunks, one per thread, and run fn on each;
+ * returns when all are done. Runs inline when n < min_chunk * 2 or 1 thread. */
+void keel_pool_for(int64_t n, int64_t min_chunk, keel_pool_fn fn, void *ctx);
+
+/* ---- config ------------------------------------------------------------- */
+
+typedef struct {
+    int dim;              /* C */
+    int n_layers;         /* L */
+    int n_heads;          /* NH */
+    int n_kv_heads;       /* NKV (0 in a file means = n_heads) */
+    int vocab_size;       /* V */
+    int multiple_of;      /* Llama 2 hidden-size rule */
+    double ffn_dim_multiplier; /* 0 = none */
+    double norm_eps;
+    double rope_theta;
+    int max_seq_len;      /* T: training sequence length */
+    bool tie_embeddings;
+} keel_model_config;
+
+typedef struct {
+    int steps;
+    uint64_t seed;
+    int micro_batch_size; /* B, sequences per micro-batch per rank */
+    int grad_accum_steps;
+    double lr;
+    double min_lr;        /* cosine floor */
+    int warmup_steps;
+    double weight_decay;
+    bool decay_norms_and_embeddings;
+    double beta1, beta2, adam_eps;
+    double grad_clip;     /* 0 = off */
+    int threads;          /* 0 = all cores */
+    int eval_every;       /* 0 = never */
+    int eval_batches;
+} keel_train_config;
+
+typedef struct {
+    char *path;           /* token shards from `keel data prepare` (dir or file); NULL = synthetic */
+    char *tokenizer;      /* optional SentencePiece model; vocab checked against model */
+    bool synthetic;       /* set when "synthetic" is present */
+    uint64_t synthetic_seed;
+    int synthetic_branching;  /* successors per token */
+    int synthetic_vocab;      /* tokens used (0 = min(vocab, 64)) */
+} keel_data_config;
+
+typedef struct {
+    keel_model_config model;
+    keel_train_config train;
+    keel_data_config data;
+    char *source;         /* file the config came from (for messages) */
+} keel_config;
+
+void keel_config_defaults(keel_config *cfg);
+void keel_config_free(keel_config *cfg);
+/* Merge a JSON file into cfg. Unknown keys and wrong types are errors. */
+keel_status keel_config_load_file(keel_config *cfg, const char *path);
+keel_status keel_config_load_string(keel_config *cfg, const char *json, const char *origin);
+/* Apply one "dotted.key=value" override; value is JSON or a bare string. */
+keel_status keel_config_set(keel_config *cfg, const char *assignment);
+/* Fill derived defaults (n_kv_heads 0 -> n_heads, data.path set -> not
+ * synthetic) and run the cross-field checks (shapes, ranges). */
+keel_status keel_config_finalize(keel_config *cfg);
+/* Resolved config as pretty JSON; caller frees with free(). */
+char *keel_config_to_json(const keel_config *cfg);
+/* Print the documentation table of every key (markdown) to stdout. */
+void keel_config_print_keys(void);
+
+#endif

@@ -1,0 +1,109 @@
+/* data: token-shard files, world-size-independent sample order, the synthetic
+ * source, and `keel data prepare`. See README "Token-shard format".
+ *
+ *     keel_data *d;
+ *     if (keel_data_open(&cfg.data, "train", T, V, cfg.train.seed, &d) != KEEL_OK) return 2;
+ *     int32_t *tokens = keel_xmalloc(B * (T + 1) * sizeof *tokens, "batch");
+ *     // rank r's micro-batch m of step s; G = global batch in sequences
+ *     keel_data_fetch(d, s, G, first_of(r, m), B, tokens);  // rows: T inputs + 1 target
+ *     keel_data_close(d);
+ */
+#ifndef KEEL_DATA_H
+#define KEEL_DATA_H
+
+#include <inttypes.h>
+
+#include "keel/core.h"
+#include "keel/tokenizer.h"
+
+/* ---- token-shard file (one file) ---------------------------------------- */
+
+#define KEEL_SHARD_MAGIC "KEELTOK1"  /* 8 bytes */
+#define KEEL_SHARD_VERSION 1
+#define KEEL_SHARD_HEADER_BYTES 64
+
+typedef struct keel_shard keel_shard;
+
+/* Write tokens to `path` atomically: a temporary file in the same directory,
+ * fsync, rename, fsync of the directory; on failure the old file (if any) is
+ * untouched and no temporary is left. Ids are stored as uint16 when
+ * vocab_size <= 65536, else uint32. Returns KEEL_ERR_INPUT (nothing written)
+ * if an id is outside [0, vocab_size), KEEL_ERR_IO if the system fails. */
+keel_status keel_shard_write(const char *path, const int32_t *tokens, uint64_t n_tokens,
+                             uint32_t vocab_size);
+/* mmap and verify (magic, version, size, checksum, every id < vocab_size of
+ * the header). Errors are one line naming the file and the fix
+ * (KEEL_ERR_INPUT). The caller owns *out and frees it with keel_shard_close. */
+keel_status keel_shard_open(const char *path, keel_shard **out);
+void keel_shard_close(keel_shard *s);
+uint64_t keel_shard_n_tokens(const keel_shard *s);
+uint32_t keel_shard_vocab_size(const keel_shard *s);
+/* Copy tokens [first, first + n) widened to int32. */
+void keel_shard_read(const keel_shard *s, uint64_t first, uint64_t n, int32_t *out);
+/* Shard files of a prepared directory are named "<split>-NNNNN.bin" (index
+ * zero-padded to 5 digits, more when needed). True if `name` is one of
+ * `split`'s, with its index in *index. */
+#define KEEL_SHARD_NAME_FMT "%s-%05" PRIu64 ".bin"
+bool keel_shard_name_parse(const char *name, const char *split, uint64_t *index);
+
+/* ---- a split of a dataset, in training order ------------------------------ */
+
+typedef struct keel_data keel_data;
+
+/* Open split "train" or "val" of cfg (a prepared directory, a single shard file
+ * used as "train", or the synthetic source) for sequences of seq_len tokens
+ * (+1 for the target). vocab_size is the model's: any mismatch with the data
+ * (or with cfg->tokenizer) is an input error. seed drives the shuffle. For
+ * "val" with no val split, *out = NULL and KEEL_OK. The caller owns *out
+ * (keel_data_close).
+ *
+ * The synthetic source is an infinite, learnable stream: tokens in [0, V_s)
+ * (V_s = data.synthetic.vocab, 0 = min(vocab_size, 1024)); each token has
+ * data.synthetic.branching distinct successors fixed by data.synthetic.seed;
+ * sample g starts at a hashed token and each next token is a hashed choice
+ * among the current one's successors, so the best loss is ln(branching).
+ * Train and val walk the same chain along different paths. */
+keel_status keel_data_open(const keel_data_config *cfg, const char *split, int seq_len,
+                           int vocab_size, uint64_t seed, keel_data **out);
+/* Open one shard file or prepared directory directly (for `keel eval --data`). */
+keel_status keel_data_open_path(const char *path, const char *split, int seq_len, int vocab_size,
+                                uint64_t seed, keel_data **out);
+void keel_data_close(keel_data *d);
+/* Number of distinct samples in one epoch (synthetic: UINT64_MAX). */
+uint64_t keel_data_n_samples(const keel_data *d);
+
+/* Global sample order (DESIGN §4): step s of a run with global batch G
+ * sequences consumes global positions [s*G, (s+1)*G) of a seeded permutation
+ * of the samples, reshuffled each epoch. Fetch positions
+ * [s*G + first, s*G + first + n) into out (n rows of seq_len + 1 tokens);
+ * first + n <= G. Sample i is stream tokens [i*T, i*T + T + 1). The result
+ * depends only on (seed, step, G, position), never on how [0, G) is split
+ * into ranks or micro-batches. Not thread-safe for one d (it caches the
+ * current epoch's permutation: 8 bytes per sample). */
+void keel_data_fetch(keel_data *d, uint64_t step, uint64_t global_batch, uint64_t first,
+                     int n, int32_t *out);
+
+/* `keel data prepare`: tokenize text files into DIR/train-NNNNN.bin and
+ * DIR/val-NNNNN.bin and print the token counts of each split.
+ *
+ * A document is a block of non-blank lines (blank = empty or only spaces,
+ * tabs, CRs); each file ends a document. Each line is encoded on its own (as
+ * `spm_encode` does) and a document's tokens are BOS + lines + EOS, where BOS
+ * and EOS are added only if the tokenizer defines them. Documents longer than
+ * 65536 tokens are cut at line ends into chunks; each document-chunk goes
+ * whole to train or val, to whichever keeps val's share of the tokens so far
+ * closest to val_fraction (deterministic; val_fraction 0 = no val files).
+ * Refuses an out_dir that already holds shards unless force; with force the
+ * old shards of both splits are replaced. */
+typedef struct {
+    const char *model_path;
+    const char *const *inputs;
+    int n_inputs;
+    const char *out_dir;
+    double val_fraction;      /* in [0, 1) */
+    uint64_t shard_tokens;    /* at most this many tokens per file; 0 = 64 Mi */
+    bool force;               /* replace existing shards in out_dir */
+} keel_prepare_args;
+keel_status keel_data_prepare(const keel_prepare_args *args);
+
+#endif

@@ -1,0 +1,99 @@
+/* kernels: the math of one Llama 2 layer, fast and reference versions.
+ *
+ * Letters used for shapes everywhere in keel:
+ *   B batch (sequences), T sequence length, N = B*T rows, C model dim,
+ *   NH query heads, NKV key/value heads, HS head size, F SwiGLU hidden size,
+ *   V vocabulary, L layers.
+ * Matrices are row-major; weights are (out, in) as in PyTorch/Hugging Face.
+ *
+ * Fast versions use OpenBLAS sgemm and keel's thread pool; every other kernel
+ * also has a keel_ref_* version written plainly (double accumulation) that the
+ * tests compare against. Call keel_kernels_init once before use.
+ */
+#ifndef KEEL_KERNELS_H
+#define KEEL_KERNELS_H
+
+#include "keel/core.h"
+
+/* Set BLAS and pool threads (0 = all cores). Returns the thread count used. */
+int keel_kernels_init(int threads);
+void keel_kernels_shutdown(void);
+
+/* ---- GEMM (OpenBLAS) ------------------------------------------------------ */
+/* out (M,N) = in (M,K) · w (N,K)ᵀ, plus out if accumulate. */
+void keel_matmul_forward(float *out, const float *in, const float *w, int M, int N, int K,
+                         bool accumulate);
+/* d_in (M,K) = d_out (M,N) · w (N,K) (plus d_in if accumulate_in; skipped if
+ * d_in is NULL); d_w (N,K) += d_outᵀ · in (always accumulates). */
+void keel_matmul_backward(float *d_in, float *d_w, const float *d_out, const float *in,
+                          const float *w, int M, int N, int K, bool accumulate_in);
+
+/* ---- RMSNorm: out = x / sqrt(mean(x²) + eps) * w ------------------------- */
+void keel_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N, int C,
+                          float eps);
+/* dx (N,C) += ..., dw (C) += ... */
+void keel_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x,
+                           const float *w, const float *rstd, int N, int C);
+void keel_ref_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N,
+                              int C, float eps);
+void keel_ref_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x,
+                               const float *w, const float *rstd, int N, int C);
+
+/* ---- RoPE, Hugging Face rotate-half layout --------------------------------
+ * x (B,T,H,HS) rotated in place: pair (i, i+HS/2) of position t by angle
+ * t * theta^(-2i/HS). cos_sin is (T, HS/2, 2) from keel_rope_table. */
+void keel_rope_table(float *cos_sin, int T, int HS, double theta);
+void keel_rope_forward(float *x, const float *cos_sin, int B, int T, int H, int HS);
+/* The gradient of a rotation is the inverse rotation, in place on dx. */
+void keel_rope_backward(float *dx, const float *cos_sin, int B, int T, int H, int HS);
+void keel_ref_rope_forward(float *x, int B, int T, int H, int HS, double theta);
+
+/* ---- causal attention with grouped-query heads ----------------------------
+ * q (B,T,NH*HS), k and v (B,T,NKV*HS), out (B,T,NH*HS); att (B,NH,T,T) keeps
+ * the softmax probabilities for backward. Query head h reads kv head
+ * h / (NH/NKV). */
+void keel_attention_forward(float *out, float *att, const float *q, const float *k,
+                            const float *v, int B, int T, int NH, int NKV, int HS);
+/* dq = ..., dk = ..., dv = ... (overwritten); datt (B,NH,T,T) is scratch. */
+void keel_attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout,
+                             const float *q, const float *k, const float *v, const float *att,
+                             int B, int T, int NH, int NKV, int HS);
+void keel_ref_attention_forward(float *out, float *att, const float *q, const float *k,
+                                const float *v, int B, int T, int NH, int NKV, int HS);
+void keel_ref_attention_backward(float *dq, float *dk, float *dv, const float *dout,
+                                 const float *q, const float *k, const float *v,
+                                 const float *att, int B, int T, int NH, int NKV, int HS);
+
+/* ---- SwiGLU: h = silu(gate) * up, all (N,F) ------------------------------ */
+void keel_swiglu_forward(float *h, const float *gate, const float *up, int64_t n);
+/* dgate, dup overwritten. */
+void keel_swiglu_backward(float *dgate, float *dup, const float *dh, const float *gate,
+                          const float *up, int64_t n);
+void keel_ref_swiglu_forward(float *h, const float *gate, const float *up, int64_t n);
+void keel_ref_swiglu_backward(float *dgate, float *dup, const float *dh, const float *gate,
+                              const float *up, int64_t n);
+
+/* ---- softmax cross-entropy ------------------------------------------------
+ * logits (N,V), targets (N). Returns the summed loss over the N rows (double).
+ * If dscale != 0, logits are overwritten with dloss/dlogits * dscale, i.e.
+ * (softmax - onehot) * dscale. */
+double keel_xent_forward_backward(float *logits, const int32_t *targets, int N, int V,
+                                  float dscale);
+double keel_ref_xent_forward_backward(float *logits, const int32_t *targets, int N, int V,
+                                      float dscale);
+
+/* ---- AdamW (decoupled weight decay), one tensor or shard ------------------
+ * step t >= 1 for bias correction; decay is lr * weight_decay * param; the
+ * gradient is multiplied by grad_scale first (clipping, fused: one pass). */
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay, grad_scale;
+    int64_t t;
+} keel_adamw_step;
+void keel_adamw_update(float *param, const float *grad, float *m, float *v, int64_t n,
+                       const keel_adamw_step *s);
+void keel_ref_adamw_update(float *param, const float *grad, float *m, float *v, int64_t n,
+                           const keel_adamw_step *s);
+/* Sum of squares (double accumulation) for the global gradient norm. */
+double keel_sumsq(const float *x, int64_t n);
+
+#endif

@@ -1,0 +1,79 @@
+/* model: the Llama 2 architecture in fp32 — parameter layout, forward, backward.
+ *
+ *     keel_model *m;
+ *     keel_model_build(&cfg.model, B, &m);          // params, grads, activations
+ *     keel_model_init_weights(m, seed);
+ *     double loss_sum = keel_model_forward(m, tokens, B, 1.0f / (B * T)); // tokens (B, T+1)
+ *     keel_model_backward(m);                        // grads += d(loss)/d(params)
+ *     keel_model_free(m);
+ *
+ * Parameters live in one flat fp32 vector in the canonical order below, which
+ * is also the order of summary.json's params_xxh3 and of FSDP units:
+ *   unit 0      model.embed_tokens.weight (V, C)
+ *   unit 1+l    model.layers.l.{input_layernorm (C), self_attn.q_proj (NH*HS, C),
+ *               k_proj (NKV*HS, C), v_proj (NKV*HS, C), o_proj (C, NH*HS),
+ *               post_attention_layernorm (C), mlp.gate_proj (F, C), mlp.up_proj (F, C),
+ *               mlp.down_proj (C, F)}            for l = 0 .. L-1
+ *   unit L+1    model.norm.weight (C), lm_head.weight (V, C) (absent when tied)
+ * Names are Hugging Face LlamaForCausalLM's.
+ */
+#ifndef KEEL_MODEL_H
+#define KEEL_MODEL_H
+
+#include "keel/core.h"
+
+typedef struct {
+    char name[64];   /* Hugging Face parameter name */
+    int unit;        /* 0 embedding, 1..L blocks, L+1 head */
+    int64_t offset;  /* in the flat parameter vector */
+    int64_t rows, cols; /* (rows, cols) matrix, or (rows, 1) vector */
+    bool is_norm_or_embedding; /* excluded from weight decay by default */
+} keel_tensor_info;
+
+#define KEEL_BLOCK_TENSORS 9
+
+typedef struct {
+    keel_model_config cfg;
+    int C, L, NH, NKV, HS, F, V, T;
+    int n_tensors;
+    keel_tensor_info *tensors;
+    int n_units;           /* L + 2 */
+    int64_t *unit_offset;  /* (n_units) */
+    int64_t *unit_size;    /* (n_units) parameters in each unit */
+    int64_t n_params;
+} keel_model_layout;
+
+/* Llama 2's SwiGLU hidden size for this config. */
+int keel_model_ffn_hidden(const keel_model_config *cfg);
+/* Build the layout of cfg (finalized config). Free with keel_model_layout_free. */
+void keel_model_layout_init(keel_model_layout *lay, const keel_model_config *cfg);
+void keel_model_layout_free(keel_model_layout *lay);
+/* Training FLOPs per token (forward + backward): 6 × matmul params +
+ * 12 × L × C × T for attention (PaLM's convention, no causal discount). */
+double keel_model_flops_per_token(const keel_model_layout *lay);
+/* Activation bytes for a micro-batch of B sequences. */
+int64_t keel_model_activation_bytes(const keel_model_layout *lay, int B);
+
+typedef struct keel_model keel_model;
+
+/* Allocate parameters, gradients and activations for micro-batches of B
+ * sequences of cfg->max_seq_len tokens. Caller owns *out. */
+keel_status keel_model_build(const keel_model_config *cfg, int B, keel_model **out);
+void keel_model_free(keel_model *m);
+const keel_model_layout *keel_model_get_layout(const keel_model *m);
+float *keel_model_params(keel_model *m); /* (n_params) */
+float *keel_model_grads(keel_model *m);  /* (n_params) */
+/* N(0, 0.02) matrices, ones for norms; each tensor from its own stream of
+ * `seed`, so any slice can be regenerated independently. */
+void keel_model_init_weights(keel_model *m, uint64_t seed);
+void keel_model_zero_grads(keel_model *m);
+
+/* Forward over tokens (n_seqs, T+1), n_seqs <= B: inputs are [0,T), targets
+ * [1,T+1). Returns the summed cross-entropy over n_seqs*T positions. When grad_scale != 0 the logits'
+ * gradient (times grad_scale, usually 1 / tokens per optimizer step) is kept
+ * for keel_model_backward. */
+double keel_model_forward(keel_model *m, const int32_t *tokens, int n_seqs, float grad_scale);
+/* Accumulate parameter gradients into the grads vector. */
+void keel_model_backward(keel_model *m);
+
+#endif

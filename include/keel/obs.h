@@ -1,0 +1,33 @@
+/* obs: what a run tells the world — metrics.jsonl lines and the progress
+ * display (a live line on a terminal, plain lines otherwise). Prometheus
+ * exposition and the dashboard land here later. */
+#ifndef KEEL_OBS_H
+#define KEEL_OBS_H
+
+#include <stdio.h>
+
+#include "keel/core.h"
+
+/* An append-only JSON-lines file; each line is flushed as it is written. */
+typedef struct keel_jsonl keel_jsonl;
+keel_status keel_jsonl_open(const char *path, keel_jsonl **out);
+void keel_jsonl_write(keel_jsonl *j, const char *json_object_text);
+void keel_jsonl_close(keel_jsonl *j);
+
+typedef struct {
+    FILE *out;
+    bool tty;          /* redraw one line in place */
+    int total_steps;
+    int plain_every;   /* non-TTY: print every N steps */
+    bool line_open;    /* a live line is on screen without its newline */
+} keel_progress;
+
+void keel_progress_init(keel_progress *p, FILE *out, int total_steps);
+/* step is 1-based (steps done). */
+void keel_progress_step(keel_progress *p, int step, double loss, double tokens_per_s, double mfu,
+                        double elapsed_s);
+/* A line that stays on screen (eval results, warnings). */
+void keel_progress_note(keel_progress *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void keel_progress_end(keel_progress *p);
+
+#endif

@@ -1,0 +1,39 @@
+/* optim: AdamW over a contiguous range of the flat parameter vector (the
+ * whole model on one rank, the local shard under FSDP), the learning-rate
+ * schedule, and gradient-norm clipping.
+ *
+ *     keel_optim *opt;
+ *     keel_optim_build(&cfg.train, &layout, 0, layout.n_params, &opt);
+ *     double norm = sqrt(keel_sumsq(grads, n));          // all-reduced under FSDP
+ *     keel_optim_update(opt, params, grads, step, keel_lr_at(&cfg.train, step),
+ *                       keel_clip_scale(norm, cfg.train.grad_clip));
+ */
+#ifndef KEEL_OPTIM_H
+#define KEEL_OPTIM_H
+
+#include "keel/core.h"
+#include "keel/model.h"
+
+typedef struct keel_optim keel_optim;
+
+/* Optimizer state (m, v) for parameters [begin, begin + len) of the layout. */
+keel_status keel_optim_build(const keel_train_config *cfg, const keel_model_layout *lay,
+                             int64_t begin, int64_t len, keel_optim **out);
+void keel_optim_free(keel_optim *opt);
+/* Persistent optimizer bytes (m and v). */
+int64_t keel_optim_state_bytes(const keel_optim *opt);
+
+/* Learning rate for optimizer step `step` (0-based of `total`): linear warmup
+ * from lr/warmup to lr over warmup_steps, then cosine decay to min_lr at the
+ * last step. */
+double keel_lr_at(const keel_train_config *cfg, int step);
+/* Factor that brings the global gradient norm down to clip (1 if under it or clip = 0). */
+double keel_clip_scale(double grad_norm, double clip);
+
+/* One AdamW step on params/grads of the optimizer's range (pointers to the
+ * range's first element). grads are multiplied by grad_scale first. step is
+ * 0-based; Adam's bias correction uses step + 1. */
+void keel_optim_update(keel_optim *opt, float *params, float *grads, int step, double lr,
+                       double grad_scale);
+
+#endif

@@ -1,0 +1,34 @@
+/* train: the worker loop — micro-batches, accumulation, optimizer step, eval,
+ * metrics, signals — and evaluation of a finished run.
+ *
+ * Run directory written by keel_train_run:
+ *   RUN/config.json    the resolved config (every key, defaults filled in)
+ *   RUN/metrics.jsonl  one JSON object per optimizer step (+ eval lines)
+ *   RUN/weights.bin    final parameters (format in keel/ckpt.h)
+ *   RUN/summary.json   status, steps, final_loss, params_xxh3, peak_rss_bytes, ...
+ */
+#ifndef KEEL_TRAIN_H
+#define KEEL_TRAIN_H
+
+#include "keel/core.h"
+
+/* The fp32 FLOP/s peak MFU is measured against: 230 GF/s per thread, measured
+ * with hand-written AVX-512 FMA loops on this machine (notes/cpu.md); the
+ * environment variable KEEL_PEAK_FLOPS overrides it (FLOP/s for all threads). */
+double keel_peak_flops(int threads);
+
+/* Validate everything (data, tokenizer, run directory) before writing
+ * anything, then train. cfg must be finalized. A run directory that exists
+ * and is not empty is refused. */
+keel_status keel_train_run(const keel_config *cfg, const char *run_dir);
+
+/* Print what a config needs (parameters, memory by category) without
+ * allocating it: `keel train --dry-run`. */
+keel_status keel_train_dry_run(const keel_config *cfg);
+
+/* Mean loss of RUN_DIR's weights over every sequence of data_path (a prepared
+ * directory — its val split if it has one, else train — or one shard file). */
+keel_status keel_eval_run(const char *run_dir, const char *data_path, double *mean_loss,
+                          uint64_t *tokens);
+
+#endif

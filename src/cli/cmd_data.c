@@ -1,0 +1,125 @@
+/* cli/cmd_data: `keel data prepare` — parse the flags, call keel_data_prepare. */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "keel/data.h"
+
+static const char data_usage[] =
+    "usage: keel data prepare --model TOKENIZER.model --input FILE [FILE ...] --out DIR\n"
+    "                         [--val-fraction F] [--shard-tokens N] [--force]\n"
+    "\n"
+    "Tokenize text files into token shards for `data.path`: DIR/train-00000.bin, ...\n"
+    "and, with --val-fraction, DIR/val-00000.bin, ...\n"
+    "\n"
+    "A document is a block of non-blank lines; a blank line or the end of a file\n"
+    "ends it. Each line is encoded as spm_encode would, and each document becomes\n"
+    "BOS + its lines' tokens + EOS (BOS/EOS only if the tokenizer defines them).\n"
+    "\n"
+    "  --model PATH        SentencePiece model (from spm_train)\n"
+    "  --input FILE ...    text files, read in order (repeatable)\n"
+    "  --out DIR           output directory; created if missing\n"
+    "  --val-fraction F    share of tokens for the val split, in [0, 1) (default 0: none);\n"
+    "                      whole documents (cut every 65536 tokens) go to val\n"
+    "  --shard-tokens N    at most N tokens per file (default 67108864)\n"
+    "  --force             replace the shards already in DIR (default: refuse)\n"
+    "  --help              show this text\n";
+
+enum { OPT_MODEL = 256, OPT_INPUT, OPT_OUT, OPT_VAL_FRACTION, OPT_SHARD_TOKENS, OPT_FORCE,
+       OPT_HELP };
+
+static const struct option prepare_options[] = {
+    {"model", required_argument, NULL, OPT_MODEL},
+    {"input", required_argument, NULL, OPT_INPUT},
+    {"out", required_argument, NULL, OPT_OUT},
+    {"val-fraction", required_argument, NULL, OPT_VAL_FRACTION},
+    {"shard-tokens", required_argument, NULL, OPT_SHARD_TOKENS},
+    {"force", no_argument, NULL, OPT_FORCE},
+    {"help", no_argument, NULL, OPT_HELP},
+    {NULL, 0, NULL, 0},
+};
+
+static int usage_error(const char *what, const char *arg) {
+    keel_errorf("data prepare: %s '%s'; see `keel data prepare --help`", what, arg);
+    return 2;
+}
+
+static bool parse_fraction(const char *text, double *out) {
+    char *end;
+    errno = 0;
+    *out = strtod(text, &end);
+    return errno == 0 && end != text && *end == '\0' && isfinite(*out);
+}
+
+static bool parse_count(const char *text, uint64_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long value = strtoull(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || text[0] == '-' || value == 0) return false;
+    *out = value;
+    return true;
+}
+
+static int cmd_prepare(int argc, char **argv) {
+    keel_prepare_args args = {0};
+    const char **inputs = calloc((size_t)argc, sizeof *inputs); /* argc bounds the inputs */
+    if (!inputs) return 1;
+    int exit_code = -1;
+    optind = 0; /* full re-initialisation of GNU getopt */
+    opterr = 0;
+    int opt;
+    while (exit_code < 0 && (opt = getopt_long(argc, argv, ":", prepare_options, NULL)) != -1) {
+        const char *arg = optarg;
+        switch (opt) {
+        case OPT_MODEL: args.model_path = arg; break;
+        case OPT_INPUT: inputs[args.n_inputs++] = arg; break;
+        case OPT_OUT: args.out_dir = arg; break;
+        case OPT_VAL_FRACTION:
+            if (!parse_fraction(arg, &args.val_fraction))
+                exit_code = usage_error("--val-fraction needs a number, not", arg);
+            break;
+        case OPT_SHARD_TOKENS:
+            if (!parse_count(arg, &args.shard_tokens))
+                exit_code = usage_error("--shard-tokens needs a positive integer, not", arg);
+            break;
+        case OPT_FORCE: args.force = true; break;
+        case OPT_HELP:
+            fputs(data_usage, stdout);
+            exit_code = 0;
+            break;
+        case ':': exit_code = usage_error("missing value for", argv[optind - 1]); break;
+        default: {
+            char short_opt[3] = {'-', (char)optopt, '\0'};
+            exit_code = usage_error("unknown option", optopt ? short_opt : argv[optind - 1]);
+            break;
+        }
+        }
+    }
+    /* `--input a.txt b.txt`: the words after the options are inputs too. */
+    for (int i = optind; exit_code < 0 && i < argc; i++) inputs[args.n_inputs++] = argv[i];
+    if (exit_code < 0) {
+        args.inputs = inputs;
+        exit_code = keel_status_exit_code(keel_data_prepare(&args));
+    }
+    free(inputs);
+    return exit_code;
+}
+
+int keel_cmd_data(int argc, char **argv) {
+    if (argc < 2) {
+        fputs(data_usage, stderr);
+        return 2;
+    }
+    const char *sub = argv[1];
+    if (strcmp(sub, "--help") == 0 || strcmp(sub, "-h") == 0 || strcmp(sub, "help") == 0) {
+        fputs(data_usage, stdout);
+        return 0;
+    }
+    if (strcmp(sub, "prepare") == 0) return cmd_prepare(argc - 1, argv + 1);
+    keel_errorf("data: unknown subcommand '%s'; the only one is `keel data prepare`", sub);
+    return 2;
+}

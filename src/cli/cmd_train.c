@@ -1,0 +1,83 @@
+/* cli/cmd_train.c: `keel train CONFIG.json [--set key=value ...] [--run-dir DIR] [--dry-run]`. */
+#include <getopt.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "keel/train.h"
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: keel train CONFIG.json [--set key=value ...] [--run-dir DIR] [--dry-run]\n"
+            "  --set key=value  override a config key (dotted, e.g. train.steps=100); repeatable\n"
+            "  --run-dir DIR    where the run writes (default runs/<config>-<time>); must be new or empty\n"
+            "  --dry-run        print parameters and memory by category, train nothing\n");
+}
+
+/* Load CONFIG, apply --set overrides in order, finalize. */
+static keel_status load_config(keel_config *cfg, const char *path, char **sets, int n_sets) {
+    keel_config_defaults(cfg);
+    keel_status st = keel_config_load_file(cfg, path);
+    for (int i = 0; st == KEEL_OK && i < n_sets; i++) st = keel_config_set(cfg, sets[i]);
+    if (st == KEEL_OK) st = keel_config_finalize(cfg);
+    return st;
+}
+
+int keel_cmd_train(int argc, char **argv) {
+    static const struct option options[] = {
+        {"set", required_argument, NULL, 's'},
+        {"run-dir", required_argument, NULL, 'r'},
+        {"dry-run", no_argument, NULL, 'n'},
+        {"help", no_argument, NULL, 'h'},
+        {0, 0, 0, 0},
+    };
+    char *sets[256];
+    int n_sets = 0;
+    const char *run_dir = NULL;
+    bool dry_run = false;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", options, NULL)) != -1) {
+        switch (c) {
+        case 's':
+            if (n_sets == 256) {
+                keel_errorf("too many --set options (at most 256)");
+                return 2;
+            }
+            sets[n_sets++] = optarg;
+            break;
+        case 'r': run_dir = optarg; break;
+        case 'n': dry_run = true; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind != argc - 1) {
+        keel_errorf("keel train takes exactly one CONFIG.json (got %d); see keel train --help",
+                    argc - optind);
+        return 2;
+    }
+    keel_config cfg;
+    keel_status st = load_config(&cfg, argv[optind], sets, n_sets);
+    if (st == KEEL_OK && dry_run) st = keel_train_dry_run(&cfg);
+    else if (st == KEEL_OK) {
+        char default_dir[512];
+        if (!run_dir) {
+            char stem[256], *copy = keel_xstrdup(argv[optind]);
+            snprintf(stem, sizeof stem, "%s", basename(copy));
+            keel_free(copy);
+            char *dot = strrchr(stem, '.');
+            if (dot) *dot = 0;
+            char stamp[32];
+            time_t now = time(NULL);
+            strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", localtime(&now));
+            snprintf(default_dir, sizeof default_dir, "runs/%s-%s", stem, stamp);
+            run_dir = default_dir;
+        }
+        st = keel_train_run(&cfg, run_dir);
+    }
+    keel_config_free(&cfg);
+    return keel_status_exit_code(st);
+}

@@ -1,0 +1,41 @@
+/* cli/main.c: `keel <command>` — dispatch to one small file per subcommand. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "keel/core.h"
+
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} command;
+
+static const command COMMANDS[] = {
+    {"train", keel_cmd_train, "train a model: keel train CONFIG.json [--set key=value ...] [--run-dir DIR]"},
+    {"eval", keel_cmd_eval, "loss of a run's weights: keel eval RUN_DIR --data PATH"},
+    {"data", keel_cmd_data, "prepare token shards: keel data prepare --model M --input F... --out DIR"},
+    {"tokenize", keel_cmd_tokenize, "text <-> ids with a SentencePiece model: keel tokenize --model M [--decode]"},
+    {"config", keel_cmd_config, "config keys and resolved configs: keel config keys | keel config show CONFIG"},
+};
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: keel <command> [options]   (keel <command> --help for more)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
+        fprintf(out, "  %-9s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("keel %s\n", KEEL_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
+        if (!strcmp(argv[1], COMMANDS[i].name)) return COMMANDS[i].run(argc - 1, argv + 1);
+    keel_errorf("unknown command '%s'; run `keel --help` for the list", argv[1]);
+    return 2;
+}

@@ -1,0 +1,61 @@
+/* core/alloc.c: checked, aligned allocation; process memory and clock readings. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "keel/core.h"
+
+/* 64 bytes: one cache line and one AVX-512 register. */
+#define KEEL_ALIGN 64
+
+void *keel_xmalloc(size_t bytes, const char *what) {
+    void *p = NULL;
+    size_t rounded = (bytes + KEEL_ALIGN - 1) / KEEL_ALIGN * KEEL_ALIGN;
+    if (posix_memalign(&p, KEEL_ALIGN, rounded ? rounded : KEEL_ALIGN) != 0) {
+        keel_errorf("out of memory allocating %zu bytes for %s", bytes, what);
+        abort();
+    }
+    return p;
+}
+
+void *keel_xcalloc(size_t bytes, const char *what) {
+    void *p = keel_xmalloc(bytes, what);
+    memset(p, 0, bytes);
+    return p;
+}
+
+void *keel_xrealloc(void *p, size_t bytes, const char *what) {
+    void *q = realloc(p, bytes ? bytes : 1);
+    if (!q) {
+        keel_errorf("out of memory reallocating %zu bytes for %s", bytes, what);
+        abort();
+    }
+    return q;
+}
+
+char *keel_xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = keel_xmalloc(n, "string");
+    memcpy(d, s, n);
+    return d;
+}
+
+void keel_free(void *p) { free(p); }
+
+uint64_t keel_peak_rss_bytes(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    uint64_t kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %lu kB", &kb) == 1) break;
+    fclose(f);
+    return kb * 1024;
+}
+
+double keel_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

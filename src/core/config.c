@@ -1,0 +1,413 @@
+/* core/config.c: the config schema as one table that drives parsing, --set,
+ * the resolved config.json, validation of ranges, and the README key list. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "keel/core.h"
+
+typedef enum { K_SECTION, K_INT, K_U64, K_DOUBLE, K_BOOL, K_STRING, K_FLAG_SECTION } key_type;
+
+typedef struct {
+    const char *key;  /* dotted path */
+    key_type type;
+    size_t offset;    /* into keel_config; for K_FLAG_SECTION the bool that marks presence */
+    double min, max;  /* numeric range, inclusive */
+    const char *doc;
+} key_spec;
+
+#define OFF(field) offsetof(keel_config, field)
+#define BIG 1e18
+
+static const key_spec KEYS[] = {
+    {"model", K_SECTION, 0, 0, 0, "model shape (Llama 2 architecture)"},
+    {"model.dim", K_INT, OFF(model.dim), 1, 1 << 20, "hidden size C"},
+    {"model.n_layers", K_INT, OFF(model.n_layers), 1, 4096, "transformer blocks L"},
+    {"model.n_heads", K_INT, OFF(model.n_heads), 1, 4096, "attention heads NH"},
+    {"model.n_kv_heads", K_INT, OFF(model.n_kv_heads), 0, 4096,
+     "key/value heads NKV for grouped-query attention (0 = n_heads)"},
+    {"model.vocab_size", K_INT, OFF(model.vocab_size), 2, 1 << 24, "vocabulary size V"},
+    {"model.multiple_of", K_INT, OFF(model.multiple_of), 1, 1 << 20,
+     "SwiGLU hidden size is rounded up to a multiple of this"},
+    {"model.ffn_dim_multiplier", K_DOUBLE, OFF(model.ffn_dim_multiplier), 0, 64,
+     "Llama 2 ffn_dim_multiplier (0 = none)"},
+    {"model.norm_eps", K_DOUBLE, OFF(model.norm_eps), 1e-12, 1, "RMSNorm epsilon"},
+    {"model.rope_theta", K_DOUBLE, OFF(model.rope_theta), 1, 1e12, "RoPE base frequency"},
+    {"model.max_seq_len", K_INT, OFF(model.max_seq_len), 1, 1 << 20,
+     "training sequence length T"},
+    {"model.tie_embeddings", K_BOOL, OFF(model.tie_embeddings), 0, 0,
+     "share the token embedding with the output head"},
+
+    {"train", K_SECTION, 0, 0, 0, "optimisation"},
+    {"train.steps", K_INT, OFF(train.steps), 0, 1e9, "optimizer steps"},
+    {"train.seed", K_U64, OFF(train.seed), 0, BIG, "seed for weights and data order"},
+    {"train.micro_batch_size", K_INT, OFF(train.micro_batch_size), 1, 1 << 20,
+     "sequences per micro-batch per rank B"},
+    {"train.grad_accum_steps", K_INT, OFF(train.grad_accum_steps), 1, 1 << 20,
+     "micro-batches accumulated per optimizer step"},
+    {"train.lr", K_DOUBLE, OFF(train.lr), 0, 10, "peak learning rate"},
+    {"train.min_lr", K_DOUBLE, OFF(train.min_lr), 0, 10, "floor of the cosine decay"},
+    {"train.warmup_steps", K_INT, OFF(train.warmup_steps), 0, 1e9, "linear warmup steps"},
+    {"train.weight_decay", K_DOUBLE, OFF(train.weight_decay), 0, 10, "AdamW decoupled weight decay"},
+    {"train.decay_norms_and_embeddings", K_BOOL, OFF(train.decay_norms_and_embeddings), 0, 0,
+     "also apply weight decay to norm weights and the token embedding"},
+    {"train.beta1", K_DOUBLE, OFF(train.beta1), 0, 0.999999, "AdamW beta1"},
+    {"train.beta2", K_DOUBLE, OFF(train.beta2), 0, 0.999999, "AdamW beta2"},
+    {"train.adam_eps", K_DOUBLE, OFF(train.adam_eps), 0, 1, "AdamW epsilon"},
+    {"train.grad_clip", K_DOUBLE, OFF(train.grad_clip), 0, 1e9,
+     "clip the global gradient norm to this (0 = off)"},
+    {"train.threads", K_INT, OFF(train.threads), 0, 64, "compute threads (0 = all cores)"},
+    {"train.eval_every", K_INT, OFF(train.eval_every), 0, 1e9,
+     "validation loss every N steps when a val split exists (0 = never)"},
+    {"train.eval_batches", K_INT, OFF(train.eval_batches), 1, 1e6,
+     "micro-batches per validation pass"},
+
+    {"data", K_SECTION, 0, 0, 0, "training data"},
+    {"data.path", K_STRING, OFF(data.path), 0, 0,
+     "directory from `keel data prepare` (or one shard file); wins over synthetic"},
+    {"data.tokenizer", K_STRING, OFF(data.tokenizer), 0, 0,
+     "SentencePiece model; its vocabulary size must equal model.vocab_size"},
+    {"data.synthetic", K_FLAG_SECTION, OFF(data.synthetic), 0, 0,
+     "seeded learnable token source (object, or false)"},
+    {"data.synthetic.seed", K_U64, OFF(data.synthetic_seed), 0, BIG, "seed of the token chain"},
+    {"data.synthetic.branching", K_INT, OFF(data.synthetic_branching), 1, 1 << 20,
+     "successor candidates per token (ideal loss = ln(branching))"},
+    {"data.synthetic.vocab", K_INT, OFF(data.synthetic_vocab), 0, 1 << 24,
+     "tokens used (0 = min(model.vocab_size, 64))"},
+};
+#define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
+
+void keel_config_defaults(keel_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->model = (keel_model_config){.dim = 288, .n_layers = 6, .n_heads = 6, .n_kv_heads = 0,
+                                     .vocab_size = 32000, .multiple_of = 32,
+                                     .ffn_dim_multiplier = 0, .norm_eps = 1e-5,
+                                     .rope_theta = 10000, .max_seq_len = 256,
+                                     .tie_embeddings = false};
+    cfg->train = (keel_train_config){.steps = 100, .seed = 1337, .micro_batch_size = 4,
+                                     .grad_accum_steps = 1, .lr = 3e-4, .min_lr = 3e-5,
+                                     .warmup_steps = 10, .weight_decay = 0.1,
+                                     .decay_norms_and_embeddings = false, .beta1 = 0.9,
+                                     .beta2 = 0.95, .adam_eps = 1e-8, .grad_clip = 1.0,
+                                     .threads = 0, .eval_every = 0, .eval_batches = 8};
+    cfg->data.synthetic_seed = 1;
+    cfg->data.synthetic_branching = 4;
+}
+
+void keel_config_free(keel_config *cfg) {
+    for (int i = 0; i < N_KEYS; i++)
+        if (KEYS[i].type == K_STRING) {
+            char **s = (char **)((char *)cfg + KEYS[i].offset);
+            free(*s);
+            *s = NULL;
+        }
+    free(cfg->source);
+    cfg->source = NULL;
+}
+
+static const key_spec *find_key(const char *key) {
+    for (int i = 0; i < N_KEYS; i++)
+        if (strcmp(KEYS[i].key, key) == 0) return &KEYS[i];
+    return NULL;
+}
+
+static int edit_distance(const char *a, const char *b) {
+    int la = (int)strlen(a), lb = (int)strlen(b);
+    if (la > 63 || lb > 63) return 99;
+    int d[64][64];
+    for (int i = 0; i <= la; i++) d[i][0] = i;
+    for (int j = 0; j <= lb; j++) d[0][j] = j;
+    for (int i = 1; i <= la; i++)
+        for (int j = 1; j <= lb; j++) {
+            int sub = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            int del = d[i - 1][j] + 1, ins = d[i][j - 1] + 1;
+            d[i][j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+    return d[la][lb];
+}
+
+static keel_status unknown_key(const char *origin, const char *key) {
+    const char *best = NULL;
+    int best_d = 4;
+    for (int i = 0; i < N_KEYS; i++) {
+        int dist = edit_distance(key, KEYS[i].key);
+        if (dist < best_d) best_d = dist, best = KEYS[i].key;
+    }
+    if (best)
+        keel_errorf("%s: unknown config key '%s'; did you mean '%s'? (`keel config keys` lists all)",
+                    origin, key, best);
+    else
+        keel_errorf("%s: unknown config key '%s' (`keel config keys` lists all)", origin, key);
+    return KEEL_ERR_INPUT;
+}
+
+static const char *type_name(key_type t) {
+    switch (t) {
+    case K_INT: case K_U64: return "an integer";
+    case K_DOUBLE: return "a number";
+    case K_BOOL: return "true or false";
+    case K_STRING: return "a string";
+    default: return "an object";
+    }
+}
+
+static keel_status bad_value(const char *origin, const key_spec *k, const cJSON *v, const char *why) {
+    char *text = cJSON_PrintUnformatted(v);
+    keel_errorf("%s: key '%s' %s, got %s", origin, k->key, why, text ? text : "?");
+    free(text);
+    return KEEL_ERR_INPUT;
+}
+
+static keel_status parse_object(keel_config *cfg, const cJSON *obj, const char *prefix,
+                                const char *origin);
+
+/* Store one JSON value into the field of spec k, checking type and range. */
+static keel_status store(keel_config *cfg, const key_spec *k, const cJSON *v, const char *origin) {
+    void *field = (char *)cfg + k->offset;
+    char why[128];
+    switch (k->type) {
+    case K_SECTION:
+        if (!cJSON_IsObject(v)) return bad_value(origin, k, v, "must be an object");
+        return parse_object(cfg, v, k->key, origin);
+    case K_FLAG_SECTION:
+        if (cJSON_IsBool(v)) {
+            *(bool *)field = cJSON_IsTrue(v);
+            return KEEL_OK;
+        }
+        if (!cJSON_IsObject(v)) return bad_value(origin, k, v, "must be an object or false");
+        *(bool *)field = true;
+        return parse_object(cfg, v, k->key, origin);
+    case K_BOOL:
+        if (!cJSON_IsBool(v)) return bad_value(origin, k, v, "must be true or false");
+        *(bool *)field = cJSON_IsTrue(v);
+        return KEEL_OK;
+    case K_STRING:
+        if (cJSON_IsNull(v)) {
+            free(*(char **)field);
+            *(char **)field = NULL;
+            return KEEL_OK;
+        }
+        if (!cJSON_IsString(v)) return bad_value(origin, k, v, "must be a string");
+        free(*(char **)field);
+        *(char **)field = keel_xstrdup(v->valuestring);
+        return KEEL_OK;
+    case K_INT: case K_U64: case K_DOUBLE: {
+        if (!cJSON_IsNumber(v)) {
+            snprintf(why, sizeof why, "must be %s", type_name(k->type));
+            return bad_value(origin, k, v, why);
+        }
+        double x = v->valuedouble;
+        if (k->type != K_DOUBLE && x != floor(x)) return bad_value(origin, k, v, "must be an integer");
+        if (!(x >= k->min && x <= k->max)) {
+            if (k->type == K_DOUBLE) snprintf(why, sizeof why, "must be in [%g, %g]", k->min, k->max);
+            else snprintf(why, sizeof why, "must be in [%.0f, %.0f]", k->min, k->max);
+            return bad_value(origin, k, v, why);
+        }
+        if (k->type == K_INT) *(int *)field = (int)x;
+        else if (k->type == K_U64) *(uint64_t *)field = (uint64_t)x;
+        else *(double *)field = x;
+        return KEEL_OK;
+    }
+    }
+    return KEEL_ERR_INTERNAL;
+}
+
+static keel_status parse_object(keel_config *cfg, const cJSON *obj, const char *prefix,
+                                const char *origin) {
+    for (const cJSON *child = obj->child; child; child = child->next) {
+        char key[256];
+        if (prefix[0]) snprintf(key, sizeof key, "%s.%s", prefix, child->string);
+        else snprintf(key, sizeof key, "%s", child->string);
+        const key_spec *k = find_key(key);
+        if (!k) return unknown_key(origin, key);
+        keel_status st = store(cfg, k, child, origin);
+        if (st != KEEL_OK) return st;
+    }
+    return KEEL_OK;
+}
+
+keel_status keel_config_load_string(keel_config *cfg, const char *json, const char *origin) {
+    cJSON *root = cJSON_Parse(json);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        int line = 1;
+        for (const char *p = json; at && p < at; p++) line += *p == '\n';
+        keel_errorf("%s: invalid JSON near line %d; fix the syntax", origin, line);
+        return KEEL_ERR_INPUT;
+    }
+    keel_status st = KEEL_OK;
+    if (!cJSON_IsObject(root)) {
+        keel_errorf("%s: the config must be a JSON object", origin);
+        st = KEEL_ERR_INPUT;
+    } else {
+        st = parse_object(cfg, root, "", origin);
+    }
+    cJSON_Delete(root);
+    return st;
+}
+
+keel_status keel_config_load_file(keel_config *cfg, const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        keel_errorf("%s: cannot open config: %s", path, strerror(errno));
+        return KEEL_ERR_INPUT;
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (n < 0 || n > (64 << 20)) {
+        fclose(f);
+        keel_errorf("%s: not a config file (size %ld bytes)", path, n);
+        return KEEL_ERR_INPUT;
+    }
+    char *buf = keel_xmalloc((size_t)n + 1, "config text");
+    size_t got = fread(buf, 1, (size_t)n, f);
+    fclose(f);
+    buf[got] = 0;
+    keel_status st = keel_config_load_string(cfg, buf, path);
+    keel_free(buf);
+    if (st == KEEL_OK) {
+        free(cfg->source);
+        cfg->source = keel_xstrdup(path);
+    }
+    return st;
+}
+
+keel_status keel_config_set(keel_config *cfg, const char *assignment) {
+    const char *eq = strchr(assignment, '=');
+    if (!eq || eq == assignment) {
+        keel_errorf("--set '%s': expected key=value, e.g. --set train.steps=100", assignment);
+        return KEEL_ERR_INPUT;
+    }
+    char key[256];
+    size_t klen = (size_t)(eq - assignment);
+    if (klen >= sizeof key) klen = sizeof key - 1;
+    memcpy(key, assignment, klen);
+    key[klen] = 0;
+    const key_spec *k = find_key(key);
+    if (!k) return unknown_key("--set", key);
+    const char *text = eq + 1;
+    cJSON *v = cJSON_Parse(text);
+    /* A string key takes the raw text unless it is a JSON string or null. */
+    if (k->type == K_STRING && (!v || !(cJSON_IsString(v) || cJSON_IsNull(v)))) {
+        cJSON_Delete(v);
+        v = cJSON_CreateString(text);
+    }
+    if (!v) {
+        keel_errorf("--set %s: value '%s' must be %s", key, text, type_name(k->type));
+        return KEEL_ERR_INPUT;
+    }
+    keel_status st = store(cfg, k, v, "--set");
+    /* Setting a key inside data.synthetic turns the synthetic source on. */
+    if (st == KEEL_OK && strncmp(key, "data.synthetic.", 15) == 0) cfg->data.synthetic = true;
+    cJSON_Delete(v);
+    return st;
+}
+
+keel_status keel_config_finalize(keel_config *cfg) {
+    const char *src = cfg->source ? cfg->source : "config";
+    keel_model_config *m = &cfg->model;
+    if (m->n_kv_heads == 0) m->n_kv_heads = m->n_heads;
+    if (cfg->data.path) cfg->data.synthetic = false;
+    if (m->dim % m->n_heads != 0) {
+        keel_errorf("%s: model.dim %d is not divisible by model.n_heads %d; pick a dim that is a "
+                    "multiple of n_heads", src, m->dim, m->n_heads);
+        return KEEL_ERR_INPUT;
+    }
+    if ((m->dim / m->n_heads) % 2 != 0) {
+        keel_errorf("%s: head size model.dim/model.n_heads = %d must be even for RoPE", src,
+                    m->dim / m->n_heads);
+        return KEEL_ERR_INPUT;
+    }
+    if (m->n_kv_heads > m->n_heads || m->n_heads % m->n_kv_heads != 0) {
+        keel_errorf("%s: model.n_heads %d is not a multiple of model.n_kv_heads %d; use a "
+                    "divisor of n_heads", src, m->n_heads, m->n_kv_heads);
+        return KEEL_ERR_INPUT;
+    }
+    if (cfg->train.min_lr > cfg->train.lr) {
+        keel_errorf("%s: train.min_lr %g exceeds train.lr %g; the floor must be at most the peak",
+                    src, cfg->train.min_lr, cfg->train.lr);
+        return KEEL_ERR_INPUT;
+    }
+    if (!cfg->data.path && !cfg->data.synthetic) {
+        keel_errorf("%s: no training data: set data.path (from `keel data prepare`) or "
+                    "data.synthetic", src);
+        return KEEL_ERR_INPUT;
+    }
+    return KEEL_OK;
+}
+
+/* Add v under the dotted key, creating the intermediate objects. */
+static void put(cJSON *root, const char *key, cJSON *v) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", key);
+    cJSON *obj = root;
+    char *name = buf;
+    for (char *dot; (dot = strchr(name, '.')); name = dot + 1) {
+        *dot = 0;
+        cJSON *next = cJSON_GetObjectItemCaseSensitive(obj, name);
+        if (!next || !cJSON_IsObject(next)) {
+            if (next) cJSON_DeleteItemFromObjectCaseSensitive(obj, name);
+            next = cJSON_AddObjectToObject(obj, name);
+        }
+        obj = next;
+    }
+    cJSON_AddItemToObject(obj, name, v);
+}
+
+char *keel_config_to_json(const keel_config *cfg) {
+    cJSON *root = cJSON_CreateObject();
+    for (int i = 0; i < N_KEYS; i++) {
+        const key_spec *k = &KEYS[i];
+        const void *field = (const char *)cfg + k->offset;
+        if (strncmp(k->key, "data.synthetic.", 15) == 0 && !cfg->data.synthetic) continue;
+        switch (k->type) {
+        case K_SECTION: break;
+        case K_FLAG_SECTION:
+            if (!*(const bool *)field) put(root, k->key, cJSON_CreateFalse());
+            break;
+        case K_INT: put(root, k->key, cJSON_CreateNumber(*(const int *)field)); break;
+        case K_U64: put(root, k->key, cJSON_CreateNumber((double)*(const uint64_t *)field)); break;
+        case K_DOUBLE: put(root, k->key, cJSON_CreateNumber(*(const double *)field)); break;
+        case K_BOOL: put(root, k->key, cJSON_CreateBool(*(const bool *)field)); break;
+        case K_STRING: {
+            const char *s = *(char *const *)field;
+            put(root, k->key, s ? cJSON_CreateString(s) : cJSON_CreateNull());
+            break;
+        }
+        }
+    }
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    return text;
+}
+
+void keel_config_print_keys(void) {
+    keel_config d;
+    keel_config_defaults(&d);
+    printf("| key | type | default | meaning |\n|---|---|---|---|\n");
+    for (int i = 0; i < N_KEYS; i++) {
+        const key_spec *k = &KEYS[i];
+        const void *field = (const char *)&d + k->offset;
+        char def[64] = "";
+        switch (k->type) {
+        case K_SECTION: continue;
+        case K_FLAG_SECTION: snprintf(def, sizeof def, "off"); break;
+        case K_INT: snprintf(def, sizeof def, "%d", *(const int *)field); break;
+        case K_U64: snprintf(def, sizeof def, "%llu", (unsigned long long)*(const uint64_t *)field); break;
+        case K_DOUBLE: snprintf(def, sizeof def, "%g", *(const double *)field); break;
+        case K_BOOL: snprintf(def, sizeof def, "%s", *(const bool *)field ? "true" : "false"); break;
+        case K_STRING: snprintf(def, sizeof def, "none"); break;
+        }
+        const char *type = k->type == K_FLAG_SECTION ? "object/false"
+                           : k->type == K_BOOL       ? "bool"
+                                                     : type_name(k->type);
+        if (strncmp(type, "a ", 2) == 0) type += 2;
+        if (strncmp(type, "an ", 3) == 0) type += 3;
+        printf("| `%s` | %s | %s | %s |\n", k->key, type, def, k->doc);
+    }
+}

@@ -1,0 +1,57 @@
+/* core/log.c: status names, leveled logging, user errors, internal checks. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "keel/core.h"
+
+static keel_log_level g_level = KEEL_LOG_INFO;
+
+int keel_status_exit_code(keel_status st) {
+    if (st == KEEL_OK) return 0;
+    return st == KEEL_ERR_INPUT ? 2 : 1;
+}
+
+const char *keel_status_str(keel_status st) {
+    switch (st) {
+    case KEEL_OK: return "ok";
+    case KEEL_ERR_INPUT: return "bad input";
+    case KEEL_ERR_IO: return "i/o error";
+    case KEEL_ERR_NOMEM: return "out of memory";
+    case KEEL_ERR_NUMERIC: return "non-finite value";
+    case KEEL_ERR_INTERNAL: return "internal error";
+    }
+    return "unknown status";
+}
+
+void keel_log_set_level(keel_log_level level) { g_level = level; }
+
+void keel_log(keel_log_level level, const char *fmt, ...) {
+    static const char *names[] = {"debug", "info", "warn", "error"};
+    if (level < g_level) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "keel: %s: ", names[level]);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+void keel_errorf(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("keel: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+void keel_check_failed(const char *file, int line, const char *cond, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "keel: internal error at %s:%d: check `%s` failed: ", file, line, cond);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    abort();
+}

@@ -1,0 +1,92 @@
+/* core/pool.c: a fixed pool of blocking worker threads for keel's own kernels. */
+#include <pthread.h>
+
+#include "keel/core.h"
+
+#define KEEL_POOL_MAX 64
+
+static struct {
+    int threads;
+    pthread_t tids[KEEL_POOL_MAX];
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, done_cv;
+    uint64_t generation; /* bumped for each job; workers wait for a new one */
+    int pending;         /* workers still running the current job */
+    bool stop;
+    keel_pool_fn fn;
+    void *ctx;
+    int64_t n;
+} pool = {.threads = 1, .mu = PTHREAD_MUTEX_INITIALIZER,
+          .work_cv = PTHREAD_COND_INITIALIZER, .done_cv = PTHREAD_COND_INITIALIZER};
+
+static void chunk(int64_t n, int parts, int i, int64_t *begin, int64_t *end) {
+    *begin = n * i / parts;
+    *end = n * (i + 1) / parts;
+}
+
+static void *worker(void *arg) {
+    int id = (int)(intptr_t)arg; /* 1..threads-1; the caller is chunk 0 */
+    uint64_t seen = 0;
+    pthread_mutex_lock(&pool.mu);
+    for (;;) {
+        while (!pool.stop && pool.generation == seen) pthread_cond_wait(&pool.work_cv, &pool.mu);
+        if (pool.stop) break;
+        seen = pool.generation;
+        keel_pool_fn fn = pool.fn;
+        void *ctx = pool.ctx;
+        int64_t begin, end;
+        chunk(pool.n, pool.threads, id, &begin, &end);
+        pthread_mutex_unlock(&pool.mu);
+        if (begin < end) fn(ctx, begin, end, id);
+        pthread_mutex_lock(&pool.mu);
+        if (--pool.pending == 0) pthread_cond_signal(&pool.done_cv);
+    }
+    pthread_mutex_unlock(&pool.mu);
+    return NULL;
+}
+
+void keel_pool_init(int threads) {
+    keel_pool_shutdown();
+    KEEL_CHECK(threads >= 1 && threads <= KEEL_POOL_MAX, "threads=%d", threads);
+    pool.threads = threads;
+    pool.stop = false;
+    for (int i = 1; i < threads; i++)
+        KEEL_CHECK(pthread_create(&pool.tids[i], NULL, worker, (void *)(intptr_t)i) == 0,
+                   "cannot start pool thread %d", i);
+}
+
+void keel_pool_shutdown(void) {
+    if (pool.threads <= 1) return;
+    pthread_mutex_lock(&pool.mu);
+    pool.stop = true;
+    pthread_cond_broadcast(&pool.work_cv);
+    pthread_mutex_unlock(&pool.mu);
+    for (int i = 1; i < pool.threads; i++) pthread_join(pool.tids[i], NULL);
+    pool.threads = 1;
+}
+
+int keel_pool_threads(void) { return pool.threads; }
+
+void keel_pool_for(int64_t n, int64_t min_chunk, keel_pool_fn fn, void *ctx) {
+    if (n <= 0) return;
+    if (pool.threads == 1 || n < 2 * (min_chunk > 0 ? min_chunk : 1)) {
+        fn(ctx, 0, n, 0);
+        return;
+    }
+    pthread_mutex_lock(&pool.mu);
+    pool.fn = fn;
+    pool.ctx = ctx;
+    pool.n = n;
+    pool.pending = pool.threads - 1;
+    pool.generation++;
+    pthread_cond_broadcast(&pool.work_cv);
+    pthread_mutex_unlock(&pool.mu);
+
+    int64_t begin, end;
+    chunk(n, pool.threads, 0, &begin, &end);
+    if (begin < end) fn(ctx, begin, end, 0);
+
+    pthread_mutex_lock(&pool.mu);
+    while (pool.pending > 0) pthread_cond_wait(&pool.done_cv, &pool.mu);
+    pthread_mutex_unlock(&pool.mu);
+}

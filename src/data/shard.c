@@ -1,0 +1,342 @@
+/* data/shard: the token-shard file — a 64-byte header, then n_tokens ids.
+ *
+ * Layout (all integers little-endian):
+ *   0  char[8] magic "KEELTOK1"      24  u32 vocab_size
+ *   8  u32 version (1)               28  u32 reserved (0)
+ *  12  u32 token_bytes (2 or 4)      32  u64 XXH3-64 of the payload
+ *  16  u64 n_tokens                  40  zero padding up to byte 64
+ *  64  payload: n_tokens ids of token_bytes each
+ * Files are written atomically and verified completely when opened, so a
+ * training run never reads a torn or damaged shard. */
+#include "keel/data.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+enum {
+    OFF_MAGIC = 0,
+    OFF_VERSION = 8,
+    OFF_TOKEN_BYTES = 12,
+    OFF_N_TOKENS = 16,
+    OFF_VOCAB = 24,
+    OFF_RESERVED = 28,
+    OFF_CHECKSUM = 32,
+};
+
+#define WRITE_CHUNK_TOKENS 65536
+
+struct keel_shard {
+    char *path;
+    void *map;              /* the whole file, read-only */
+    size_t map_bytes;
+    const uint8_t *payload; /* map + 64 */
+    uint64_t n_tokens;
+    uint32_t token_bytes;
+    uint32_t vocab_size;
+};
+
+static void put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_u64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get_u32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+static uint64_t get_u64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+/* Id number i of a payload with the given width. */
+static inline uint32_t token_at(const uint8_t *payload, uint32_t token_bytes, uint64_t i) {
+    return token_bytes == 2 ? (uint32_t)payload[2 * i] | (uint32_t)payload[2 * i + 1] << 8
+                            : get_u32(payload + 4 * i);
+}
+
+/* ---- writing -------------------------------------------------------------- */
+
+static int write_all(int fd, const void *buf, size_t bytes) {
+    const uint8_t *p = buf;
+    while (bytes > 0) {
+        ssize_t n = write(fd, p, bytes);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return -1;
+        p += n;
+        bytes -= (size_t)n;
+    }
+    return 0;
+}
+
+/* fsync the directory holding `path`, so that a rename into it is durable. */
+static int fsync_parent_dir(const char *path) {
+    char *copy = keel_xstrdup(path);
+    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    keel_free(copy);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return rc;
+}
+
+/* Write the payload in chunks (converted to little-endian token_bytes-wide
+ * ids) and return its XXH3-64 through *checksum. */
+static int write_payload(int fd, const int32_t *tokens, uint64_t n_tokens, uint32_t token_bytes,
+                         uint64_t *checksum) {
+    uint8_t *buf = keel_xmalloc((size_t)WRITE_CHUNK_TOKENS * token_bytes, "shard write buffer");
+    XXH3_state_t *hash = XXH3_createState();
+    KEEL_CHECK(hash != NULL, "out of memory for the XXH3 state");
+    XXH3_64bits_reset(hash);
+    int rc = 0;
+    for (uint64_t first = 0; first < n_tokens && rc == 0; first += WRITE_CHUNK_TOKENS) {
+        uint64_t n = n_tokens - first < WRITE_CHUNK_TOKENS ? n_tokens - first : WRITE_CHUNK_TOKENS;
+        for (uint64_t i = 0; i < n; i++) {
+            uint32_t id = (uint32_t)tokens[first + i];
+            if (token_bytes == 2) {
+                buf[2 * i] = (uint8_t)id;
+                buf[2 * i + 1] = (uint8_t)(id >> 8);
+            } else {
+                put_u32(buf + 4 * i, id);
+            }
+        }
+        XXH3_64bits_update(hash, buf, n * token_bytes);
+        rc = write_all(fd, buf, n * token_bytes);
+    }
+    *checksum = XXH3_64bits_digest(hash);
+    XXH3_freeState(hash);
+    keel_free(buf);
+    return rc;
+}
+
+keel_status keel_shard_write(const char *path, const int32_t *tokens, uint64_t n_tokens,
+                             uint32_t vocab_size) {
+    KEEL_CHECK(vocab_size >= 1 && vocab_size <= INT32_MAX, "vocab_size %" PRIu32, vocab_size);
+    for (uint64_t i = 0; i < n_tokens; i++) {
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= vocab_size) {
+            keel_errorf("%s: token id %" PRId32 " at position %" PRIu64
+                        " is outside the vocabulary [0, %" PRIu32 "); nothing written",
+                        path, tokens[i], i, vocab_size);
+            return KEEL_ERR_INPUT;
+        }
+    }
+    uint32_t token_bytes = vocab_size <= 65536 ? 2 : 4;
+
+    char tmp[PATH_MAX];
+    int len = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    if (len < 0 || (size_t)len >= sizeof tmp) {
+        keel_errorf("%s: path too long", path);
+        return KEEL_ERR_INPUT;
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        keel_errorf("cannot create %s: %s", tmp, strerror(errno));
+        return KEEL_ERR_IO;
+    }
+
+    /* The checksum is known only after the payload, so the header is written
+     * as zeros first and filled in at the end. */
+    uint8_t header[KEEL_SHARD_HEADER_BYTES] = {0};
+    uint64_t checksum = 0;
+    const char *failed = "write";
+    if (write_all(fd, header, sizeof header) != 0) goto fail;
+    if (write_payload(fd, tokens, n_tokens, token_bytes, &checksum) != 0) goto fail;
+    memcpy(header + OFF_MAGIC, KEEL_SHARD_MAGIC, 8);
+    put_u32(header + OFF_VERSION, KEEL_SHARD_VERSION);
+    put_u32(header + OFF_TOKEN_BYTES, token_bytes);
+    put_u64(header + OFF_N_TOKENS, n_tokens);
+    put_u32(header + OFF_VOCAB, vocab_size);
+    put_u32(header + OFF_RESERVED, 0);
+    put_u64(header + OFF_CHECKSUM, checksum);
+    if (pwrite(fd, header, sizeof header, 0) != (ssize_t)sizeof header) goto fail;
+    failed = "fsync";
+    if (fsync(fd) != 0) goto fail;
+    failed = "close";
+    int rc = close(fd);
+    fd = -1;
+    if (rc != 0) goto fail;
+    failed = "rename";
+    if (rename(tmp, path) != 0) goto fail;
+    if (fsync_parent_dir(path) != 0) {
+        keel_errorf("cannot fsync the directory of %s: %s", path, strerror(errno));
+        return KEEL_ERR_IO;
+    }
+    return KEEL_OK;
+
+fail:;
+    int saved = errno;
+    if (fd >= 0) close(fd);
+    unlink(tmp);
+    keel_errorf("cannot write %s (%s failed): %s", path, failed, strerror(saved));
+    return KEEL_ERR_IO;
+}
+
+/* ---- reading -------------------------------------------------------------- */
+
+#define PREPARE_HINT "create it with `keel data prepare`"
+
+/* Check everything the header promises; on failure print one line and return
+ * KEEL_ERR_INPUT. */
+static keel_status verify(const keel_shard *s, const uint8_t *h, uint64_t file_bytes) {
+    if (file_bytes < 8 || memcmp(h + OFF_MAGIC, KEEL_SHARD_MAGIC, 8) != 0) {
+        keel_errorf("%s: not a keel token shard (bad magic); " PREPARE_HINT, s->path);
+        return KEEL_ERR_INPUT;
+    }
+    if (file_bytes < KEEL_SHARD_HEADER_BYTES) {
+        keel_errorf("%s: truncated token shard: %" PRIu64 " bytes, shorter than the %d-byte "
+                    "header; re-create it with `keel data prepare`",
+                    s->path, file_bytes, KEEL_SHARD_HEADER_BYTES);
+        return KEEL_ERR_INPUT;
+    }
+    uint32_t version = get_u32(h + OFF_VERSION);
+    if (version != KEEL_SHARD_VERSION) {
+        keel_errorf("%s: token shard version %" PRIu32 " is not supported (this keel reads "
+                    "version %d); re-create it with `keel data prepare`",
+                    s->path, version, KEEL_SHARD_VERSION);
+        return KEEL_ERR_INPUT;
+    }
+    if (s->token_bytes != 2 && s->token_bytes != 4) {
+        keel_errorf("%s: damaged token shard header (token_bytes %" PRIu32 ", expected 2 or 4)",
+                    s->path, s->token_bytes);
+        return KEEL_ERR_INPUT;
+    }
+    if (s->vocab_size == 0 || s->vocab_size > INT32_MAX) {
+        keel_errorf("%s: damaged token shard header (vocab_size %" PRIu32 ")", s->path,
+                    s->vocab_size);
+        return KEEL_ERR_INPUT;
+    }
+    uint64_t max_tokens = (UINT64_MAX - KEEL_SHARD_HEADER_BYTES) / s->token_bytes;
+    uint64_t expected = s->n_tokens <= max_tokens
+                            ? KEEL_SHARD_HEADER_BYTES + s->n_tokens * s->token_bytes
+                            : UINT64_MAX;
+    if (file_bytes != expected) {
+        keel_errorf("%s: %s token shard: the header promises %" PRIu64 " tokens = %" PRIu64
+                    " bytes but the file has %" PRIu64 " bytes; re-create it with "
+                    "`keel data prepare`",
+                    s->path, file_bytes < expected ? "truncated" : "oversized", s->n_tokens,
+                    expected, file_bytes);
+        return KEEL_ERR_INPUT;
+    }
+    uint64_t stored = get_u64(h + OFF_CHECKSUM);
+    uint64_t actual = XXH3_64bits(s->payload, (size_t)(s->n_tokens * s->token_bytes));
+    if (stored != actual) {
+        keel_errorf("%s: token shard checksum mismatch (header %016" PRIx64 ", data %016" PRIx64
+                    "): the file is damaged; re-create it with `keel data prepare`",
+                    s->path, stored, actual);
+        return KEEL_ERR_INPUT;
+    }
+    for (uint64_t i = 0; i < s->n_tokens; i++) {
+        uint32_t id = token_at(s->payload, s->token_bytes, i);
+        if (id >= s->vocab_size) {
+            keel_errorf("%s: token id %" PRIu32 " at position %" PRIu64 " is not below the "
+                        "shard's vocab_size %" PRIu32 "; the file is damaged",
+                        s->path, id, i, s->vocab_size);
+            return KEEL_ERR_INPUT;
+        }
+    }
+    return KEEL_OK;
+}
+
+keel_status keel_shard_open(const char *path, keel_shard **out) {
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        keel_errorf("cannot open token shard %s: %s", path, strerror(errno));
+        return KEEL_ERR_INPUT;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        keel_errorf("cannot stat %s: %s", path, strerror(errno));
+        close(fd);
+        return KEEL_ERR_IO;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        keel_errorf("%s: not a regular file; a token shard was expected (" PREPARE_HINT ")",
+                    path);
+        close(fd);
+        return KEEL_ERR_INPUT;
+    }
+    uint64_t file_bytes = (uint64_t)st.st_size;
+    if (file_bytes < KEEL_SHARD_HEADER_BYTES) {
+        /* Too short to map a header: read what is there to tell a foreign
+         * file (bad magic) from a truncated shard. */
+        uint8_t head[KEEL_SHARD_HEADER_BYTES] = {0};
+        ssize_t got = pread(fd, head, sizeof head, 0);
+        close(fd);
+        keel_shard tiny = {.path = (char *)path};
+        verify(&tiny, head, got < 0 ? 0 : (uint64_t)got);
+        return KEEL_ERR_INPUT;
+    }
+    void *map = mmap(NULL, (size_t)file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    int saved = errno;
+    close(fd);
+    if (map == MAP_FAILED) {
+        keel_errorf("cannot mmap %s: %s", path, strerror(saved));
+        return KEEL_ERR_IO;
+    }
+    const uint8_t *h = map;
+    keel_shard *s = keel_xcalloc(sizeof *s, "keel_shard");
+    s->path = keel_xstrdup(path);
+    s->map = map;
+    s->map_bytes = (size_t)file_bytes;
+    s->payload = h + KEEL_SHARD_HEADER_BYTES;
+    s->token_bytes = get_u32(h + OFF_TOKEN_BYTES);
+    s->n_tokens = get_u64(h + OFF_N_TOKENS);
+    s->vocab_size = get_u32(h + OFF_VOCAB);
+    keel_status st_verify = verify(s, h, file_bytes);
+    if (st_verify != KEEL_OK) {
+        keel_shard_close(s);
+        return st_verify;
+    }
+    *out = s;
+    return KEEL_OK;
+}
+
+void keel_shard_close(keel_shard *s) {
+    if (!s) return;
+    if (s->map) munmap(s->map, s->map_bytes);
+    keel_free(s->path);
+    keel_free(s);
+}
+
+uint64_t keel_shard_n_tokens(const keel_shard *s) { return s->n_tokens; }
+uint32_t keel_shard_vocab_size(const keel_shard *s) { return s->vocab_size; }
+
+void keel_shard_read(const keel_shard *s, uint64_t first, uint64_t n, int32_t *out) {
+    KEEL_CHECK(first <= s->n_tokens && n <= s->n_tokens - first,
+               "read [%" PRIu64 ", +%" PRIu64 ") past the end of %s (%" PRIu64 " tokens)", first,
+               n, s->path, s->n_tokens);
+    for (uint64_t i = 0; i < n; i++)
+        out[i] = (int32_t)token_at(s->payload, s->token_bytes, first + i);
+}
+
+bool keel_shard_name_parse(const char *name, const char *split, uint64_t *index) {
+    size_t split_len = strlen(split);
+    if (strncmp(name, split, split_len) != 0 || name[split_len] != '-') return false;
+    const char *p = name + split_len + 1;
+    uint64_t value = 0;
+    int digits = 0;
+    for (; *p >= '0' && *p <= '9'; p++, digits++) {
+        if (value > (UINT64_MAX - 9) / 10) return false;
+        value = value * 10 + (uint64_t)(*p - '0');
+    }
+    if (digits < 5 || strcmp(p, ".bin") != 0) return false;
+    /* Only the canonical spelling: train-000001.bin is not train-00001.bin. */
+    if (digits > 5 && name[split_len + 1] == '0') return false;
+    *index = value;
+    return true;
+}

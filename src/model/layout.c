@@ -1,0 +1,84 @@
+/* model/layout.c: where each Llama 2 tensor lives in the flat parameter vector. */
+#include <stdio.h>
+#include <string.h>
+
+#include "keel/model.h"
+
+int keel_model_ffn_hidden(const keel_model_config *cfg) {
+    int64_t hidden = 2 * (4 * (int64_t)cfg->dim) / 3;
+    if (cfg->ffn_dim_multiplier > 0) hidden = (int64_t)(cfg->ffn_dim_multiplier * (double)hidden);
+    return (int)(cfg->multiple_of * ((hidden + cfg->multiple_of - 1) / cfg->multiple_of));
+}
+
+static void add(keel_model_layout *lay, int unit, const char *name, int64_t rows, int64_t cols,
+                bool norm_or_embedding) {
+    keel_tensor_info *t = &lay->tensors[lay->n_tensors++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->unit = unit;
+    t->offset = lay->n_params;
+    t->rows = rows;
+    t->cols = cols;
+    t->is_norm_or_embedding = norm_or_embedding;
+    lay->n_params += rows * cols;
+    lay->unit_size[unit] += rows * cols;
+}
+
+void keel_model_layout_init(keel_model_layout *lay, const keel_model_config *cfg) {
+    memset(lay, 0, sizeof *lay);
+    lay->cfg = *cfg;
+    lay->C = cfg->dim;
+    lay->L = cfg->n_layers;
+    lay->NH = cfg->n_heads;
+    lay->NKV = cfg->n_kv_heads ? cfg->n_kv_heads : cfg->n_heads;
+    lay->HS = cfg->dim / cfg->n_heads;
+    lay->F = keel_model_ffn_hidden(cfg);
+    lay->V = cfg->vocab_size;
+    lay->T = cfg->max_seq_len;
+    lay->n_units = lay->L + 2;
+    lay->tensors = keel_xcalloc(sizeof(keel_tensor_info) * (size_t)(lay->L * KEEL_BLOCK_TENSORS + 3),
+                                "tensor table");
+    lay->unit_offset = keel_xcalloc(sizeof(int64_t) * (size_t)lay->n_units, "unit offsets");
+    lay->unit_size = keel_xcalloc(sizeof(int64_t) * (size_t)lay->n_units, "unit sizes");
+    int C = lay->C, F = lay->F, QD = lay->NH * lay->HS, KVD = lay->NKV * lay->HS;
+
+    add(lay, 0, "model.embed_tokens.weight", lay->V, C, true);
+    for (int l = 0; l < lay->L; l++) {
+        int u = 1 + l;
+        char name[64];
+        lay->unit_offset[u] = lay->n_params;
+#define BLOCK(suffix, rows, cols, norm)                                \
+    snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);      \
+    add(lay, u, name, rows, cols, norm)
+        /* The order here is the order of block_at() in model.c. */
+        BLOCK("input_layernorm.weight", C, 1, true);
+        BLOCK("self_attn.q_proj.weight", QD, C, false);
+        BLOCK("self_attn.k_proj.weight", KVD, C, false);
+        BLOCK("self_attn.v_proj.weight", KVD, C, false);
+        BLOCK("self_attn.o_proj.weight", C, QD, false);
+        BLOCK("post_attention_layernorm.weight", C, 1, true);
+        BLOCK("mlp.gate_proj.weight", F, C, false);
+        BLOCK("mlp.up_proj.weight", F, C, false);
+        BLOCK("mlp.down_proj.weight", C, F, false);
+#undef BLOCK
+    }
+    int head = lay->L + 1;
+    lay->unit_offset[head] = lay->n_params;
+    add(lay, head, "model.norm.weight", C, 1, true);
+    if (!cfg->tie_embeddings) add(lay, head, "lm_head.weight", lay->V, C, false);
+}
+
+void keel_model_layout_free(keel_model_layout *lay) {
+    keel_free(lay->tensors);
+    keel_free(lay->unit_offset);
+    keel_free(lay->unit_size);
+    memset(lay, 0, sizeof *lay);
+}
+
+double keel_model_flops_per_token(const keel_model_layout *lay) {
+    double matmul_params = 0;
+    for (int i = 0; i < lay->n_tensors; i++)
+        if (lay->tensors[i].cols > 1 && lay->tensors[i].unit != 0) /* embedding is a lookup */
+            matmul_params += (double)(lay->tensors[i].rows * lay->tensors[i].cols);
+    if (lay->cfg.tie_embeddings) matmul_params += (double)lay->V * lay->C;
+    return 6.0 * matmul_params + 12.0 * lay->L * lay->C * lay->T;
+}

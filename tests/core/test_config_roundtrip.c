@@ -1,0 +1,62 @@
+/* The config table: defaults, file + --set merging, the resolved JSON
+ * round-trips to the same config, and type/range/unknown-key errors. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "keel/core.h"
+
+static int failures;
+#define EXPECT(cond, ...)                                       \
+    do {                                                        \
+        if (cond) printf("ok   " __VA_ARGS__);                  \
+        else { printf("FAIL " __VA_ARGS__); failures++; }       \
+        printf("\n");                                           \
+    } while (0)
+
+int main(void) {
+    keel_config a;
+    keel_config_defaults(&a);
+    EXPECT(keel_config_load_string(&a, "{\"model\": {\"dim\": 96, \"n_heads\": 4, \"n_kv_heads\": 0},"
+                                        " \"data\": {\"synthetic\": {\"branching\": 3}}}", "t") == KEEL_OK,
+           "load nested object");
+    EXPECT(keel_config_set(&a, "train.steps=7") == KEEL_OK && a.train.steps == 7, "--set int");
+    EXPECT(keel_config_set(&a, "train.lr=0.01") == KEEL_OK && a.train.lr == 0.01, "--set double");
+    EXPECT(keel_config_set(&a, "model.tie_embeddings=true") == KEEL_OK && a.model.tie_embeddings, "--set bool");
+    EXPECT(keel_config_set(&a, "data.tokenizer=some/path.model") == KEEL_OK &&
+               !strcmp(a.data.tokenizer, "some/path.model"), "--set bare string");
+    EXPECT(keel_config_set(&a, "train.seed=18446744073709") == KEEL_OK && a.train.seed == 18446744073709ull,
+           "--set u64");
+    EXPECT(keel_config_finalize(&a) == KEEL_OK && a.model.n_kv_heads == 4, "finalize fills n_kv_heads");
+    EXPECT(a.data.synthetic && a.data.synthetic_branching == 3, "synthetic section parsed");
+
+    char *json = keel_config_to_json(&a);
+    keel_config b;
+    keel_config_defaults(&b);
+    EXPECT(keel_config_load_string(&b, json, "resolved") == KEEL_OK && keel_config_finalize(&b) == KEEL_OK,
+           "resolved JSON loads");
+    char *json2 = keel_config_to_json(&b);
+    EXPECT(!strcmp(json, json2), "resolved JSON round-trips exactly");
+    free(json);
+    free(json2);
+
+    EXPECT(keel_config_set(&b, "data.path=/data/x") == KEEL_OK && keel_config_finalize(&b) == KEEL_OK &&
+               !b.data.synthetic, "data.path wins over synthetic");
+
+    keel_config c;
+    keel_config_defaults(&c);
+    fprintf(stderr, "(the following error lines are expected)\n");
+    EXPECT(keel_config_set(&c, "train.stepz=1") == KEEL_ERR_INPUT, "unknown key rejected");
+    EXPECT(keel_config_set(&c, "train.steps=1.5") == KEEL_ERR_INPUT, "fraction for int rejected");
+    EXPECT(keel_config_set(&c, "train.steps=-1") == KEEL_ERR_INPUT, "negative steps rejected");
+    EXPECT(keel_config_set(&c, "model.tie_embeddings=1") == KEEL_ERR_INPUT, "number for bool rejected");
+    EXPECT(keel_config_load_string(&c, "[1,2]", "t") == KEEL_ERR_INPUT, "non-object rejected");
+    EXPECT(keel_config_load_string(&c, "{\"model\": 3}", "t") == KEEL_ERR_INPUT, "section must be object");
+    EXPECT(keel_config_load_string(&c, "{\"model\": {\"dim\": 100, \"n_heads\": 3}}", "t") == KEEL_OK &&
+               keel_config_finalize(&c) == KEEL_ERR_INPUT, "dim %% n_heads rejected");
+    keel_config_free(&a);
+    keel_config_free(&b);
+    keel_config_free(&c);
+    printf("%s: %d failures\n", failures ? "FAILED" : "PASSED", failures);
+    return failures != 0;
+}
