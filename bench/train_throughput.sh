@@ -19,8 +19,9 @@ runs="${BENCH_RUNS:-tiny:12 small:6}"
 threads_list="${BENCH_THREADS:-1 2}"
 warmup="${BENCH_WARMUP:-2}"
 torch_python="${KEEL_TORCH_VENV:-/opt/keel-torch}/bin/python"
-peak_all=460e9        # fp32, 2 cores
-peak_per_thread=230e9 # fp32, 1 core
+# fp32 peaks of shared/notes/cpu.md; override for another CPU (FLOP/s).
+peak_all="${BENCH_PEAK_FLOPS:-460e9}"                   # 2 cores
+peak_per_thread="${BENCH_PEAK_PER_THREAD_FLOPS:-230e9}" # 1 core
 
 if [ -z "${KEEL_BIN:-}" ]; then
     make -C "$root" keel >/dev/null
@@ -48,6 +49,10 @@ EOF
 
 # json_of FILE KEY: KEY of the last JSON line of FILE.
 json_of() { python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])[sys.argv[2]])' "$1" "$2"; }
+
+cpu="$(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"
+grep -qw amx_tile /proc/cpuinfo && cpu="$cpu, AMX" || cpu="$cpu, no AMX"
+load_start="$(cut -d' ' -f1-3 /proc/loadavg)"
 
 rows=()
 for run in $runs; do
@@ -83,14 +88,19 @@ for run in $runs; do
     done
 done
 
-python3 - "$peak_all" "$peak_per_thread" "$have_torch" "${torch_version:-}" "${rows[@]}" <<'EOF'
+load_end="$(cut -d' ' -f1-3 /proc/loadavg)"
+
+python3 - "$peak_all" "$peak_per_thread" "$have_torch" "${torch_version:-}" "$cpu" \
+    "$load_start" "$load_end" "${rows[@]}" <<'EOF'
 import sys
 peak_all, peak_thr, have_torch, torch_version = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
-rows = [r.split() for r in sys.argv[5:]]
+cpu, load_start, load_end = sys.argv[5:8]
+rows = [r.split() for r in sys.argv[8:]]
 print()
 print("fp32 training throughput, median over steps after warm-up")
-print(f"MFU against the measured fp32 peak: {peak_all/1e9:.0f} GF/s (2 cores); "
-      f"MFU/thr against {peak_thr/1e9:.0f} GF/s x threads used")
+print(f"CPU: {cpu}; load average {load_start} at start, {load_end} at end (other work skews it)")
+print(f"MFU against the measured fp32 peak {peak_all/1e9:.0f} GF/s (2 cores, shared/notes/cpu.md; "
+      f"BENCH_PEAK_FLOPS overrides); MFU/thr against {peak_thr/1e9:.0f} GF/s x threads used")
 print("torch: " + (f"{torch_version}, CPU, LlamaForCausalLM eager attention, AdamW, "
                    "OMP_WAIT_POLICY=PASSIVE" if have_torch else
                    "not installed (bash scripts/setup-torch.sh): keel only"))

@@ -18,6 +18,10 @@
 /* Set BLAS and pool threads (0 = all cores). Returns the thread count used. */
 int keel_kernels_init(int threads);
 void keel_kernels_shutdown(void);
+/* fp32 FLOP/s peak for keel_kernels_init's threads: one core's best of five
+ * ~10 ms runs of independent 16-wide FMA chains, times the thread count
+ * (the MFU denominator). */
+double keel_measure_peak_flops(void);
 
 /* ---- GEMM (OpenBLAS) ------------------------------------------------------ */
 /* out (M,N) = in (M,K) · w (N,K)ᵀ, plus out if accumulate. */

@@ -12,10 +12,10 @@
 
 #include "keel/core.h"
 
-/* The fp32 FLOP/s peak MFU is measured against: 230 GF/s per thread, measured
- * with hand-written AVX-512 FMA loops on this machine (notes/cpu.md); the
- * environment variable KEEL_PEAK_FLOPS overrides it (FLOP/s for all threads). */
-double keel_peak_flops(int threads);
+/* The fp32 FLOP/s that MFU is measured against: the environment variable
+ * KEEL_PEAK_FLOPS (FLOP/s for all threads) if set, else measured on this
+ * machine by keel_measure_peak_flops. Call after keel_kernels_init. */
+double keel_peak_flops(void);
 
 /* Validate everything (data, tokenizer, run directory) before writing
  * anything, then train. cfg must be finalized. A run directory that exists

@@ -34,10 +34,10 @@ typedef struct {
     double *step_tps;       /* (steps) tokens/s of each step, for the median */
 } trainer;
 
-double keel_peak_flops(int threads) {
+double keel_peak_flops(void) {
     const char *env = getenv("KEEL_PEAK_FLOPS");
     if (env && atof(env) > 0) return atof(env);
-    return 230e9 * threads;
+    return keel_measure_peak_flops();
 }
 
 static void path_join(char *out, size_t n, const char *dir, const char *name) {
@@ -220,6 +220,7 @@ static keel_status write_summary(trainer *t, const char *status, int steps_done,
     cJSON_AddNumberToObject(s, "tokens_per_s_median", median_tps);
     cJSON_AddNumberToObject(s, "mfu_median", median_tps * t->flops_per_token / t->peak_flops);
     cJSON_AddNumberToObject(s, "threads", t->threads);
+    cJSON_AddNumberToObject(s, "peak_flops", t->peak_flops);
     cJSON_AddStringToObject(s, "keel_version", KEEL_VERSION);
     keel_status st = write_json_file(t->run_dir, "summary.json", s);
     cJSON_Delete(s);
@@ -334,10 +335,11 @@ keel_status keel_train_run(const keel_config *cfg, const char *run_dir) {
     t.tokens = keel_xmalloc(sizeof(int32_t) * (size_t)cfg->train.micro_batch_size * (lay->T + 1), "tokens");
     t.step_tps = keel_xcalloc(sizeof(double) * (size_t)(cfg->train.steps + 1), "step rates");
     t.flops_per_token = keel_model_flops_per_token(lay);
-    t.peak_flops = keel_peak_flops(t.threads);
-    keel_log_info("training %lld parameters for %d steps, %lld tokens per step, %d thread(s); run "
-                  "directory %s", (long long)lay->n_params, cfg->train.steps,
-                  (long long)global_batch(cfg) * lay->T, t.threads, run_dir);
+    t.peak_flops = keel_peak_flops();
+    keel_log_info("training %lld parameters for %d steps, %lld tokens per step, %d thread(s) "
+                  "(fp32 peak %.0f GF/s); run directory %s", (long long)lay->n_params,
+                  cfg->train.steps, (long long)global_batch(cfg) * lay->T, t.threads,
+                  t.peak_flops / 1e9, run_dir);
 
     struct sigaction sa = {.sa_handler = on_stop_signal}, old_int, old_term;
     sigemptyset(&sa.sa_mask);
