@@ -6,7 +6,7 @@ all: keel
 
 keel:
 	@cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-	@cmake --build build -j $(JOBS)
+	@cmake --build build -j $(JOBS) -- --no-print-directory
 
 deps:
 	@bash scripts/install-deps.sh
@@ -19,7 +19,7 @@ demo: deps keel
 
 build-asan/keel: FORCE
 	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKEEL_SANITIZE=ON >/dev/null
-	@cmake --build build-asan -j $(JOBS)
+	@cmake --build build-asan -j $(JOBS) -- --no-print-directory
 
 test: deps-build build-asan/keel
 	@cd build-asan && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)

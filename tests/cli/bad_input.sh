@@ -29,6 +29,42 @@ expect_input_error "model too big" "needs [0-9.]+ GiB on one rank" train "$KEEL_
 [ ! -e "$RUN" ] || fail "a failed start created the run directory"
 pass "no run directory was created by any failed start"
 
+# --- data and tokenizer --------------------------------------------------------
+spm_train --input=/usr/share/common-licenses/GPL-3 --model_prefix="$TMP/tok" --vocab_size=600 \
+  --model_type=bpe --byte_fallback=true >"$TMP/spm.log" 2>&1 || fail "spm_train: $(tail -2 "$TMP/spm.log")"
+"$K" data prepare --model "$TMP/tok.model" --input /usr/share/common-licenses/GPL-3 --out "$TMP/data" >/dev/null
+SHARD=$TMP/data/train-00000.bin
+real=(--set data.path="$TMP/data" --set model.vocab_size=600 --set model.max_seq_len=32)
+expect_input_error "missing data path" "$TMP/none.*keel data prepare" train "$CFG" --set data.path="$TMP/none"
+head -c 1000 "$SHARD" >"$TMP/trunc.bin"
+expect_input_error "truncated shard" "trunc.bin.*(truncated|expected)" train "$CFG" "${real[@]}" --set data.path="$TMP/trunc.bin"
+cp /usr/share/common-licenses/GPL-3 "$TMP/foreign.bin"
+expect_input_error "foreign file" "foreign.bin: not a keel token shard" train "$CFG" "${real[@]}" --set data.path="$TMP/foreign.bin"
+expect_input_error "data vocab != model vocab" "600.*model.vocab_size.*512|512.*600" train "$CFG" --set data.path="$TMP/data" --set model.max_seq_len=32
+expect_input_error "tokenizer vocab != model vocab" "tok.model.*600.*|600.*tok.model" \
+  train "$CFG" --set data.synthetic.seed=1 --set data.tokenizer="$TMP/tok.model"
+echo "not a model" >"$TMP/bad.model"
+expect_input_error "unreadable tokenizer" "bad.model" train "$CFG" "${real[@]}" --set data.tokenizer="$TMP/bad.model"
+# A shard whose header says vocab 600 but holds id 600: rewrite one id and the checksum.
+python3 - "$SHARD" "$TMP/badid.bin" <<'PY'
+import struct, subprocess, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+struct.pack_into("<H", b, 64 + 2 * 5, 600)           # token 5 := 600 (vocab is 600)
+h = subprocess.run(["xxhsum", "-H3"], input=bytes(b[64:]), capture_output=True).stdout.split()[-1]
+struct.pack_into("<Q", b, 32, int(h, 16))
+open(sys.argv[2], "wb").write(b)
+PY
+expect_input_error "token id >= vocab" "badid.bin.*600" train "$CFG" "${real[@]}" --set data.path="$TMP/badid.bin"
+"$K" train "$CFG" "${real[@]}" --set train.steps=2 --run-dir "$TMP/realrun" >/dev/null 2>&1
+"$K" eval "$TMP/realrun" --data "$TMP/data" >"$TMP/eval.json"
+n_tokens=$(od -An -t u8 -j 16 -N 8 "$SHARD" | tr -d ' ')   # header: u64 token count at byte 16
+json "$TMP/eval.json" "5 < j['loss'] < 7.5 and j['tokens'] == ($n_tokens - 1) // 32 * 32" | grep -q True \
+  || fail "keel eval on real data: $(cat "$TMP/eval.json")"
+pass "keel eval on real data: $(cat "$TMP/eval.json")"
+expect_input_error "eval: foreign data" "foreign.bin: not a keel token shard" "$K" eval "$TMP/realrun" --data "$TMP/foreign.bin"
+expect_input_error "eval: no run" "none-run/config.json: cannot open config" "$K" eval "$TMP/none-run" --data "$TMP/data"
+[ ! -e "$RUN" ] || fail "a failed start created the run directory"
+
 # --- an existing run is never touched --------------------------------------
 "$K" train "$CFG" --set train.steps=2 --run-dir "$RUN" >/dev/null 2>&1
 before=$(cd "$RUN" && sha256sum * | sha256sum)
