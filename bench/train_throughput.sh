@@ -9,9 +9,10 @@
 # steps (the machine is shared and noisy). MFU = tokens/s x FLOPs per token /
 # peak, with FLOPs per token = 6 x matmul params (lm_head included, embedding
 # lookup excluded) + 12 x L x C x T (keel_model_flops_per_token), against the
-# measured fp32 FMA peak of shared/notes/cpu.md: 460 GF/s for 2 cores, and
-# 230 GF/s per thread for the column "MFU/thr". PyTorch comes from the venv of
-# scripts/setup-torch.sh (KEEL_TORCH_VENV); without it keel's numbers still print.
+# fp32 FMA peak keel measures on this machine at start-up (one core, times 2
+# for the 2-core peak; "MFU/thr" is against the threads the run used).
+# PyTorch comes from the venv of scripts/setup-torch.sh (KEEL_TORCH_VENV);
+# without it keel's numbers still print.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,9 +20,6 @@ runs="${BENCH_RUNS:-tiny:12 small:6}"
 threads_list="${BENCH_THREADS:-1 2}"
 warmup="${BENCH_WARMUP:-2}"
 torch_python="${KEEL_TORCH_VENV:-/opt/keel-torch}/bin/python"
-# fp32 peaks of shared/notes/cpu.md; override for another CPU (FLOP/s).
-peak_all="${BENCH_PEAK_FLOPS:-460e9}"                   # 2 cores
-peak_per_thread="${BENCH_PEAK_PER_THREAD_FLOPS:-230e9}" # 1 core
 
 if [ -z "${KEEL_BIN:-}" ]; then
     make -C "$root" keel >/dev/null
@@ -62,14 +60,15 @@ for run in $runs; do
     for threads in $threads_list; do
         dir="$tmp/keel-$name-$threads"
         echo "bench: keel $name, $threads thread(s), $steps steps" >&2
-        if ! KEEL_PEAK_FLOPS=$peak_all "$KEEL_BIN" train "$config" --set "train.steps=$steps" \
+        if ! "$KEEL_BIN" train "$config" --set "train.steps=$steps" \
                 --set "train.threads=$threads" --run-dir "$dir" >"$tmp/keel.log" 2>&1; then
             cat "$tmp/keel.log" >&2
             echo "bench: keel train failed on $config" >&2
             exit 1
         fi
         keel_tps="$(median_of "$dir/metrics.jsonl" tokens_per_s)"
-        keel_mfu="$(median_of "$dir/metrics.jsonl" mfu)" # against peak_all
+        keel_mfu="$(median_of "$dir/metrics.jsonl" mfu)" # against this run's peak
+        keel_peak="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["peak_flops"])' "$dir/summary.json")"
         torch_tps=""
         torch_fpt=""
         if [ "$have_torch" = 1 ]; then
@@ -84,23 +83,25 @@ for run in $runs; do
                 echo "bench: torch run failed on $config (its column stays empty)" >&2
             fi
         fi
-        rows+=("$name $threads $keel_tps $keel_mfu ${torch_tps:--} ${torch_fpt:--}")
+        rows+=("$name $threads $keel_tps $keel_mfu $keel_peak ${torch_tps:--} ${torch_fpt:--}")
     done
 done
 
 load_end="$(cut -d' ' -f1-3 /proc/loadavg)"
 
-python3 - "$peak_all" "$peak_per_thread" "$have_torch" "${torch_version:-}" "$cpu" \
-    "$load_start" "$load_end" "${rows[@]}" <<'EOF'
+python3 - "$have_torch" "${torch_version:-}" "$cpu" "$load_start" "$load_end" "${rows[@]}" <<'EOF'
 import sys
-peak_all, peak_thr, have_torch, torch_version = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
-cpu, load_start, load_end = sys.argv[5:8]
-rows = [r.split() for r in sys.argv[8:]]
+have_torch, torch_version = sys.argv[1] == "1", sys.argv[2]
+cpu, load_start, load_end = sys.argv[3:6]
+rows = [r.split() for r in sys.argv[6:]]
+# Each keel run measured one core's FMA peak at start-up (peak_flops = core x threads).
+peak_thr = max(float(r[4]) / int(r[1]) for r in rows)
+peak_all = 2 * peak_thr
 print()
 print("fp32 training throughput, median over steps after warm-up")
 print(f"CPU: {cpu}; load average {load_start} at start, {load_end} at end (other work skews it)")
-print(f"MFU against the measured fp32 peak {peak_all/1e9:.0f} GF/s (2 cores, shared/notes/cpu.md; "
-      f"BENCH_PEAK_FLOPS overrides); MFU/thr against {peak_thr/1e9:.0f} GF/s x threads used")
+print(f"MFU against the 2-core fp32 peak measured by keel here: {peak_all/1e9:.0f} GF/s "
+      f"({peak_thr/1e9:.0f} GF/s per core); MFU/thr against the threads used")
 print("torch: " + (f"{torch_version}, CPU, LlamaForCausalLM eager attention, AdamW, "
                    "OMP_WAIT_POLICY=PASSIVE" if have_torch else
                    "not installed (bash scripts/setup-torch.sh): keel only"))
@@ -109,11 +110,11 @@ fmt = "| {:<6} | {:>7} | {:>10} | {:>8} | {:>12} | {:>11} | {:>9} | {:>6} |"
 print(fmt.format(*head))
 print("|" + "|".join("-" * (len(fmt.format(*head).split("|")[i + 1])) for i in range(len(head))) + "|")
 best = {}
-for name, threads, ktps, kmfu, ttps, tfpt in rows:
+for name, threads, ktps, kmfu, kpeak, ttps, tfpt in rows:
     threads, ktps, kmfu = int(threads), float(ktps), float(kmfu)
-    fpt = kmfu * peak_all / ktps
-    cells = [name, threads, f"{ktps:.0f}", f"{100*kmfu:.1f}%",
-             f"{100*kmfu*peak_all/(peak_thr*threads):.1f}%"]
+    fpt = kmfu * float(kpeak) / ktps
+    cells = [name, threads, f"{ktps:.0f}", f"{100*ktps*fpt/peak_all:.1f}%",
+             f"{100*ktps*fpt/(peak_thr*threads):.1f}%"]
     if ttps != "-":
         ttps = float(ttps)
         cells += [f"{ttps:.0f}", f"{100*ttps*fpt/peak_all:.1f}%", f"{ktps/ttps:.2f}x"]

@@ -4,8 +4,7 @@
  * and the weighted sums are single-threaded OpenBLAS GEMMs over blocks of
  * query rows, each against only the keys it can see, so the masked upper
  * triangle is mostly skipped (T=512: 62% of the full square is computed).
- * BLAS is switched to one thread for the duration: at these sizes a
- * multi-threaded GEMM per head loses more to wake-ups than it gains. */
+ * (OpenBLAS itself is single-threaded; see gemm.c.) */
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
@@ -107,17 +106,12 @@ static void backward_groups(void *p, int64_t begin, int64_t end, int chunk) {
     }
 }
 
-static void run_single_threaded_blas(int64_t tasks, keel_pool_fn fn, attn_ctx *c) {
-    openblas_set_num_threads(1);
-    keel_pool_for(tasks, 1, fn, c);
-    openblas_set_num_threads(keel_pool_threads());
-}
 
 void keel_attention_forward(float *out, float *att, const float *q, const float *k,
                             const float *v, int B, int T, int NH, int NKV, int HS) {
     attn_ctx c = {.out = out, .att = att, .q = q, .k = k, .v = v,
                   .B = B, .T = T, .NH = NH, .NKV = NKV, .HS = HS};
-    run_single_threaded_blas((int64_t)B * NH, forward_heads, &c);
+    keel_pool_for((int64_t)B * NH, 1, forward_heads, &c);
 }
 
 void keel_attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout,
@@ -125,5 +119,5 @@ void keel_attention_backward(float *dq, float *dk, float *dv, float *datt, const
                              int B, int T, int NH, int NKV, int HS) {
     attn_ctx c = {.dq = dq, .dk = dk, .dv = dv, .datt = datt, .dout = dout, .q = q, .k = k,
                   .v = v, .att_in = att, .B = B, .T = T, .NH = NH, .NKV = NKV, .HS = HS};
-    run_single_threaded_blas((int64_t)B * NKV, backward_groups, &c);
+    keel_pool_for((int64_t)B * NKV, 1, backward_groups, &c);
 }

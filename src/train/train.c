@@ -257,9 +257,14 @@ static keel_status open_inputs(trainer *t) {
     if (st == KEEL_OK)
         st = keel_data_open(&cfg->data, "train", cfg->model.max_seq_len, cfg->model.vocab_size,
                             cfg->train.seed, &t->train);
-    if (st == KEEL_OK && cfg->train.eval_every > 0)
+    if (st == KEEL_OK && cfg->train.eval_every > 0) {
         st = keel_data_open(&cfg->data, "val", cfg->model.max_seq_len, cfg->model.vocab_size,
                             cfg->train.seed, &t->val);
+        if (st == KEEL_OK && !t->val)
+            keel_log_warn("train.eval_every is %d but %s has no val split: no validation loss "
+                          "(prepare the data with --val-fraction)", cfg->train.eval_every,
+                          cfg->data.path);
+    }
     return st;
 }
 
