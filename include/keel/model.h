@@ -68,6 +68,24 @@ float *keel_model_grads(keel_model *m);  /* (n_params) */
 void keel_model_init_weights(keel_model *m, uint64_t seed);
 void keel_model_zero_grads(keel_model *m);
 
+/* Where unit u's parameters are read and its gradients written during
+ * forward/backward. By default they point into keel_model_params/grads at
+ * the unit's offset; FSDP points them at gathered unit buffers (same internal
+ * layout as the unit's slice of the canonical vector). Not owned. */
+void keel_model_set_unit_buffers(keel_model *m, int unit, float *params, float *grads);
+
+/* Called around each unit in compute order — forward: 0, 1..L, L+1;
+ * backward: L+1, L..1, 0 — so FSDP can gather a unit before it is used,
+ * prefetch the next, free it after, and reduce-scatter its gradients as soon
+ * as they exist. Any callback may be NULL. With tied embeddings the head also
+ * reads unit 0's parameters and adds to unit 0's gradients. */
+typedef void (*keel_model_hook_fn)(void *ctx, int unit);
+typedef struct {
+    void *ctx;
+    keel_model_hook_fn before_forward, after_forward, before_backward, after_backward;
+} keel_model_hooks;
+void keel_model_set_hooks(keel_model *m, const keel_model_hooks *hooks);
+
 /* Forward over tokens (n_seqs, T+1), n_seqs <= B: inputs are [0,T), targets
  * [1,T+1). Returns the summed cross-entropy over n_seqs*T positions. When grad_scale != 0 the logits'
  * gradient (times grad_scale, usually 1 / tokens per optimizer step) is kept

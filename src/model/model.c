@@ -36,6 +36,11 @@ struct keel_model {
     int B;                /* sequences in the current micro-batch */
     float *params;        /* (n_params) */
     float *grads;         /* (n_params) */
+    /* Where each unit's parameters and gradients are read and written: into
+     * params/grads by default; FSDP points them at gathered unit buffers. */
+    float **unit_params;  /* (n_units) */
+    float **unit_grads;   /* (n_units) */
+    keel_model_hooks hooks;
     float *acts_mem;      /* every activation and scratch buffer, one allocation */
     block_acts *acts;     /* (L) */
     float *res_final;     /* (N, C) output of the last block */
@@ -106,6 +111,11 @@ keel_status keel_model_build(const keel_model_config *cfg, int B, keel_model **o
     m->params = keel_xcalloc(sizeof(float) * (size_t)m->lay.n_params, "parameters");
     m->grads = keel_xcalloc(sizeof(float) * (size_t)m->lay.n_params, "gradients");
     m->acts = keel_xcalloc(sizeof(block_acts) * (size_t)m->lay.L, "activation table");
+    m->unit_params = keel_xcalloc(sizeof(float *) * (size_t)m->lay.n_units, "unit pointers");
+    m->unit_grads = keel_xcalloc(sizeof(float *) * (size_t)m->lay.n_units, "unit pointers");
+    for (int u = 0; u < m->lay.n_units; u++)
+        keel_model_set_unit_buffers(m, u, m->params + m->lay.unit_offset[u],
+                                    m->grads + m->lay.unit_offset[u]);
 
     act_entry *tab = keel_xmalloc(sizeof(act_entry) * (size_t)act_table_len(&m->lay), "act table");
     int n = act_table(m, &m->lay, B, tab);
@@ -129,6 +139,8 @@ void keel_model_free(keel_model *m) {
     keel_free(m->grads);
     keel_free(m->acts_mem);
     keel_free(m->acts);
+    keel_free(m->unit_params);
+    keel_free(m->unit_grads);
     keel_model_layout_free(&m->lay);
     keel_free(m);
 }
@@ -136,6 +148,20 @@ void keel_model_free(keel_model *m) {
 const keel_model_layout *keel_model_get_layout(const keel_model *m) { return &m->lay; }
 float *keel_model_params(keel_model *m) { return m->params; }
 float *keel_model_grads(keel_model *m) { return m->grads; }
+
+void keel_model_set_unit_buffers(keel_model *m, int unit, float *params, float *grads) {
+    KEEL_CHECK(unit >= 0 && unit < m->lay.n_units, "unit %d of %d", unit, m->lay.n_units);
+    m->unit_params[unit] = params;
+    m->unit_grads[unit] = grads;
+}
+
+void keel_model_set_hooks(keel_model *m, const keel_model_hooks *hooks) {
+    m->hooks = hooks ? *hooks : (keel_model_hooks){0};
+}
+
+static void hook(const keel_model *m, keel_model_hook_fn fn, int unit) {
+    if (fn) fn(m->hooks.ctx, unit);
+}
 
 void keel_model_zero_grads(keel_model *m) {
     memset(m->grads, 0, sizeof(float) * (size_t)m->lay.n_params);
@@ -170,9 +196,9 @@ void keel_model_init_weights(keel_model *m, uint64_t seed) {
     }
 }
 
-static block_ptrs block_at(const keel_model_layout *lay, float *base, int l) {
+/* The tensors of a block whose unit starts at p. */
+static block_ptrs block_at(const keel_model_layout *lay, float *p) {
     int64_t C = lay->C, F = lay->F, QD = (int64_t)lay->NH * lay->HS, KVD = (int64_t)lay->NKV * lay->HS;
-    float *p = base + lay->unit_offset[1 + l];
     block_ptrs b;
     b.norm1 = p; p += C;
     b.wq = p; p += QD * C;
@@ -186,15 +212,17 @@ static block_ptrs block_at(const keel_model_layout *lay, float *base, int l) {
     return b;
 }
 
-static float *head_matrix(const keel_model_layout *lay, float *base) {
-    return lay->cfg.tie_embeddings ? base : base + lay->unit_offset[lay->L + 1] + lay->C;
+/* The output head: lm_head after the final norm in the head unit, or the
+ * embedding when tied. */
+static float *head_matrix(const keel_model_layout *lay, float *const *units) {
+    return lay->cfg.tie_embeddings ? units[0] : units[lay->L + 1] + lay->C;
 }
 
 static void block_forward(keel_model *m, int l, float *out) {
     const keel_model_layout *lay = &m->lay;
     int B = m->B, T = lay->T, N = B * T, C = lay->C, F = lay->F;
     int QD = lay->NH * lay->HS, KVD = lay->NKV * lay->HS;
-    block_ptrs w = block_at(lay, m->params, l);
+    block_ptrs w = block_at(lay, m->unit_params[1 + l]);
     block_acts *a = &m->acts[l];
     float eps = (float)lay->cfg.norm_eps;
 
@@ -226,15 +254,22 @@ double keel_model_forward(keel_model *m, const int32_t *tokens, int n_seqs, floa
             m->inputs[b * T + t] = tokens[(int64_t)b * (T + 1) + t];
             m->targets[b * T + t] = tokens[(int64_t)b * (T + 1) + t + 1];
         }
-    const float *embed = m->params; /* unit 0 */
+    hook(m, m->hooks.before_forward, 0);
+    const float *embed = m->unit_params[0];
     for (int i = 0; i < N; i++)
         memcpy(m->acts[0].res + (int64_t)i * C, embed + (int64_t)m->inputs[i] * C, sizeof(float) * (size_t)C);
-    for (int l = 0; l < lay->L; l++)
+    hook(m, m->hooks.after_forward, 0);
+    for (int l = 0; l < lay->L; l++) {
+        hook(m, m->hooks.before_forward, 1 + l);
         block_forward(m, l, l + 1 < lay->L ? m->acts[l + 1].res : m->res_final);
-
-    float *norm = m->params + lay->unit_offset[lay->L + 1];
-    keel_rmsnorm_forward(m->nf, m->rstdf, m->res_final, norm, N, C, (float)lay->cfg.norm_eps);
-    keel_matmul_forward(m->logits, m->nf, head_matrix(lay, m->params), N, V, C, false);
+        hook(m, m->hooks.after_forward, 1 + l);
+    }
+    int head = lay->L + 1;
+    hook(m, m->hooks.before_forward, head);
+    keel_rmsnorm_forward(m->nf, m->rstdf, m->res_final, m->unit_params[head], N, C,
+                         (float)lay->cfg.norm_eps);
+    keel_matmul_forward(m->logits, m->nf, head_matrix(lay, m->unit_params), N, V, C, false);
+    hook(m, m->hooks.after_forward, head);
     m->have_dlogits = grad_scale != 0.0f;
     return keel_xent_forward_backward(m->logits, m->targets, N, V, grad_scale);
 }
@@ -244,7 +279,7 @@ static void block_backward(keel_model *m, int l) {
     const keel_model_layout *lay = &m->lay;
     int B = m->B, T = lay->T, N = B * T, C = lay->C, F = lay->F;
     int QD = lay->NH * lay->HS, KVD = lay->NKV * lay->HS;
-    block_ptrs w = block_at(lay, m->params, l), g = block_at(lay, m->grads, l);
+    block_ptrs w = block_at(lay, m->unit_params[1 + l]), g = block_at(lay, m->unit_grads[1 + l]);
     block_acts *a = &m->acts[l];
 
     /* out = mid + h W_downᵀ */
@@ -269,22 +304,29 @@ static void block_backward(keel_model *m, int l) {
 void keel_model_backward(keel_model *m) {
     KEEL_CHECK(m->have_dlogits, "keel_model_backward needs a forward with grad_scale != 0");
     const keel_model_layout *lay = &m->lay;
-    int N = m->B * lay->T, C = lay->C, V = lay->V;
-    int64_t head_unit = lay->unit_offset[lay->L + 1];
+    int N = m->B * lay->T, C = lay->C, V = lay->V, head = lay->L + 1;
 
     /* logits = nf W_headᵀ; nf = rmsnorm(res_final) */
-    keel_matmul_backward(m->dn, head_matrix(lay, m->grads), m->logits, m->nf,
-                         head_matrix(lay, m->params), N, V, C, false);
+    hook(m, m->hooks.before_backward, head);
+    keel_matmul_backward(m->dn, head_matrix(lay, m->unit_grads), m->logits, m->nf,
+                         head_matrix(lay, m->unit_params), N, V, C, false);
     memset(m->dres, 0, sizeof(float) * (size_t)N * C);
-    keel_rmsnorm_backward(m->dres, m->grads + head_unit, m->dn, m->res_final,
-                          m->params + head_unit, m->rstdf, N, C);
-    for (int l = lay->L - 1; l >= 0; l--) block_backward(m, l);
+    keel_rmsnorm_backward(m->dres, m->unit_grads[head], m->dn, m->res_final, m->unit_params[head],
+                          m->rstdf, N, C);
+    hook(m, m->hooks.after_backward, head);
+    for (int l = lay->L - 1; l >= 0; l--) {
+        hook(m, m->hooks.before_backward, 1 + l);
+        block_backward(m, l);
+        hook(m, m->hooks.after_backward, 1 + l);
+    }
 
-    float *dembed = m->grads; /* unit 0; sequential so repeated tokens add in a fixed order */
+    hook(m, m->hooks.before_backward, 0);
+    float *dembed = m->unit_grads[0]; /* sequential so repeated tokens add in a fixed order */
     for (int i = 0; i < N; i++) {
         float *row = dembed + (int64_t)m->inputs[i] * C;
         const float *d = m->dres + (int64_t)i * C;
         for (int j = 0; j < C; j++) row[j] += d[j];
     }
+    hook(m, m->hooks.after_backward, 0);
     m->have_dlogits = false;
 }
