@@ -6,13 +6,7 @@
 
 #include "keel/core.h"
 
-static int failures;
-#define EXPECT(cond, ...)                                       \
-    do {                                                        \
-        if (cond) printf("ok   " __VA_ARGS__);                  \
-        else { printf("FAIL " __VA_ARGS__); failures++; }       \
-        printf("\n");                                           \
-    } while (0)
+#include "../testlib.h"
 
 int main(void) {
     keel_config a;
@@ -57,6 +51,5 @@ int main(void) {
     keel_config_free(&a);
     keel_config_free(&b);
     keel_config_free(&c);
-    printf("%s: %d failures\n", failures ? "FAILED" : "PASSED", failures);
-    return failures != 0;
+    return test_summary("test_config_roundtrip");
 }

@@ -1,40 +1,23 @@
 /* Opening a dataset that cannot serve the model fails with one line that
  * names the problem and the fix: vocabulary mismatch, missing or empty path,
  * too few tokens, mixed or missing shards, bad synthetic settings. */
-#include <fcntl.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "keel/data.h"
 
-static int failures;
-
-#define EXPECT(cond, ...)                                               \
-    do {                                                                \
-        if (!(cond)) {                                                  \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                               \
-            fputc('\n', stderr);                                        \
-            failures++;                                                 \
-        }                                                               \
-    } while (0)
+#define TESTLIB_QUIET
+#include "../testlib.h"
 
 #define PATH_BYTES 256
 static char tmpdir[64];
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
-
 /* A fresh empty directory under tmpdir. */
 static void fresh_dir(char *out, const char *name) {
     snprintf(out, PATH_BYTES, "%s/%s", tmpdir, name);
-    nftw(out, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+    remove_tree(out);
     mkdir(out, 0755);
 }
 
@@ -45,39 +28,6 @@ static void write_shard(const char *dir, const char *name, uint64_t n, uint32_t 
     for (uint64_t i = 0; i < n; i++) tokens[i] = (int32_t)(i % vocab);
     if (keel_shard_write(path, tokens, n, vocab) != KEEL_OK) abort();
     free(tokens);
-}
-
-/* ---- stderr capture ------------------------------------------------------- */
-
-static char captured[4096];
-static char capture_path[PATH_BYTES];
-static int saved_stderr = -1;
-
-static void capture_begin(void) {
-    fflush(stderr);
-    saved_stderr = dup(2);
-    snprintf(capture_path, sizeof capture_path, "%s/stderr.txt", tmpdir);
-    int fd = open(capture_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 2);
-    close(fd);
-}
-
-static const char *capture_end(void) {
-    fflush(stderr);
-    dup2(saved_stderr, 2);
-    close(saved_stderr);
-    FILE *f = fopen(capture_path, "r");
-    size_t n = f ? fread(captured, 1, sizeof captured - 1, f) : 0;
-    captured[n] = '\0';
-    if (f) fclose(f);
-    unlink(capture_path);
-    return captured;
-}
-
-static int count_lines(const char *s) {
-    int n = 0;
-    for (; *s; s++) n += *s == '\n';
-    return n;
 }
 
 /* Open expecting an input error; returns the one-line message. */
@@ -224,21 +174,12 @@ static void test_tokenizer_check(void) {
 }
 
 int main(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/keel-test-dataerr-XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    if (!temp_dir_create(tmpdir, sizeof tmpdir, "dataerr")) return 1;
     test_vocab_mismatch();
     test_missing_and_empty();
     test_too_short();
     test_synthetic_settings();
     test_tokenizer_check();
-    nftw(tmpdir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
-    if (failures) {
-        fprintf(stderr, "test_dataset_errors: %d failures\n", failures);
-        return 1;
-    }
-    printf("test_dataset_errors: ok\n");
-    return 0;
+    remove_tree(tmpdir);
+    return test_summary("test_dataset_errors");
 }

@@ -2,33 +2,17 @@
  * samples, the samples of a step do not depend on how the global batch is
  * split into ranks and micro-batches, and the synthetic source is a
  * deterministic walk with the promised branching. */
-#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "keel/data.h"
 
-static int failures;
-
-#define EXPECT(cond, ...)                                               \
-    do {                                                                \
-        if (!(cond)) {                                                  \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                               \
-            fputc('\n', stderr);                                        \
-            failures++;                                                 \
-        }                                                               \
-    } while (0)
+#define TESTLIB_QUIET
+#include "../testlib.h"
 
 static char tmpdir[64];
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
 
 /* A dataset whose token at stream position p is p itself, spread over files
  * of uneven sizes, so a fetched row tells which sample it is and whether it
@@ -289,11 +273,7 @@ static void test_synthetic(void) {
 }
 
 int main(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/keel-test-order-XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    if (!temp_dir_create(tmpdir, sizeof tmpdir, "order")) return 1;
     make_dataset();
     test_epochs_are_permutations();
     keel_data_config files = {.path = tmpdir};
@@ -310,11 +290,6 @@ int main(void) {
     EXPECT(contiguous, "every row is a contiguous stream slice");
     free(rows);
 
-    nftw(tmpdir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
-    if (failures) {
-        fprintf(stderr, "test_sample_order: %d failures\n", failures);
-        return 1;
-    }
-    printf("test_sample_order: ok\n");
-    return 0;
+    remove_tree(tmpdir);
+    return test_summary("test_sample_order");
 }

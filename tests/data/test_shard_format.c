@@ -1,8 +1,6 @@
 /* The token-shard file format: exact header bytes, round trips at both token
  * widths, and that every kind of damage is refused with a message that says
  * what is wrong; writes are atomic. */
-#include <fcntl.h>
-#include <ftw.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,60 +13,15 @@
 
 #include "keel/data.h"
 
-static int failures;
-
-#define EXPECT(cond, ...)                                               \
-    do {                                                                \
-        if (!(cond)) {                                                  \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                               \
-            fputc('\n', stderr);                                        \
-            failures++;                                                 \
-        }                                                               \
-    } while (0)
+#define TESTLIB_QUIET
+#include "../testlib.h"
 
 static char tmpdir[64];
 
 #define PATH_BYTES 256
 static void tmp_path(char *out, const char *name) { snprintf(out, PATH_BYTES, "%s/%s", tmpdir, name); }
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-/* ---- stderr capture: errors are one line, and their words matter ---------- */
-
-static char captured[4096];
-static char capture_path[PATH_BYTES];
-static int saved_stderr = -1;
-
-static void capture_begin(void) {
-    fflush(stderr);
-    saved_stderr = dup(2);
-    tmp_path(capture_path, "stderr.txt");
-    int fd = open(capture_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 2);
-    close(fd);
-}
-
-static const char *capture_end(void) {
-    fflush(stderr);
-    dup2(saved_stderr, 2);
-    close(saved_stderr);
-    FILE *f = fopen(capture_path, "r");
-    size_t n = f ? fread(captured, 1, sizeof captured - 1, f) : 0;
-    captured[n] = '\0';
-    if (f) fclose(f);
-    unlink(capture_path);
-    return captured;
-}
-
-static int count_lines(const char *s) {
-    int n = 0;
-    for (; *s; s++) n += *s == '\n';
-    return n;
-}
+/* ---- errors are one line, and their words matter ------------------------- */
 
 /* Open `path` expecting failure; returns the captured message. */
 static const char *open_fails(const char *path) {
@@ -353,11 +306,7 @@ static void test_names(void) {
 }
 
 int main(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/keel-test-shard-XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    if (!temp_dir_create(tmpdir, sizeof tmpdir, "shard")) return 1;
     test_round_trip(1000, 100003, 2); /* spans several write chunks */
     test_round_trip(65536, 4000, 2);  /* largest vocabulary with 2-byte ids */
     test_round_trip(65537, 4000, 4);
@@ -366,11 +315,6 @@ int main(void) {
     test_damage();
     test_atomic_write();
     test_names();
-    nftw(tmpdir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
-    if (failures) {
-        fprintf(stderr, "test_shard_format: %d failures\n", failures);
-        return 1;
-    }
-    printf("test_shard_format: ok\n");
-    return 0;
+    remove_tree(tmpdir);
+    return test_summary("test_shard_format");
 }

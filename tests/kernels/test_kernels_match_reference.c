@@ -7,6 +7,8 @@
 
 #include "keel/kernels.h"
 
+#include "../testlib.h"
+
 static uint64_t rng = 88172645463325252ull;
 static float frand(void) {
     rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
@@ -23,7 +25,6 @@ static float *copy(const float *x, int64_t n) {
     return y;
 }
 
-static int failures;
 static void compare(const char *what, const float *got, const float *want, int64_t n, double tol) {
     double worst = 0, scale = 0;
     for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(want[i]));
@@ -31,10 +32,7 @@ static void compare(const char *what, const float *got, const float *want, int64
         double err = fabs((double)got[i] - want[i]) / (scale + 1e-30);
         if (!(err <= worst)) worst = err; /* NaN-safe */
     }
-    bool ok = worst <= tol;
-    printf("%s %-28s n=%-8lld max_err/max|ref|=%.2e (tol %.0e)\n", ok ? "ok  " : "FAIL", what,
-           (long long)n, worst, tol);
-    failures += !ok;
+    EXPECT(worst <= tol, "%-28s n=%-8lld max_err/max|ref|=%.2e (tol %.0e)", what, (long long)n, worst, tol);
 }
 
 static void test_rmsnorm(void) {
@@ -148,8 +146,7 @@ static void test_adamw(void) {
     keel_adamw_update(pb + k, ga + k, mb + k, vb + k, n - k, &st);
     bool same = !memcmp(pa, pb, 4 * (size_t)n) && !memcmp(ma, mb, 4 * (size_t)n) &&
                 !memcmp(va, vb, 4 * (size_t)n);
-    printf("%s adamw bits independent of the split\n", same ? "ok  " : "FAIL");
-    failures += !same;
+    EXPECT(same, "adamw bits independent of the split");
     keel_free(pa), keel_free(ma), keel_free(va), keel_free(ga), keel_free(pb), keel_free(mb), keel_free(vb);
     double s1 = keel_sumsq(g, n), s2 = 0;
     for (int64_t i = 0; i < n; i++) s2 += (double)g[i] * g[i];
@@ -172,6 +169,5 @@ int main(void) {
         test_adamw();
         keel_kernels_shutdown();
     }
-    printf("%s: %d failures\n", failures ? "FAILED" : "PASSED", failures);
-    return failures != 0;
+    return test_summary("test_kernels_match_reference");
 }

@@ -6,7 +6,6 @@
  *     bash scripts/setup-torch.sh && /opt/keel-torch/bin/python tests/reference/make_golden.py
  */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +15,8 @@
 #include "keel/kernels.h"
 #include "keel/model.h"
 #include "keel/optim.h"
+
+#include "../testlib.h"
 
 #define LOGITS_TOL 1e-5     /* max abs err / max |logit| */
 #define LOSS_TOL 1e-5       /* relative */
@@ -34,34 +35,26 @@ typedef struct {
     int32_t *tokens;  /* (B, T+1) */
 } fixture;
 
-static int failures;
-
-static void report(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void report(bool ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s ", ok ? "ok  " : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    failures += !ok;
+/* Open dir/name, its path written to path (1200 bytes); NULL (and a FAIL
+ * line) if the file is missing. */
+static FILE *open_fixture_file(const char *dir, const char *name, char path[1200]) {
+    snprintf(path, 1200, "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    if (!f) EXPECT(false, "%s: missing (regenerate with tests/reference/make_golden.py)", path);
+    return f;
 }
 
 /* Read exactly `bytes` from dir/name into a new buffer; NULL (and a FAIL line)
  * if the file is missing or has another size. Caller frees. */
 static void *read_exact(const char *dir, const char *name, size_t bytes) {
     char path[1200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        report(false, "%s: missing (regenerate with tests/reference/make_golden.py)", path);
-        return NULL;
-    }
+    FILE *f = open_fixture_file(dir, name, path);
+    if (!f) return NULL;
     void *buf = malloc(bytes + 1);
     size_t got = fread(buf, 1, bytes + 1, f);
     fclose(f);
     if (got != bytes) {
-        report(false, "%s: %zu bytes, expected %zu", path, got, bytes);
+        EXPECT(false, "%s: %zu bytes, expected %zu", path, got, bytes);
         free(buf);
         return NULL;
     }
@@ -70,12 +63,8 @@ static void *read_exact(const char *dir, const char *name, size_t bytes) {
 
 static char *read_text(const char *dir, const char *name) {
     char path[1200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        report(false, "%s: missing (regenerate with tests/reference/make_golden.py)", path);
-        return NULL;
-    }
+    FILE *f = open_fixture_file(dir, name, path);
+    if (!f) return NULL;
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
@@ -88,7 +77,7 @@ static char *read_text(const char *dir, const char *name) {
 /* obj[key], or NULL with a FAIL line naming what expected.json lacks. */
 static const cJSON *need(const fixture *f, const cJSON *obj, const char *key) {
     const cJSON *item = obj ? cJSON_GetObjectItem(obj, key) : NULL;
-    if (!item) report(false, "%s/expected.json: no \"%s\" (regenerate it)", f->dir, key);
+    if (!item) EXPECT(false, "%s/expected.json: no \"%s\" (regenerate it)", f->dir, key);
     return item;
 }
 
@@ -108,7 +97,7 @@ static bool fixture_load(fixture *f, const char *src, const char *name) {
     snprintf(path, sizeof path, "%s/config.json", f->dir);
     keel_config_defaults(&f->cfg);
     if (keel_config_load_file(&f->cfg, path) != KEEL_OK || keel_config_finalize(&f->cfg) != KEEL_OK) {
-        report(false, "%s: cannot load (regenerate with tests/reference/make_golden.py)", path);
+        EXPECT(false, "%s: cannot load (regenerate with tests/reference/make_golden.py)", path);
         return false;
     }
     char *text = read_text(f->dir, "expected.json");
@@ -116,7 +105,7 @@ static bool fixture_load(fixture *f, const char *src, const char *name) {
     f->expected = cJSON_Parse(text);
     free(text);
     if (!f->expected) {
-        report(false, "%s/expected.json: not JSON", f->dir);
+        EXPECT(false, "%s/expected.json: not JSON", f->dir);
         return false;
     }
     const cJSON *traj = need(f, f->expected, "trajectory");
@@ -152,7 +141,7 @@ static bool check_layout(const fixture *f, const keel_model_layout *lay) {
         if (!ok) printf("     tensor %d: keel has %s (%lld, %lld)\n", i, lay->tensors[i].name,
                         (long long)lay->tensors[i].rows, (long long)lay->tensors[i].cols);
     }
-    report(ok, "layout: %d tensors, %lld params, F=%d, names and shapes match transformers",
+    EXPECT(ok, "layout: %d tensors, %lld params, F=%d, names and shapes match transformers",
            lay->n_tensors, (long long)lay->n_params, lay->F);
     return ok;
 }
@@ -226,7 +215,7 @@ static double check_logits_and_loss(const fixture *f, keel_model *m) {
     float *logits = malloc(sizeof(float) * (size_t)n);
     keel_logits(lay, keel_model_params(m), f->tokens, f->B, logits);
     double err = max_abs_diff(logits, f->logits, n), scale = max_abs(f->logits, n);
-    report(err / scale <= LOGITS_TOL, " logits: max_abs_err %.3e, max|logit| %.3f, ratio %.2e (tol %.0e)",
+    EXPECT(err / scale <= LOGITS_TOL, " logits: max_abs_err %.3e, max|logit| %.3f, ratio %.2e (tol %.0e)",
            err, scale, err / scale, LOGITS_TOL);
 
     int32_t *targets = malloc(sizeof(int32_t) * (size_t)N);
@@ -239,9 +228,9 @@ static double check_logits_and_loss(const fixture *f, keel_model *m) {
     keel_model_zero_grads(m);
     double loss = keel_model_forward(m, f->tokens, f->B, 1.0f / (float)N) / N;
     double want = cJSON_GetObjectItem(f->expected, "mean_loss")->valuedouble;
-    report(rel(loss, want) <= LOSS_TOL, " loss: keel %.9f transformers %.9f rel_err %.2e (tol %.0e)",
+    EXPECT(rel(loss, want) <= LOSS_TOL, " loss: keel %.9f transformers %.9f rel_err %.2e (tol %.0e)",
            loss, want, rel(loss, want), LOSS_TOL);
-    report(rel(composed, loss) <= 1e-6, " composed-kernel loss %.9f = keel_model_forward loss (rel %.1e)",
+    EXPECT(rel(composed, loss) <= 1e-6, " composed-kernel loss %.9f = keel_model_forward loss (rel %.1e)",
            composed, rel(composed, loss));
     return loss;
 }
@@ -257,7 +246,7 @@ static void check_grads(const fixture *f, keel_model *m) {
         int64_t n = t->rows * t->cols;
         double err = max_abs_diff(grads + t->offset, f->grads + t->offset, n);
         double scale = max_abs(f->grads + t->offset, n), r = err / fmax(scale, 1e-30);
-        report(r <= GRAD_TOL && scale > 0, " grad %-40s max|g| %.3e max_abs_err %.3e ratio %.2e", t->name,
+        EXPECT(r <= GRAD_TOL && scale > 0, " grad %-40s max|g| %.3e max_abs_err %.3e ratio %.2e", t->name,
                scale, err, r);
         if (r > worst) worst = r, worst_name = t->name;
     }
@@ -273,7 +262,7 @@ static void check_trajectory(const fixture *f, keel_model *m) {
     const cJSON *lrs = cJSON_GetObjectItem(traj, "lr");
     int steps = cJSON_GetArraySize(losses), N = f->B * f->T;
     if (steps != tc->steps) {
-        report(false, " trajectory has %d steps, config train.steps = %d", steps, tc->steps);
+        EXPECT(false, " trajectory has %d steps, config train.steps = %d", steps, tc->steps);
         return;
     }
     float *params = keel_model_params(m), *grads = keel_model_grads(m);
@@ -292,7 +281,7 @@ static void check_trajectory(const fixture *f, keel_model *m) {
         double want_lr = cJSON_GetArrayItem(lrs, step)->valuedouble;
         bool ok = rel(loss, want) <= TRAJECTORY_TOL && rel(norm, want_norm) <= TRAJECTORY_TOL &&
                   rel(lr, want_lr) <= 1e-12;
-        report(ok, " step %2d lr %.6f loss keel %.7f transformers %.7f rel %.2e | grad_norm %.5f vs %.5f rel %.2e",
+        EXPECT(ok, " step %2d lr %.6f loss keel %.7f transformers %.7f rel %.2e | grad_norm %.5f vs %.5f rel %.2e",
                step + 1, lr, loss, want, rel(loss, want), norm, want_norm, rel(norm, want_norm));
         worst = fmax(worst, rel(loss, want));
     }
@@ -309,7 +298,7 @@ static void check_fixture(const char *src, const char *name) {
     }
     keel_model *m;
     if (keel_model_build(&f.cfg.model, f.B, &m) != KEEL_OK) {
-        report(false, "%s: keel_model_build failed", name);
+        EXPECT(false, "%s: keel_model_build failed", name);
         fixture_free(&f);
         return;
     }
@@ -333,6 +322,5 @@ int main(void) {
     check_fixture(src, "llama_micro");
     check_fixture(src, "llama_micro_tied");
     keel_kernels_shutdown();
-    printf("%s: %d failures\n", failures ? "FAILED" : "PASSED", failures);
-    return failures != 0;
+    return test_summary("test_golden_pytorch");
 }

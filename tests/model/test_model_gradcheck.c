@@ -10,6 +10,8 @@
 #include "keel/kernels.h"
 #include "keel/model.h"
 
+#include "../testlib.h"
+
 typedef struct {
     const keel_model_layout *lay;
     const int32_t *tokens; /* (B, T+1) */
@@ -116,13 +118,16 @@ static double ref_loss(const ref_ctx *c, const double *p) {
     return total / (c->B * T);
 }
 
-static int check_config(bool tied) {
+static void check_config(bool tied) {
     keel_model_config mc = {.dim = 16, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
                             .vocab_size = 11, .multiple_of = 8, .norm_eps = 1e-5,
                             .rope_theta = 10000, .max_seq_len = 5, .tie_embeddings = tied};
     int B = 2;
     keel_model *m;
-    if (keel_model_build(&mc, B, &m) != KEEL_OK) return 1;
+    if (keel_model_build(&mc, B, &m) != KEEL_OK) {
+        EXPECT(false, "keel_model_build (%s head)", tied ? "tied" : "untied");
+        return;
+    }
     const keel_model_layout *lay = keel_model_get_layout(m);
     float *params = keel_model_params(m);
     /* Larger than the 0.02 init so every nonlinearity matters. */
@@ -142,11 +147,7 @@ static int check_config(bool tied) {
     for (int64_t i = 0; i < lay->n_params; i++) p[i] = params[i];
     ref_ctx c = {lay, tokens, B};
     double ref = ref_loss(&c, p);
-    int failures = 0;
-    if (fabs(loss - ref) > 1e-5 * fabs(ref)) {
-        printf("FAIL loss: keel %.9f reference %.9f\n", loss, ref);
-        failures++;
-    }
+    EXPECT(!(fabs(loss - ref) > 1e-5 * fabs(ref)), "loss: keel %.9f reference %.9f", loss, ref);
     for (int ti = 0; ti < lay->n_tensors; ti++) {
         const keel_tensor_info *t = &lay->tensors[ti];
         int64_t n = t->rows * t->cols;
@@ -167,20 +168,17 @@ static int check_config(bool tied) {
             double err = fabs(fd - grads[at]) / (fmax(fabs(fd), rms) + 1e-12);
             if (err > worst) worst = err;
         }
-        bool ok = worst < 1e-3 && rms > 0;
-        printf("%s %-45s n=%-6lld checked=%-3d grad_rms=%.3e worst_rel_err=%.2e\n",
-               ok ? "ok  " : "FAIL", t->name, (long long)n, checked, rms, worst);
-        failures += !ok;
+        EXPECT(worst < 1e-3 && rms > 0, "%-45s n=%-6lld checked=%-3d grad_rms=%.3e worst_rel_err=%.2e",
+               t->name, (long long)n, checked, rms, worst);
     }
     free(p);
     keel_model_free(m);
-    return failures;
 }
 
 int main(void) {
     keel_kernels_init(2);
-    int failures = check_config(false) + check_config(true);
+    check_config(false);
+    check_config(true);
     keel_kernels_shutdown();
-    printf("%s: %d failures\n", failures ? "FAILED" : "PASSED", failures);
-    return failures != 0;
+    return test_summary("test_model_gradcheck");
 }

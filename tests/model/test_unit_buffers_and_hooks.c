@@ -9,6 +9,7 @@
 
 #include "keel/kernels.h"
 #include "keel/model.h"
+#include "../testlib.h"
 
 typedef struct {
     keel_model *m;
@@ -34,7 +35,6 @@ static void before_backward(void *p, int u) { record(p, "b+", u), restore(p, u);
 static void after_backward(void *p, int u) { record(p, "b-", u), poison(p, u); }
 
 int main(void) {
-    int failures = 0;
     keel_kernels_init(2);
     keel_model_config mc = {.dim = 32, .n_layers = 3, .n_heads = 4, .n_kv_heads = 2,
                             .vocab_size = 50, .multiple_of = 16, .norm_eps = 1e-5,
@@ -71,18 +71,16 @@ int main(void) {
     double loss = keel_model_forward(m, tokens, B, 1.0f / (float)(B * T));
     keel_model_backward(m);
 
-    if (loss != loss_ref) printf("FAIL loss %.9g with unit buffers, %.9g without\n", loss, loss_ref), failures++;
-    else printf("ok   loss identical with separate, poisoned-outside-window unit buffers\n");
-    for (int u = 0; u < lay->n_units; u++) {
-        bool same = !memcmp(grads[u], keel_model_grads(ref) + lay->unit_offset[u],
-                            sizeof(float) * (size_t)lay->unit_size[u]);
-        if (!same) printf("FAIL unit %d gradients differ\n", u), failures++;
-    }
-    printf("ok   gradients of all %d units bit-identical\n", lay->n_units);
+    EXPECT(loss == loss_ref, "loss %.9g with separate, poisoned-outside-window unit buffers, %.9g without",
+           loss, loss_ref);
+    for (int u = 0; u < lay->n_units; u++)
+        EXPECT(!memcmp(grads[u], keel_model_grads(ref) + lay->unit_offset[u],
+                       sizeof(float) * (size_t)lay->unit_size[u]),
+               "unit %d gradients bit-identical", u);
     const float *flat = keel_model_grads(m);
     bool untouched = true;
     for (int64_t i = 0; i < lay->n_params; i++) untouched &= flat[i] == 0.0f;
-    if (!untouched) printf("FAIL the flat gradient vector was written\n"), failures++;
+    EXPECT(untouched, "the flat gradient vector is not written when units have their own buffers");
 
     /* Expected order: f+0 f-0 f+1 f-1 ... f+(L+1) f-(L+1) b+(L+1) b-(L+1) ... b+0 b-0 */
     char want[256][24];
@@ -97,14 +95,12 @@ int main(void) {
     }
     bool order_ok = n == h.n;
     for (int i = 0; order_ok && i < n; i++) order_ok = !strcmp(want[i], h.order[i]);
-    if (!order_ok) printf("FAIL hook order (%d calls, want %d)\n", h.n, n), failures++;
-    else printf("ok   hooks ran in compute order (%d calls)\n", n);
+    EXPECT(order_ok, "hooks run in compute order (%d calls, want %d)", h.n, n);
 
     for (int u = 0; u < lay->n_units; u++) free(h.live[u]), free(h.saved[u]), free(grads[u]);
     free(h.live), free(h.saved), free(grads);
     keel_model_free(ref);
     keel_model_free(m);
     keel_kernels_shutdown();
-    printf("%s: %d failures\n", failures ? "FAILED" : "PASSED", failures);
-    return failures != 0;
+    return test_summary("test_unit_buffers_and_hooks");
 }

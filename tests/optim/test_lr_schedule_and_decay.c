@@ -7,13 +7,7 @@
 #include "keel/kernels.h"
 #include "keel/optim.h"
 
-static int failures;
-#define EXPECT(cond, ...)                                       \
-    do {                                                        \
-        if (cond) printf("ok   " __VA_ARGS__);                  \
-        else { printf("FAIL " __VA_ARGS__); failures++; }       \
-        printf("\n");                                           \
-    } while (0)
+#include "../testlib.h"
 
 static bool near(double a, double b) { return fabs(a - b) <= 1e-12 * fmax(1, fabs(b)); }
 
@@ -62,6 +56,5 @@ int main(void) {
     EXPECT(true, "decay mask checked for %d tensors, both settings", lay.n_tensors);
     keel_model_layout_free(&lay);
     keel_kernels_shutdown();
-    printf("%s: %d failures\n", failures ? "FAILED" : "PASSED", failures);
-    return failures != 0;
+    return test_summary("test_lr_schedule_and_decay");
 }
