@@ -16,7 +16,19 @@
 
 typedef struct keel_optim keel_optim;
 
-/* Optimizer state (m, v) for parameters [begin, begin + len) of the layout. */
+/* Canonical parameters [begin, begin + len) stored from buffer_offset on in
+ * the buffer the optimizer updates. */
+typedef struct {
+    int64_t begin, len, buffer_offset;
+} keel_param_range;
+
+/* Optimizer state (m, v) for a buffer of buffer_len floats whose listed
+ * ranges hold parameters (FSDP: a rank's shard buffer, one range per unit;
+ * the rest is padding and is never updated). */
+keel_status keel_optim_build_ranges(const keel_train_config *cfg, const keel_model_layout *lay,
+                                    const keel_param_range *ranges, int n_ranges,
+                                    int64_t buffer_len, keel_optim **out);
+/* The same for one contiguous range: parameters [begin, begin + len). */
 keel_status keel_optim_build(const keel_train_config *cfg, const keel_model_layout *lay,
                              int64_t begin, int64_t len, keel_optim **out);
 void keel_optim_free(keel_optim *opt);
@@ -30,8 +42,7 @@ double keel_lr_at(const keel_train_config *cfg, int step);
 /* Factor that brings the global gradient norm down to clip (1 if under it or clip = 0). */
 double keel_clip_scale(double grad_norm, double clip);
 
-/* One AdamW step on params/grads of the optimizer's range (pointers to the
- * range's first element). grads are multiplied by grad_scale first. step is
+/* One AdamW step on params/grads, buffers of the optimizer's buffer_len. grads are multiplied by grad_scale first. step is
  * 0-based; Adam's bias correction uses step + 1. */
 void keel_optim_update(keel_optim *opt, float *params, float *grads, int step, double lr,
                        double grad_scale);

@@ -5,7 +5,7 @@
 #include "keel/optim.h"
 
 typedef struct {
-    int64_t begin, len; /* relative to the optimizer's range */
+    int64_t begin, len; /* in the optimizer's buffer */
     bool decay;
 } segment;
 
@@ -17,24 +17,39 @@ struct keel_optim {
     int n_segs;
 };
 
-keel_status keel_optim_build(const keel_train_config *cfg, const keel_model_layout *lay,
-                             int64_t begin, int64_t len, keel_optim **out) {
+keel_status keel_optim_build_ranges(const keel_train_config *cfg, const keel_model_layout *lay,
+                                    const keel_param_range *ranges, int n_ranges,
+                                    int64_t buffer_len, keel_optim **out) {
     keel_optim *o = keel_xcalloc(sizeof *o, "optimizer");
     o->cfg = *cfg;
-    o->len = len;
-    o->m = keel_xcalloc(sizeof(float) * (size_t)(len > 0 ? len : 1), "AdamW m");
-    o->v = keel_xcalloc(sizeof(float) * (size_t)(len > 0 ? len : 1), "AdamW v");
-    o->segs = keel_xcalloc(sizeof(segment) * (size_t)lay->n_tensors, "optimizer segments");
-    for (int i = 0; i < lay->n_tensors; i++) {
-        const keel_tensor_info *t = &lay->tensors[i];
-        int64_t lo = t->offset > begin ? t->offset : begin;
-        int64_t hi_t = t->offset + t->rows * t->cols, hi = hi_t < begin + len ? hi_t : begin + len;
-        if (lo >= hi) continue;
-        o->segs[o->n_segs++] = (segment){lo - begin, hi - lo,
-                                         !t->is_norm_or_embedding || cfg->decay_norms_and_embeddings};
+    o->len = buffer_len;
+    o->m = keel_xcalloc(sizeof(float) * (size_t)(buffer_len > 0 ? buffer_len : 1), "AdamW m");
+    o->v = keel_xcalloc(sizeof(float) * (size_t)(buffer_len > 0 ? buffer_len : 1), "AdamW v");
+    o->segs = keel_xcalloc(sizeof(segment) * (size_t)(lay->n_tensors * (n_ranges > 0 ? n_ranges : 1)),
+                           "optimizer segments");
+    /* One segment per (range, tensor) overlap: the decay flag is per tensor. */
+    for (int r = 0; r < n_ranges; r++) {
+        const keel_param_range *pr = &ranges[r];
+        KEEL_CHECK(pr->buffer_offset >= 0 && pr->buffer_offset + pr->len <= buffer_len,
+                   "range %d outside the buffer", r);
+        for (int i = 0; i < lay->n_tensors; i++) {
+            const keel_tensor_info *t = &lay->tensors[i];
+            int64_t t_end = t->offset + t->rows * t->cols, r_end = pr->begin + pr->len;
+            int64_t lo = t->offset > pr->begin ? t->offset : pr->begin;
+            int64_t hi = t_end < r_end ? t_end : r_end;
+            if (lo >= hi) continue;
+            o->segs[o->n_segs++] = (segment){pr->buffer_offset + (lo - pr->begin), hi - lo,
+                                             !t->is_norm_or_embedding || cfg->decay_norms_and_embeddings};
+        }
     }
     *out = o;
     return KEEL_OK;
+}
+
+keel_status keel_optim_build(const keel_train_config *cfg, const keel_model_layout *lay,
+                             int64_t begin, int64_t len, keel_optim **out) {
+    keel_param_range whole = {begin, len, 0};
+    return keel_optim_build_ranges(cfg, lay, &whole, 1, len, out);
 }
 
 void keel_optim_free(keel_optim *opt) {

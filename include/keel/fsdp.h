@@ -1,0 +1,59 @@
+/* fsdp: how parameters are sharded (DESIGN §3). This header holds the shard
+ * plan — pure arithmetic, no communication: each unit's flat length padded to
+ * a multiple of (ranks in the shard group × KEEL_FSDP_ALIGN), the equal slice
+ * each rank owns, and where those slices sit in a rank's flat shard buffer.
+ * The runtime (gather, free, reduce-scatter, prefetch) builds on it.
+ *
+ *     keel_fsdp_plan plan;
+ *     keel_fsdp_plan_init(&plan, &layout, world_size);
+ *     float *master = calloc(plan.shard_total, sizeof(float));   // this rank's fp32 shard
+ *     for (int u = 0; u < plan.n_units; u++) {
+ *         int64_t begin, len;                                     // canonical params it holds
+ *         keel_fsdp_shard_range(&plan, u, rank, &begin, &len);
+ *         memcpy(master + plan.units[u].shard_offset, full + begin, len * sizeof(float));
+ *     }
+ */
+#ifndef KEEL_FSDP_H
+#define KEEL_FSDP_H
+
+#include "keel/model.h"
+#include "keel/optim.h"
+
+/* Shards are multiples of 16 floats: every rank's slice starts on a 64-byte
+ * boundary of a gathered unit, so AVX-512 and streaming stores apply. */
+#define KEEL_FSDP_ALIGN 16
+
+typedef struct {
+    int64_t offset;       /* the unit's first parameter in the canonical vector */
+    int64_t logical;      /* parameters in the unit */
+    int64_t padded;       /* logical rounded up to a multiple of shard_ranks * KEEL_FSDP_ALIGN */
+    int64_t shard;        /* padded / shard_ranks: each rank's slice of the unit */
+    int64_t shard_offset; /* where this unit's slice starts in a rank's flat shard buffer */
+} keel_fsdp_unit;
+
+typedef struct {
+    int n_units;
+    keel_fsdp_unit *units;  /* (n_units) */
+    int shard_ranks;        /* ranks a unit is split over */
+    int64_t shard_total;    /* floats in a rank's flat shard buffer (sum of unit shards) */
+    int64_t max_padded;     /* floats in the largest gathered unit */
+} keel_fsdp_plan;
+
+void keel_fsdp_plan_init(keel_fsdp_plan *plan, const keel_model_layout *lay, int shard_ranks);
+void keel_fsdp_plan_free(keel_fsdp_plan *plan);
+
+/* The canonical parameters [*begin, *begin + *len) that `rank`'s slice of
+ * unit u holds; the rest of the slice (if any) is padding. *len may be 0. */
+void keel_fsdp_shard_range(const keel_fsdp_plan *plan, int unit, int rank, int64_t *begin,
+                           int64_t *len);
+
+/* The ranges of `rank`'s shard buffer that hold real parameters, one per unit
+ * with len > 0, for keel_optim_build_ranges. Returns the count; *out is
+ * malloc'd (keel_free). */
+int keel_fsdp_param_ranges(const keel_fsdp_plan *plan, int rank, keel_param_range **out);
+
+/* Persistent bytes per rank of FULL_SHARD fp32 state: master weights, gradient,
+ * AdamW m and v — 16 bytes per padded parameter / shard_ranks. */
+int64_t keel_fsdp_persistent_bytes(const keel_fsdp_plan *plan);
+
+#endif
