@@ -21,6 +21,8 @@ KEEL_BUILD_DEPS=(
     sentencepiece            # spm_train / spm_encode: train the demo tokenizer, reference encoder
     xxhash                   # xxhsum: tests/train check params_xxh3 against weights.bin
     python3                  # tests/lib.sh and the train tests read JSON with python3
+    openmpi-bin              # mpirun: keel's ranks (FSDP) and the MPI tests
+    libopenmpi-dev           # mpi.h + libmpi for the dist module
 )
 KEEL_CORPUS_DEPS=(
     r-base-core              # Rscript: reads the .rda/lazy-load data of the R text packages

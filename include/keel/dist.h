@@ -1,0 +1,172 @@
+/* dist: collectives between ranks — all-gather, reduce-scatter, all-reduce,
+ * broadcast, barrier — blocking and non-blocking, over process groups.
+ * Backend: OpenMPI. dist moves and sums flat arrays; it never knows what a
+ * parameter is.
+ *
+ *     keel_comm *world, *shard;
+ *     if (keel_comm_init(&world) != KEEL_OK) return 1;
+ *     int r = keel_comm_rank(world);
+ *     keel_comm_split(world, r / 2, r, &shard);          // groups of 2 ranks
+ *     keel_comm_req *gather;                             // (n bf16 per rank)
+ *     keel_comm_iallgather(shard, my_shard, unit, n, KEEL_COMM_BF16, &gather);
+ *     compute_previous_unit();                           // the gather runs meanwhile
+ *     keel_comm_wait(gather);                            // unit = every rank's shard
+ *     keel_comm_free(shard);
+ *     keel_comm_finalize(world);
+ *
+ * Progress: one comm thread per process. OpenMPI advances a non-blocking
+ * collective only inside MPI calls, so an MPI_Iallgather started before a
+ * long GEMM would sit still until the next MPI_Wait. keel therefore starts a
+ * dedicated comm thread in keel_comm_init; that thread calls MPI_Init_thread
+ * (MPI_THREAD_FUNNELED: it is MPI's "main thread"), makes every MPI call of the
+ * process, and calls MPI_Finalize. The calling (compute) threads never touch
+ * MPI: each keel_comm_* call appends an operation to a FIFO queue and, for the
+ * blocking forms, sleeps on a condition variable until it is done. The comm
+ * thread runs the operations one at a time to completion, so an operation
+ * progresses at full speed whatever the compute thread is doing. All-gather,
+ * broadcast and barrier are OpenMPI's blocking collectives; reduce-scatter and
+ * all-reduce are keel's own ring over MPI point-to-point (src/dist/ring.c):
+ * OpenMPI 4.1's were 2.5-6x slower here, as every call faults in a fresh
+ * full-size temporary (a 64 MB reduce-scatter: 16,386 page faults, 59 ms).
+ *
+ * Waiting for late peers without spinning: an MPI blocking collective
+ * busy-polls while the other ranks have not reached it yet, which would steal
+ * a core from the compute threads of this rank (and, oversubscribed, of the
+ * others). So the comm thread first waits for every rank of the group to
+ * arrive (MPI_Ibarrier, polled for 20 µs, then with sleeps of 10 µs growing to
+ * 100 µs) and only then starts the transfer. The cost is one small barrier per
+ * operation plus at most ~100 µs of wake-up latency per barrier round; the
+ * gain is an idle comm thread while the peers are still computing.
+ * keel_comm_get_stats reports both parts.
+ *
+ * Ordering rule (what MPI collectives require): operations run in issue
+ * order, one at a time, on every rank. Every rank must issue the operations of
+ * all its groups in the same program order (SPMD). Issue from one thread, or
+ * serialise the issuing threads yourself: concurrent issuers would race for
+ * queue positions and could order two collectives differently on two ranks.
+ *
+ * Buffers: the caller owns every buffer. From the issue of a non-blocking
+ * operation until its keel_comm_wait returns, the send buffer must stay valid
+ * and unmodified and the receive buffer must not be touched.
+ *
+ * Errors: MPI is fail-stop here (MPI_ERRORS_ARE_FATAL): a dead peer aborts the
+ * job, so collectives return KEEL_OK or do not return. Misuse (bad root, a
+ * group freed with operations outstanding, ...) is a bug and trips KEEL_CHECK.
+ * Element counts per rank must fit in an int (MPI's count type).
+ */
+#ifndef KEEL_DIST_H
+#define KEEL_DIST_H
+
+#include "keel/core.h"
+
+/* A process group (an MPI communicator). keel_comm_init returns the world;
+ * keel_comm_split makes subgroups (FSDP's shard group and replica group). */
+typedef struct keel_comm keel_comm;
+/* The handle of a non-blocking operation; keel_comm_wait consumes it. */
+typedef struct keel_comm_req keel_comm_req;
+
+/* Element types (enums only grow at the end). BF16 is the bit pattern of a
+ * bfloat16 in a uint16_t: all-gather and broadcast move it untouched; BF16
+ * reductions travel as bf16 and combine each pair of elements in fp32,
+ * rounding the result to the nearest even bf16, so a sum over W ranks is
+ * rounded W-1 times (as NCCL does). Use F32 where that matters.
+ *
+ * Reductions are deterministic: element i of chunk c (the part rank c ends up
+ * owning) is summed in ring order starting after rank c — ((x[c+1] + x[c+2])
+ * + ...) + x[c] — so a given group size and count give bitwise the same
+ * result on every run, and all-reduce gives bitwise the same array on every
+ * rank. */
+typedef enum { KEEL_COMM_F32 = 0, KEEL_COMM_BF16 = 1, KEEL_COMM_F64 = 2 } keel_comm_dtype;
+typedef enum { KEEL_COMM_SUM = 0, KEEL_COMM_MAX = 1 } keel_comm_op;
+
+/* Bytes of one element of dtype. */
+size_t keel_comm_dtype_size(keel_comm_dtype dtype);
+
+/* ---- the world and groups ------------------------------------------------ */
+
+/* Start the comm thread, initialise MPI on it and return the world group in
+ * *world (a duplicate of MPI_COMM_WORLD, so keel's traffic never matches
+ * anyone else's). Call once per process. KEEL_ERR_IO if MPI cannot give
+ * MPI_THREAD_FUNNELED. Async signals (SIGINT, SIGTERM, SIGUSR1/2, SIGHUP,
+ * SIGALRM, SIGQUIT) are blocked on the comm thread, so they reach the
+ * caller's threads. The world is freed by keel_comm_finalize. */
+keel_status keel_comm_init(keel_comm **world);
+/* Run every queued operation, finalise MPI, stop the comm thread and free
+ * world. Every other group must be freed and every request waited first.
+ * Collective over the world. */
+keel_status keel_comm_finalize(keel_comm *world);
+
+/* This process's rank in c (0-based) and the number of ranks in c. */
+int keel_comm_rank(const keel_comm *c);
+int keel_comm_size(const keel_comm *c);
+
+/* Collective over parent: ranks passing the same color form one new group,
+ * ordered by key (ties by parent rank). *child is owned by the caller; free it
+ * with keel_comm_free. Groups may be uneven (3 ranks, color = rank / 2: sizes
+ * 2 and 1). color must be >= 0. */
+keel_status keel_comm_split(keel_comm *parent, int color, int key, keel_comm **child);
+/* Collective over c: free a group made by keel_comm_split (never the world).
+ * All its requests must have been waited. NULL is a no-op. */
+keel_status keel_comm_free(keel_comm *c);
+
+/* ---- collectives ----------------------------------------------------------
+ * Each has a blocking form and a non-blocking i-form that returns a request in
+ * *req at once (the operation is queued behind the ones issued before it).
+ * count is the number of elements per rank where it says so. */
+
+/* recv (size*count) = the send (count) of every rank, rank r's at r*count.
+ * In place: send == recv + rank*count elements (the own chunk already there).
+ * Otherwise send and recv must not overlap. */
+keel_status keel_comm_allgather(keel_comm *c, const void *send, void *recv, size_t count,
+                                keel_comm_dtype dtype);
+keel_status keel_comm_iallgather(keel_comm *c, const void *send, void *recv, size_t count,
+                                 keel_comm_dtype dtype, keel_comm_req **req);
+
+/* recv (count) = op over all ranks of their send[rank*count .. (rank+1)*count)
+ * (send holds size*count). send and recv must not overlap. */
+keel_status keel_comm_reduce_scatter(keel_comm *c, const void *send, void *recv, size_t count,
+                                     keel_comm_dtype dtype, keel_comm_op op);
+keel_status keel_comm_ireduce_scatter(keel_comm *c, const void *send, void *recv, size_t count,
+                                      keel_comm_dtype dtype, keel_comm_op op, keel_comm_req **req);
+
+/* recv (count) = op over all ranks of send (count). In place: send == recv. */
+keel_status keel_comm_allreduce(keel_comm *c, const void *send, void *recv, size_t count,
+                                keel_comm_dtype dtype, keel_comm_op op);
+keel_status keel_comm_iallreduce(keel_comm *c, const void *send, void *recv, size_t count,
+                                 keel_comm_dtype dtype, keel_comm_op op, keel_comm_req **req);
+/* *value = op over all ranks of *value (fp64: a loss, a squared norm, a max). */
+keel_status keel_comm_allreduce_scalar(keel_comm *c, double *value, keel_comm_op op);
+
+/* buf (count) on every rank = buf of rank root. */
+keel_status keel_comm_broadcast(keel_comm *c, void *buf, size_t count, keel_comm_dtype dtype,
+                                int root);
+keel_status keel_comm_ibroadcast(keel_comm *c, void *buf, size_t count, keel_comm_dtype dtype,
+                                 int root, keel_comm_req **req);
+
+/* Returns (or completes) once every rank of c has reached it. */
+keel_status keel_comm_barrier(keel_comm *c);
+keel_status keel_comm_ibarrier(keel_comm *c, keel_comm_req **req);
+
+/* ---- requests ------------------------------------------------------------ */
+
+/* Block (sleeping, not spinning) until req's operation is done, then free req.
+ * Every request must be waited exactly once. */
+keel_status keel_comm_wait(keel_comm_req *req);
+/* *done = whether req's operation has finished; never blocks, never frees.
+ * Operations finish in issue order: once a request tests done, so have all
+ * the requests issued before it in this process. */
+keel_status keel_comm_test(keel_comm_req *req, bool *done);
+
+/* ---- statistics ----------------------------------------------------------- */
+
+typedef struct {
+    uint64_t ops;        /* collectives run by this process's comm thread (all groups) */
+    uint64_t bytes;      /* their local buffer sizes: the gathered/reduced/broadcast array */
+    double transfer_s;   /* comm thread time in collectives once all peers had arrived */
+    double peer_wait_s;  /* comm thread time waiting (mostly asleep) for peers to arrive */
+} keel_comm_stats;
+
+/* Process-wide counters since keel_comm_init (c is any live group). */
+void keel_comm_get_stats(const keel_comm *c, keel_comm_stats *out);
+
+#endif

@@ -1,0 +1,333 @@
+/* dist/comm.c: the public comm API — a FIFO of operations that one comm thread
+ * per process executes in issue order (see include/keel/dist.h for why). */
+#include <signal.h>
+#include <stdatomic.h>
+
+#include "comm_internal.h"
+
+/* MPI_Init may run once per process, so may keel_comm_init. */
+static atomic_bool g_initialised;
+
+size_t keel_comm_dtype_size(keel_comm_dtype dtype) {
+    switch (dtype) {
+    case KEEL_COMM_F32: return 4;
+    case KEEL_COMM_BF16: return 2;
+    case KEEL_COMM_F64: return 8;
+    }
+    KEEL_CHECK(false, "unknown dtype %d", (int)dtype);
+}
+
+/* ---- the comm thread ------------------------------------------------------ */
+
+static void block_async_signals(void) {
+    sigset_t set;
+    sigemptyset(&set);
+    int signals[] = {SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP, SIGALRM, SIGQUIT};
+    for (size_t i = 0; i < sizeof signals / sizeof signals[0]; i++) sigaddset(&set, signals[i]);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
+
+static void *comm_thread(void *arg) {
+    engine *eng = arg;
+    block_async_signals();
+    keel_status st = backend_start(eng);
+    pthread_mutex_lock(&eng->mu);
+    eng->start_status = st;
+    eng->started = true;
+    pthread_cond_broadcast(&eng->done_cv);
+    pthread_mutex_unlock(&eng->mu);
+    if (st != KEEL_OK) return NULL;
+
+    pthread_mutex_lock(&eng->mu);
+    for (;;) {
+        while (!eng->head && !eng->stop) pthread_cond_wait(&eng->work_cv, &eng->mu);
+        if (!eng->head) break; /* stop, and the queue is drained */
+        keel_comm_req *req = eng->head;
+        eng->head = req->next;
+        if (!eng->head) eng->tail = NULL;
+        keel_comm_stats stats = eng->stats;
+        pthread_mutex_unlock(&eng->mu);
+
+        backend_run(eng, req, &stats);
+
+        pthread_mutex_lock(&eng->mu);
+        eng->stats = stats;
+        req->done = true;
+        pthread_cond_broadcast(&eng->done_cv);
+    }
+    pthread_mutex_unlock(&eng->mu);
+    backend_stop(eng);
+    return NULL;
+}
+
+/* ---- queue ---------------------------------------------------------------- */
+
+static void submit(keel_comm_req *req) {
+    engine *eng = req->comm->eng;
+    req->done = false;
+    req->next = NULL;
+    pthread_mutex_lock(&eng->mu);
+    KEEL_CHECK(!eng->stop, "operation issued after keel_comm_finalize");
+    req->comm->outstanding++;
+    if (eng->tail) eng->tail->next = req;
+    else eng->head = req;
+    eng->tail = req;
+    pthread_cond_signal(&eng->work_cv);
+    pthread_mutex_unlock(&eng->mu);
+}
+
+static void wait_done(keel_comm_req *req) {
+    engine *eng = req->comm->eng;
+    pthread_mutex_lock(&eng->mu);
+    while (!req->done) pthread_cond_wait(&eng->done_cv, &eng->mu);
+    KEEL_CHECK(req->comm->outstanding > 0, "request waited twice");
+    req->comm->outstanding--;
+    pthread_mutex_unlock(&eng->mu);
+}
+
+/* Blocking forms run the request from the caller's stack; i-forms hand a heap
+ * copy to the caller. */
+static keel_status run_blocking(keel_comm_req *req) {
+    submit(req);
+    wait_done(req);
+    return KEEL_OK;
+}
+
+static keel_status run_async(keel_comm_req req, keel_comm_req **out) {
+    KEEL_CHECK(out, "NULL request pointer");
+    keel_comm_req *heap = keel_xmalloc(sizeof *heap, "comm request");
+    *heap = req;
+    submit(heap);
+    *out = heap;
+    return KEEL_OK;
+}
+
+keel_status keel_comm_wait(keel_comm_req *req) {
+    KEEL_CHECK(req, "NULL request");
+    wait_done(req);
+    keel_free(req);
+    return KEEL_OK;
+}
+
+keel_status keel_comm_test(keel_comm_req *req, bool *done) {
+    KEEL_CHECK(req && done, "NULL argument");
+    engine *eng = req->comm->eng;
+    pthread_mutex_lock(&eng->mu);
+    *done = req->done;
+    pthread_mutex_unlock(&eng->mu);
+    return KEEL_OK;
+}
+
+/* ---- world and groups ----------------------------------------------------- */
+
+keel_status keel_comm_init(keel_comm **world) {
+    KEEL_CHECK(world, "NULL world pointer");
+    KEEL_CHECK(!atomic_exchange(&g_initialised, true), "keel_comm_init called twice");
+    engine *eng = keel_xcalloc(sizeof *eng, "comm engine");
+    pthread_mutex_init(&eng->mu, NULL);
+    pthread_cond_init(&eng->work_cv, NULL);
+    pthread_cond_init(&eng->done_cv, NULL);
+    if (pthread_create(&eng->thread, NULL, comm_thread, eng) != 0) {
+        keel_errorf("cannot start the comm thread");
+        keel_free(eng);
+        return KEEL_ERR_IO;
+    }
+    pthread_mutex_lock(&eng->mu);
+    while (!eng->started) pthread_cond_wait(&eng->done_cv, &eng->mu);
+    keel_status st = eng->start_status;
+    pthread_mutex_unlock(&eng->mu);
+    if (st != KEEL_OK) {
+        pthread_join(eng->thread, NULL);
+        keel_free(eng);
+        return st;
+    }
+    keel_comm *c = keel_xcalloc(sizeof *c, "comm group");
+    *c = (keel_comm){.eng = eng, .mpi = eng->world_dup, .rank = eng->world_rank,
+                     .size = eng->world_size, .is_world = true};
+    *world = c;
+    return KEEL_OK;
+}
+
+keel_status keel_comm_finalize(keel_comm *world) {
+    KEEL_CHECK(world && world->is_world, "keel_comm_finalize takes the world group");
+    engine *eng = world->eng;
+    pthread_mutex_lock(&eng->mu);
+    KEEL_CHECK(eng->live_groups == 0, "%d groups not freed before finalize", eng->live_groups);
+    KEEL_CHECK(world->outstanding == 0, "%d world requests never waited", world->outstanding);
+    eng->stop = true;
+    pthread_cond_signal(&eng->work_cv);
+    pthread_mutex_unlock(&eng->mu);
+    pthread_join(eng->thread, NULL);
+    pthread_cond_destroy(&eng->done_cv);
+    pthread_cond_destroy(&eng->work_cv);
+    pthread_mutex_destroy(&eng->mu);
+    keel_free(eng);
+    keel_free(world);
+    return KEEL_OK;
+}
+
+int keel_comm_rank(const keel_comm *c) { return c->rank; }
+int keel_comm_size(const keel_comm *c) { return c->size; }
+
+keel_status keel_comm_split(keel_comm *parent, int color, int key, keel_comm **child) {
+    KEEL_CHECK(parent && child, "NULL argument");
+    KEEL_CHECK(color >= 0, "split color %d must be >= 0", color);
+    keel_comm_req req = {.kind = OP_SPLIT, .comm = parent, .color = color, .key = key};
+    run_blocking(&req);
+    keel_comm *c = keel_xcalloc(sizeof *c, "comm group");
+    *c = (keel_comm){.eng = parent->eng, .mpi = req.child, .rank = req.child_rank,
+                     .size = req.child_size};
+    pthread_mutex_lock(&parent->eng->mu);
+    parent->eng->live_groups++;
+    pthread_mutex_unlock(&parent->eng->mu);
+    *child = c;
+    return KEEL_OK;
+}
+
+keel_status keel_comm_free(keel_comm *c) {
+    if (!c) return KEEL_OK;
+    KEEL_CHECK(!c->is_world, "free the world with keel_comm_finalize");
+    engine *eng = c->eng;
+    pthread_mutex_lock(&eng->mu);
+    KEEL_CHECK(c->outstanding == 0, "group freed with %d requests never waited", c->outstanding);
+    pthread_mutex_unlock(&eng->mu);
+    keel_comm_req req = {.kind = OP_FREE, .comm = c};
+    run_blocking(&req);
+    pthread_mutex_lock(&eng->mu);
+    eng->live_groups--;
+    pthread_mutex_unlock(&eng->mu);
+    keel_free(c);
+    return KEEL_OK;
+}
+
+/* ---- collectives ---------------------------------------------------------- */
+
+static void check_dtype_op(keel_comm_dtype dtype, keel_comm_op op) {
+    KEEL_CHECK(dtype == KEEL_COMM_F32 || dtype == KEEL_COMM_BF16 || dtype == KEEL_COMM_F64,
+               "unknown dtype %d", (int)dtype);
+    KEEL_CHECK(op == KEEL_COMM_SUM || op == KEEL_COMM_MAX, "unknown reduction %d", (int)op);
+}
+
+/* MPI counts are ints: the number of elements one MPI call names must fit. */
+static void check_count(size_t count) {
+    KEEL_CHECK(count <= (size_t)INT32_MAX, "%zu elements exceed MPI's int count", count);
+}
+
+static bool overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
+    uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+    return pa < pb + b_bytes && pb < pa + a_bytes;
+}
+
+static keel_comm_req allgather_req(keel_comm *c, const void *send, void *recv, size_t count,
+                                   keel_comm_dtype dtype) {
+    KEEL_CHECK(c && send && recv, "NULL argument");
+    check_dtype_op(dtype, KEEL_COMM_SUM);
+    check_count(count);
+    size_t chunk_bytes = count * keel_comm_dtype_size(dtype);
+    const char *own = (const char *)recv + (size_t)c->rank * chunk_bytes;
+    KEEL_CHECK(send == own || !overlap(send, chunk_bytes, recv, chunk_bytes * (size_t)c->size),
+               "all-gather send overlaps recv without being the own chunk");
+    return (keel_comm_req){.kind = OP_ALLGATHER, .comm = c, .send = send, .recv = recv,
+                           .count = count, .dtype = dtype};
+}
+
+keel_status keel_comm_allgather(keel_comm *c, const void *send, void *recv, size_t count,
+                                keel_comm_dtype dtype) {
+    keel_comm_req req = allgather_req(c, send, recv, count, dtype);
+    return run_blocking(&req);
+}
+
+keel_status keel_comm_iallgather(keel_comm *c, const void *send, void *recv, size_t count,
+                                 keel_comm_dtype dtype, keel_comm_req **req) {
+    return run_async(allgather_req(c, send, recv, count, dtype), req);
+}
+
+static keel_comm_req reduce_scatter_req(keel_comm *c, const void *send, void *recv, size_t count,
+                                        keel_comm_dtype dtype, keel_comm_op op) {
+    KEEL_CHECK(c && send && recv, "NULL argument");
+    check_dtype_op(dtype, op);
+    check_count(count);
+    size_t chunk_bytes = count * keel_comm_dtype_size(dtype);
+    KEEL_CHECK(!overlap(send, chunk_bytes * (size_t)c->size, recv, chunk_bytes),
+               "reduce-scatter send and recv overlap");
+    return (keel_comm_req){.kind = OP_REDUCE_SCATTER, .comm = c, .send = send, .recv = recv,
+                           .count = count, .dtype = dtype, .op = op};
+}
+
+keel_status keel_comm_reduce_scatter(keel_comm *c, const void *send, void *recv, size_t count,
+                                     keel_comm_dtype dtype, keel_comm_op op) {
+    keel_comm_req req = reduce_scatter_req(c, send, recv, count, dtype, op);
+    return run_blocking(&req);
+}
+
+keel_status keel_comm_ireduce_scatter(keel_comm *c, const void *send, void *recv, size_t count,
+                                      keel_comm_dtype dtype, keel_comm_op op, keel_comm_req **req) {
+    return run_async(reduce_scatter_req(c, send, recv, count, dtype, op), req);
+}
+
+static keel_comm_req allreduce_req(keel_comm *c, const void *send, void *recv, size_t count,
+                                   keel_comm_dtype dtype, keel_comm_op op) {
+    KEEL_CHECK(c && send && recv, "NULL argument");
+    check_dtype_op(dtype, op);
+    check_count(count);
+    size_t bytes = count * keel_comm_dtype_size(dtype);
+    KEEL_CHECK(send == recv || !overlap(send, bytes, recv, bytes),
+               "all-reduce send and recv overlap without being equal");
+    return (keel_comm_req){.kind = OP_ALLREDUCE, .comm = c, .send = send, .recv = recv,
+                           .count = count, .dtype = dtype, .op = op};
+}
+
+keel_status keel_comm_allreduce(keel_comm *c, const void *send, void *recv, size_t count,
+                                keel_comm_dtype dtype, keel_comm_op op) {
+    keel_comm_req req = allreduce_req(c, send, recv, count, dtype, op);
+    return run_blocking(&req);
+}
+
+keel_status keel_comm_iallreduce(keel_comm *c, const void *send, void *recv, size_t count,
+                                 keel_comm_dtype dtype, keel_comm_op op, keel_comm_req **req) {
+    return run_async(allreduce_req(c, send, recv, count, dtype, op), req);
+}
+
+keel_status keel_comm_allreduce_scalar(keel_comm *c, double *value, keel_comm_op op) {
+    return keel_comm_allreduce(c, value, value, 1, KEEL_COMM_F64, op);
+}
+
+static keel_comm_req broadcast_req(keel_comm *c, void *buf, size_t count, keel_comm_dtype dtype,
+                                   int root) {
+    KEEL_CHECK(c && buf, "NULL argument");
+    check_dtype_op(dtype, KEEL_COMM_SUM);
+    check_count(count);
+    KEEL_CHECK(root >= 0 && root < c->size, "broadcast root %d not in a group of %d", root,
+               c->size);
+    return (keel_comm_req){.kind = OP_BROADCAST, .comm = c, .recv = buf, .count = count,
+                           .dtype = dtype, .root = root};
+}
+
+keel_status keel_comm_broadcast(keel_comm *c, void *buf, size_t count, keel_comm_dtype dtype,
+                                int root) {
+    keel_comm_req req = broadcast_req(c, buf, count, dtype, root);
+    return run_blocking(&req);
+}
+
+keel_status keel_comm_ibroadcast(keel_comm *c, void *buf, size_t count, keel_comm_dtype dtype,
+                                 int root, keel_comm_req **req) {
+    return run_async(broadcast_req(c, buf, count, dtype, root), req);
+}
+
+keel_status keel_comm_barrier(keel_comm *c) {
+    KEEL_CHECK(c, "NULL group");
+    keel_comm_req req = {.kind = OP_BARRIER, .comm = c};
+    return run_blocking(&req);
+}
+
+keel_status keel_comm_ibarrier(keel_comm *c, keel_comm_req **req) {
+    KEEL_CHECK(c, "NULL group");
+    return run_async((keel_comm_req){.kind = OP_BARRIER, .comm = c}, req);
+}
+
+void keel_comm_get_stats(const keel_comm *c, keel_comm_stats *out) {
+    engine *eng = c->eng;
+    pthread_mutex_lock(&eng->mu);
+    *out = eng->stats;
+    pthread_mutex_unlock(&eng->mu);
+}
