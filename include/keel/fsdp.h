@@ -57,3 +57,52 @@ int keel_fsdp_param_ranges(const keel_fsdp_plan *plan, int rank, keel_param_rang
 int64_t keel_fsdp_persistent_bytes(const keel_fsdp_plan *plan);
 
 #endif
+
+/* ---- runtime: FULL_SHARD over a process group ------------------------------
+ *
+ *     keel_fsdp *f;
+ *     keel_fsdp_build(model, shard_group, &f);   // installs the model hooks
+ *     keel_fsdp_load_full(f, full_params);       // or fill keel_fsdp_master() yourself
+ *     keel_fsdp_zero_grads(f);
+ *     keel_model_forward(...); keel_model_backward(...);   // gathers, frees, reduce-scatters
+ *     keel_fsdp_finish_grads(f);                 // wait for the last reduce-scatters
+ *     ... clip with keel_fsdp_grad_sumsq (all-reduced), AdamW on master/grads ...
+ *     keel_fsdp_invalidate(f);                   // gathered copies are stale now
+ *
+ * Each unit is all-gathered (fp32) into one of a few unit-sized slots before
+ * it is used, the next unit's gather is started at once (prefetch), and the
+ * slot is released after the unit's forward; backward gathers again in
+ * reverse. A unit's full gradient goes to a unit-sized buffer whose
+ * reduce-scatter starts as soon as the unit's backward is done and is added
+ * into this rank's gradient shard. With tied embeddings unit 0 stays gathered
+ * for the whole step (the head reads it too).
+ */
+#include "keel/dist.h"
+
+typedef struct keel_fsdp keel_fsdp;
+
+keel_status keel_fsdp_build(keel_model *model, keel_comm *group, keel_fsdp **out);
+void keel_fsdp_free(keel_fsdp *f);
+const keel_fsdp_plan *keel_fsdp_get_plan(const keel_fsdp *f);
+/* This rank's fp32 master shard and gradient shard (plan.shard_total each). */
+float *keel_fsdp_master(keel_fsdp *f);
+float *keel_fsdp_grads(keel_fsdp *f);
+/* Copy this rank's slices out of a full canonical parameter vector. */
+void keel_fsdp_load_full(keel_fsdp *f, const float *full);
+/* Gather the full canonical vector (n_params) on every rank (for hashing and saving). */
+keel_status keel_fsdp_gather_full(keel_fsdp *f, float *full);
+void keel_fsdp_zero_grads(keel_fsdp *f);
+/* The master shard changed (optimizer step, load): drop every gathered unit. */
+void keel_fsdp_invalidate(keel_fsdp *f);
+/* Wait for every outstanding reduce-scatter; then the grad shard is complete. */
+keel_status keel_fsdp_finish_grads(keel_fsdp *f);
+/* Global sum of squared gradients (all-reduced over the group). */
+keel_status keel_fsdp_grad_sumsq(keel_fsdp *f, double *sumsq);
+
+typedef struct {
+    int64_t master_bytes, grad_bytes;  /* persistent fp32 shards */
+    int64_t gathered_bytes;            /* unit slots for gathered parameters */
+    int64_t unit_grad_bytes;           /* unit-sized gradient buffers */
+    double gather_wait_s, reduce_wait_s; /* compute thread blocked on communication */
+} keel_fsdp_stats;
+void keel_fsdp_get_stats(const keel_fsdp *f, keel_fsdp_stats *out);

@@ -59,13 +59,18 @@ typedef struct keel_model keel_model;
 /* Allocate parameters, gradients and activations for micro-batches of B
  * sequences of cfg->max_seq_len tokens. Caller owns *out. */
 keel_status keel_model_build(const keel_model_config *cfg, int B, keel_model **out);
+/* The same without the flat parameter and gradient vectors: every unit's
+ * buffers must be set with keel_model_set_unit_buffers before use (FSDP). */
+keel_status keel_model_build_without_params(const keel_model_config *cfg, int B, keel_model **out);
 void keel_model_free(keel_model *m);
 const keel_model_layout *keel_model_get_layout(const keel_model *m);
-float *keel_model_params(keel_model *m); /* (n_params) */
-float *keel_model_grads(keel_model *m);  /* (n_params) */
+float *keel_model_params(keel_model *m); /* (n_params), NULL without own parameters */
+float *keel_model_grads(keel_model *m);  /* (n_params), NULL without own parameters */
 /* N(0, 0.02) matrices, ones for norms; each tensor from its own stream of
  * `seed`, so any slice can be regenerated independently. */
 void keel_model_init_weights(keel_model *m, uint64_t seed);
+/* The same initialisation into any full canonical vector (n_params). */
+void keel_model_init_params(const keel_model_layout *lay, uint64_t seed, float *params);
 void keel_model_zero_grads(keel_model *m);
 
 /* Where unit u's parameters are read and its gradients written during

@@ -104,16 +104,18 @@ int64_t keel_model_activation_bytes(const keel_model_layout *lay, int B) {
     return bytes;
 }
 
-keel_status keel_model_build(const keel_model_config *cfg, int B, keel_model **out) {
+static keel_status build(const keel_model_config *cfg, int B, bool own_params, keel_model **out) {
     keel_model *m = keel_xcalloc(sizeof *m, "model");
     keel_model_layout_init(&m->lay, cfg);
     m->B_max = m->B = B;
-    m->params = keel_xcalloc(sizeof(float) * (size_t)m->lay.n_params, "parameters");
-    m->grads = keel_xcalloc(sizeof(float) * (size_t)m->lay.n_params, "gradients");
+    if (own_params) {
+        m->params = keel_xcalloc(sizeof(float) * (size_t)m->lay.n_params, "parameters");
+        m->grads = keel_xcalloc(sizeof(float) * (size_t)m->lay.n_params, "gradients");
+    }
     m->acts = keel_xcalloc(sizeof(block_acts) * (size_t)m->lay.L, "activation table");
     m->unit_params = keel_xcalloc(sizeof(float *) * (size_t)m->lay.n_units, "unit pointers");
     m->unit_grads = keel_xcalloc(sizeof(float *) * (size_t)m->lay.n_units, "unit pointers");
-    for (int u = 0; u < m->lay.n_units; u++)
+    for (int u = 0; own_params && u < m->lay.n_units; u++)
         keel_model_set_unit_buffers(m, u, m->params + m->lay.unit_offset[u],
                                     m->grads + m->lay.unit_offset[u]);
 
@@ -131,6 +133,14 @@ keel_status keel_model_build(const keel_model_config *cfg, int B, keel_model **o
     keel_rope_table(m->rope, m->lay.T, m->lay.HS, cfg->rope_theta);
     *out = m;
     return KEEL_OK;
+}
+
+keel_status keel_model_build(const keel_model_config *cfg, int B, keel_model **out) {
+    return build(cfg, B, true, out);
+}
+
+keel_status keel_model_build_without_params(const keel_model_config *cfg, int B, keel_model **out) {
+    return build(cfg, B, false, out);
 }
 
 void keel_model_free(keel_model *m) {
@@ -164,6 +174,7 @@ static void hook(const keel_model *m, keel_model_hook_fn fn, int unit) {
 }
 
 void keel_model_zero_grads(keel_model *m) {
+    KEEL_CHECK(m->grads, "keel_model_zero_grads on a model without its own gradients");
     memset(m->grads, 0, sizeof(float) * (size_t)m->lay.n_params);
 }
 
@@ -178,9 +189,14 @@ static uint64_t splitmix64(uint64_t *state) {
 static double uniform01(uint64_t *state) { return ((double)(splitmix64(state) >> 11) + 0.5) / 9007199254740992.0; }
 
 void keel_model_init_weights(keel_model *m, uint64_t seed) {
-    for (int i = 0; i < m->lay.n_tensors; i++) {
-        const keel_tensor_info *t = &m->lay.tensors[i];
-        float *w = m->params + t->offset;
+    KEEL_CHECK(m->params, "keel_model_init_weights on a model without its own parameters");
+    keel_model_init_params(&m->lay, seed, m->params);
+}
+
+void keel_model_init_params(const keel_model_layout *lay, uint64_t seed, float *params) {
+    for (int i = 0; i < lay->n_tensors; i++) {
+        const keel_tensor_info *t = &lay->tensors[i];
+        float *w = params + t->offset;
         int64_t n = t->rows * t->cols;
         if (t->cols == 1) { /* norm weights */
             for (int64_t j = 0; j < n; j++) w[j] = 1.0f;
