@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define KEEL_VERSION "0.1.0"
 
@@ -39,6 +40,8 @@ const char *keel_status_str(keel_status st);
 typedef enum { KEEL_LOG_DEBUG, KEEL_LOG_INFO, KEEL_LOG_WARN, KEEL_LOG_ERROR } keel_log_level;
 
 void keel_log_set_level(keel_log_level level);
+/* Also write every log and error line to f (NULL: stop); not owned. */
+void keel_log_set_file(FILE *f);
 void keel_log(keel_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 #define keel_log_debug(...) keel_log(KEEL_LOG_DEBUG, __VA_ARGS__)
 #define keel_log_info(...) keel_log(KEEL_LOG_INFO, __VA_ARGS__)

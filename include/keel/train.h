@@ -22,6 +22,15 @@ double keel_peak_flops(void);
  * and is not empty is refused. */
 keel_status keel_train_run(const keel_config *cfg, const char *run_dir);
 
+/* For a distributed run: validate like keel_train_run, then create RUN with
+ * config.json and RUN/logs/ for the ranks to fill. */
+keel_status keel_train_prepare_run_dir(const keel_config *cfg, const char *run_dir);
+/* One rank of a distributed run (`keel worker RUN`, started by the launcher):
+ * joins MPI, reads RUN/config.json, trains FULL_SHARD with the others; rank 0
+ * writes metrics.jsonl, summary.json, weights.bin and the progress line; every
+ * rank logs to RUN/logs/rank-R.log. */
+keel_status keel_train_worker(const char *run_dir);
+
 /* Print what a config needs (parameters, memory by category) without
  * allocating it: `keel train --dry-run`. */
 keel_status keel_train_dry_run(const keel_config *cfg);

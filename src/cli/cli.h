@@ -9,5 +9,6 @@ int keel_cmd_eval(int argc, char **argv);
 int keel_cmd_tokenize(int argc, char **argv);
 int keel_cmd_data(int argc, char **argv);
 int keel_cmd_config(int argc, char **argv);
+int keel_cmd_worker(int argc, char **argv);
 
 #endif

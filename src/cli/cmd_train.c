@@ -2,17 +2,20 @@
 #include <getopt.h>
 #include <libgen.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "cli/cli.h"
+#include "keel/resil.h"
 #include "keel/train.h"
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: keel train CONFIG.json [--set key=value ...] [--run-dir DIR] [--dry-run]\n"
+            "usage: keel train CONFIG.json [--set key=value ...] [--run-dir DIR] [--nproc N] [--dry-run]\n"
             "  --set key=value  override a config key (dotted, e.g. train.steps=100); repeatable\n"
             "  --run-dir DIR    where the run writes (default runs/<config>-<time>); must be new or empty\n"
+            "  --nproc N        train on N ranks (FULL_SHARD) started with mpirun, or srun in a Slurm job\n"
             "  --dry-run        print parameters and memory by category, train nothing\n");
 }
 
@@ -30,6 +33,7 @@ int keel_cmd_train(int argc, char **argv) {
         {"set", required_argument, NULL, 's'},
         {"run-dir", required_argument, NULL, 'r'},
         {"dry-run", no_argument, NULL, 'n'},
+        {"nproc", required_argument, NULL, 'p'},
         {"help", no_argument, NULL, 'h'},
         {0, 0, 0, 0},
     };
@@ -37,7 +41,8 @@ int keel_cmd_train(int argc, char **argv) {
     int n_sets = 0;
     const char *run_dir = NULL;
     bool dry_run = false;
-    int c;
+    int nproc = 0, c;
+    char *end;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", options, NULL)) != -1) {
         switch (c) {
@@ -50,6 +55,13 @@ int keel_cmd_train(int argc, char **argv) {
             break;
         case 'r': run_dir = optarg; break;
         case 'n': dry_run = true; break;
+        case 'p':
+            nproc = (int)strtol(optarg, &end, 10);
+            if (*end || nproc < 1 || nproc > 4096) {
+                keel_errorf("--nproc '%s': expected a number of ranks from 1 to 4096", optarg);
+                return 2;
+            }
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -76,7 +88,11 @@ int keel_cmd_train(int argc, char **argv) {
             snprintf(default_dir, sizeof default_dir, "runs/%s-%s", stem, stamp);
             run_dir = default_dir;
         }
-        st = keel_train_run(&cfg, run_dir);
+        if (nproc == 0) st = keel_train_run(&cfg, run_dir);
+        else if ((st = keel_train_prepare_run_dir(&cfg, run_dir)) == KEEL_OK) {
+            int code;
+            st = keel_launch_ranks(run_dir, nproc, &code);
+        }
     }
     keel_config_free(&cfg);
     return keel_status_exit_code(st);

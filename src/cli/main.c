@@ -17,6 +17,7 @@ static const command COMMANDS[] = {
     {"data", keel_cmd_data, "prepare token shards: keel data prepare --model M --input F... --out DIR"},
     {"tokenize", keel_cmd_tokenize, "text <-> ids with a SentencePiece model: keel tokenize --model M [--decode]"},
     {"config", keel_cmd_config, "config keys and resolved configs: keel config keys | keel config show CONFIG"},
+    {"worker", keel_cmd_worker, "one rank of a distributed run (started by keel train --nproc)"},
 };
 
 static void usage(FILE *out) {

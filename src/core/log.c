@@ -6,6 +6,7 @@
 #include "keel/core.h"
 
 static keel_log_level g_level = KEEL_LOG_INFO;
+static FILE *g_file; /* a second sink (a rank's log file), or NULL */
 
 int keel_status_exit_code(keel_status st) {
     if (st == KEEL_OK) return 0;
@@ -25,24 +26,38 @@ const char *keel_status_str(keel_status st) {
 }
 
 void keel_log_set_level(keel_log_level level) { g_level = level; }
+void keel_log_set_file(FILE *f) { g_file = f; }
+
+static void emit(const char *prefix, const char *fmt, va_list ap) {
+    va_list copy;
+    va_copy(copy, ap);
+    fprintf(stderr, "%s", prefix);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    if (g_file) {
+        fprintf(g_file, "%s", prefix);
+        vfprintf(g_file, fmt, copy);
+        fputc('\n', g_file);
+        fflush(g_file);
+    }
+    va_end(copy);
+}
 
 void keel_log(keel_log_level level, const char *fmt, ...) {
     static const char *names[] = {"debug", "info", "warn", "error"};
     if (level < g_level) return;
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "keel: %s: ", names[level]);
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "keel: %s: ", names[level]);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    emit(prefix, fmt, ap);
     va_end(ap);
 }
 
 void keel_errorf(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fputs("keel: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    emit("keel: error: ", fmt, ap);
     va_end(ap);
 }
 

@@ -1,6 +1,7 @@
 /* obs/progress.c: metrics.jsonl writer and the training progress line. */
 #include <errno.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -36,7 +37,10 @@ void keel_jsonl_close(keel_jsonl *j) {
 void keel_progress_init(keel_progress *p, FILE *out, int total_steps) {
     memset(p, 0, sizeof *p);
     p->out = out;
-    p->tty = isatty(fileno(out));
+    /* A distributed run's leader learns from the launcher whether the user's
+     * stdout is a terminal (its own stdout is mpirun's). */
+    const char *env = getenv("KEEL_TTY");
+    p->tty = env ? atoi(env) != 0 : isatty(fileno(out));
     p->total_steps = total_steps;
     p->plain_every = total_steps <= 100 ? 1 : total_steps / 100;
 }

@@ -8,9 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "keel/ckpt.h"
 #include "keel/data.h"
+#include "keel/dist.h"
+#include "keel/fsdp.h"
 #include "keel/kernels.h"
 #include "keel/model.h"
 #include "keel/obs.h"
@@ -23,6 +26,10 @@ static void on_stop_signal(int sig) { g_stop_signal = sig; }
 typedef struct {
     const keel_config *cfg;
     const char *run_dir;
+    keel_comm *world;       /* NULL in a single-process run */
+    keel_fsdp *fsdp;        /* FULL_SHARD state when world is set */
+    int rank, world_size;
+    bool leader;            /* rank 0 writes metrics, summary, weights and progress */
     keel_model *model;
     keel_optim *opt;
     keel_data *train, *val;
@@ -136,33 +143,50 @@ static keel_status check_memory(const keel_config *cfg) {
     return KEEL_OK;
 }
 
-static int64_t global_batch(const keel_config *cfg) {
-    return (int64_t)cfg->train.micro_batch_size * cfg->train.grad_accum_steps;
+/* Sequences per optimizer step over all ranks. */
+static int64_t global_batch(const trainer *t) {
+    return (int64_t)t->cfg->train.micro_batch_size * t->cfg->train.grad_accum_steps * t->world_size;
 }
 
 /* One optimizer step: accumulate over micro-batches, clip, AdamW. Returns the mean loss. */
 static double train_step(trainer *t, int step, double *grad_norm_out) {
     const keel_config *cfg = t->cfg;
     const keel_model_layout *lay = keel_model_get_layout(t->model);
-    int B = cfg->train.micro_batch_size, T = lay->T;
-    int64_t G = global_batch(cfg);
+    int B = cfg->train.micro_batch_size, T = lay->T, accum = cfg->train.grad_accum_steps;
+    int64_t G = global_batch(t);
     float grad_scale = 1.0f / (float)(G * T);
     double loss_sum = 0;
-    keel_model_zero_grads(t->model);
-    for (int micro = 0; micro < cfg->train.grad_accum_steps; micro++) {
-        keel_data_fetch(t->train, (uint64_t)step, (uint64_t)G, (uint64_t)micro * B, B, t->tokens);
+    if (t->fsdp) keel_fsdp_zero_grads(t->fsdp);
+    else keel_model_zero_grads(t->model);
+    /* Rank r takes its contiguous slice of the step's G samples (DESIGN §4). */
+    for (int micro = 0; micro < accum; micro++) {
+        uint64_t first = (uint64_t)t->rank * B * accum + (uint64_t)micro * B;
+        keel_data_fetch(t->train, (uint64_t)step, (uint64_t)G, first, B, t->tokens);
         loss_sum += keel_model_forward(t->model, t->tokens, B, grad_scale);
         keel_model_backward(t->model);
     }
-    float *grads = keel_model_grads(t->model);
-    double norm = sqrt(keel_sumsq(grads, lay->n_params));
+    double sumsq;
+    float *params, *grads;
+    if (t->fsdp) {
+        keel_fsdp_finish_grads(t->fsdp);
+        keel_fsdp_grad_sumsq(t->fsdp, &sumsq);
+        keel_comm_allreduce_scalar(t->world, &loss_sum, KEEL_COMM_SUM);
+        params = keel_fsdp_master(t->fsdp), grads = keel_fsdp_grads(t->fsdp);
+    } else {
+        params = keel_model_params(t->model), grads = keel_model_grads(t->model);
+        sumsq = keel_sumsq(grads, lay->n_params);
+    }
+    double norm = sqrt(sumsq);
     *grad_norm_out = norm;
-    keel_optim_update(t->opt, keel_model_params(t->model), grads, step, keel_lr_at(&cfg->train, step),
+    keel_optim_update(t->opt, params, grads, step, keel_lr_at(&cfg->train, step),
                       keel_clip_scale(norm, cfg->train.grad_clip));
+    if (t->fsdp) keel_fsdp_invalidate(t->fsdp);
     return loss_sum / (double)(G * T);
 }
 
-/* Mean loss over the same eval_batches micro-batches of the val split every time. */
+/* Mean loss over the same eval_batches micro-batches of the val split every
+ * time. Under FSDP every rank evaluates the same rows (forward passes are
+ * collective), so the number does not depend on the world size. */
 static double evaluate(trainer *t, uint64_t *tokens_out) {
     const keel_model_layout *lay = keel_model_get_layout(t->model);
     int B = t->cfg->train.micro_batch_size;
@@ -197,11 +221,11 @@ static keel_status write_json_file(const char *dir, const char *name, cJSON *obj
     return st;
 }
 
-static keel_status write_summary(trainer *t, const char *status, int steps_done, double final_loss,
-                                 double final_val_loss, double wall_s) {
+static keel_status write_summary(trainer *t, const float *params, const char *status, int steps_done,
+                                 double final_loss, double final_val_loss, double wall_s) {
     const keel_model_layout *lay = keel_model_get_layout(t->model);
     char xxh[17];
-    keel_params_xxh3_hex(keel_model_params(t->model), lay->n_params, xxh);
+    keel_params_xxh3_hex(params, lay->n_params, xxh);
     double median_tps = 0;
     if (steps_done > 0) {
         qsort(t->step_tps, (size_t)steps_done, sizeof(double), cmp_double);
@@ -215,7 +239,8 @@ static keel_status write_summary(trainer *t, const char *status, int steps_done,
     cJSON_AddStringToObject(s, "params_xxh3", xxh);
     cJSON_AddNumberToObject(s, "n_params", (double)lay->n_params);
     cJSON_AddNumberToObject(s, "peak_rss_bytes", (double)keel_peak_rss_bytes());
-    cJSON_AddNumberToObject(s, "tokens", (double)steps_done * (double)global_batch(t->cfg) * lay->T);
+    cJSON_AddNumberToObject(s, "tokens", (double)steps_done * (double)global_batch(t) * lay->T);
+    cJSON_AddNumberToObject(s, "world_size", t->world_size);
     cJSON_AddNumberToObject(s, "wall_s", wall_s);
     cJSON_AddNumberToObject(s, "tokens_per_s_median", median_tps);
     cJSON_AddNumberToObject(s, "mfu_median", median_tps * t->flops_per_token / t->peak_flops);
@@ -230,7 +255,7 @@ static keel_status write_summary(trainer *t, const char *status, int steps_done,
 static void log_step(trainer *t, int step, double loss, double lr, double norm, double step_s,
                      double val_loss) {
     const keel_model_layout *lay = keel_model_get_layout(t->model);
-    double tokens = (double)global_batch(t->cfg) * lay->T;
+    double tokens = (double)global_batch(t) * lay->T;
     double tps = tokens / step_s;
     t->step_tps[step] = tps;
     cJSON *o = cJSON_CreateObject();
@@ -249,11 +274,10 @@ static void log_step(trainer *t, int step, double loss, double lr, double norm, 
     cJSON_Delete(o);
 }
 
-/* Validation that needs no writing: run dir, memory, data, tokenizer. */
+/* Validation that needs no writing: memory, data, tokenizer. */
 static keel_status open_inputs(trainer *t) {
     const keel_config *cfg = t->cfg;
-    keel_status st = check_run_dir_free(t->run_dir);
-    if (st == KEEL_OK) st = check_memory(cfg);
+    keel_status st = check_memory(cfg);
     if (st == KEEL_OK)
         st = keel_data_open(&cfg->data, "train", cfg->model.max_seq_len, cfg->model.vocab_size,
                             cfg->train.seed, &t->train);
@@ -277,8 +301,10 @@ static keel_status train_loop(trainer *t) {
     keel_status st = KEEL_OK;
     keel_progress_init(&t->progress, stdout, cfg->train.steps);
     for (; step < cfg->train.steps; step++) {
-        if (g_stop_signal) {
-            keel_progress_note(&t->progress, "stopping at step %d on signal %d", step, (int)g_stop_signal);
+        double stop = g_stop_signal; /* every rank must stop at the same step */
+        if (t->world) keel_comm_allreduce_scalar(t->world, &stop, KEEL_COMM_MAX);
+        if (stop != 0) {
+            if (t->leader) keel_progress_note(&t->progress, "stopping at step %d on signal %d", step, (int)stop);
             status = "interrupted";
             st = KEEL_ERR_IO;
             break;
@@ -287,7 +313,7 @@ static keel_status train_loop(trainer *t) {
         loss = train_step(t, step, &norm);
         double step_s = keel_now_s() - t0;
         if (!isfinite(loss) || !isfinite(norm)) {
-            keel_progress_end(&t->progress);
+            if (t->leader) keel_progress_end(&t->progress);
             keel_errorf("step %d: loss %g, gradient norm %g are not finite; lower train.lr or raise "
                         "train.warmup_steps", step + 1, loss, norm);
             status = "diverged";
@@ -299,27 +325,35 @@ static keel_status train_loop(trainer *t) {
             uint64_t n;
             last_val = val_loss = evaluate(t, &n);
         }
+        if (!t->leader) continue;
         log_step(t, step, loss, keel_lr_at(&cfg->train, step), norm, step_s, val_loss);
-        double tps = (double)global_batch(cfg) * lay->T / step_s;
+        double tps = (double)global_batch(t) * lay->T / step_s;
         keel_progress_step(&t->progress, step + 1, loss, tps, tps * t->flops_per_token / t->peak_flops,
                            keel_now_s() - start);
         if (!isnan(val_loss))
             keel_progress_note(&t->progress, "step %d: val loss %.4f", step + 1, val_loss);
     }
-    keel_progress_end(&t->progress);
-    char path[4096];
-    path_join(path, sizeof path, t->run_dir, "weights.bin");
-    keel_status wst = keel_weights_save(path, keel_model_params(t->model), lay->n_params);
-    keel_status sst = write_summary(t, status, step, loss, last_val, keel_now_s() - start);
-    if (st == KEEL_OK) st = wst != KEEL_OK ? wst : sst;
+    float *params = keel_model_params(t->model), *gathered = NULL;
+    if (t->fsdp) { /* collective: every rank takes part, the leader writes */
+        params = gathered = keel_xmalloc(sizeof(float) * (size_t)lay->n_params, "full parameters");
+        keel_fsdp_gather_full(t->fsdp, gathered);
+    }
+    if (t->leader) {
+        keel_progress_end(&t->progress);
+        char path[4096];
+        path_join(path, sizeof path, t->run_dir, "weights.bin");
+        keel_status wst = keel_weights_save(path, params, lay->n_params);
+        keel_status sst = write_summary(t, params, status, step, loss, last_val, keel_now_s() - start);
+        if (st == KEEL_OK) st = wst != KEEL_OK ? wst : sst;
+    }
+    keel_free(gathered);
     return st;
 }
 
-keel_status keel_train_run(const keel_config *cfg, const char *run_dir) {
-    trainer t = {.cfg = cfg, .run_dir = run_dir};
-    keel_status st = open_inputs(&t);
-    if (st != KEEL_OK) goto done;
-    if ((st = make_dirs(run_dir)) != KEEL_OK) goto done;
+/* Create the run directory and write the resolved config into it. */
+static keel_status create_run_dir(const keel_config *cfg, const char *run_dir) {
+    keel_status st = make_dirs(run_dir);
+    if (st != KEEL_OK) return st;
     char path[4096];
     char *resolved = keel_config_to_json(cfg);
     size_t len = strlen(resolved);
@@ -328,39 +362,143 @@ keel_status keel_train_run(const keel_config *cfg, const char *run_dir) {
     path_join(path, sizeof path, run_dir, "config.json");
     st = keel_write_file_atomic(path, resolved, len + 1);
     free(resolved);
-    if (st != KEEL_OK) goto done;
-    path_join(path, sizeof path, run_dir, "metrics.jsonl");
-    if ((st = keel_jsonl_open(path, &t.metrics)) != KEEL_OK) goto done;
+    return st;
+}
 
-    t.threads = keel_kernels_init(cfg->train.threads);
-    keel_model_build(&cfg->model, cfg->train.micro_batch_size, &t.model);
-    keel_model_init_weights(t.model, cfg->train.seed);
-    const keel_model_layout *lay = keel_model_get_layout(t.model);
-    keel_optim_build(&cfg->train, lay, 0, lay->n_params, &t.opt);
-    t.tokens = keel_xmalloc(sizeof(int32_t) * (size_t)cfg->train.micro_batch_size * (lay->T + 1), "tokens");
-    t.step_tps = keel_xcalloc(sizeof(double) * (size_t)(cfg->train.steps + 1), "step rates");
-    t.flops_per_token = keel_model_flops_per_token(lay);
-    t.peak_flops = keel_peak_flops();
-    keel_log_info("training %lld parameters for %d steps, %lld tokens per step, %d thread(s) "
-                  "(fp32 peak %.0f GF/s); run directory %s", (long long)lay->n_params,
-                  cfg->train.steps, (long long)global_batch(cfg) * lay->T, t.threads,
-                  t.peak_flops / 1e9, run_dir);
+/* Model, optimizer and buffers; under FSDP the model holds no parameters of
+ * its own and the optimizer works on this rank's shard. */
+static void build_state(trainer *t) {
+    const keel_config *cfg = t->cfg;
+    int B = cfg->train.micro_batch_size;
+    if (t->world) {
+        keel_model_build_without_params(&cfg->model, B, &t->model);
+        keel_fsdp_build(t->model, t->world, &t->fsdp);
+        const keel_model_layout *lay = keel_model_get_layout(t->model);
+        float *full = keel_xmalloc(sizeof(float) * (size_t)lay->n_params, "initial parameters");
+        keel_model_init_params(lay, cfg->train.seed, full); /* same on every rank */
+        keel_fsdp_load_full(t->fsdp, full);
+        keel_free(full);
+        const keel_fsdp_plan *plan = keel_fsdp_get_plan(t->fsdp);
+        keel_param_range *ranges;
+        int n = keel_fsdp_param_ranges(plan, t->rank, &ranges);
+        keel_optim_build_ranges(&cfg->train, lay, ranges, n, plan->shard_total, &t->opt);
+        keel_free(ranges);
+    } else {
+        keel_model_build(&cfg->model, B, &t->model);
+        keel_model_init_weights(t->model, cfg->train.seed);
+        const keel_model_layout *lay = keel_model_get_layout(t->model);
+        keel_optim_build(&cfg->train, lay, 0, lay->n_params, &t->opt);
+    }
+}
 
+/* Everything after validation and the run directory: shared by a
+ * single-process run and by every rank of a distributed one. */
+static keel_status run(trainer *t) {
+    const keel_config *cfg = t->cfg;
+    char path[4096];
+    keel_status st = KEEL_OK;
+    if (t->leader) {
+        path_join(path, sizeof path, t->run_dir, "metrics.jsonl");
+        if ((st = keel_jsonl_open(path, &t->metrics)) != KEEL_OK) return st;
+    }
+    build_state(t);
+    const keel_model_layout *lay = keel_model_get_layout(t->model);
+    t->tokens = keel_xmalloc(sizeof(int32_t) * (size_t)cfg->train.micro_batch_size * (lay->T + 1), "tokens");
+    t->step_tps = keel_xcalloc(sizeof(double) * (size_t)(cfg->train.steps + 1), "step rates");
+    t->flops_per_token = keel_model_flops_per_token(lay);
+    t->peak_flops = keel_peak_flops() * t->world_size;
+    keel_log_info("rank %d of %d (pid %d): training %lld parameters for %d steps, %lld tokens per "
+                  "step, %d thread(s) (fp32 peak %.0f GF/s over all ranks); run directory %s", t->rank,
+                  t->world_size, (int)getpid(), (long long)lay->n_params, cfg->train.steps,
+                  (long long)global_batch(t) * lay->T, t->threads, t->peak_flops / 1e9, t->run_dir);
     struct sigaction sa = {.sa_handler = on_stop_signal}, old_int, old_term;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
-    st = train_loop(&t);
+    st = train_loop(t);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
-    keel_kernels_shutdown();
-done:
-    keel_jsonl_close(t.metrics);
-    keel_data_close(t.train);
-    keel_data_close(t.val);
-    keel_optim_free(t.opt);
-    keel_model_free(t.model);
-    keel_free(t.tokens);
-    keel_free(t.step_tps);
+    return st;
+}
+
+static void free_trainer(trainer *t) {
+    keel_jsonl_close(t->metrics);
+    keel_data_close(t->train);
+    keel_data_close(t->val);
+    keel_optim_free(t->opt);
+    keel_fsdp_free(t->fsdp);
+    keel_model_free(t->model);
+    keel_free(t->tokens);
+    keel_free(t->step_tps);
+}
+
+keel_status keel_train_run(const keel_config *cfg, const char *run_dir) {
+    trainer t = {.cfg = cfg, .run_dir = run_dir, .world_size = 1, .leader = true};
+    keel_status st = check_run_dir_free(run_dir);
+    if (st == KEEL_OK) st = open_inputs(&t);
+    if (st == KEEL_OK) st = create_run_dir(cfg, run_dir);
+    if (st == KEEL_OK) {
+        t.threads = keel_kernels_init(cfg->train.threads);
+        st = run(&t);
+        keel_kernels_shutdown();
+    }
+    free_trainer(&t);
+    return st;
+}
+
+keel_status keel_train_prepare_run_dir(const keel_config *cfg, const char *run_dir) {
+    trainer t = {.cfg = cfg, .run_dir = run_dir, .world_size = 1, .leader = true};
+    keel_status st = check_run_dir_free(run_dir);
+    if (st == KEEL_OK) st = open_inputs(&t);
+    if (st == KEEL_OK) st = create_run_dir(cfg, run_dir);
+    char logs[4096];
+    path_join(logs, sizeof logs, run_dir, "logs");
+    if (st == KEEL_OK) st = make_dirs(logs);
+    free_trainer(&t);
+    return st;
+}
+
+keel_status keel_train_worker(const char *run_dir) {
+    keel_comm *world;
+    keel_status st = keel_comm_init(&world);
+    if (st != KEEL_OK) return st;
+    trainer t = {.run_dir = run_dir, .world = world, .rank = keel_comm_rank(world),
+                 .world_size = keel_comm_size(world)};
+    t.leader = t.rank == 0;
+    /* Every rank logs to RUN/logs/rank-R.log; the leader also keeps the terminal. */
+    char path[4096];
+    snprintf(path, sizeof path, "%s/logs/rank-%d.log", run_dir, t.rank);
+    FILE *log = fopen(path, "a");
+    if (log && !t.leader) {
+        dup2(fileno(log), STDOUT_FILENO);
+        dup2(fileno(log), STDERR_FILENO);
+    } else if (log) {
+        keel_log_set_file(log);
+    }
+    keel_config cfg;
+    keel_config_defaults(&cfg);
+    path_join(path, sizeof path, run_dir, "config.json");
+    st = keel_config_load_file(&cfg, path);
+    if (st == KEEL_OK) st = keel_config_finalize(&cfg);
+    t.cfg = &cfg;
+    if (st == KEEL_OK) st = open_inputs(&t);
+    if (st == KEEL_OK) {
+        /* Ranks share the machine's cores unless train.threads says otherwise. */
+        int threads = cfg.train.threads;
+        if (threads == 0) {
+            long cores = sysconf(_SC_NPROCESSORS_ONLN);
+            threads = cores / t.world_size > 1 ? (int)(cores / t.world_size) : 1;
+        }
+        t.threads = keel_kernels_init(threads);
+        st = run(&t);
+        keel_kernels_shutdown();
+    }
+    free_trainer(&t);
+    keel_config_free(&cfg);
+    keel_log_set_file(NULL);
+    if (log) fclose(log);
+    /* A rank that failed validation cannot finalize with the others: MPI is
+     * fail-stop here, so exiting non-zero ends the job. */
+    if (st == KEEL_OK) keel_comm_finalize(world);
     return st;
 }

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# `keel train --nproc N` (FULL_SHARD over mpirun, oversubscribed on 2 cores)
+# follows the single-process run at the same global batch: 10-step losses
+# within 1e-5 relative and final parameters within 1e-5 (relative L2) for
+# N = 1..4; only the leader writes metrics; every rank logs; a rank killed
+# mid-run makes keel train fail within seconds, naming the rank.
+source "$KEEL_SRC/tests/lib.sh"
+CFG=$KEEL_SRC/tests/train/micro.json
+mpi_env
+common=(--set train.steps=10 --set train.threads=1)
+"$KEEL_BIN" train "$CFG" "${common[@]}" --set train.micro_batch_size=12 --run-dir "$TMP/ref" >/dev/null 2>&1
+for W in 1 2 3 4; do
+  timeout 300 "$KEEL_BIN" train "$CFG" "${common[@]}" --set train.micro_batch_size=$((12 / W)) \
+    --nproc "$W" --run-dir "$TMP/w$W" >"$TMP/out" 2>&1 || { cat "$TMP/out"; fail "--nproc $W"; }
+  python3 - "$TMP/ref" "$TMP/w$W" "$W" <<'PY' || fail "--nproc $W differs from one process"
+import array, json, math, sys
+ref, run, W = sys.argv[1], sys.argv[2], int(sys.argv[3])
+a = [json.loads(l)["loss"] for l in open(f"{ref}/metrics.jsonl")]
+b = [json.loads(l)["loss"] for l in open(f"{run}/metrics.jsonl")]
+assert len(a) == len(b) == 10, (len(a), len(b))
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+assert worst <= 1e-5, f"loss rel diff {worst}"
+def weights(d):
+    w = array.array("f"); raw = open(f"{d}/weights.bin", "rb").read()[64:]; w.frombytes(raw); return w
+p, q = weights(ref), weights(run)
+rel = math.sqrt(sum((x - y) ** 2 for x, y in zip(p, q)) / sum(x * x for x in p))
+assert rel <= 1e-5, f"params rel L2 {rel}"
+s = json.load(open(f"{run}/summary.json"))
+assert s["world_size"] == W and s["status"] == "completed", s
+print(f"ok   --nproc {W}: loss rel diff <= {worst:.1e}, params |dp|/|p| = {rel:.1e}")
+PY
+  for r in $(seq 0 $((W - 1))); do [ -s "$TMP/w$W/logs/rank-$r.log" ] || fail "no log for rank $r of $W"; done
+done
+pass "every rank wrote RUN/logs/rank-R.log"
+
+# A rank killed mid-run: keel train exits non-zero within seconds and names it.
+"$KEEL_BIN" train "$CFG" --set train.steps=100000 --set train.threads=1 --set train.micro_batch_size=4 \
+  --nproc 2 --run-dir "$TMP/kill" >"$TMP/kill.out" 2>"$TMP/kill.err" &
+launcher=$!
+for _ in $(seq 100); do
+  pid=$(sed -n 's/.*rank 1 of 2 (pid \([0-9]*\)).*/\1/p' "$TMP/kill/logs/rank-1.log" 2>/dev/null || true)
+  [ -n "$pid" ] && break
+  sleep 0.2
+done
+[ -n "$pid" ] || { kill $launcher; fail "rank 1 never started"; }
+sleep 1
+t0=$(date +%s%N)
+kill -9 "$pid"
+rc=0
+timeout 60 tail --pid=$launcher -f /dev/null || true
+wait $launcher || rc=$?
+dt_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+[ "$rc" != 0 ] || fail "keel train exited 0 after a rank was killed"
+grep -q "keel: error: rank 1 of 2 failed" "$TMP/kill.err" || fail "no line naming rank 1: $(tail -3 "$TMP/kill.err")"
+[ "$dt_ms" -lt 15000 ] || fail "took ${dt_ms} ms to notice"
+pass "killed rank 1: exit $rc after ${dt_ms} ms: $(grep 'keel: error: rank' "$TMP/kill.err")"
