@@ -55,6 +55,9 @@ int keel_fsdp_param_ranges(const keel_fsdp_plan *plan, int rank, keel_param_rang
 /* Persistent bytes per rank of FULL_SHARD fp32 state: master weights, gradient,
  * AdamW m and v — 16 bytes per padded parameter / shard_ranks. */
 int64_t keel_fsdp_persistent_bytes(const keel_fsdp_plan *plan);
+/* Bytes of the runtime's unit-sized buffers: gathered parameters and unit
+ * gradients with their reduce-scatter results. */
+int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan);
 
 #endif
 

@@ -24,16 +24,16 @@ keel_status keel_train_run(const keel_config *cfg, const char *run_dir);
 
 /* For a distributed run: validate like keel_train_run, then create RUN with
  * config.json and RUN/logs/ for the ranks to fill. */
-keel_status keel_train_prepare_run_dir(const keel_config *cfg, const char *run_dir);
+keel_status keel_train_prepare_run_dir(const keel_config *cfg, const char *run_dir, int world_size);
 /* One rank of a distributed run (`keel worker RUN`, started by the launcher):
  * joins MPI, reads RUN/config.json, trains FULL_SHARD with the others; rank 0
  * writes metrics.jsonl, summary.json, weights.bin and the progress line; every
  * rank logs to RUN/logs/rank-R.log. */
 keel_status keel_train_worker(const char *run_dir);
 
-/* Print what a config needs (parameters, memory by category) without
- * allocating it: `keel train --dry-run`. */
-keel_status keel_train_dry_run(const keel_config *cfg);
+/* Print what a config needs (parameters, memory per rank by category) on
+ * world_size ranks without allocating it: `keel train --dry-run [--nproc N]`. */
+keel_status keel_train_dry_run(const keel_config *cfg, int world_size);
 
 /* Mean loss of RUN_DIR's weights over every sequence of data_path (a prepared
  * directory — its val split if it has one, else train — or one shard file). */

@@ -73,7 +73,7 @@ int keel_cmd_train(int argc, char **argv) {
     }
     keel_config cfg;
     keel_status st = load_config(&cfg, argv[optind], sets, n_sets);
-    if (st == KEEL_OK && dry_run) st = keel_train_dry_run(&cfg);
+    if (st == KEEL_OK && dry_run) st = keel_train_dry_run(&cfg, nproc > 0 ? nproc : 1);
     else if (st == KEEL_OK) {
         char default_dir[512];
         if (!run_dir) {
@@ -89,7 +89,7 @@ int keel_cmd_train(int argc, char **argv) {
             run_dir = default_dir;
         }
         if (nproc == 0) st = keel_train_run(&cfg, run_dir);
-        else if ((st = keel_train_prepare_run_dir(&cfg, run_dir)) == KEEL_OK) {
+        else if ((st = keel_train_prepare_run_dir(&cfg, run_dir, nproc)) == KEEL_OK) {
             int code;
             st = keel_launch_ranks(run_dir, nproc, &code);
         }

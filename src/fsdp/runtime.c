@@ -35,6 +35,13 @@ struct keel_fsdp {
 
 static int pinned_unit(const keel_fsdp *f) { return f->tied ? 0 : -1; }
 
+static int64_t max_shard(const keel_fsdp_plan *plan) {
+    int64_t m = 0;
+    for (int u = 0; u < plan->n_units; u++)
+        if (plan->units[u].shard > m) m = plan->units[u].shard;
+    return m;
+}
+
 static void start_gather(keel_fsdp *f, int u) {
     if (f->unit_slot[u] >= 0) return;
     int s = 0;
@@ -144,9 +151,6 @@ keel_status keel_fsdp_build(keel_model *model, keel_comm *group, keel_fsdp **out
     f->rank = keel_comm_rank(group);
     f->tied = f->lay->cfg.tie_embeddings;
     keel_fsdp_plan_init(&f->plan, f->lay, keel_comm_size(group));
-    int64_t max_shard = 0;
-    for (int u = 0; u < f->plan.n_units; u++)
-        if (f->plan.units[u].shard > max_shard) max_shard = f->plan.units[u].shard;
     f->master = keel_xcalloc(sizeof(float) * (size_t)f->plan.shard_total, "fsdp master shard");
     f->grads = keel_xcalloc(sizeof(float) * (size_t)f->plan.shard_total, "fsdp grad shard");
     for (int s = 0; s < MAX_SLOTS; s++) {
@@ -155,7 +159,7 @@ keel_status keel_fsdp_build(keel_model *model, keel_comm *group, keel_fsdp **out
     }
     for (int b = 0; b < GRAD_BUFFERS; b++) {
         f->gbuf[b] = keel_xcalloc(sizeof(float) * (size_t)f->plan.max_padded, "fsdp unit grads");
-        f->rs_out[b] = keel_xcalloc(sizeof(float) * (size_t)max_shard, "fsdp reduce-scatter");
+        f->rs_out[b] = keel_xcalloc(sizeof(float) * (size_t)max_shard(&f->plan), "fsdp reduce-scatter");
         f->gstate[b].unit = -1;
     }
     f->unit_slot = keel_xmalloc(sizeof(int) * (size_t)f->plan.n_units, "fsdp unit slots");
@@ -233,15 +237,16 @@ keel_status keel_fsdp_grad_sumsq(keel_fsdp *f, double *sumsq) {
     return keel_comm_allreduce_scalar(f->group, sumsq, KEEL_COMM_SUM);
 }
 
+int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan) {
+    return 4 * (MAX_SLOTS * plan->max_padded + GRAD_BUFFERS * (plan->max_padded + max_shard(plan)));
+}
+
 void keel_fsdp_get_stats(const keel_fsdp *f, keel_fsdp_stats *out) {
-    int64_t max_shard = 0;
-    for (int u = 0; u < f->plan.n_units; u++)
-        if (f->plan.units[u].shard > max_shard) max_shard = f->plan.units[u].shard;
     *out = (keel_fsdp_stats){
         .master_bytes = 4 * f->plan.shard_total,
         .grad_bytes = 4 * f->plan.shard_total,
         .gathered_bytes = 4 * MAX_SLOTS * f->plan.max_padded,
-        .unit_grad_bytes = 4 * GRAD_BUFFERS * (f->plan.max_padded + max_shard),
+        .unit_grad_bytes = 4 * GRAD_BUFFERS * (f->plan.max_padded + max_shard(&f->plan)),
         .gather_wait_s = f->gather_wait_s,
         .reduce_wait_s = f->reduce_wait_s,
     };

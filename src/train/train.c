@@ -100,44 +100,66 @@ static uint64_t mem_available_bytes(void) {
 }
 
 typedef struct {
-    int64_t params, grads, optimizer, activations;
+    int64_t params, grads, optimizer, gathered, activations;
 } memory_plan;
 
-static memory_plan plan_memory(const keel_model_layout *lay, int B) {
-    int64_t p = lay->n_params * (int64_t)sizeof(float);
-    return (memory_plan){p, p, 2 * p, keel_model_activation_bytes(lay, B)};
+/* One rank's memory: everything full on one process; under FSDP the fp32
+ * state is sharded and the gathered units and unit gradients are added. */
+static memory_plan plan_memory(const keel_model_layout *lay, int B, int world_size) {
+    memory_plan m = {.activations = keel_model_activation_bytes(lay, B)};
+    if (world_size == 1) {
+        m.params = m.grads = 4 * lay->n_params;
+    } else {
+        keel_fsdp_plan plan;
+        keel_fsdp_plan_init(&plan, lay, world_size);
+        m.params = m.grads = 4 * plan.shard_total;
+        m.gathered = keel_fsdp_transient_bytes(&plan);
+        keel_fsdp_plan_free(&plan);
+    }
+    m.optimizer = 2 * m.params;
+    return m;
+}
+
+static int64_t plan_total(const memory_plan *m) {
+    return m->params + m->grads + m->optimizer + m->gathered + m->activations;
 }
 
 static double gib(int64_t bytes) { return (double)bytes / (1024.0 * 1024 * 1024); }
 
-keel_status keel_train_dry_run(const keel_config *cfg) {
+keel_status keel_train_dry_run(const keel_config *cfg, int world_size) {
     keel_model_layout lay;
     keel_model_layout_init(&lay, &cfg->model);
-    memory_plan m = plan_memory(&lay, cfg->train.micro_batch_size);
+    memory_plan m = plan_memory(&lay, cfg->train.micro_batch_size, world_size);
     printf("model: dim %d, %d layers, %d heads (%d kv), head size %d, ffn %d, vocab %d, seq %d\n",
            lay.C, lay.L, lay.NH, lay.NKV, lay.HS, lay.F, lay.V, lay.T);
     printf("parameters: %lld (%.3f B)\n", (long long)lay.n_params, (double)lay.n_params / 1e9);
     printf("training FLOPs per token: %.3e\n", keel_model_flops_per_token(&lay));
-    printf("memory on one rank (fp32, micro-batch %d):\n", cfg->train.micro_batch_size);
-    printf("  parameters   %10.3f GiB\n  gradients    %10.3f GiB\n  AdamW m+v    %10.3f GiB\n"
-           "  activations  %10.3f GiB\n  total        %10.3f GiB (this machine has %.1f GiB available)\n",
-           gib(m.params), gib(m.grads), gib(m.optimizer), gib(m.activations),
-           gib(m.params + m.grads + m.optimizer + m.activations), gib((int64_t)mem_available_bytes()));
+    printf("memory per rank (fp32, %s, micro-batch %d):\n",
+           world_size == 1 ? "one process" : "FULL_SHARD", cfg->train.micro_batch_size);
+    printf("  parameters      %10.3f GiB\n  gradients       %10.3f GiB\n  AdamW m+v       %10.3f GiB\n"
+           "  gathered units  %10.3f GiB\n  activations     %10.3f GiB\n  total           %10.3f GiB "
+           "x %d rank(s) (this machine has %.1f GiB available)\n",
+           gib(m.params), gib(m.grads), gib(m.optimizer), gib(m.gathered), gib(m.activations),
+           gib(plan_total(&m)), world_size, gib((int64_t)mem_available_bytes()));
     keel_model_layout_free(&lay);
     return KEEL_OK;
 }
 
-static keel_status check_memory(const keel_config *cfg) {
+/* All ranks of a local launch share this machine; under Slurm each node
+ * holds its own (checked per rank). */
+static keel_status check_memory(const keel_config *cfg, int world_size) {
     keel_model_layout lay;
     keel_model_layout_init(&lay, &cfg->model);
-    memory_plan m = plan_memory(&lay, cfg->train.micro_batch_size);
+    memory_plan m = plan_memory(&lay, cfg->train.micro_batch_size, world_size);
     keel_model_layout_free(&lay);
-    int64_t need = m.params + m.grads + m.optimizer + m.activations;
+    int local_ranks = getenv("SLURM_JOB_ID") ? 1 : world_size;
+    int64_t need = plan_total(&m) * local_ranks;
     uint64_t avail = mem_available_bytes();
     if (avail && (uint64_t)need > avail) {
-        keel_errorf("%s: this model needs %.1f GiB on one rank but %.1f GiB is available; lower "
+        keel_errorf("%s: this run needs %.1f GiB (%d rank(s) here) but %.1f GiB is available; lower "
                     "train.micro_batch_size or the model size (`keel train --dry-run` shows the "
-                    "breakdown)", cfg->source ? cfg->source : "config", gib(need), gib((int64_t)avail));
+                    "breakdown)", cfg->source ? cfg->source : "config", gib(need), local_ranks,
+                    gib((int64_t)avail));
         return KEEL_ERR_INPUT;
     }
     return KEEL_OK;
@@ -277,7 +299,7 @@ static void log_step(trainer *t, int step, double loss, double lr, double norm, 
 /* Validation that needs no writing: memory, data, tokenizer. */
 static keel_status open_inputs(trainer *t) {
     const keel_config *cfg = t->cfg;
-    keel_status st = check_memory(cfg);
+    keel_status st = check_memory(cfg, t->world_size);
     if (st == KEEL_OK)
         st = keel_data_open(&cfg->data, "train", cfg->model.max_seq_len, cfg->model.vocab_size,
                             cfg->train.seed, &t->train);
@@ -446,8 +468,8 @@ keel_status keel_train_run(const keel_config *cfg, const char *run_dir) {
     return st;
 }
 
-keel_status keel_train_prepare_run_dir(const keel_config *cfg, const char *run_dir) {
-    trainer t = {.cfg = cfg, .run_dir = run_dir, .world_size = 1, .leader = true};
+keel_status keel_train_prepare_run_dir(const keel_config *cfg, const char *run_dir, int world_size) {
+    trainer t = {.cfg = cfg, .run_dir = run_dir, .world_size = world_size, .leader = true};
     keel_status st = check_run_dir_free(run_dir);
     if (st == KEEL_OK) st = open_inputs(&t);
     if (st == KEEL_OK) st = create_run_dir(cfg, run_dir);
