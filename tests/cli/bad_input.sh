@@ -25,7 +25,7 @@ expect_input_error "bad --set syntax" "expected key=value" train "$CFG" --set tr
 expect_input_error "min_lr above lr" "train.min_lr 0.1 exceeds train.lr" train "$CFG" --set train.min_lr=0.1
 expect_input_error "no data" "no training data" train "$CFG" --set data.synthetic=false
 expect_input_error "unknown command" "unknown command 'trian'" "$K" trian
-expect_input_error "model too big" "needs [0-9.]+ GiB on one rank" train "$KEEL_SRC/configs/llama2-70b.json"
+expect_input_error "model too big" "this run needs [0-9.]+ GiB \(1 rank\(s\) here\)" train "$KEEL_SRC/configs/llama2-70b.json"
 [ ! -e "$RUN" ] || fail "a failed start created the run directory"
 pass "no run directory was created by any failed start"
 
