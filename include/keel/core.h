@@ -133,9 +133,15 @@ typedef struct {
 } keel_data_config;
 
 typedef struct {
+    char *strategy;       /* full_shard | shard_grad_op | no_shard | hybrid_shard */
+    int shard_group_size; /* hybrid_shard: ranks per shard group (0 = 2) */
+} keel_fsdp_config;
+
+typedef struct {
     keel_model_config model;
     keel_train_config train;
     keel_data_config data;
+    keel_fsdp_config fsdp;
     char *source;         /* file the config came from (for messages) */
 } keel_config;
 

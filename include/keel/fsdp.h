@@ -55,16 +55,26 @@ int keel_fsdp_param_ranges(const keel_fsdp_plan *plan, int rank, keel_param_rang
 /* Persistent bytes per rank of FULL_SHARD fp32 state: master weights, gradient,
  * AdamW m and v — 16 bytes per padded parameter / shard_ranks. */
 int64_t keel_fsdp_persistent_bytes(const keel_fsdp_plan *plan);
+/* DESIGN §3's strategies (enums only grow at the end). */
+typedef enum {
+    KEEL_FSDP_FULL_SHARD = 0,    /* shard over all ranks; free a unit after use */
+    KEEL_FSDP_SHARD_GRAD_OP = 1, /* shard over all ranks; keep units from forward to backward */
+    KEEL_FSDP_NO_SHARD = 2,      /* full copies on every rank, gradients all-reduced (DDP) */
+    KEEL_FSDP_HYBRID_SHARD = 3,  /* FULL_SHARD within groups of K ranks, replicas across groups */
+} keel_fsdp_strategy;
+/* "full_shard" ... "hybrid_shard" (fsdp.strategy); an input error otherwise. */
+keel_status keel_fsdp_strategy_parse(const char *name, keel_fsdp_strategy *out);
+
 /* Bytes of the runtime's unit-sized buffers: gathered parameters and unit
  * gradients with their reduce-scatter results. */
-int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan);
+int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy);
 
 #endif
 
-/* ---- runtime: FULL_SHARD over a process group ------------------------------
+/* ---- runtime ---------------------------------------------------------------
  *
  *     keel_fsdp *f;
- *     keel_fsdp_build(model, shard_group, &f);   // installs the model hooks
+ *     keel_fsdp_build(model, world, KEEL_FSDP_FULL_SHARD, 0, &f);  // installs the model hooks
  *     keel_fsdp_load_full(f, full_params);       // or fill keel_fsdp_master() yourself
  *     keel_fsdp_zero_grads(f);
  *     keel_model_forward(...); keel_model_backward(...);   // gathers, frees, reduce-scatters
@@ -77,15 +87,22 @@ int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan);
  * slot is released after the unit's forward; backward gathers again in
  * reverse. A unit's full gradient goes to a unit-sized buffer whose
  * reduce-scatter starts as soon as the unit's backward is done and is added
- * into this rank's gradient shard. With tied embeddings unit 0 stays gathered
- * for the whole step (the head reads it too).
+ * into this rank's gradient shard; replicas of a shard (NO_SHARD, HYBRID)
+ * then all-reduce it. With tied embeddings unit 0 stays gathered for the
+ * whole step (the head reads it too).
  */
 #include "keel/dist.h"
 
 typedef struct keel_fsdp keel_fsdp;
 
-keel_status keel_fsdp_build(keel_model *model, keel_comm *group, keel_fsdp **out);
+/* Shard `model` over world with a strategy (shard_group_size: HYBRID_SHARD's
+ * K, 0 = 2; it must divide the world size). The shard plan is over the shard
+ * group: all ranks (FULL_SHARD, SHARD_GRAD_OP), one (NO_SHARD) or K (HYBRID). */
+keel_status keel_fsdp_build(keel_model *model, keel_comm *world, keel_fsdp_strategy strategy,
+                            int shard_group_size, keel_fsdp **out);
 void keel_fsdp_free(keel_fsdp *f);
+/* This rank's index in its shard group: the slice of the plan it holds. */
+int keel_fsdp_shard_rank(const keel_fsdp *f);
 const keel_fsdp_plan *keel_fsdp_get_plan(const keel_fsdp *f);
 /* This rank's fp32 master shard and gradient shard (plan.shard_total each). */
 float *keel_fsdp_master(keel_fsdp *f);
@@ -99,7 +116,8 @@ void keel_fsdp_zero_grads(keel_fsdp *f);
 void keel_fsdp_invalidate(keel_fsdp *f);
 /* Wait for every outstanding reduce-scatter; then the grad shard is complete. */
 keel_status keel_fsdp_finish_grads(keel_fsdp *f);
-/* Global sum of squared gradients (all-reduced over the group). */
+/* Global sum of squared gradients (all-reduced over the shard group; replicas
+ * hold the same values). */
 keel_status keel_fsdp_grad_sumsq(keel_fsdp *f, double *sumsq);
 
 typedef struct {

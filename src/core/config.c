@@ -78,6 +78,12 @@ static const key_spec KEYS[] = {
      "successor candidates per token (ideal loss = ln(branching))"},
     {"data.synthetic.vocab", K_INT, OFF(data.synthetic_vocab), 0, 1 << 24,
      "tokens used (0 = min(model.vocab_size, 64))"},
+
+    {"fsdp", K_SECTION, 0, 0, 0, "sharding over ranks (keel train --nproc N)"},
+    {"fsdp.strategy", K_STRING, OFF(fsdp.strategy), 0, 0,
+     "full_shard | shard_grad_op | no_shard | hybrid_shard"},
+    {"fsdp.shard_group_size", K_INT, OFF(fsdp.shard_group_size), 0, 4096,
+     "hybrid_shard: ranks per shard group, a divisor of --nproc (0 = 2)"},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 
@@ -95,6 +101,7 @@ void keel_config_defaults(keel_config *cfg) {
                                      .beta2 = 0.95, .adam_eps = 1e-8, .grad_clip = 1.0,
                                      .threads = 0, .eval_every = 0, .eval_batches = 8};
     cfg->data.synthetic_seed = 1;
+    cfg->fsdp.strategy = keel_xstrdup("full_shard");
     cfg->data.synthetic_branching = 4;
 }
 
@@ -333,6 +340,15 @@ keel_status keel_config_finalize(keel_config *cfg) {
                     src, cfg->train.min_lr, cfg->train.lr);
         return KEEL_ERR_INPUT;
     }
+    static const char *strategies[] = {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"};
+    bool known = false;
+    for (size_t i = 0; i < sizeof strategies / sizeof strategies[0]; i++)
+        known |= cfg->fsdp.strategy && !strcmp(cfg->fsdp.strategy, strategies[i]);
+    if (!known) {
+        keel_errorf("%s: fsdp.strategy '%s' is not one of full_shard, shard_grad_op, no_shard, "
+                    "hybrid_shard", src, cfg->fsdp.strategy ? cfg->fsdp.strategy : "null");
+        return KEEL_ERR_INPUT;
+    }
     if (!cfg->data.path && !cfg->data.synthetic) {
         keel_errorf("%s: no training data: set data.path (from `keel data prepare`) or "
                     "data.synthetic", src);
@@ -401,7 +417,11 @@ void keel_config_print_keys(void) {
         case K_U64: snprintf(def, sizeof def, "%llu", (unsigned long long)*(const uint64_t *)field); break;
         case K_DOUBLE: snprintf(def, sizeof def, "%g", *(const double *)field); break;
         case K_BOOL: snprintf(def, sizeof def, "%s", *(const bool *)field ? "true" : "false"); break;
-        case K_STRING: snprintf(def, sizeof def, "none"); break;
+        case K_STRING: {
+            const char *v = *(char *const *)field;
+            snprintf(def, sizeof def, "%s", v ? v : "none");
+            break;
+        }
         }
         const char *type = k->type == K_FLAG_SECTION ? "object/false"
                            : k->type == K_BOOL       ? "bool"
@@ -410,4 +430,5 @@ void keel_config_print_keys(void) {
         if (strncmp(type, "an ", 3) == 0) type += 3;
         printf("| `%s` | %s | %s | %s |\n", k->key, type, def, k->doc);
     }
+    keel_config_free(&d);
 }

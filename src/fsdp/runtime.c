@@ -1,11 +1,13 @@
-/* fsdp/runtime.c: FULL_SHARD — gather before use, prefetch the next unit,
- * free after use, reduce-scatter each unit's gradients as soon as they exist. */
+/* fsdp/runtime.c: the four strategies — gather before use, prefetch the next
+ * unit, free after use (FULL_SHARD, HYBRID_SHARD) or after backward
+ * (SHARD_GRAD_OP), reduce-scatter each unit's gradients as soon as they exist,
+ * all-reduce gradient shards across replicas (NO_SHARD, HYBRID_SHARD). */
 #include <string.h>
 
 #include "keel/fsdp.h"
 #include "keel/kernels.h"
 
-#define MAX_SLOTS 4    /* current + prefetched unit, + unit 0 pinned when tied */
+#define SHARED_SLOTS 4 /* current + prefetched unit, + unit 0 pinned when tied */
 #define GRAD_BUFFERS 3 /* one reduce-scattering while the next unit computes, + unit 0 when tied */
 
 typedef struct {
@@ -15,15 +17,19 @@ typedef struct {
 
 struct keel_fsdp {
     keel_model *model;
-    keel_comm *group;
+    keel_fsdp_strategy strategy;
+    keel_comm *group;           /* shard group: gathers and reduce-scatters */
+    keel_comm *replicas;        /* ranks holding the same shard, or NULL */
+    bool own_group;             /* group was split off the world (free it) */
     keel_fsdp_plan plan;
     const keel_model_layout *lay;
-    int rank;
+    int rank;                   /* in the shard group */
     bool tied;
+    int n_slots;                /* SHARD_GRAD_OP: one per unit; else SHARED_SLOTS */
     float *master;              /* (shard_total) fp32 master shard */
     float *grads;               /* (shard_total) fp32 gradient shard */
-    float *slots[MAX_SLOTS];    /* (max_padded) gathered unit parameters */
-    int slot_unit[MAX_SLOTS];   /* unit in each slot, -1 if free */
+    float **slots;              /* (n_slots) gathered unit parameters */
+    int *slot_unit;             /* (n_slots) unit in each slot, -1 if free */
     int *unit_slot;             /* (n_units) slot of each unit, -1 if not gathered */
     keel_comm_req **gather_req; /* (n_units) outstanding gather of each unit */
     float *gbuf[GRAD_BUFFERS];  /* (max_padded) full unit gradients */
@@ -45,8 +51,10 @@ static int64_t max_shard(const keel_fsdp_plan *plan) {
 static void start_gather(keel_fsdp *f, int u) {
     if (f->unit_slot[u] >= 0) return;
     int s = 0;
-    while (s < MAX_SLOTS && f->slot_unit[s] >= 0) s++;
-    KEEL_CHECK(s < MAX_SLOTS, "no free slot to gather unit %d", u);
+    if (f->strategy == KEEL_FSDP_SHARD_GRAD_OP) s = u; /* each unit has its own */
+    else
+        while (s < f->n_slots && f->slot_unit[s] >= 0) s++;
+    KEEL_CHECK(s < f->n_slots && f->slot_unit[s] < 0, "no free slot to gather unit %d", u);
     f->slot_unit[s] = u;
     f->unit_slot[u] = s;
     const keel_fsdp_unit *x = &f->plan.units[u];
@@ -124,7 +132,9 @@ static void before_forward(void *p, int u) {
 
 static void after_forward(void *p, int u) {
     keel_fsdp *f = p;
-    if (u + 1 < f->plan.n_units) release(f, u); /* the head is the first unit of backward */
+    /* SHARD_GRAD_OP keeps every unit until its backward; the head is the
+     * first unit of backward in any case. */
+    if (f->strategy != KEEL_FSDP_SHARD_GRAD_OP && u + 1 < f->plan.n_units) release(f, u);
 }
 
 static void before_backward(void *p, int u) {
@@ -143,18 +153,68 @@ static void after_backward(void *p, int u) {
     release(f, u);
 }
 
-keel_status keel_fsdp_build(keel_model *model, keel_comm *group, keel_fsdp **out) {
+keel_status keel_fsdp_strategy_parse(const char *name, keel_fsdp_strategy *out) {
+    static const char *names[] = {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"};
+    for (int i = 0; i < 4; i++)
+        if (name && !strcmp(name, names[i])) {
+            *out = (keel_fsdp_strategy)i;
+            return KEEL_OK;
+        }
+    keel_errorf("fsdp.strategy '%s' is not one of full_shard, shard_grad_op, no_shard, hybrid_shard",
+                name ? name : "null");
+    return KEEL_ERR_INPUT;
+}
+
+/* The shard group and the replica group of this rank for a strategy. */
+static keel_status make_groups(keel_fsdp *f, keel_comm *world, int shard_group_size) {
+    int W = keel_comm_size(world), r = keel_comm_rank(world);
+    switch (f->strategy) {
+    case KEEL_FSDP_FULL_SHARD:
+    case KEEL_FSDP_SHARD_GRAD_OP:
+        f->group = world;
+        return KEEL_OK;
+    case KEEL_FSDP_NO_SHARD: /* every rank its own shard group of one; all ranks are replicas */
+        f->own_group = true;
+        f->replicas = world;
+        return keel_comm_split(world, r, 0, &f->group);
+    case KEEL_FSDP_HYBRID_SHARD: {
+        int K = shard_group_size ? shard_group_size : 2;
+        if (K > W || W % K != 0) {
+            keel_errorf("fsdp.shard_group_size %d does not divide the %d ranks; pick a divisor of "
+                        "--nproc", K, W);
+            return KEEL_ERR_INPUT;
+        }
+        f->own_group = true;
+        keel_status st = keel_comm_split(world, r / K, r, &f->group);
+        if (st == KEEL_OK && W / K > 1) st = keel_comm_split(world, r % K, r, &f->replicas);
+        return st;
+    }
+    }
+    return KEEL_ERR_INTERNAL;
+}
+
+keel_status keel_fsdp_build(keel_model *model, keel_comm *world, keel_fsdp_strategy strategy,
+                            int shard_group_size, keel_fsdp **out) {
     keel_fsdp *f = keel_xcalloc(sizeof *f, "fsdp");
     f->model = model;
-    f->group = group;
+    f->strategy = strategy;
+    keel_status st = make_groups(f, world, shard_group_size);
+    if (st != KEEL_OK) {
+        keel_free(f);
+        return st;
+    }
     f->lay = keel_model_get_layout(model);
-    f->rank = keel_comm_rank(group);
+    f->rank = keel_comm_rank(f->group);
     f->tied = f->lay->cfg.tie_embeddings;
-    keel_fsdp_plan_init(&f->plan, f->lay, keel_comm_size(group));
+    keel_fsdp_plan_init(&f->plan, f->lay, keel_comm_size(f->group));
     f->master = keel_xcalloc(sizeof(float) * (size_t)f->plan.shard_total, "fsdp master shard");
     f->grads = keel_xcalloc(sizeof(float) * (size_t)f->plan.shard_total, "fsdp grad shard");
-    for (int s = 0; s < MAX_SLOTS; s++) {
-        f->slots[s] = keel_xcalloc(sizeof(float) * (size_t)f->plan.max_padded, "fsdp unit slot");
+    f->n_slots = strategy == KEEL_FSDP_SHARD_GRAD_OP ? f->plan.n_units : SHARED_SLOTS;
+    f->slots = keel_xcalloc(sizeof(float *) * (size_t)f->n_slots, "fsdp slots");
+    f->slot_unit = keel_xmalloc(sizeof(int) * (size_t)f->n_slots, "fsdp slots");
+    for (int s = 0; s < f->n_slots; s++) {
+        int64_t floats = strategy == KEEL_FSDP_SHARD_GRAD_OP ? f->plan.units[s].padded : f->plan.max_padded;
+        f->slots[s] = keel_xcalloc(sizeof(float) * (size_t)floats, "fsdp unit slot");
         f->slot_unit[s] = -1;
     }
     for (int b = 0; b < GRAD_BUFFERS; b++) {
@@ -176,15 +236,23 @@ void keel_fsdp_free(keel_fsdp *f) {
     keel_fsdp_finish_grads(f);
     keel_fsdp_invalidate(f);
     keel_model_set_hooks(f->model, NULL);
-    for (int s = 0; s < MAX_SLOTS; s++) keel_free(f->slots[s]);
+    for (int s = 0; s < f->n_slots; s++) keel_free(f->slots[s]);
+    keel_free(f->slots);
+    keel_free(f->slot_unit);
     for (int b = 0; b < GRAD_BUFFERS; b++) keel_free(f->gbuf[b]), keel_free(f->rs_out[b]);
     keel_free(f->master);
     keel_free(f->grads);
     keel_free(f->unit_slot);
     keel_free(f->gather_req);
     keel_fsdp_plan_free(&f->plan);
+    if (f->own_group) {
+        keel_comm_free(f->group);
+        if (f->replicas && f->strategy == KEEL_FSDP_HYBRID_SHARD) keel_comm_free(f->replicas);
+    }
     keel_free(f);
 }
+
+int keel_fsdp_shard_rank(const keel_fsdp *f) { return f->rank; }
 
 const keel_fsdp_plan *keel_fsdp_get_plan(const keel_fsdp *f) { return &f->plan; }
 float *keel_fsdp_master(keel_fsdp *f) { return f->master; }
@@ -206,7 +274,7 @@ void keel_fsdp_invalidate(keel_fsdp *f) {
             keel_comm_wait(f->gather_req[u]);
             f->gather_req[u] = NULL;
         }
-    for (int s = 0; s < MAX_SLOTS; s++) f->slot_unit[s] = -1;
+    for (int s = 0; s < f->n_slots; s++) f->slot_unit[s] = -1;
     for (int u = 0; u < f->plan.n_units; u++) f->unit_slot[u] = -1;
 }
 
@@ -229,6 +297,10 @@ void keel_fsdp_zero_grads(keel_fsdp *f) {
 
 keel_status keel_fsdp_finish_grads(keel_fsdp *f) {
     for (int b = 0; b < GRAD_BUFFERS; b++) drain(f, b);
+    /* Replicas hold the same shard: sum their gradients (NO_SHARD, HYBRID_SHARD). */
+    if (f->replicas && keel_comm_size(f->replicas) > 1)
+        return keel_comm_allreduce(f->replicas, f->grads, f->grads, (size_t)f->plan.shard_total,
+                                   KEEL_COMM_F32, KEEL_COMM_SUM);
     return KEEL_OK;
 }
 
@@ -237,15 +309,21 @@ keel_status keel_fsdp_grad_sumsq(keel_fsdp *f, double *sumsq) {
     return keel_comm_allreduce_scalar(f->group, sumsq, KEEL_COMM_SUM);
 }
 
-int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan) {
-    return 4 * (MAX_SLOTS * plan->max_padded + GRAD_BUFFERS * (plan->max_padded + max_shard(plan)));
+int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy) {
+    int64_t gathered = SHARED_SLOTS * plan->max_padded;
+    if (strategy == KEEL_FSDP_SHARD_GRAD_OP) {
+        gathered = 0;
+        for (int u = 0; u < plan->n_units; u++) gathered += plan->units[u].padded;
+    }
+    return 4 * (gathered + GRAD_BUFFERS * (plan->max_padded + max_shard(plan)));
 }
 
 void keel_fsdp_get_stats(const keel_fsdp *f, keel_fsdp_stats *out) {
     *out = (keel_fsdp_stats){
         .master_bytes = 4 * f->plan.shard_total,
         .grad_bytes = 4 * f->plan.shard_total,
-        .gathered_bytes = 4 * MAX_SLOTS * f->plan.max_padded,
+        .gathered_bytes = keel_fsdp_transient_bytes(&f->plan, f->strategy) -
+                          4 * GRAD_BUFFERS * (f->plan.max_padded + max_shard(&f->plan)),
         .unit_grad_bytes = 4 * GRAD_BUFFERS * (f->plan.max_padded + max_shard(&f->plan)),
         .gather_wait_s = f->gather_wait_s,
         .reduce_wait_s = f->reduce_wait_s,

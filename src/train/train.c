@@ -105,15 +105,21 @@ typedef struct {
 
 /* One rank's memory: everything full on one process; under FSDP the fp32
  * state is sharded and the gathered units and unit gradients are added. */
-static memory_plan plan_memory(const keel_model_layout *lay, int B, int world_size) {
-    memory_plan m = {.activations = keel_model_activation_bytes(lay, B)};
+static memory_plan plan_memory(const keel_config *cfg, const keel_model_layout *lay, int world_size) {
+    memory_plan m = {.activations = keel_model_activation_bytes(lay, cfg->train.micro_batch_size)};
+    keel_fsdp_strategy strategy = KEEL_FSDP_FULL_SHARD;
+    keel_fsdp_strategy_parse(cfg->fsdp.strategy, &strategy); /* validated by finalize */
     if (world_size == 1) {
         m.params = m.grads = 4 * lay->n_params;
     } else {
+        int K = cfg->fsdp.shard_group_size ? cfg->fsdp.shard_group_size : 2;
+        int shard_ranks = strategy == KEEL_FSDP_NO_SHARD       ? 1
+                          : strategy == KEEL_FSDP_HYBRID_SHARD ? K
+                                                               : world_size;
         keel_fsdp_plan plan;
-        keel_fsdp_plan_init(&plan, lay, world_size);
+        keel_fsdp_plan_init(&plan, lay, shard_ranks);
         m.params = m.grads = 4 * plan.shard_total;
-        m.gathered = keel_fsdp_transient_bytes(&plan);
+        m.gathered = keel_fsdp_transient_bytes(&plan, strategy);
         keel_fsdp_plan_free(&plan);
     }
     m.optimizer = 2 * m.params;
@@ -129,13 +135,13 @@ static double gib(int64_t bytes) { return (double)bytes / (1024.0 * 1024 * 1024)
 keel_status keel_train_dry_run(const keel_config *cfg, int world_size) {
     keel_model_layout lay;
     keel_model_layout_init(&lay, &cfg->model);
-    memory_plan m = plan_memory(&lay, cfg->train.micro_batch_size, world_size);
+    memory_plan m = plan_memory(cfg, &lay, world_size);
     printf("model: dim %d, %d layers, %d heads (%d kv), head size %d, ffn %d, vocab %d, seq %d\n",
            lay.C, lay.L, lay.NH, lay.NKV, lay.HS, lay.F, lay.V, lay.T);
     printf("parameters: %lld (%.3f B)\n", (long long)lay.n_params, (double)lay.n_params / 1e9);
     printf("training FLOPs per token: %.3e\n", keel_model_flops_per_token(&lay));
     printf("memory per rank (fp32, %s, micro-batch %d):\n",
-           world_size == 1 ? "one process" : "FULL_SHARD", cfg->train.micro_batch_size);
+           world_size == 1 ? "one process" : cfg->fsdp.strategy, cfg->train.micro_batch_size);
     printf("  parameters      %10.3f GiB\n  gradients       %10.3f GiB\n  AdamW m+v       %10.3f GiB\n"
            "  gathered units  %10.3f GiB\n  activations     %10.3f GiB\n  total           %10.3f GiB "
            "x %d rank(s) (this machine has %.1f GiB available)\n",
@@ -150,7 +156,15 @@ keel_status keel_train_dry_run(const keel_config *cfg, int world_size) {
 static keel_status check_memory(const keel_config *cfg, int world_size) {
     keel_model_layout lay;
     keel_model_layout_init(&lay, &cfg->model);
-    memory_plan m = plan_memory(&lay, cfg->train.micro_batch_size, world_size);
+    int K = cfg->fsdp.shard_group_size ? cfg->fsdp.shard_group_size : 2;
+    if (world_size > 1 && !strcmp(cfg->fsdp.strategy, "hybrid_shard") &&
+        (K > world_size || world_size % K != 0)) {
+        keel_model_layout_free(&lay);
+        keel_errorf("%s: fsdp.shard_group_size %d does not divide --nproc %d; pick a divisor",
+                    cfg->source ? cfg->source : "config", K, world_size);
+        return KEEL_ERR_INPUT;
+    }
+    memory_plan m = plan_memory(cfg, &lay, world_size);
     keel_model_layout_free(&lay);
     int local_ranks = getenv("SLURM_JOB_ID") ? 1 : world_size;
     int64_t need = plan_total(&m) * local_ranks;
@@ -394,7 +408,11 @@ static void build_state(trainer *t) {
     int B = cfg->train.micro_batch_size;
     if (t->world) {
         keel_model_build_without_params(&cfg->model, B, &t->model);
-        keel_fsdp_build(t->model, t->world, &t->fsdp);
+        keel_fsdp_strategy strategy;
+        keel_fsdp_strategy_parse(cfg->fsdp.strategy, &strategy); /* validated by finalize */
+        keel_status st = keel_fsdp_build(t->model, t->world, strategy, cfg->fsdp.shard_group_size,
+                                         &t->fsdp);
+        KEEL_CHECK(st == KEEL_OK, "fsdp setup failed after validation");
         const keel_model_layout *lay = keel_model_get_layout(t->model);
         float *full = keel_xmalloc(sizeof(float) * (size_t)lay->n_params, "initial parameters");
         keel_model_init_params(lay, cfg->train.seed, full); /* same on every rank */
@@ -402,7 +420,7 @@ static void build_state(trainer *t) {
         keel_free(full);
         const keel_fsdp_plan *plan = keel_fsdp_get_plan(t->fsdp);
         keel_param_range *ranges;
-        int n = keel_fsdp_param_ranges(plan, t->rank, &ranges);
+        int n = keel_fsdp_param_ranges(plan, keel_fsdp_shard_rank(t->fsdp), &ranges);
         keel_optim_build_ranges(&cfg->train, lay, ranges, n, plan->shard_total, &t->opt);
         keel_free(ranges);
     } else {

@@ -2,7 +2,7 @@
  * trains the unsharded model on the whole global batch (the reference), and
  * the sharded run must match its loss every step and its final parameters
  * (relative difference <= 1e-5: only the reduction order differs).
- * Usage: mpirun -np W mpi_fsdp_equivalence STEPS TIED */
+ * Usage: mpirun -np W mpi_fsdp_equivalence STEPS TIED STRATEGY [SHARD_GROUP_SIZE] */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +50,9 @@ static double step_sharded(keel_model *m, keel_fsdp *f, keel_optim *opt, keel_co
 int main(int argc, char **argv) {
     int steps = argc > 1 ? atoi(argv[1]) : 10;
     bool tied = argc > 2 && atoi(argv[2]) != 0;
+    keel_fsdp_strategy strategy = KEEL_FSDP_FULL_SHARD;
+    if (argc > 3 && keel_fsdp_strategy_parse(argv[3], &strategy) != KEEL_OK) return 2;
+    int group_size = argc > 4 ? atoi(argv[4]) : 0;
     keel_comm *world;
     if (keel_comm_init(&world) != KEEL_OK) return 1;
     int rank = keel_comm_rank(world), W = keel_comm_size(world), B = G / W;
@@ -77,11 +80,11 @@ int main(int argc, char **argv) {
     keel_model *m;
     keel_model_build_without_params(&cfg.model, B, &m);
     keel_fsdp *f;
-    keel_fsdp_build(m, world, &f);
+    if (keel_fsdp_build(m, world, strategy, group_size, &f) != KEEL_OK) return 2;
     keel_fsdp_load_full(f, keel_model_params(full));
     const keel_fsdp_plan *plan = keel_fsdp_get_plan(f);
     keel_param_range *ranges;
-    int nr = keel_fsdp_param_ranges(plan, rank, &ranges);
+    int nr = keel_fsdp_param_ranges(plan, keel_fsdp_shard_rank(f), &ranges);
     keel_optim *opt;
     keel_optim_build_ranges(&cfg.train, lay, ranges, nr, plan->shard_total, &opt);
 
@@ -112,20 +115,24 @@ int main(int argc, char **argv) {
     if (!(rel_l2 <= 1e-5)) failures++;
     keel_fsdp_stats st;
     keel_fsdp_get_stats(f, &st);
-    /* What this rank really allocated for persistent state = 16 x padded params / W. */
+    /* What this rank really allocated for persistent state = 16 x padded
+     * params / ranks in the shard group (W for FULL_SHARD). */
     int64_t padded_total = 0;
     for (int u = 0; u < plan->n_units; u++) padded_total += plan->units[u].padded;
     int64_t persistent = st.master_bytes + st.grad_bytes + keel_optim_state_bytes(opt);
-    bool memory_ok = persistent * W == 16 * padded_total &&
-                     persistent == keel_fsdp_persistent_bytes(plan);
+    int shard_ranks = plan->shard_ranks;
+    bool memory_ok = persistent * shard_ranks == 16 * padded_total &&
+                     persistent == keel_fsdp_persistent_bytes(plan) &&
+                     (strategy != KEEL_FSDP_FULL_SHARD || shard_ranks == W);
     if (!memory_ok) failures++;
     double total_failures = failures;
     keel_comm_allreduce_scalar(world, &total_failures, KEEL_COMM_SUM);
     if (rank == 0) {
-        printf("W=%d tied=%d: worst loss rel %.1e (tol 1e-5); final params |dp|/|p| %.1e (tol 1e-5), "
+        printf("W=%d tied=%d %s: worst loss rel %.1e (tol 1e-5); final params |dp|/|p| %.1e (tol 1e-5), "
                "max |dp| %.1e; persistent bytes per rank %lld = 16 x %lld padded params / %d: %s\n",
-               W, tied, worst, rel_l2, max_err, (long long)keel_fsdp_persistent_bytes(plan),
-               (long long)padded_total, W, memory_ok ? "ok" : "MISMATCH");
+               W, tied, argc > 3 ? argv[3] : "full_shard", worst, rel_l2, max_err,
+               (long long)keel_fsdp_persistent_bytes(plan), (long long)padded_total, shard_ranks,
+               memory_ok ? "ok" : "MISMATCH");
         printf("%s: %d failures\n", total_failures ? "FAILED" : "PASSED", (int)total_failures);
     }
     free(gathered), free(tokens), keel_free(ranges);
@@ -133,6 +140,7 @@ int main(int argc, char **argv) {
     keel_fsdp_free(f);
     keel_model_free(m), keel_model_free(full);
     keel_data_close(data);
+    keel_config_free(&cfg);
     keel_kernels_shutdown();
     keel_comm_finalize(world);
     return total_failures != 0;

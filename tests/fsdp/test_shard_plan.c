@@ -82,6 +82,7 @@ static void check_optimizer(const keel_model_layout *lay, int W) {
     keel_fsdp_plan_free(&plan);
     keel_optim_free(full);
     keel_free(p_full), keel_free(g_full), keel_free(p_ref);
+    keel_config_free(&cfg);
 }
 
 int main(void) {

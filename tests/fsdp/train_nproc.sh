@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
-# `keel train --nproc N` (FULL_SHARD over mpirun, oversubscribed on 2 cores)
-# follows the single-process run at the same global batch: 10-step losses
-# within 1e-5 relative and final parameters within 1e-5 (relative L2) for
-# N = 1..4; only the leader writes metrics; every rank logs; a rank killed
-# mid-run makes keel train fail within seconds, naming the rank.
+# `keel train --nproc N` (mpirun, oversubscribed on 2 cores) follows the
+# single-process run at the same global batch: 10-step losses within 1e-5
+# relative and final parameters within 1e-5 (relative L2) for N = 1..4 and
+# every fsdp.strategy; only the leader writes metrics; every rank logs; bad
+# fsdp settings are refused before launch; a rank killed mid-run makes keel
+# train fail within seconds, naming the rank.
 source "$KEEL_SRC/tests/lib.sh"
 CFG=$KEEL_SRC/tests/train/micro.json
 mpi_env
 common=(--set train.steps=10 --set train.threads=1)
 "$KEEL_BIN" train "$CFG" "${common[@]}" --set train.micro_batch_size=12 --run-dir "$TMP/ref" >/dev/null 2>&1
-for W in 1 2 3 4; do
+# W:strategy — every strategy through the real CLI (hybrid: groups of 2).
+for spec in 1:full_shard 2:full_shard 3:full_shard 4:full_shard 2:no_shard 3:shard_grad_op 4:hybrid_shard; do
+  W=${spec%%:*} strategy=${spec#*:}
   timeout 300 "$KEEL_BIN" train "$CFG" "${common[@]}" --set train.micro_batch_size=$((12 / W)) \
-    --nproc "$W" --run-dir "$TMP/w$W" >"$TMP/out" 2>&1 || { cat "$TMP/out"; fail "--nproc $W"; }
-  python3 - "$TMP/ref" "$TMP/w$W" "$W" <<'PY' || fail "--nproc $W differs from one process"
+    --set fsdp.strategy="$strategy" --set fsdp.shard_group_size=2 \
+    --nproc "$W" --run-dir "$TMP/w$W-$strategy" >"$TMP/out" 2>&1 || { cat "$TMP/out"; fail "--nproc $W $strategy"; }
+  python3 - "$TMP/ref" "$TMP/w$W-$strategy" "$W" "$strategy" <<'PY' || fail "--nproc $W $strategy differs from one process"
 import array, json, math, sys
-ref, run, W = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ref, run, W, strategy = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 a = [json.loads(l)["loss"] for l in open(f"{ref}/metrics.jsonl")]
 b = [json.loads(l)["loss"] for l in open(f"{run}/metrics.jsonl")]
 assert len(a) == len(b) == 10, (len(a), len(b))
@@ -27,11 +31,18 @@ rel = math.sqrt(sum((x - y) ** 2 for x, y in zip(p, q)) / sum(x * x for x in p))
 assert rel <= 1e-5, f"params rel L2 {rel}"
 s = json.load(open(f"{run}/summary.json"))
 assert s["world_size"] == W and s["status"] == "completed", s
-print(f"ok   --nproc {W}: loss rel diff <= {worst:.1e}, params |dp|/|p| = {rel:.1e}")
+print(f"ok   --nproc {W} {strategy}: loss rel diff <= {worst:.1e}, params |dp|/|p| = {rel:.1e}")
 PY
-  for r in $(seq 0 $((W - 1))); do [ -s "$TMP/w$W/logs/rank-$r.log" ] || fail "no log for rank $r of $W"; done
+  for r in $(seq 0 $((W - 1))); do
+    [ -s "$TMP/w$W-$strategy/logs/rank-$r.log" ] || fail "no log for rank $r of $W"
+  done
 done
 pass "every rank wrote RUN/logs/rank-R.log"
+expect_input_error "unknown strategy" "fsdp.strategy 'zero3' is not one of" \
+  "$KEEL_BIN" train "$CFG" --set fsdp.strategy=zero3 --nproc 2 --run-dir "$TMP/bad1"
+expect_input_error "hybrid group must divide nproc" "fsdp.shard_group_size 2 does not divide --nproc 3" \
+  "$KEEL_BIN" train "$CFG" --set fsdp.strategy=hybrid_shard --set fsdp.shard_group_size=2 --nproc 3 --run-dir "$TMP/bad2"
+[ ! -e "$TMP/bad1" ] && [ ! -e "$TMP/bad2" ] || fail "a refused launch created its run directory"
 
 # A rank killed mid-run: keel train exits non-zero within seconds and names it.
 "$KEEL_BIN" train "$CFG" --set train.steps=100000 --set train.threads=1 --set train.micro_batch_size=4 \

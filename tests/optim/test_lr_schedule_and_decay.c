@@ -56,5 +56,6 @@ int main(void) {
     EXPECT(true, "decay mask checked for %d tensors, both settings", lay.n_tensors);
     keel_model_layout_free(&lay);
     keel_kernels_shutdown();
+    keel_config_free(&cfg);
     return test_summary("test_lr_schedule_and_decay");
 }
