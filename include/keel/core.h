@@ -135,6 +135,7 @@ typedef struct {
 typedef struct {
     char *strategy;       /* full_shard | shard_grad_op | no_shard | hybrid_shard */
     int shard_group_size; /* hybrid_shard: ranks per shard group (0 = 2) */
+    bool activation_checkpointing;
 } keel_fsdp_config;
 
 typedef struct {

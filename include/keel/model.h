@@ -52,16 +52,24 @@ void keel_model_layout_free(keel_model_layout *lay);
  * 12 × L × C × T for attention (PaLM's convention, no causal discount). */
 double keel_model_flops_per_token(const keel_model_layout *lay);
 /* Activation bytes for a micro-batch of B sequences. */
-int64_t keel_model_activation_bytes(const keel_model_layout *lay, int B);
+int64_t keel_model_activation_bytes(const keel_model_layout *lay, int B, bool checkpoint_activations);
 
 typedef struct keel_model keel_model;
 
 /* Allocate parameters, gradients and activations for micro-batches of B
  * sequences of cfg->max_seq_len tokens. Caller owns *out. */
 keel_status keel_model_build(const keel_model_config *cfg, int B, keel_model **out);
-/* The same without the flat parameter and gradient vectors: every unit's
- * buffers must be set with keel_model_set_unit_buffers before use (FSDP). */
-keel_status keel_model_build_without_params(const keel_model_config *cfg, int B, keel_model **out);
+typedef struct {
+    /* Allocate the flat parameter and gradient vectors. Without them every
+     * unit's buffers must be set with keel_model_set_unit_buffers (FSDP). */
+    bool own_params;
+    /* Keep only each block's input; backward recomputes the block's forward
+     * first. Gradients are bit-identical; activation memory drops from L
+     * blocks' worth to one block's plus L inputs. */
+    bool checkpoint_activations;
+} keel_model_options;
+keel_status keel_model_build_with(const keel_model_config *cfg, int B,
+                                  const keel_model_options *opts, keel_model **out);
 void keel_model_free(keel_model *m);
 const keel_model_layout *keel_model_get_layout(const keel_model *m);
 float *keel_model_params(keel_model *m); /* (n_params), NULL without own parameters */

@@ -84,6 +84,8 @@ static const key_spec KEYS[] = {
      "full_shard | shard_grad_op | no_shard | hybrid_shard"},
     {"fsdp.shard_group_size", K_INT, OFF(fsdp.shard_group_size), 0, 4096,
      "hybrid_shard: ranks per shard group, a divisor of --nproc (0 = 2)"},
+    {"fsdp.activation_checkpointing", K_BOOL, OFF(fsdp.activation_checkpointing), 0, 0,
+     "recompute each block's forward in backward (less memory, same gradients; any run)"},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 

@@ -56,6 +56,7 @@ struct keel_model {
     float *dgate, *dup, *dh; /* (N, F) */
     float *rope;          /* (T, HS/2, 2) */
     bool have_dlogits;
+    bool checkpointing;   /* blocks share one set of activations; backward recomputes */
 };
 
 /* The activation table: every buffer with its size in floats, so one
@@ -65,7 +66,10 @@ typedef struct {
     int64_t floats;
 } act_entry;
 
-static int act_table(keel_model *m, const keel_model_layout *lay, int B, act_entry *tab) {
+/* With checkpointing only each block's input is kept per layer; the rest is
+ * one set that every block's forward overwrites and backward recomputes. */
+static int act_table(keel_model *m, const keel_model_layout *lay, int B, bool checkpointing,
+                     act_entry *tab) {
     int64_t N = (int64_t)B * lay->T, C = lay->C, F = lay->F, V = lay->V;
     int64_t QD = (int64_t)lay->NH * lay->HS, KVD = (int64_t)lay->NKV * lay->HS;
     int64_t ATT = (int64_t)B * lay->NH * lay->T * lay->T;
@@ -75,7 +79,9 @@ static int act_table(keel_model *m, const keel_model_layout *lay, int B, act_ent
         block_acts *a = m ? &m->acts[l] : NULL;
         block_acts dummy;
         if (!a) a = &dummy;
-        ACT(a->res, N * C); ACT(a->n1, N * C); ACT(a->rstd1, N);
+        ACT(a->res, N * C);
+        if (checkpointing && l > 0) continue; /* shares layer 0's buffers */
+        ACT(a->n1, N * C); ACT(a->rstd1, N);
         ACT(a->q, N * QD); ACT(a->k, N * KVD); ACT(a->v, N * KVD);
         ACT(a->att, ATT); ACT(a->ao, N * QD); ACT(a->mid, N * C);
         ACT(a->n2, N * C); ACT(a->rstd2, N);
@@ -95,19 +101,22 @@ static int act_table(keel_model *m, const keel_model_layout *lay, int B, act_ent
 
 static int act_table_len(const keel_model_layout *lay) { return lay->L * 14 + 18; }
 
-int64_t keel_model_activation_bytes(const keel_model_layout *lay, int B) {
+int64_t keel_model_activation_bytes(const keel_model_layout *lay, int B, bool checkpointing) {
     act_entry *tab = keel_xmalloc(sizeof(act_entry) * (size_t)act_table_len(lay), "act table");
-    int n = act_table(NULL, lay, B, tab);
+    int n = act_table(NULL, lay, B, checkpointing, tab);
     int64_t bytes = 0;
     for (int i = 0; i < n; i++) bytes += (tab[i].floats + 15) / 16 * 16 * (int64_t)sizeof(float);
     keel_free(tab);
     return bytes;
 }
 
-static keel_status build(const keel_model_config *cfg, int B, bool own_params, keel_model **out) {
+keel_status keel_model_build_with(const keel_model_config *cfg, int B,
+                                  const keel_model_options *opts, keel_model **out) {
+    bool own_params = opts->own_params;
     keel_model *m = keel_xcalloc(sizeof *m, "model");
     keel_model_layout_init(&m->lay, cfg);
     m->B_max = m->B = B;
+    m->checkpointing = opts->checkpoint_activations;
     if (own_params) {
         m->params = keel_xcalloc(sizeof(float) * (size_t)m->lay.n_params, "parameters");
         m->grads = keel_xcalloc(sizeof(float) * (size_t)m->lay.n_params, "gradients");
@@ -120,7 +129,7 @@ static keel_status build(const keel_model_config *cfg, int B, bool own_params, k
                                     m->grads + m->lay.unit_offset[u]);
 
     act_entry *tab = keel_xmalloc(sizeof(act_entry) * (size_t)act_table_len(&m->lay), "act table");
-    int n = act_table(m, &m->lay, B, tab);
+    int n = act_table(m, &m->lay, B, m->checkpointing, tab);
     int64_t total = 0;
     for (int i = 0; i < n; i++) total += (tab[i].floats + 15) / 16 * 16; /* keep 64-byte alignment */
     m->acts_mem = keel_xcalloc(sizeof(float) * (size_t)total, "activations");
@@ -130,17 +139,19 @@ static keel_status build(const keel_model_config *cfg, int B, bool own_params, k
         p += (tab[i].floats + 15) / 16 * 16;
     }
     keel_free(tab);
+    for (int l = 1; m->checkpointing && l < m->lay.L; l++) {
+        float *res = m->acts[l].res;
+        m->acts[l] = m->acts[0];
+        m->acts[l].res = res;
+    }
     keel_rope_table(m->rope, m->lay.T, m->lay.HS, cfg->rope_theta);
     *out = m;
     return KEEL_OK;
 }
 
 keel_status keel_model_build(const keel_model_config *cfg, int B, keel_model **out) {
-    return build(cfg, B, true, out);
-}
-
-keel_status keel_model_build_without_params(const keel_model_config *cfg, int B, keel_model **out) {
-    return build(cfg, B, false, out);
+    keel_model_options opts = {.own_params = true};
+    return keel_model_build_with(cfg, B, &opts, out);
 }
 
 void keel_model_free(keel_model *m) {
@@ -332,6 +343,9 @@ void keel_model_backward(keel_model *m) {
     hook(m, m->hooks.after_backward, head);
     for (int l = lay->L - 1; l >= 0; l--) {
         hook(m, m->hooks.before_backward, 1 + l);
+        /* Recompute the block's activations from its saved input; the output
+         * goes to res_final, which nothing needs after the head's backward. */
+        if (m->checkpointing) block_forward(m, l, m->res_final);
         block_backward(m, l);
         hook(m, m->hooks.after_backward, 1 + l);
     }

@@ -106,7 +106,8 @@ typedef struct {
 /* One rank's memory: everything full on one process; under FSDP the fp32
  * state is sharded and the gathered units and unit gradients are added. */
 static memory_plan plan_memory(const keel_config *cfg, const keel_model_layout *lay, int world_size) {
-    memory_plan m = {.activations = keel_model_activation_bytes(lay, cfg->train.micro_batch_size)};
+    memory_plan m = {.activations = keel_model_activation_bytes(lay, cfg->train.micro_batch_size,
+                                                                cfg->fsdp.activation_checkpointing)};
     keel_fsdp_strategy strategy = KEEL_FSDP_FULL_SHARD;
     keel_fsdp_strategy_parse(cfg->fsdp.strategy, &strategy); /* validated by finalize */
     if (world_size == 1) {
@@ -406,8 +407,10 @@ static keel_status create_run_dir(const keel_config *cfg, const char *run_dir) {
 static void build_state(trainer *t) {
     const keel_config *cfg = t->cfg;
     int B = cfg->train.micro_batch_size;
+    keel_model_options opts = {.own_params = !t->world,
+                               .checkpoint_activations = cfg->fsdp.activation_checkpointing};
+    keel_model_build_with(&cfg->model, B, &opts, &t->model);
     if (t->world) {
-        keel_model_build_without_params(&cfg->model, B, &t->model);
         keel_fsdp_strategy strategy;
         keel_fsdp_strategy_parse(cfg->fsdp.strategy, &strategy); /* validated by finalize */
         keel_status st = keel_fsdp_build(t->model, t->world, strategy, cfg->fsdp.shard_group_size,
@@ -424,7 +427,6 @@ static void build_state(trainer *t) {
         keel_optim_build_ranges(&cfg->train, lay, ranges, n, plan->shard_total, &t->opt);
         keel_free(ranges);
     } else {
-        keel_model_build(&cfg->model, B, &t->model);
         keel_model_init_weights(t->model, cfg->train.seed);
         const keel_model_layout *lay = keel_model_get_layout(t->model);
         keel_optim_build(&cfg->train, lay, 0, lay->n_params, &t->opt);

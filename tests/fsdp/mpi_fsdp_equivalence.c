@@ -78,7 +78,8 @@ int main(int argc, char **argv) {
     keel_optim_build(&cfg.train, lay, 0, lay->n_params, &full_opt);
 
     keel_model *m;
-    keel_model_build_without_params(&cfg.model, B, &m);
+    keel_model_options opts = {.own_params = false};
+    keel_model_build_with(&cfg.model, B, &opts, &m);
     keel_fsdp *f;
     if (keel_fsdp_build(m, world, strategy, group_size, &f) != KEEL_OK) return 2;
     keel_fsdp_load_full(f, keel_model_params(full));
