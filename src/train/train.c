@@ -258,8 +258,32 @@ static keel_status write_json_file(const char *dir, const char *name, cJSON *obj
     return st;
 }
 
-static keel_status write_summary(trainer *t, const float *params, const char *status, int steps_done,
-                                 double final_loss, double final_val_loss, double wall_s) {
+/* What each rank holds, by category (summary.json "ranks"). */
+enum { MEM_PARAMS, MEM_GRADS, MEM_OPTIMIZER, MEM_COMPUTE, MEM_ACTIVATIONS, MEM_PEAK_RSS, MEM_FIELDS };
+static const char *MEM_NAMES[MEM_FIELDS] = {"params_bytes", "grads_bytes", "optimizer_bytes",
+                                            "compute_copy_bytes", "activation_bytes", "peak_rss_bytes"};
+
+static void rank_memory(trainer *t, double out[MEM_FIELDS]) {
+    const keel_model_layout *lay = keel_model_get_layout(t->model);
+    int64_t params = 4 * lay->n_params, compute = 0;
+    if (t->fsdp) {
+        keel_fsdp_stats st;
+        keel_fsdp_get_stats(t->fsdp, &st);
+        params = st.master_bytes;
+        compute = st.gathered_bytes + st.unit_grad_bytes;
+    }
+    out[MEM_PARAMS] = (double)params;
+    out[MEM_GRADS] = (double)params;
+    out[MEM_OPTIMIZER] = (double)keel_optim_state_bytes(t->opt);
+    out[MEM_COMPUTE] = (double)compute;
+    out[MEM_ACTIVATIONS] = (double)keel_model_activation_bytes(lay, t->cfg->train.micro_batch_size,
+                                                               t->cfg->fsdp.activation_checkpointing);
+    out[MEM_PEAK_RSS] = (double)keel_peak_rss_bytes();
+}
+
+static keel_status write_summary(trainer *t, const float *params, const double *memory,
+                                 const char *status, int steps_done, double final_loss,
+                                 double final_val_loss, double wall_s) {
     const keel_model_layout *lay = keel_model_get_layout(t->model);
     char xxh[17];
     keel_params_xxh3_hex(params, lay->n_params, xxh);
@@ -284,6 +308,14 @@ static keel_status write_summary(trainer *t, const float *params, const char *st
     cJSON_AddNumberToObject(s, "threads", t->threads);
     cJSON_AddNumberToObject(s, "peak_flops", t->peak_flops);
     cJSON_AddStringToObject(s, "keel_version", KEEL_VERSION);
+    cJSON *ranks = cJSON_AddArrayToObject(s, "ranks");
+    for (int r = 0; r < t->world_size; r++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "rank", r);
+        for (int i = 0; i < MEM_FIELDS; i++)
+            cJSON_AddNumberToObject(o, MEM_NAMES[i], memory[r * MEM_FIELDS + i]);
+        cJSON_AddItemToArray(ranks, o);
+    }
     keel_status st = write_json_file(t->run_dir, "summary.json", s);
     cJSON_Delete(s);
     return st;
@@ -371,19 +403,24 @@ static keel_status train_loop(trainer *t) {
             keel_progress_note(&t->progress, "step %d: val loss %.4f", step + 1, val_loss);
     }
     float *params = keel_model_params(t->model), *gathered = NULL;
+    double *memory = keel_xmalloc(sizeof(double) * MEM_FIELDS * (size_t)t->world_size, "memory report");
+    rank_memory(t, memory + t->rank * MEM_FIELDS);
     if (t->fsdp) { /* collective: every rank takes part, the leader writes */
         params = gathered = keel_xmalloc(sizeof(float) * (size_t)lay->n_params, "full parameters");
         keel_fsdp_gather_full(t->fsdp, gathered);
+        keel_comm_allgather(t->world, memory + t->rank * MEM_FIELDS, memory, MEM_FIELDS, KEEL_COMM_F64);
     }
     if (t->leader) {
         keel_progress_end(&t->progress);
         char path[4096];
         path_join(path, sizeof path, t->run_dir, "weights.bin");
         keel_status wst = keel_weights_save(path, params, lay->n_params);
-        keel_status sst = write_summary(t, params, status, step, loss, last_val, keel_now_s() - start);
+        keel_status sst = write_summary(t, params, memory, status, step, loss, last_val,
+                                        keel_now_s() - start);
         if (st == KEEL_OK) st = wst != KEEL_OK ? wst : sst;
     }
     keel_free(gathered);
+    keel_free(memory);
     return st;
 }
 

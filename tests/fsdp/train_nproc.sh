@@ -33,7 +33,25 @@ rel = math.sqrt(sum((x - y) ** 2 for x, y in zip(p, q)) / sum(x * x for x in p))
 assert rel <= 1e-5, f"params rel L2 {rel}"
 s = json.load(open(f"{run}/summary.json"))
 assert s["world_size"] == W and s["status"] == "completed", s
-print(f"ok   --nproc {W} {strategy}: loss rel diff <= {worst:.1e}, params |dp|/|p| = {rel:.1e}")
+# Persistent fp32 state per rank = 16 bytes x padded params / ranks in the shard group,
+# with units padded to a multiple of (shard ranks x 16) — from the model's shape alone.
+m = json.load(open(f"{run}/config.json"))["model"]
+C, L, NH, NKV, V = m["dim"], m["n_layers"], m["n_heads"], m["n_kv_heads"], m["vocab_size"]
+F = 2 * (4 * C) // 3
+if m["ffn_dim_multiplier"] > 0: F = int(m["ffn_dim_multiplier"] * F)
+F = m["multiple_of"] * ((F + m["multiple_of"] - 1) // m["multiple_of"])
+HS = C // NH
+units = [V * C] + [2 * C + 2 * C * NH * HS + 2 * C * NKV * HS + 3 * C * F] * L + [C + (0 if m["tie_embeddings"] else V * C)]
+shard_ranks = {"no_shard": 1, "hybrid_shard": 2}.get(strategy, W)
+q = 16 * shard_ranks
+padded = sum((u + q - 1) // q * q for u in units)
+assert len(s["ranks"]) == W, s["ranks"]
+for r in s["ranks"]:
+    persistent = r["params_bytes"] + r["grads_bytes"] + r["optimizer_bytes"]
+    assert persistent * shard_ranks == 16 * padded, (r, padded, shard_ranks)
+    assert r["peak_rss_bytes"] > persistent
+print(f"ok   --nproc {W} {strategy}: loss rel diff <= {worst:.1e}, params |dp|/|p| = {rel:.1e}; "
+      f"persistent bytes/rank {persistent} = 16 x {padded} / {shard_ranks}")
 PY
   for r in $(seq 0 $((W - 1))); do
     [ -s "$TMP/w$W-$strategy/logs/rank-$r.log" ] || fail "no log for rank $r of $W"
