@@ -321,8 +321,16 @@ static keel_status write_summary(trainer *t, const float *params, const double *
     return st;
 }
 
+/* Seconds the leader's compute thread has spent blocked on FSDP communication. */
+static double comm_wait_s(const trainer *t) {
+    if (!t->fsdp) return 0;
+    keel_fsdp_stats st;
+    keel_fsdp_get_stats(t->fsdp, &st);
+    return st.gather_wait_s + st.reduce_wait_s;
+}
+
 static void log_step(trainer *t, int step, double loss, double lr, double norm, double step_s,
-                     double val_loss) {
+                     double exposed_comm_s, double val_loss) {
     const keel_model_layout *lay = keel_model_get_layout(t->model);
     double tokens = (double)global_batch(t) * lay->T;
     double tps = tokens / step_s;
@@ -336,6 +344,7 @@ static void log_step(trainer *t, int step, double loss, double lr, double norm, 
     cJSON_AddNumberToObject(o, "tokens_per_s", tps);
     cJSON_AddNumberToObject(o, "mfu", tps * t->flops_per_token / t->peak_flops);
     cJSON_AddNumberToObject(o, "step_s", step_s);
+    if (t->fsdp) cJSON_AddNumberToObject(o, "comm_wait_s", exposed_comm_s);
     if (!isnan(val_loss)) cJSON_AddNumberToObject(o, "val_loss", val_loss);
     char *text = cJSON_PrintUnformatted(o);
     keel_jsonl_write(t->metrics, text);
@@ -378,9 +387,9 @@ static keel_status train_loop(trainer *t) {
             st = KEEL_ERR_IO;
             break;
         }
-        double t0 = keel_now_s(), norm;
+        double t0 = keel_now_s(), wait0 = comm_wait_s(t), norm;
         loss = train_step(t, step, &norm);
-        double step_s = keel_now_s() - t0;
+        double step_s = keel_now_s() - t0, step_wait_s = comm_wait_s(t) - wait0;
         if (!isfinite(loss) || !isfinite(norm)) {
             if (t->leader) keel_progress_end(&t->progress);
             keel_errorf("step %d: loss %g, gradient norm %g are not finite; lower train.lr or raise "
@@ -395,7 +404,7 @@ static keel_status train_loop(trainer *t) {
             last_val = val_loss = evaluate(t, &n);
         }
         if (!t->leader) continue;
-        log_step(t, step, loss, keel_lr_at(&cfg->train, step), norm, step_s, val_loss);
+        log_step(t, step, loss, keel_lr_at(&cfg->train, step), norm, step_s, step_wait_s, val_loss);
         double tps = (double)global_batch(t) * lay->T / step_s;
         keel_progress_step(&t->progress, step + 1, loss, tps, tps * t->flops_per_token / t->peak_flops,
                            keel_now_s() - start);
