@@ -111,7 +111,13 @@ float *keel_fsdp_grads(keel_fsdp *f);
 void keel_fsdp_load_full(keel_fsdp *f, const float *full);
 /* Gather the full canonical vector (n_params) on every rank (for hashing and saving). */
 keel_status keel_fsdp_gather_full(keel_fsdp *f, float *full);
+/* Start an optimizer step: zero the gradient shard (and reduce every backward). */
 void keel_fsdp_zero_grads(keel_fsdp *f);
+/* Before each micro-batch's backward: reduce_now false keeps the units' full
+ * gradients summing locally; the backward with reduce_now true (the last
+ * micro-batch) reduce-scatters the sums once. Costs one full-size gradient
+ * per unit while accumulating, as PyTorch's no_sync does. */
+void keel_fsdp_set_reduce(keel_fsdp *f, bool reduce_now);
 /* The master shard changed (optimizer step, load): drop every gathered unit. */
 void keel_fsdp_invalidate(keel_fsdp *f);
 /* Wait for every outstanding reduce-scatter; then the grad shard is complete. */

@@ -11,16 +11,19 @@ mpi_env
 common=(--set train.steps=10 --set train.threads=1)
 "$KEEL_BIN" train "$CFG" "${common[@]}" --set train.micro_batch_size=12 --run-dir "$TMP/ref" >/dev/null 2>&1
 # W:strategy — every strategy through the real CLI (hybrid: groups of 2).
-# (the 3-rank full_shard run also recomputes activations: fsdp.activation_checkpointing)
-for spec in 1:full_shard 2:full_shard 3:full_shard 4:full_shard 2:no_shard 3:shard_grad_op 4:hybrid_shard; do
-  W=${spec%%:*} strategy=${spec#*:}
-  ckpt=false; [ "$spec" = 3:full_shard ] && ckpt=true
-  timeout 300 "$KEEL_BIN" train "$CFG" "${common[@]}" --set train.micro_batch_size=$((12 / W)) \
-    --set fsdp.strategy="$strategy" --set fsdp.shard_group_size=2 --set fsdp.activation_checkpointing=$ckpt \
-    --nproc "$W" --run-dir "$TMP/w$W-$strategy" >"$TMP/out" 2>&1 || { cat "$TMP/out"; fail "--nproc $W $strategy"; }
-  python3 - "$TMP/ref" "$TMP/w$W-$strategy" "$W" "$strategy" <<'PY' || fail "--nproc $W $strategy differs from one process"
+# W:strategy:accum — the 3-rank full_shard run also recomputes activations
+# (fsdp.activation_checkpointing); accum 2 reduces once per step after two micro-batches.
+for spec in 1:full_shard:1 2:full_shard:1 3:full_shard:1 4:full_shard:1 2:no_shard:1 3:shard_grad_op:1 \
+            4:hybrid_shard:1 2:full_shard:2 3:shard_grad_op:2; do
+  IFS=: read -r W strategy accum <<<"$spec"
+  ckpt=false; [ "$spec" = 3:full_shard:1 ] && ckpt=true
+  timeout 300 "$KEEL_BIN" train "$CFG" "${common[@]}" --set train.micro_batch_size=$((12 / W / accum)) \
+    --set train.grad_accum_steps="$accum" --set fsdp.strategy="$strategy" --set fsdp.shard_group_size=2 \
+    --set fsdp.activation_checkpointing=$ckpt \
+    --nproc "$W" --run-dir "$TMP/w$W-$strategy-$accum" >"$TMP/out" 2>&1 || { cat "$TMP/out"; fail "--nproc $W $strategy"; }
+  python3 - "$TMP/ref" "$TMP/w$W-$strategy-$accum" "$W" "$strategy" "$accum" <<'PY' || fail "--nproc $W $strategy differs from one process"
 import array, json, math, sys
-ref, run, W, strategy = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+ref, run, W, strategy, accum = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 a = [json.loads(l)["loss"] for l in open(f"{ref}/metrics.jsonl")]
 b = [json.loads(l)["loss"] for l in open(f"{run}/metrics.jsonl")]
 assert len(a) == len(b) == 10, (len(a), len(b))
@@ -50,14 +53,27 @@ for r in s["ranks"]:
     persistent = r["params_bytes"] + r["grads_bytes"] + r["optimizer_bytes"]
     assert persistent * shard_ranks == 16 * padded, (r, padded, shard_ranks)
     assert r["peak_rss_bytes"] > persistent
-print(f"ok   --nproc {W} {strategy}: loss rel diff <= {worst:.1e}, params |dp|/|p| = {rel:.1e}; "
+print(f"ok   --nproc {W} {strategy} accum {accum}: loss rel diff <= {worst:.1e}, params |dp|/|p| = {rel:.1e}; "
       f"persistent bytes/rank {persistent} = 16 x {padded} / {shard_ranks}")
 PY
   for r in $(seq 0 $((W - 1))); do
-    [ -s "$TMP/w$W-$strategy/logs/rank-$r.log" ] || fail "no log for rank $r of $W"
+    [ -s "$TMP/w$W-$strategy-$accum/logs/rank-$r.log" ] || fail "no log for rank $r of $W"
   done
 done
 pass "every rank wrote RUN/logs/rank-R.log"
+# Tied embeddings (unit 0 pinned) with accumulation on 2 ranks against one process.
+tied=(--set model.tie_embeddings=true --set train.steps=6)
+"$KEEL_BIN" train "$CFG" "${common[@]}" "${tied[@]}" --set train.micro_batch_size=12 --run-dir "$TMP/tref" >/dev/null 2>&1
+timeout 300 "$KEEL_BIN" train "$CFG" "${common[@]}" "${tied[@]}" --set train.micro_batch_size=3 \
+  --set train.grad_accum_steps=2 --nproc 2 --run-dir "$TMP/tied" >"$TMP/out" 2>&1 || { cat "$TMP/out"; fail "tied"; }
+python3 - "$TMP/tref" "$TMP/tied" <<'PY' || fail "tied + accumulation differs from one process"
+import json, sys
+a = [json.loads(l)["loss"] for l in open(f"{sys.argv[1]}/metrics.jsonl")]
+b = [json.loads(l)["loss"] for l in open(f"{sys.argv[2]}/metrics.jsonl")]
+worst = max(abs(x - y) / x for x, y in zip(a, b))
+assert len(a) == len(b) == 6 and worst <= 1e-5, worst
+print(f"ok   tied embeddings, --nproc 2, accum 2: loss rel diff <= {worst:.1e}")
+PY
 expect_input_error "unknown strategy" "fsdp.strategy 'zero3' is not one of" \
   "$KEEL_BIN" train "$CFG" --set fsdp.strategy=zero3 --nproc 2 --run-dir "$TMP/bad1"
 expect_input_error "hybrid group must divide nproc" "fsdp.shard_group_size 2 does not divide --nproc 3" \
