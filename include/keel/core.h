@@ -136,6 +136,7 @@ typedef struct {
     char *strategy;       /* full_shard | shard_grad_op | no_shard | hybrid_shard */
     int shard_group_size; /* hybrid_shard: ranks per shard group (0 = 2) */
     bool activation_checkpointing;
+    bool prefetch;        /* start the next unit's all-gather before computing this one */
 } keel_fsdp_config;
 
 typedef struct {

@@ -103,6 +103,9 @@ keel_status keel_fsdp_build(keel_model *model, keel_comm *world, keel_fsdp_strat
 void keel_fsdp_free(keel_fsdp *f);
 /* This rank's index in its shard group: the slice of the plan it holds. */
 int keel_fsdp_shard_rank(const keel_fsdp *f);
+/* Prefetch (default on): start the next unit's all-gather as soon as the
+ * current one is ready. Off: gather each unit only when it is needed. */
+void keel_fsdp_set_prefetch(keel_fsdp *f, bool prefetch);
 const keel_fsdp_plan *keel_fsdp_get_plan(const keel_fsdp *f);
 /* This rank's fp32 master shard and gradient shard (plan.shard_total each). */
 float *keel_fsdp_master(keel_fsdp *f);

@@ -84,6 +84,8 @@ static const key_spec KEYS[] = {
      "full_shard | shard_grad_op | no_shard | hybrid_shard"},
     {"fsdp.shard_group_size", K_INT, OFF(fsdp.shard_group_size), 0, 4096,
      "hybrid_shard: ranks per shard group, a divisor of --nproc (0 = 2)"},
+    {"fsdp.prefetch", K_BOOL, OFF(fsdp.prefetch), 0, 0,
+     "start the next unit's all-gather before computing the current one (forward and backward)"},
     {"fsdp.activation_checkpointing", K_BOOL, OFF(fsdp.activation_checkpointing), 0, 0,
      "recompute each block's forward in backward (less memory, same gradients; any run)"},
 };
@@ -104,6 +106,7 @@ void keel_config_defaults(keel_config *cfg) {
                                      .threads = 0, .eval_every = 0, .eval_batches = 8};
     cfg->data.synthetic_seed = 1;
     cfg->fsdp.strategy = keel_xstrdup("full_shard");
+    cfg->fsdp.prefetch = true;
     cfg->data.synthetic_branching = 4;
 }
 

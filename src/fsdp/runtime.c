@@ -25,6 +25,7 @@ struct keel_fsdp {
     const keel_model_layout *lay;
     int rank;                   /* in the shard group */
     bool tied;
+    bool prefetch;              /* start gathering the next unit before computing this one */
     int n_slots;                /* SHARD_GRAD_OP: one per unit; else SHARED_SLOTS */
     float *master;              /* (shard_total) fp32 master shard */
     float *grads;               /* (shard_total) fp32 gradient shard */
@@ -154,7 +155,7 @@ static void before_forward(void *p, int u) {
     keel_model_set_unit_buffers(f->model, u, ready(f, u), NULL);
     if (f->tied && u == f->plan.n_units - 1) /* the head reads the embedding */
         keel_model_set_unit_buffers(f->model, 0, ready(f, 0), NULL);
-    if (u + 1 < f->plan.n_units) start_gather(f, u + 1);
+    if (f->prefetch && u + 1 < f->plan.n_units) start_gather(f, u + 1);
 }
 
 static void after_forward(void *p, int u) {
@@ -172,7 +173,7 @@ static void before_backward(void *p, int u) {
     float *grads = u != pinned_unit(f) || f->accumulating ? grad_buffer_for(f, u)
                                                           : f->gbuf[GRAD_BUFFERS - 1];
     keel_model_set_unit_buffers(f->model, u, params, grads);
-    if (u > 0) start_gather(f, u - 1);
+    if (f->prefetch && u > 0) start_gather(f, u - 1);
 }
 
 static void after_backward(void *p, int u) {
@@ -254,6 +255,7 @@ keel_status keel_fsdp_build(keel_model *model, keel_comm *world, keel_fsdp_strat
     for (int u = 0; u < f->plan.n_units; u++) f->unit_slot[u] = -1;
     f->gather_req = keel_xcalloc(sizeof(keel_comm_req *) * (size_t)f->plan.n_units, "fsdp reqs");
     f->reduce_now = true;
+    f->prefetch = true;
     f->acc = keel_xcalloc(sizeof(float *) * (size_t)f->plan.n_units, "fsdp accumulation");
     f->acc_live = keel_xcalloc(sizeof(bool) * (size_t)f->plan.n_units, "fsdp accumulation");
     keel_model_hooks hooks = {f, before_forward, after_forward, before_backward, after_backward};
@@ -287,6 +289,8 @@ void keel_fsdp_free(keel_fsdp *f) {
 }
 
 int keel_fsdp_shard_rank(const keel_fsdp *f) { return f->rank; }
+
+void keel_fsdp_set_prefetch(keel_fsdp *f, bool prefetch) { f->prefetch = prefetch; }
 
 const keel_fsdp_plan *keel_fsdp_get_plan(const keel_fsdp *f) { return &f->plan; }
 float *keel_fsdp_master(keel_fsdp *f) { return f->master; }

@@ -463,6 +463,7 @@ static void build_state(trainer *t) {
         keel_status st = keel_fsdp_build(t->model, t->world, strategy, cfg->fsdp.shard_group_size,
                                          &t->fsdp);
         KEEL_CHECK(st == KEEL_OK, "fsdp setup failed after validation");
+        keel_fsdp_set_prefetch(t->fsdp, cfg->fsdp.prefetch);
         const keel_model_layout *lay = keel_model_get_layout(t->model);
         float *full = keel_xmalloc(sizeof(float) * (size_t)lay->n_params, "initial parameters");
         keel_model_init_params(lay, cfg->train.seed, full); /* same on every rank */

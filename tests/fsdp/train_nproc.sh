@@ -12,14 +12,16 @@ common=(--set train.steps=10 --set train.threads=1)
 "$KEEL_BIN" train "$CFG" "${common[@]}" --set train.micro_batch_size=12 --run-dir "$TMP/ref" >/dev/null 2>&1
 # W:strategy — every strategy through the real CLI (hybrid: groups of 2).
 # W:strategy:accum — the 3-rank full_shard run also recomputes activations
-# (fsdp.activation_checkpointing); accum 2 reduces once per step after two micro-batches.
+# (fsdp.activation_checkpointing), the hybrid run gathers without prefetch;
+# accum 2 reduces once per step after two micro-batches.
 for spec in 1:full_shard:1 2:full_shard:1 3:full_shard:1 4:full_shard:1 2:no_shard:1 3:shard_grad_op:1 \
             4:hybrid_shard:1 2:full_shard:2 3:shard_grad_op:2; do
   IFS=: read -r W strategy accum <<<"$spec"
   ckpt=false; [ "$spec" = 3:full_shard:1 ] && ckpt=true
+  prefetch=true; [ "$spec" = 4:hybrid_shard:1 ] && prefetch=false
   timeout 300 "$KEEL_BIN" train "$CFG" "${common[@]}" --set train.micro_batch_size=$((12 / W / accum)) \
     --set train.grad_accum_steps="$accum" --set fsdp.strategy="$strategy" --set fsdp.shard_group_size=2 \
-    --set fsdp.activation_checkpointing=$ckpt \
+    --set fsdp.activation_checkpointing=$ckpt --set fsdp.prefetch=$prefetch \
     --nproc "$W" --run-dir "$TMP/w$W-$strategy-$accum" >"$TMP/out" 2>&1 || { cat "$TMP/out"; fail "--nproc $W $strategy"; }
   python3 - "$TMP/ref" "$TMP/w$W-$strategy-$accum" "$W" "$strategy" "$accum" <<'PY' || fail "--nproc $W $strategy differs from one process"
 import array, json, math, sys
