@@ -37,6 +37,7 @@ typedef struct {
     int shard_ranks;        /* ranks a unit is split over */
     int64_t shard_total;    /* floats in a rank's flat shard buffer (sum of unit shards) */
     int64_t max_padded;     /* floats in the largest gathered unit */
+    bool tied;              /* tied embeddings: unit 0 stays gathered through a step */
 } keel_fsdp_plan;
 
 void keel_fsdp_plan_init(keel_fsdp_plan *plan, const keel_model_layout *lay, int shard_ranks);

@@ -64,7 +64,7 @@ static const key_spec KEYS[] = {
     {"train.eval_every", K_INT, OFF(train.eval_every), 0, 1e9,
      "validation loss every N steps when a val split exists (0 = never)"},
     {"train.eval_batches", K_INT, OFF(train.eval_batches), 1, 1e6,
-     "micro-batches per validation pass"},
+     "global batches (micro_batch_size x grad_accum_steps x ranks sequences) per validation pass"},
 
     {"data", K_SECTION, 0, 0, 0, "training data"},
     {"data.path", K_STRING, OFF(data.path), 0, 0,

@@ -8,6 +8,7 @@ void keel_fsdp_plan_init(keel_fsdp_plan *plan, const keel_model_layout *lay, int
     plan->units = keel_xcalloc(sizeof(keel_fsdp_unit) * (size_t)lay->n_units, "fsdp plan");
     plan->shard_total = 0;
     plan->max_padded = 0;
+    plan->tied = lay->cfg.tie_embeddings;
     int64_t quantum = (int64_t)shard_ranks * KEEL_FSDP_ALIGN;
     for (int u = 0; u < lay->n_units; u++) {
         keel_fsdp_unit *x = &plan->units[u];

@@ -7,8 +7,12 @@
 #include "keel/fsdp.h"
 #include "keel/kernels.h"
 
-#define SHARED_SLOTS 4 /* current + prefetched unit, + unit 0 pinned when tied */
-#define GRAD_BUFFERS 3 /* one reduce-scattering while the next unit computes, + unit 0 when tied */
+/* Unit-sized buffers: the unit being computed and the one being gathered
+ * (slots), the unit whose gradient is being reduce-scattered and the one
+ * being computed (gradient buffers), + one of each for the pinned unit 0
+ * when embeddings are tied. Each is as large as the largest unit. */
+#define GRAD_BUFFERS 3
+static int buffers_needed(bool tied) { return tied ? 3 : 2; }
 
 typedef struct {
     int unit;            /* unit whose gradient is in the buffer, -1 if free */
@@ -26,7 +30,7 @@ struct keel_fsdp {
     int rank;                   /* in the shard group */
     bool tied;
     bool prefetch;              /* start gathering the next unit before computing this one */
-    int n_slots;                /* SHARD_GRAD_OP: one per unit; else SHARED_SLOTS */
+    int n_slots;                /* SHARD_GRAD_OP: one per unit; else buffers_needed() */
     float *master;              /* (shard_total) fp32 master shard */
     float *grads;               /* (shard_total) fp32 gradient shard */
     float **slots;              /* (n_slots) gathered unit parameters */
@@ -152,6 +156,9 @@ static void start_reduce_scatter(keel_fsdp *f, int u) {
 
 static void before_forward(void *p, int u) {
     keel_fsdp *f = p;
+    /* A forward-only pass (evaluation) left the head gathered for a backward
+     * that did not come: its slot is needed now. */
+    if (u == 0 && f->strategy != KEEL_FSDP_SHARD_GRAD_OP) release(f, f->plan.n_units - 1);
     keel_model_set_unit_buffers(f->model, u, ready(f, u), NULL);
     if (f->tied && u == f->plan.n_units - 1) /* the head reads the embedding */
         keel_model_set_unit_buffers(f->model, 0, ready(f, 0), NULL);
@@ -238,7 +245,7 @@ keel_status keel_fsdp_build(keel_model *model, keel_comm *world, keel_fsdp_strat
     keel_fsdp_plan_init(&f->plan, f->lay, keel_comm_size(f->group));
     f->master = keel_xcalloc(sizeof(float) * (size_t)f->plan.shard_total, "fsdp master shard");
     f->grads = keel_xcalloc(sizeof(float) * (size_t)f->plan.shard_total, "fsdp grad shard");
-    f->n_slots = strategy == KEEL_FSDP_SHARD_GRAD_OP ? f->plan.n_units : SHARED_SLOTS;
+    f->n_slots = strategy == KEEL_FSDP_SHARD_GRAD_OP ? f->plan.n_units : buffers_needed(f->tied);
     f->slots = keel_xcalloc(sizeof(float *) * (size_t)f->n_slots, "fsdp slots");
     f->slot_unit = keel_xmalloc(sizeof(int) * (size_t)f->n_slots, "fsdp slots");
     for (int s = 0; s < f->n_slots; s++) {
@@ -247,9 +254,10 @@ keel_status keel_fsdp_build(keel_model *model, keel_comm *world, keel_fsdp_strat
         f->slot_unit[s] = -1;
     }
     for (int b = 0; b < GRAD_BUFFERS; b++) {
+        f->gstate[b].unit = -1;
+        if (b >= buffers_needed(f->tied)) continue; /* the pinned unit's, only when tied */
         f->gbuf[b] = keel_xcalloc(sizeof(float) * (size_t)f->plan.max_padded, "fsdp unit grads");
         f->rs_out[b] = keel_xcalloc(sizeof(float) * (size_t)max_shard(&f->plan), "fsdp reduce-scatter");
-        f->gstate[b].unit = -1;
     }
     f->unit_slot = keel_xmalloc(sizeof(int) * (size_t)f->plan.n_units, "fsdp unit slots");
     for (int u = 0; u < f->plan.n_units; u++) f->unit_slot[u] = -1;
@@ -356,12 +364,13 @@ keel_status keel_fsdp_grad_sumsq(keel_fsdp *f, double *sumsq) {
 }
 
 int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy) {
-    int64_t gathered = SHARED_SLOTS * plan->max_padded;
+    int n = buffers_needed(plan->tied);
+    int64_t gathered = n * plan->max_padded;
     if (strategy == KEEL_FSDP_SHARD_GRAD_OP) {
         gathered = 0;
         for (int u = 0; u < plan->n_units; u++) gathered += plan->units[u].padded;
     }
-    return 4 * (gathered + GRAD_BUFFERS * (plan->max_padded + max_shard(plan)));
+    return 4 * (gathered + n * (plan->max_padded + max_shard(plan)));
 }
 
 void keel_fsdp_get_stats(const keel_fsdp *f, keel_fsdp_stats *out) {
@@ -369,8 +378,8 @@ void keel_fsdp_get_stats(const keel_fsdp *f, keel_fsdp_stats *out) {
         .master_bytes = 4 * f->plan.shard_total,
         .grad_bytes = 4 * f->plan.shard_total,
         .gathered_bytes = keel_fsdp_transient_bytes(&f->plan, f->strategy) -
-                          4 * GRAD_BUFFERS * (f->plan.max_padded + max_shard(&f->plan)),
-        .unit_grad_bytes = 4 * GRAD_BUFFERS * (f->plan.max_padded + max_shard(&f->plan)),
+                          4 * buffers_needed(f->tied) * (f->plan.max_padded + max_shard(&f->plan)),
+        .unit_grad_bytes = 4 * buffers_needed(f->tied) * (f->plan.max_padded + max_shard(&f->plan)),
         .gather_wait_s = f->gather_wait_s,
         .reduce_wait_s = f->reduce_wait_s,
     };

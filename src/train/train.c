@@ -222,22 +222,26 @@ static double train_step(trainer *t, int step, double *grad_norm_out) {
     return loss_sum / (double)(G * T);
 }
 
-/* Mean loss over the same eval_batches micro-batches of the val split every
- * time. Under FSDP every rank evaluates the same rows (forward passes are
- * collective), so the number does not depend on the world size. */
+/* Mean loss over the same validation samples every time: the first
+ * eval_batches global batches (G sequences each) of the val order, capped by
+ * the split's size, each rank taking its slice — so the set depends on G, not
+ * on how it is split over ranks and micro-batches. Every rank runs the same
+ * number of forward passes (they are collective). */
 static double evaluate(trainer *t, uint64_t *tokens_out) {
     const keel_model_layout *lay = keel_model_get_layout(t->model);
     int B = t->cfg->train.micro_batch_size;
-    uint64_t n = keel_data_n_samples(t->val);
-    uint64_t want = (uint64_t)t->cfg->train.eval_batches * B;
-    if (want > n) want = n;
+    uint64_t per_rank = (uint64_t)t->cfg->train.eval_batches * B * t->cfg->train.grad_accum_steps;
+    uint64_t n = keel_data_n_samples(t->val) / (uint64_t)t->world_size;
+    if (per_rank > n) per_rank = n;
+    uint64_t total = per_rank * (uint64_t)t->world_size;
     double loss = 0;
-    for (uint64_t first = 0; first < want; first += (uint64_t)B) {
-        int rows = (int)(want - first < (uint64_t)B ? want - first : (uint64_t)B);
-        keel_data_fetch(t->val, 0, want, first, rows, t->tokens);
+    for (uint64_t done = 0; done < per_rank; done += (uint64_t)B) {
+        int rows = (int)(per_rank - done < (uint64_t)B ? per_rank - done : (uint64_t)B);
+        keel_data_fetch(t->val, 0, total, (uint64_t)t->rank * per_rank + done, rows, t->tokens);
         loss += keel_model_forward(t->model, t->tokens, rows, 0.0f);
     }
-    *tokens_out = want * (uint64_t)lay->T;
+    if (t->world) keel_comm_allreduce_scalar(t->world, &loss, KEEL_COMM_SUM);
+    *tokens_out = total * (uint64_t)lay->T;
     return loss / (double)*tokens_out;
 }
 

@@ -8,7 +8,7 @@
 source "$KEEL_SRC/tests/lib.sh"
 CFG=$KEEL_SRC/tests/train/micro.json
 mpi_env
-common=(--set train.steps=10 --set train.threads=1)
+common=(--set train.steps=10 --set train.threads=1 --set train.eval_every=5)  # eval: forward-only passes
 "$KEEL_BIN" train "$CFG" "${common[@]}" --set train.micro_batch_size=12 --run-dir "$TMP/ref" >/dev/null 2>&1
 # W:strategy — every strategy through the real CLI (hybrid: groups of 2).
 # W:strategy:accum — the 3-rank full_shard run also recomputes activations
@@ -31,6 +31,9 @@ b = [json.loads(l)["loss"] for l in open(f"{run}/metrics.jsonl")]
 assert len(a) == len(b) == 10, (len(a), len(b))
 worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
 assert worst <= 1e-5, f"loss rel diff {worst}"
+va = [json.loads(l)["val_loss"] for l in open(f"{ref}/metrics.jsonl") if "val_loss" in l]
+vb = [json.loads(l)["val_loss"] for l in open(f"{run}/metrics.jsonl") if "val_loss" in l]
+assert len(va) == len(vb) == 2 and all(abs(x - y) <= 1e-5 * x for x, y in zip(va, vb)), (va, vb)
 def weights(d):
     w = array.array("f"); raw = open(f"{d}/weights.bin", "rb").read()[64:]; w.frombytes(raw); return w
 p, q = weights(ref), weights(run)
