@@ -28,7 +28,6 @@ struct keel_fsdp {
     keel_fsdp_plan plan;
     const keel_model_layout *lay;
     int rank;                   /* in the shard group */
-    bool tied;
     bool prefetch;              /* start gathering the next unit before computing this one */
     int n_slots;                /* SHARD_GRAD_OP: one per unit; else buffers_needed() */
     float *master;              /* (shard_total) fp32 master shard */
@@ -51,7 +50,7 @@ struct keel_fsdp {
     double gather_wait_s, reduce_wait_s;
 };
 
-static int pinned_unit(const keel_fsdp *f) { return f->tied ? 0 : -1; }
+static int pinned_unit(const keel_fsdp *f) { return f->plan.tied ? 0 : -1; }
 
 static int64_t max_shard(const keel_fsdp_plan *plan) {
     int64_t m = 0;
@@ -160,7 +159,7 @@ static void before_forward(void *p, int u) {
      * that did not come: its slot is needed now. */
     if (u == 0 && f->strategy != KEEL_FSDP_SHARD_GRAD_OP) release(f, f->plan.n_units - 1);
     keel_model_set_unit_buffers(f->model, u, ready(f, u), NULL);
-    if (f->tied && u == f->plan.n_units - 1) /* the head reads the embedding */
+    if (f->plan.tied && u == f->plan.n_units - 1) /* the head reads the embedding */
         keel_model_set_unit_buffers(f->model, 0, ready(f, 0), NULL);
     if (f->prefetch && u + 1 < f->plan.n_units) start_gather(f, u + 1);
 }
@@ -175,7 +174,7 @@ static void after_forward(void *p, int u) {
 static void before_backward(void *p, int u) {
     keel_fsdp *f = p;
     float *params = ready(f, u);
-    if (u == f->plan.n_units - 1 && f->tied) /* the head adds into unit 0's gradient */
+    if (u == f->plan.n_units - 1 && f->plan.tied) /* the head adds into unit 0's gradient */
         keel_model_set_unit_buffers(f->model, 0, ready(f, 0), grad_buffer_for(f, 0));
     float *grads = u != pinned_unit(f) || f->accumulating ? grad_buffer_for(f, u)
                                                           : f->gbuf[GRAD_BUFFERS - 1];
@@ -241,11 +240,10 @@ keel_status keel_fsdp_build(keel_model *model, keel_comm *world, keel_fsdp_strat
     }
     f->lay = keel_model_get_layout(model);
     f->rank = keel_comm_rank(f->group);
-    f->tied = f->lay->cfg.tie_embeddings;
     keel_fsdp_plan_init(&f->plan, f->lay, keel_comm_size(f->group));
     f->master = keel_xcalloc(sizeof(float) * (size_t)f->plan.shard_total, "fsdp master shard");
     f->grads = keel_xcalloc(sizeof(float) * (size_t)f->plan.shard_total, "fsdp grad shard");
-    f->n_slots = strategy == KEEL_FSDP_SHARD_GRAD_OP ? f->plan.n_units : buffers_needed(f->tied);
+    f->n_slots = strategy == KEEL_FSDP_SHARD_GRAD_OP ? f->plan.n_units : buffers_needed(f->plan.tied);
     f->slots = keel_xcalloc(sizeof(float *) * (size_t)f->n_slots, "fsdp slots");
     f->slot_unit = keel_xmalloc(sizeof(int) * (size_t)f->n_slots, "fsdp slots");
     for (int s = 0; s < f->n_slots; s++) {
@@ -255,7 +253,7 @@ keel_status keel_fsdp_build(keel_model *model, keel_comm *world, keel_fsdp_strat
     }
     for (int b = 0; b < GRAD_BUFFERS; b++) {
         f->gstate[b].unit = -1;
-        if (b >= buffers_needed(f->tied)) continue; /* the pinned unit's, only when tied */
+        if (b >= buffers_needed(f->plan.tied)) continue; /* the pinned unit's, only when tied */
         f->gbuf[b] = keel_xcalloc(sizeof(float) * (size_t)f->plan.max_padded, "fsdp unit grads");
         f->rs_out[b] = keel_xcalloc(sizeof(float) * (size_t)max_shard(&f->plan), "fsdp reduce-scatter");
     }
@@ -378,8 +376,8 @@ void keel_fsdp_get_stats(const keel_fsdp *f, keel_fsdp_stats *out) {
         .master_bytes = 4 * f->plan.shard_total,
         .grad_bytes = 4 * f->plan.shard_total,
         .gathered_bytes = keel_fsdp_transient_bytes(&f->plan, f->strategy) -
-                          4 * buffers_needed(f->tied) * (f->plan.max_padded + max_shard(&f->plan)),
-        .unit_grad_bytes = 4 * buffers_needed(f->tied) * (f->plan.max_padded + max_shard(&f->plan)),
+                          4 * buffers_needed(f->plan.tied) * (f->plan.max_padded + max_shard(&f->plan)),
+        .unit_grad_bytes = 4 * buffers_needed(f->plan.tied) * (f->plan.max_padded + max_shard(&f->plan)),
         .gather_wait_s = f->gather_wait_s,
         .reduce_wait_s = f->reduce_wait_s,
     };
