@@ -18,6 +18,7 @@ KEEL_BUILD_DEPS=(
     libopenblas-pthread-dev  # pin the pthread variant (libopenblas-dev alone may pick openmp/serial)
     libcjson-dev             # JSON configs and checkpoint metadata
     libxxhash-dev            # fast checksums of shards and checkpoints
+    libdnnl-dev              # oneDNN: the bf16 matmuls of fsdp.mixed_precision
     sentencepiece            # spm_train / spm_encode: train the demo tokenizer, reference encoder
     xxhash                   # xxhsum: tests/train check params_xxh3 against weights.bin
     python3                  # tests/lib.sh and the train tests read JSON with python3

@@ -18,7 +18,10 @@ int keel_kernels_init(int threads) {
     return threads;
 }
 
-void keel_kernels_shutdown(void) { keel_pool_shutdown(); }
+void keel_kernels_shutdown(void) {
+    keel_gemm_bf16_release();
+    keel_pool_shutdown();
+}
 
 typedef enum { FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT } gemm_kind;
 
