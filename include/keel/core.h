@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <stdio.h>
 
 #define KEEL_VERSION "0.1.0"
@@ -90,6 +91,26 @@ int keel_pool_threads(void);
  * returns when all are done. Runs inline when n < min_chunk * 2 or 1 thread. */
 void keel_pool_for(int64_t n, int64_t min_chunk, keel_pool_fn fn, void *ctx);
 
+/* ---- bfloat16 ------------------------------------------------------------ */
+/* The bit pattern of a bfloat16 (the top half of an fp32). */
+typedef uint16_t keel_bf16;
+
+/* Round to nearest even; NaNs stay NaNs (quietened). */
+static inline keel_bf16 keel_bf16_from_float(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (keel_bf16)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (keel_bf16)(u >> 16);
+}
+
+static inline float keel_bf16_to_float(keel_bf16 x) {
+    uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 /* ---- config ------------------------------------------------------------- */
 
 typedef struct {
@@ -137,6 +158,8 @@ typedef struct {
     int shard_group_size; /* hybrid_shard: ranks per shard group (0 = 2) */
     bool activation_checkpointing;
     bool prefetch;        /* start the next unit's all-gather before computing this one */
+    char *mixed_precision;/* fp32 | bf16: GEMM weights and inputs */
+    char *reduce_dtype;   /* fp32 | bf16: gradient reductions */
 } keel_fsdp_config;
 
 typedef struct {

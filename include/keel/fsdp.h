@@ -66,9 +66,11 @@ typedef enum {
 /* "full_shard" ... "hybrid_shard" (fsdp.strategy); an input error otherwise. */
 keel_status keel_fsdp_strategy_parse(const char *name, keel_fsdp_strategy *out);
 
-/* Bytes of the runtime's unit-sized buffers: gathered parameters and unit
- * gradients with their reduce-scatter results. */
-int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy);
+/* Bytes of the runtime's unit-sized buffers: gathered parameters (bf16 with
+ * bf16_params, plus the bf16 copy of the master shard) and unit gradients
+ * with their reduce-scatter results (and bf16 copies with bf16_reduce). */
+int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy,
+                                  bool bf16_params, bool bf16_reduce);
 
 #endif
 
@@ -83,10 +85,11 @@ int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy
  *     ... clip with keel_fsdp_grad_sumsq (all-reduced), AdamW on master/grads ...
  *     keel_fsdp_invalidate(f);                   // gathered copies are stale now
  *
- * Each unit is all-gathered (fp32) into one of a few unit-sized slots before
- * it is used, the next unit's gather is started at once (prefetch), and the
- * slot is released after the unit's forward; backward gathers again in
- * reverse. A unit's full gradient goes to a unit-sized buffer whose
+ * Each unit is all-gathered into one of a few unit-sized slots before it is
+ * used — fp32, or bf16 for a model built with bf16 GEMMs (each rank rounds its
+ * fp32 master slice once per optimizer step) — the next unit's gather is
+ * started at once (prefetch), and the slot is released after the unit's
+ * forward; backward gathers again in reverse. A unit's full gradient goes to a unit-sized buffer whose
  * reduce-scatter starts as soon as the unit's backward is done and is added
  * into this rank's gradient shard; replicas of a shard (NO_SHARD, HYBRID)
  * then all-reduce it. With tied embeddings unit 0 stays gathered for the
@@ -107,6 +110,10 @@ int keel_fsdp_shard_rank(const keel_fsdp *f);
 /* Prefetch (default on): start the next unit's all-gather as soon as the
  * current one is ready. Off: gather each unit only when it is needed. */
 void keel_fsdp_set_prefetch(keel_fsdp *f, bool prefetch);
+/* fsdp.reduce_dtype bf16: round unit gradients to bf16 for the reduce-scatter
+ * (and the replicas' all-reduce); sums combine pairs in fp32 (dist.h). The
+ * gradient shard and everything after stay fp32. Default fp32. */
+void keel_fsdp_set_reduce_bf16(keel_fsdp *f, bool bf16);
 const keel_fsdp_plan *keel_fsdp_get_plan(const keel_fsdp *f);
 /* This rank's fp32 master shard and gradient shard (plan.shard_total each). */
 float *keel_fsdp_master(keel_fsdp *f);
@@ -132,8 +139,8 @@ keel_status keel_fsdp_grad_sumsq(keel_fsdp *f, double *sumsq);
 
 typedef struct {
     int64_t master_bytes, grad_bytes;  /* persistent fp32 shards */
-    int64_t gathered_bytes;            /* unit slots for gathered parameters */
-    int64_t unit_grad_bytes;           /* unit-sized gradient buffers */
+    int64_t gathered_bytes;            /* unit slots for gathered parameters (+ bf16 master copy) */
+    int64_t unit_grad_bytes;           /* unit-sized gradient buffers (+ bf16 copies) */
     double gather_wait_s, reduce_wait_s; /* compute thread blocked on communication */
 } keel_fsdp_stats;
 void keel_fsdp_get_stats(const keel_fsdp *f, keel_fsdp_stats *out);

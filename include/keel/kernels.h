@@ -22,6 +22,9 @@ void keel_kernels_shutdown(void);
  * ~10 ms runs of independent 16-wide FMA chains, times the thread count
  * (the MFU denominator). */
 double keel_measure_peak_flops(void);
+/* The same for bf16 products with fp32 sums (AVX512_BF16 dot products; with
+ * AMX this understates the peak); 0 without native bf16. */
+double keel_measure_peak_flops_bf16(void);
 
 /* ---- GEMM (OpenBLAS) ------------------------------------------------------ */
 /* out (M,N) = in (M,K) · w (N,K)ᵀ, plus out if accumulate. */
@@ -35,7 +38,6 @@ void keel_matmul_backward(float *d_in, float *d_w, const float *d_out, const flo
 /* ---- bf16 GEMM (oneDNN matmul) -------------------------------------------
  * bf16 inputs, fp32 accumulation and output: the GEMMs of fsdp.mixed_precision
  * "bf16". Runs on keel's pool like the fp32 GEMMs. */
-typedef uint16_t keel_bf16;
 /* True when oneDNN has native bf16 instructions here (AVX512_BF16 or AMX);
  * *isa (if not NULL) names what it found. ONEDNN_MAX_CPU_ISA=AVX512_CORE
  * hides them (to test the fp32 fallback). */
@@ -46,11 +48,9 @@ void keel_gemm_bf16(float *out, const keel_bf16 *a, bool a_t, const keel_bf16 *b
                     int N, int K, bool accumulate);
 /* Free oneDNN's primitives, streams and scratchpads (keel_kernels_shutdown). */
 void keel_gemm_bf16_release(void);
-/* Round to nearest even (NaN stays NaN); exact back. */
+/* keel_bf16_from_float / keel_bf16_to_float (core.h) over arrays. */
 void keel_f32_to_bf16(keel_bf16 *dst, const float *src, int64_t n);
 void keel_bf16_to_f32(float *dst, const keel_bf16 *src, int64_t n);
-keel_bf16 keel_bf16_from_float(float x);
-float keel_bf16_to_float(keel_bf16 x);
 
 /* ---- RMSNorm: out = x / sqrt(mean(x²) + eps) * w ------------------------- */
 void keel_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N, int C,

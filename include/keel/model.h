@@ -1,4 +1,5 @@
-/* model: the Llama 2 architecture in fp32 — parameter layout, forward, backward.
+/* model: the Llama 2 architecture — parameter layout, forward, backward; fp32,
+ * or with bf16 GEMMs (keel_model_options.bf16).
  *
  *     keel_model *m;
  *     keel_model_build(&cfg.model, B, &m);          // params, grads, activations
@@ -51,9 +52,6 @@ void keel_model_layout_free(keel_model_layout *lay);
 /* Training FLOPs per token (forward + backward): 6 × matmul params +
  * 12 × L × C × T for attention (PaLM's convention, no causal discount). */
 double keel_model_flops_per_token(const keel_model_layout *lay);
-/* Activation bytes for a micro-batch of B sequences. */
-int64_t keel_model_activation_bytes(const keel_model_layout *lay, int B, bool checkpoint_activations);
-
 typedef struct keel_model keel_model;
 
 /* Allocate parameters, gradients and activations for micro-batches of B
@@ -67,7 +65,16 @@ typedef struct {
      * first. Gradients are bit-identical; activation memory drops from L
      * blocks' worth to one block's plus L inputs. */
     bool checkpoint_activations;
+    /* bf16 GEMMs (fsdp.mixed_precision "bf16"): weights are read as bf16 and
+     * each GEMM's fp32 input is rounded to bf16; products accumulate in fp32,
+     * and activations, gradients and everything else stay fp32. Unit buffers
+     * are then set with keel_model_set_unit_bf16; a model with its own
+     * parameters keeps a bf16 copy of them (keel_model_params_changed). */
+    bool bf16;
 } keel_model_options;
+/* Activation bytes (and bf16 GEMM scratch) for a micro-batch of B sequences. */
+int64_t keel_model_activation_bytes(const keel_model_layout *lay, int B,
+                                    const keel_model_options *opts);
 keel_status keel_model_build_with(const keel_model_config *cfg, int B,
                                   const keel_model_options *opts, keel_model **out);
 void keel_model_free(keel_model *m);
@@ -86,6 +93,12 @@ void keel_model_zero_grads(keel_model *m);
  * the unit's offset; FSDP points them at gathered unit buffers (same internal
  * layout as the unit's slice of the canonical vector). Not owned. */
 void keel_model_set_unit_buffers(keel_model *m, int unit, float *params, float *grads);
+/* The same for a bf16 model: parameters in bf16 (same layout), fp32 gradients. */
+void keel_model_set_unit_bf16(keel_model *m, int unit, keel_bf16 *params, float *grads);
+bool keel_model_is_bf16(const keel_model *m);
+/* A bf16 model with its own parameters: they changed (an optimizer step), so
+ * the next forward refreshes their bf16 copy. */
+void keel_model_params_changed(keel_model *m);
 
 /* Called around each unit in compute order — forward: 0, 1..L, L+1;
  * backward: L+1, L..1, 0 — so FSDP can gather a unit before it is used,

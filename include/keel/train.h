@@ -12,10 +12,11 @@
 
 #include "keel/core.h"
 
-/* The fp32 FLOP/s that MFU is measured against: the environment variable
+/* The FLOP/s that MFU is measured against: the environment variable
  * KEEL_PEAK_FLOPS (FLOP/s for all threads) if set, else measured on this
- * machine by keel_measure_peak_flops. Call after keel_kernels_init. */
-double keel_peak_flops(void);
+ * machine by keel_measure_peak_flops (fp32) or keel_measure_peak_flops_bf16
+ * (a bf16 run). Call after keel_kernels_init. */
+double keel_peak_flops(bool bf16);
 
 /* Validate everything (data, tokenizer, run directory) before writing
  * anything, then train. cfg must be finalized. A run directory that exists

@@ -86,6 +86,11 @@ static const key_spec KEYS[] = {
      "hybrid_shard: ranks per shard group, a divisor of --nproc (0 = 2)"},
     {"fsdp.prefetch", K_BOOL, OFF(fsdp.prefetch), 0, 0,
      "start the next unit's all-gather before computing the current one (forward and backward)"},
+    {"fsdp.mixed_precision", K_STRING, OFF(fsdp.mixed_precision), 0, 0,
+     "fp32 | bf16: GEMMs on bf16 weights and inputs (gathered in bf16), fp32 master weights, "
+     "optimizer and accumulation (any run; fp32 with a log line on CPUs without bf16)"},
+    {"fsdp.reduce_dtype", K_STRING, OFF(fsdp.reduce_dtype), 0, 0,
+     "fp32 | bf16: element type of the gradient reduce-scatter and all-reduce"},
     {"fsdp.activation_checkpointing", K_BOOL, OFF(fsdp.activation_checkpointing), 0, 0,
      "recompute each block's forward in backward (less memory, same gradients; any run)"},
 };
@@ -107,6 +112,8 @@ void keel_config_defaults(keel_config *cfg) {
     cfg->data.synthetic_seed = 1;
     cfg->fsdp.strategy = keel_xstrdup("full_shard");
     cfg->fsdp.prefetch = true;
+    cfg->fsdp.mixed_precision = keel_xstrdup("fp32");
+    cfg->fsdp.reduce_dtype = keel_xstrdup("fp32");
     cfg->data.synthetic_branching = 4;
 }
 
@@ -320,6 +327,17 @@ keel_status keel_config_set(keel_config *cfg, const char *assignment) {
     return st;
 }
 
+/* A string key that must be one of a NULL-terminated list: an input error naming them otherwise. */
+static bool one_of(const char *src, const char *key, const char *value, const char *const *choices) {
+    char list[256] = "";
+    for (int i = 0; choices[i]; i++) {
+        if (value && !strcmp(value, choices[i])) return true;
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", choices[i]);
+    }
+    keel_errorf("%s: %s '%s' is not one of %s", src, key, value ? value : "null", list);
+    return false;
+}
+
 keel_status keel_config_finalize(keel_config *cfg) {
     const char *src = cfg->source ? cfg->source : "config";
     keel_model_config *m = &cfg->model;
@@ -345,15 +363,12 @@ keel_status keel_config_finalize(keel_config *cfg) {
                     src, cfg->train.min_lr, cfg->train.lr);
         return KEEL_ERR_INPUT;
     }
-    static const char *strategies[] = {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"};
-    bool known = false;
-    for (size_t i = 0; i < sizeof strategies / sizeof strategies[0]; i++)
-        known |= cfg->fsdp.strategy && !strcmp(cfg->fsdp.strategy, strategies[i]);
-    if (!known) {
-        keel_errorf("%s: fsdp.strategy '%s' is not one of full_shard, shard_grad_op, no_shard, "
-                    "hybrid_shard", src, cfg->fsdp.strategy ? cfg->fsdp.strategy : "null");
+    static const char *strategies[] = {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", NULL};
+    static const char *dtypes[] = {"fp32", "bf16", NULL};
+    if (!one_of(src, "fsdp.strategy", cfg->fsdp.strategy, strategies) ||
+        !one_of(src, "fsdp.mixed_precision", cfg->fsdp.mixed_precision, dtypes) ||
+        !one_of(src, "fsdp.reduce_dtype", cfg->fsdp.reduce_dtype, dtypes))
         return KEEL_ERR_INPUT;
-    }
     if (!cfg->data.path && !cfg->data.synthetic) {
         keel_errorf("%s: no training data: set data.path (from `keel data prepare`) or "
                     "data.synthetic", src);

@@ -22,22 +22,6 @@
 
 /* ---- element-wise out = a op b (out may alias a or b) ---------------------- */
 
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-/* Round to nearest even; NaNs stay NaNs (quietened). */
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
-
 static void combine_f32(float *out, const float *a, const float *b, size_t n, keel_comm_op op) {
     if (op == KEEL_COMM_SUM)
         for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
@@ -56,9 +40,9 @@ static void combine_f64(double *out, const double *a, const double *b, size_t n,
 static void combine_bf16(uint16_t *out, const uint16_t *a, const uint16_t *b, size_t n,
                          keel_comm_op op) {
     if (op == KEEL_COMM_SUM)
-        for (size_t i = 0; i < n; i++) out[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+        for (size_t i = 0; i < n; i++) out[i] = keel_bf16_from_float(keel_bf16_to_float(a[i]) + keel_bf16_to_float(b[i]));
     else
-        for (size_t i = 0; i < n; i++) out[i] = bf16_to_f32(a[i]) > bf16_to_f32(b[i]) ? a[i] : b[i];
+        for (size_t i = 0; i < n; i++) out[i] = keel_bf16_to_float(a[i]) > keel_bf16_to_float(b[i]) ? a[i] : b[i];
 }
 
 static void combine(void *out, const void *a, const void *b, size_t n, keel_comm_dtype dtype,

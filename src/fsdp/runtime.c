@@ -32,12 +32,23 @@ struct keel_fsdp {
     int n_slots;                /* SHARD_GRAD_OP: one per unit; else buffers_needed() */
     float *master;              /* (shard_total) fp32 master shard */
     float *grads;               /* (shard_total) fp32 gradient shard */
-    float **slots;              /* (n_slots) gathered unit parameters */
+    /* bf16 parameters (a bf16 model): each unit's slice of the master shard is
+     * rounded into master16 before its first gather after a change, and the
+     * slots hold gathered bf16 units. */
+    bool bf16;
+    keel_bf16 *master16;        /* (shard_total) */
+    bool *master16_stale;       /* (n_units) */
+    size_t elem;                /* bytes per gathered parameter: 4, or 2 in bf16 */
+    void **slots;               /* (n_slots) gathered unit parameters */
     int *slot_unit;             /* (n_slots) unit in each slot, -1 if free */
     int *unit_slot;             /* (n_units) slot of each unit, -1 if not gathered */
     keel_comm_req **gather_req; /* (n_units) outstanding gather of each unit */
     float *gbuf[GRAD_BUFFERS];  /* (max_padded) full unit gradients */
     float *rs_out[GRAD_BUFFERS];/* (max shard) reduce-scatter results */
+    /* reduce_dtype bf16: unit gradients are rounded to bf16 before their
+     * reduce-scatter (gbuf16) and arrive in bf16 (rs16). */
+    bool reduce_bf16;
+    keel_bf16 *gbuf16[GRAD_BUFFERS], *rs16[GRAD_BUFFERS];
     grad_buffer gstate[GRAD_BUFFERS];
     int next_gbuf;
     /* Gradient accumulation: with reduce_now false, units' full gradients add
@@ -69,11 +80,20 @@ static void start_gather(keel_fsdp *f, int u) {
     f->slot_unit[s] = u;
     f->unit_slot[u] = s;
     const keel_fsdp_unit *x = &f->plan.units[u];
-    keel_comm_iallgather(f->group, f->master + x->shard_offset, f->slots[s], (size_t)x->shard,
-                         KEEL_COMM_F32, &f->gather_req[u]);
+    if (!f->bf16) {
+        keel_comm_iallgather(f->group, f->master + x->shard_offset, f->slots[s], (size_t)x->shard,
+                             KEEL_COMM_F32, &f->gather_req[u]);
+        return;
+    }
+    if (f->master16_stale[u]) {
+        keel_f32_to_bf16(f->master16 + x->shard_offset, f->master + x->shard_offset, x->shard);
+        f->master16_stale[u] = false;
+    }
+    keel_comm_iallgather(f->group, f->master16 + x->shard_offset, f->slots[s], (size_t)x->shard,
+                         KEEL_COMM_BF16, &f->gather_req[u]);
 }
 
-static float *ready(keel_fsdp *f, int u) {
+static void *ready(keel_fsdp *f, int u) {
     start_gather(f, u);
     if (f->gather_req[u]) {
         double t0 = keel_now_s();
@@ -104,7 +124,10 @@ static void drain(keel_fsdp *f, int b) {
     }
     const keel_fsdp_unit *x = &f->plan.units[g->unit];
     float *dst = f->grads + x->shard_offset;
-    for (int64_t i = 0; i < x->shard; i++) dst[i] += f->rs_out[b][i];
+    if (f->reduce_bf16)
+        for (int64_t i = 0; i < x->shard; i++) dst[i] += keel_bf16_to_float(f->rs16[b][i]);
+    else
+        for (int64_t i = 0; i < x->shard; i++) dst[i] += f->rs_out[b][i];
     g->unit = -1;
 }
 
@@ -136,21 +159,36 @@ static float *grad_buffer_for(keel_fsdp *f, int u) {
     return f->gbuf[b];
 }
 
+/* Reduce-scatter unit u's full gradient src through gradient buffer b. */
+static void reduce_scatter(keel_fsdp *f, int u, int b, const float *src) {
+    size_t shard = (size_t)f->plan.units[u].shard;
+    if (f->reduce_bf16) {
+        keel_f32_to_bf16(f->gbuf16[b], src, f->plan.units[u].padded);
+        keel_comm_ireduce_scatter(f->group, f->gbuf16[b], f->rs16[b], shard, KEEL_COMM_BF16,
+                                  KEEL_COMM_SUM, &f->gstate[b].req);
+    } else {
+        keel_comm_ireduce_scatter(f->group, src, f->rs_out[b], shard, KEEL_COMM_F32, KEEL_COMM_SUM,
+                                  &f->gstate[b].req);
+    }
+}
+
 static void start_reduce_scatter(keel_fsdp *f, int u) {
     if (f->accumulating) {
-        int b = claim_slot(f, u);
-        keel_comm_ireduce_scatter(f->group, f->acc[u], f->rs_out[b], (size_t)f->plan.units[u].shard,
-                                  KEEL_COMM_F32, KEEL_COMM_SUM, &f->gstate[b].req);
+        reduce_scatter(f, u, claim_slot(f, u), f->acc[u]);
         return;
     }
     for (int b = 0; b < GRAD_BUFFERS; b++)
         if (f->gstate[b].unit == u && !f->gstate[b].req) {
-            keel_comm_ireduce_scatter(f->group, f->gbuf[b], f->rs_out[b],
-                                      (size_t)f->plan.units[u].shard, KEEL_COMM_F32, KEEL_COMM_SUM,
-                                      &f->gstate[b].req);
+            reduce_scatter(f, u, b, f->gbuf[b]);
             return;
         }
     KEEL_CHECK(false, "unit %d has no gradient buffer to reduce-scatter", u);
+}
+
+/* Point the model at unit u's gathered parameters (and gradient buffer). */
+static void set_unit(keel_fsdp *f, int u, void *params, float *grads) {
+    if (f->bf16) keel_model_set_unit_bf16(f->model, u, params, grads);
+    else keel_model_set_unit_buffers(f->model, u, params, grads);
 }
 
 static void before_forward(void *p, int u) {
@@ -158,9 +196,9 @@ static void before_forward(void *p, int u) {
     /* A forward-only pass (evaluation) left the head gathered for a backward
      * that did not come: its slot is needed now. */
     if (u == 0 && f->strategy != KEEL_FSDP_SHARD_GRAD_OP) release(f, f->plan.n_units - 1);
-    keel_model_set_unit_buffers(f->model, u, ready(f, u), NULL);
+    set_unit(f, u, ready(f, u), NULL);
     if (f->plan.tied && u == f->plan.n_units - 1) /* the head reads the embedding */
-        keel_model_set_unit_buffers(f->model, 0, ready(f, 0), NULL);
+        set_unit(f, 0, ready(f, 0), NULL);
     if (f->prefetch && u + 1 < f->plan.n_units) start_gather(f, u + 1);
 }
 
@@ -173,12 +211,12 @@ static void after_forward(void *p, int u) {
 
 static void before_backward(void *p, int u) {
     keel_fsdp *f = p;
-    float *params = ready(f, u);
+    void *params = ready(f, u);
     if (u == f->plan.n_units - 1 && f->plan.tied) /* the head adds into unit 0's gradient */
-        keel_model_set_unit_buffers(f->model, 0, ready(f, 0), grad_buffer_for(f, 0));
+        set_unit(f, 0, ready(f, 0), grad_buffer_for(f, 0));
     float *grads = u != pinned_unit(f) || f->accumulating ? grad_buffer_for(f, u)
                                                           : f->gbuf[GRAD_BUFFERS - 1];
-    keel_model_set_unit_buffers(f->model, u, params, grads);
+    set_unit(f, u, params, grads);
     if (f->prefetch && u > 0) start_gather(f, u - 1);
 }
 
@@ -243,12 +281,17 @@ keel_status keel_fsdp_build(keel_model *model, keel_comm *world, keel_fsdp_strat
     keel_fsdp_plan_init(&f->plan, f->lay, keel_comm_size(f->group));
     f->master = keel_xcalloc(sizeof(float) * (size_t)f->plan.shard_total, "fsdp master shard");
     f->grads = keel_xcalloc(sizeof(float) * (size_t)f->plan.shard_total, "fsdp grad shard");
+    f->bf16 = keel_model_is_bf16(model);
+    f->elem = f->bf16 ? sizeof(keel_bf16) : sizeof(float);
+    f->master16_stale = keel_xcalloc(sizeof(bool) * (size_t)f->plan.n_units, "fsdp bf16 state");
+    if (f->bf16)
+        f->master16 = keel_xcalloc(sizeof(keel_bf16) * (size_t)f->plan.shard_total, "fsdp bf16 shard");
     f->n_slots = strategy == KEEL_FSDP_SHARD_GRAD_OP ? f->plan.n_units : buffers_needed(f->plan.tied);
-    f->slots = keel_xcalloc(sizeof(float *) * (size_t)f->n_slots, "fsdp slots");
+    f->slots = keel_xcalloc(sizeof(void *) * (size_t)f->n_slots, "fsdp slots");
     f->slot_unit = keel_xmalloc(sizeof(int) * (size_t)f->n_slots, "fsdp slots");
     for (int s = 0; s < f->n_slots; s++) {
         int64_t floats = strategy == KEEL_FSDP_SHARD_GRAD_OP ? f->plan.units[s].padded : f->plan.max_padded;
-        f->slots[s] = keel_xcalloc(sizeof(float) * (size_t)floats, "fsdp unit slot");
+        f->slots[s] = keel_xcalloc(f->elem * (size_t)floats, "fsdp unit slot");
         f->slot_unit[s] = -1;
     }
     for (int b = 0; b < GRAD_BUFFERS; b++) {
@@ -278,8 +321,15 @@ void keel_fsdp_free(keel_fsdp *f) {
     for (int s = 0; s < f->n_slots; s++) keel_free(f->slots[s]);
     keel_free(f->slots);
     keel_free(f->slot_unit);
-    for (int b = 0; b < GRAD_BUFFERS; b++) keel_free(f->gbuf[b]), keel_free(f->rs_out[b]);
+    for (int b = 0; b < GRAD_BUFFERS; b++) {
+        keel_free(f->gbuf[b]);
+        keel_free(f->rs_out[b]);
+        keel_free(f->gbuf16[b]);
+        keel_free(f->rs16[b]);
+    }
     keel_free(f->master);
+    keel_free(f->master16);
+    keel_free(f->master16_stale);
     keel_free(f->grads);
     keel_free(f->unit_slot);
     keel_free(f->gather_req);
@@ -297,6 +347,16 @@ void keel_fsdp_free(keel_fsdp *f) {
 int keel_fsdp_shard_rank(const keel_fsdp *f) { return f->rank; }
 
 void keel_fsdp_set_prefetch(keel_fsdp *f, bool prefetch) { f->prefetch = prefetch; }
+
+void keel_fsdp_set_reduce_bf16(keel_fsdp *f, bool bf16) {
+    keel_fsdp_finish_grads(f);
+    f->reduce_bf16 = bf16;
+    for (int b = 0; b < GRAD_BUFFERS && bf16; b++)
+        if (f->gbuf[b] && !f->gbuf16[b]) {
+            f->gbuf16[b] = keel_xmalloc(sizeof(keel_bf16) * (size_t)f->plan.max_padded, "fsdp bf16 grads");
+            f->rs16[b] = keel_xmalloc(sizeof(keel_bf16) * (size_t)max_shard(&f->plan), "fsdp bf16 grads");
+        }
+}
 
 const keel_fsdp_plan *keel_fsdp_get_plan(const keel_fsdp *f) { return &f->plan; }
 float *keel_fsdp_master(keel_fsdp *f) { return f->master; }
@@ -319,7 +379,7 @@ void keel_fsdp_invalidate(keel_fsdp *f) {
             f->gather_req[u] = NULL;
         }
     for (int s = 0; s < f->n_slots; s++) f->slot_unit[s] = -1;
-    for (int u = 0; u < f->plan.n_units; u++) f->unit_slot[u] = -1;
+    for (int u = 0; u < f->plan.n_units; u++) f->unit_slot[u] = -1, f->master16_stale[u] = true;
 }
 
 keel_status keel_fsdp_gather_full(keel_fsdp *f, float *full) {
@@ -350,10 +410,16 @@ void keel_fsdp_set_reduce(keel_fsdp *f, bool reduce_now) {
 keel_status keel_fsdp_finish_grads(keel_fsdp *f) {
     for (int b = 0; b < GRAD_BUFFERS; b++) drain(f, b);
     /* Replicas hold the same shard: sum their gradients (NO_SHARD, HYBRID_SHARD). */
-    if (f->replicas && keel_comm_size(f->replicas) > 1)
-        return keel_comm_allreduce(f->replicas, f->grads, f->grads, (size_t)f->plan.shard_total,
-                                   KEEL_COMM_F32, KEEL_COMM_SUM);
-    return KEEL_OK;
+    if (!f->replicas || keel_comm_size(f->replicas) == 1) return KEEL_OK;
+    size_t n = (size_t)f->plan.shard_total;
+    if (!f->reduce_bf16)
+        return keel_comm_allreduce(f->replicas, f->grads, f->grads, n, KEEL_COMM_F32, KEEL_COMM_SUM);
+    keel_bf16 *tmp = keel_xmalloc(sizeof(keel_bf16) * n, "fsdp bf16 all-reduce");
+    keel_f32_to_bf16(tmp, f->grads, (int64_t)n);
+    keel_status st = keel_comm_allreduce(f->replicas, tmp, tmp, n, KEEL_COMM_BF16, KEEL_COMM_SUM);
+    keel_bf16_to_f32(f->grads, tmp, (int64_t)n);
+    keel_free(tmp);
+    return st;
 }
 
 keel_status keel_fsdp_grad_sumsq(keel_fsdp *f, double *sumsq) {
@@ -361,24 +427,35 @@ keel_status keel_fsdp_grad_sumsq(keel_fsdp *f, double *sumsq) {
     return keel_comm_allreduce_scalar(f->group, sumsq, KEEL_COMM_SUM);
 }
 
-int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy) {
+/* Bytes of the gathered-parameter slots (with the bf16 copy of the master
+ * shard) and of the unit gradient buffers with their reduce-scatter results. */
+static void transient_parts(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy,
+                            bool bf16_params, bool bf16_reduce, int64_t *gathered,
+                            int64_t *unit_grads) {
     int n = buffers_needed(plan->tied);
-    int64_t gathered = n * plan->max_padded;
+    int64_t slots = n * plan->max_padded;
     if (strategy == KEEL_FSDP_SHARD_GRAD_OP) {
-        gathered = 0;
-        for (int u = 0; u < plan->n_units; u++) gathered += plan->units[u].padded;
+        slots = 0;
+        for (int u = 0; u < plan->n_units; u++) slots += plan->units[u].padded;
     }
-    return 4 * (gathered + n * (plan->max_padded + max_shard(plan)));
+    *gathered = bf16_params ? 2 * (slots + plan->shard_total) : 4 * slots;
+    *unit_grads = (bf16_reduce ? 6 : 4) * n * (plan->max_padded + max_shard(plan));
+}
+
+int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy,
+                                  bool bf16_params, bool bf16_reduce) {
+    int64_t gathered, unit_grads;
+    transient_parts(plan, strategy, bf16_params, bf16_reduce, &gathered, &unit_grads);
+    return gathered + unit_grads;
 }
 
 void keel_fsdp_get_stats(const keel_fsdp *f, keel_fsdp_stats *out) {
     *out = (keel_fsdp_stats){
         .master_bytes = 4 * f->plan.shard_total,
         .grad_bytes = 4 * f->plan.shard_total,
-        .gathered_bytes = keel_fsdp_transient_bytes(&f->plan, f->strategy) -
-                          4 * buffers_needed(f->plan.tied) * (f->plan.max_padded + max_shard(&f->plan)),
-        .unit_grad_bytes = 4 * buffers_needed(f->plan.tied) * (f->plan.max_padded + max_shard(&f->plan)),
         .gather_wait_s = f->gather_wait_s,
         .reduce_wait_s = f->reduce_wait_s,
     };
+    transient_parts(&f->plan, f->strategy, f->bf16, f->reduce_bf16, &out->gathered_bytes,
+                    &out->unit_grad_bytes);
 }

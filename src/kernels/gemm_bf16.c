@@ -207,22 +207,7 @@ void keel_gemm_bf16_release(void) {
     pthread_mutex_unlock(&cache.lock);
 }
 
-/* ---- conversions: round to nearest even, NaN kept a (quiet) NaN ---------- */
-static inline keel_bf16 to_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (keel_bf16)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1);
-    return (keel_bf16)(u >> 16);
-}
-
-static inline float from_bf16(keel_bf16 x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
+/* ---- conversions --------------------------------------------------------- */
 typedef struct {
     void *dst;
     const void *src;
@@ -234,7 +219,7 @@ static void to_bf16_range(void *p, int64_t begin, int64_t end, int chunk) {
     const convert_ctx *c = p;
     keel_bf16 *d = c->dst;
     const float *s = c->src;
-    for (int64_t i = begin; i < end; i++) d[i] = to_bf16(s[i]);
+    for (int64_t i = begin; i < end; i++) d[i] = keel_bf16_from_float(s[i]);
 }
 
 void keel_f32_to_bf16(keel_bf16 *dst, const float *src, int64_t n) {
@@ -243,8 +228,5 @@ void keel_f32_to_bf16(keel_bf16 *dst, const float *src, int64_t n) {
 }
 
 void keel_bf16_to_f32(float *dst, const keel_bf16 *src, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] = from_bf16(src[i]);
+    for (int64_t i = 0; i < n; i++) dst[i] = keel_bf16_to_float(src[i]);
 }
-
-keel_bf16 keel_bf16_from_float(float x) { return to_bf16(x); }
-float keel_bf16_to_float(keel_bf16 x) { return from_bf16(x); }

@@ -5,18 +5,18 @@
 #include "keel/kernels.h"
 #include "keel/model.h"
 
-/* One block's tensors, in the order of layout.c. */
+/* Where one block's tensors start within its unit, in the order of layout.c. */
 typedef struct {
-    float *norm1;  /* (C) */
-    float *wq;     /* (NH*HS, C) */
-    float *wk;     /* (NKV*HS, C) */
-    float *wv;     /* (NKV*HS, C) */
-    float *wo;     /* (C, NH*HS) */
-    float *norm2;  /* (C) */
-    float *wgate;  /* (F, C) */
-    float *wup;    /* (F, C) */
-    float *wdown;  /* (C, F) */
-} block_ptrs;
+    int64_t norm1;  /* (C) */
+    int64_t wq;     /* (NH*HS, C) */
+    int64_t wk;     /* (NKV*HS, C) */
+    int64_t wv;     /* (NKV*HS, C) */
+    int64_t wo;     /* (C, NH*HS) */
+    int64_t norm2;  /* (C) */
+    int64_t wgate;  /* (F, C) */
+    int64_t wup;    /* (F, C) */
+    int64_t wdown;  /* (C, F) */
+} block_offsets;
 
 /* Saved activations of one block for a micro-batch (N = B*T rows). */
 typedef struct {
@@ -40,6 +40,16 @@ struct keel_model {
      * params/grads by default; FSDP points them at gathered unit buffers. */
     float **unit_params;  /* (n_units) */
     float **unit_grads;   /* (n_units) */
+    /* bf16 compute (fsdp.mixed_precision bf16): GEMMs read bf16 weights from
+     * unit_params16 and bf16 copies of their fp32 inputs; the model's own
+     * parameters get a bf16 copy, refreshed when they change. */
+    bool bf16;
+    keel_bf16 **unit_params16; /* (n_units) */
+    keel_bf16 *params16;       /* (n_params) with own parameters */
+    bool params16_stale;
+    keel_bf16 *xb;        /* bf16 copy of a GEMM's input activation */
+    keel_bf16 *dyb;       /* bf16 copy of a GEMM's output gradient */
+    float *normw;         /* (C) a norm weight converted from bf16 */
     keel_model_hooks hooks;
     float *acts_mem;      /* every activation and scratch buffer, one allocation */
     block_acts *acts;     /* (L) */
@@ -68,8 +78,9 @@ typedef struct {
 
 /* With checkpointing only each block's input is kept per layer; the rest is
  * one set that every block's forward overwrites and backward recomputes. */
-static int act_table(keel_model *m, const keel_model_layout *lay, int B, bool checkpointing,
-                     act_entry *tab) {
+static int act_table(keel_model *m, const keel_model_layout *lay, int B,
+                     const keel_model_options *opts, act_entry *tab) {
+    bool checkpointing = opts->checkpoint_activations;
     int64_t N = (int64_t)B * lay->T, C = lay->C, F = lay->F, V = lay->V;
     int64_t QD = (int64_t)lay->NH * lay->HS, KVD = (int64_t)lay->NKV * lay->HS;
     int64_t ATT = (int64_t)B * lay->NH * lay->T * lay->T;
@@ -95,15 +106,23 @@ static int act_table(keel_model *m, const keel_model_layout *lay, int B, bool ch
     ACT(mm->dv, N * KVD); ACT(mm->datt, ATT); ACT(mm->dao, N * QD);
     ACT(mm->dgate, N * F); ACT(mm->dup, N * F); ACT(mm->dh, N * F);
     ACT(mm->rope, (int64_t)lay->T * lay->HS);
+    if (opts->bf16) { /* bf16 scratch, counted in floats (two per float) */
+        int64_t in = C > QD ? C : QD, out = V;
+        in = in > F ? in : F;
+        out = out > in ? out : in;
+        out = out > KVD ? out : KVD;
+        ACT(mm->xb, (N * in + 1) / 2); ACT(mm->dyb, (N * out + 1) / 2); ACT(mm->normw, C);
+    }
 #undef ACT
     return n;
 }
 
-static int act_table_len(const keel_model_layout *lay) { return lay->L * 14 + 18; }
+static int act_table_len(const keel_model_layout *lay) { return lay->L * 14 + 21; }
 
-int64_t keel_model_activation_bytes(const keel_model_layout *lay, int B, bool checkpointing) {
+int64_t keel_model_activation_bytes(const keel_model_layout *lay, int B,
+                                    const keel_model_options *opts) {
     act_entry *tab = keel_xmalloc(sizeof(act_entry) * (size_t)act_table_len(lay), "act table");
-    int n = act_table(NULL, lay, B, checkpointing, tab);
+    int n = act_table(NULL, lay, B, opts, tab);
     int64_t bytes = 0;
     for (int i = 0; i < n; i++) bytes += (tab[i].floats + 15) / 16 * 16 * (int64_t)sizeof(float);
     keel_free(tab);
@@ -117,19 +136,25 @@ keel_status keel_model_build_with(const keel_model_config *cfg, int B,
     keel_model_layout_init(&m->lay, cfg);
     m->B_max = m->B = B;
     m->checkpointing = opts->checkpoint_activations;
+    m->bf16 = opts->bf16;
     if (own_params) {
         m->params = keel_xcalloc(sizeof(float) * (size_t)m->lay.n_params, "parameters");
         m->grads = keel_xcalloc(sizeof(float) * (size_t)m->lay.n_params, "gradients");
+        if (m->bf16) m->params16 = keel_xcalloc(2 * (size_t)m->lay.n_params, "bf16 parameters");
     }
     m->acts = keel_xcalloc(sizeof(block_acts) * (size_t)m->lay.L, "activation table");
     m->unit_params = keel_xcalloc(sizeof(float *) * (size_t)m->lay.n_units, "unit pointers");
     m->unit_grads = keel_xcalloc(sizeof(float *) * (size_t)m->lay.n_units, "unit pointers");
-    for (int u = 0; own_params && u < m->lay.n_units; u++)
-        keel_model_set_unit_buffers(m, u, m->params + m->lay.unit_offset[u],
-                                    m->grads + m->lay.unit_offset[u]);
+    m->unit_params16 = keel_xcalloc(sizeof(keel_bf16 *) * (size_t)m->lay.n_units, "unit pointers");
+    for (int u = 0; own_params && u < m->lay.n_units; u++) {
+        int64_t off = m->lay.unit_offset[u];
+        if (m->bf16) keel_model_set_unit_bf16(m, u, m->params16 + off, m->grads + off);
+        else keel_model_set_unit_buffers(m, u, m->params + off, m->grads + off);
+    }
+    m->params16_stale = true;
 
     act_entry *tab = keel_xmalloc(sizeof(act_entry) * (size_t)act_table_len(&m->lay), "act table");
-    int n = act_table(m, &m->lay, B, m->checkpointing, tab);
+    int n = act_table(m, &m->lay, B, opts, tab);
     int64_t total = 0;
     for (int i = 0; i < n; i++) total += (tab[i].floats + 15) / 16 * 16; /* keep 64-byte alignment */
     m->acts_mem = keel_xcalloc(sizeof(float) * (size_t)total, "activations");
@@ -158,6 +183,8 @@ void keel_model_free(keel_model *m) {
     if (!m) return;
     keel_free(m->params);
     keel_free(m->grads);
+    keel_free(m->params16);
+    keel_free(m->unit_params16);
     keel_free(m->acts_mem);
     keel_free(m->acts);
     keel_free(m->unit_params);
@@ -172,9 +199,21 @@ float *keel_model_grads(keel_model *m) { return m->grads; }
 
 void keel_model_set_unit_buffers(keel_model *m, int unit, float *params, float *grads) {
     KEEL_CHECK(unit >= 0 && unit < m->lay.n_units, "unit %d of %d", unit, m->lay.n_units);
+    KEEL_CHECK(!m->bf16, "fp32 unit buffers given to a bf16 model");
     m->unit_params[unit] = params;
     m->unit_grads[unit] = grads;
 }
+
+void keel_model_set_unit_bf16(keel_model *m, int unit, keel_bf16 *params, float *grads) {
+    KEEL_CHECK(unit >= 0 && unit < m->lay.n_units, "unit %d of %d", unit, m->lay.n_units);
+    KEEL_CHECK(m->bf16, "bf16 unit buffers given to an fp32 model");
+    m->unit_params16[unit] = params;
+    m->unit_grads[unit] = grads;
+}
+
+bool keel_model_is_bf16(const keel_model *m) { return m->bf16; }
+
+void keel_model_params_changed(keel_model *m) { m->params16_stale = true; }
 
 void keel_model_set_hooks(keel_model *m, const keel_model_hooks *hooks) {
     m->hooks = hooks ? *hooks : (keel_model_hooks){0};
@@ -202,6 +241,7 @@ static double uniform01(uint64_t *state) { return ((double)(splitmix64(state) >>
 void keel_model_init_weights(keel_model *m, uint64_t seed) {
     KEEL_CHECK(m->params, "keel_model_init_weights on a model without its own parameters");
     keel_model_init_params(&m->lay, seed, m->params);
+    m->params16_stale = true;
 }
 
 void keel_model_init_params(const keel_model_layout *lay, uint64_t seed, float *params) {
@@ -223,10 +263,10 @@ void keel_model_init_params(const keel_model_layout *lay, uint64_t seed, float *
     }
 }
 
-/* The tensors of a block whose unit starts at p. */
-static block_ptrs block_at(const keel_model_layout *lay, float *p) {
+static block_offsets block_at(const keel_model_layout *lay) {
     int64_t C = lay->C, F = lay->F, QD = (int64_t)lay->NH * lay->HS, KVD = (int64_t)lay->NKV * lay->HS;
-    block_ptrs b;
+    block_offsets b;
+    int64_t p = 0;
     b.norm1 = p; p += C;
     b.wq = p; p += QD * C;
     b.wk = p; p += KVD * C;
@@ -241,34 +281,88 @@ static block_ptrs block_at(const keel_model_layout *lay, float *p) {
 
 /* The output head: lm_head after the final norm in the head unit, or the
  * embedding when tied. */
-static float *head_matrix(const keel_model_layout *lay, float *const *units) {
-    return lay->cfg.tie_embeddings ? units[0] : units[lay->L + 1] + lay->C;
+typedef struct {
+    int unit;
+    int64_t offset;
+} weight_at;
+static weight_at head_matrix(const keel_model_layout *lay) {
+    return lay->cfg.tie_embeddings ? (weight_at){0, 0} : (weight_at){lay->L + 1, lay->C};
 }
+
+/* A norm weight (C) in fp32: in place, or converted from bf16. */
+static const float *norm_weight(keel_model *m, int unit, int64_t offset) {
+    if (!m->bf16) return m->unit_params[unit] + offset;
+    keel_bf16_to_f32(m->normw, m->unit_params16[unit] + offset, m->lay.C);
+    return m->normw;
+}
+
+/* The bf16 copy of a GEMM input x (n values) in m->xb; NULL in fp32. */
+static const keel_bf16 *input_bf16(keel_model *m, const float *x, int64_t n) {
+    if (!m->bf16) return NULL;
+    keel_f32_to_bf16(m->xb, x, n);
+    return m->xb;
+}
+
+/* The bf16 copy of an output gradient dy (n values) in m->dyb; NULL in fp32. */
+static const keel_bf16 *grad_bf16(keel_model *m, const float *dy, int64_t n) {
+    if (!m->bf16) return NULL;
+    keel_f32_to_bf16(m->dyb, dy, n);
+    return m->dyb;
+}
+
+/* out (N,O) = x (N,I) · Wᵀ (+ out if accumulate), W (O,I) at w; x16 is x in
+ * bf16 (input_bf16) for a bf16 model. */
+static void linear_forward(keel_model *m, float *out, const float *x, const keel_bf16 *x16,
+                           weight_at w, int N, int O, int I, bool accumulate) {
+    if (m->bf16)
+        keel_gemm_bf16(out, x16, false, m->unit_params16[w.unit] + w.offset, true, N, O, I, accumulate);
+    else
+        keel_matmul_forward(out, x, m->unit_params[w.unit] + w.offset, N, O, I, accumulate);
+}
+
+/* dx (N,I) = dy (N,O) · W (+ dx if accumulate_dx; skipped if dx is NULL) and
+ * dW += dyᵀ · x, with W's gradient at the same place in unit_grads. */
+static void linear_backward(keel_model *m, float *dx, const float *dy, const keel_bf16 *dy16,
+                            const float *x, const keel_bf16 *x16, weight_at w, int N, int O, int I,
+                            bool accumulate_dx) {
+    float *dw = m->unit_grads[w.unit] + w.offset;
+    if (!m->bf16) {
+        keel_matmul_backward(dx, dw, dy, x, m->unit_params[w.unit] + w.offset, N, O, I, accumulate_dx);
+        return;
+    }
+    if (dx) keel_gemm_bf16(dx, dy16, false, m->unit_params16[w.unit] + w.offset, false, N, I, O, accumulate_dx);
+    keel_gemm_bf16(dw, dy16, true, x16, false, O, I, N, true);
+}
+
+/* A block's weight by name, in block_forward and block_backward. */
+#define W(name) ((weight_at){u, o.name})
 
 static void block_forward(keel_model *m, int l, float *out) {
     const keel_model_layout *lay = &m->lay;
     int B = m->B, T = lay->T, N = B * T, C = lay->C, F = lay->F;
-    int QD = lay->NH * lay->HS, KVD = lay->NKV * lay->HS;
-    block_ptrs w = block_at(lay, m->unit_params[1 + l]);
+    int QD = lay->NH * lay->HS, KVD = lay->NKV * lay->HS, u = 1 + l;
+    block_offsets o = block_at(lay);
     block_acts *a = &m->acts[l];
     float eps = (float)lay->cfg.norm_eps;
 
-    keel_rmsnorm_forward(a->n1, a->rstd1, a->res, w.norm1, N, C, eps);
-    keel_matmul_forward(a->q, a->n1, w.wq, N, QD, C, false);
-    keel_matmul_forward(a->k, a->n1, w.wk, N, KVD, C, false);
-    keel_matmul_forward(a->v, a->n1, w.wv, N, KVD, C, false);
+    keel_rmsnorm_forward(a->n1, a->rstd1, a->res, norm_weight(m, u, o.norm1), N, C, eps);
+    const keel_bf16 *x16 = input_bf16(m, a->n1, (int64_t)N * C);
+    linear_forward(m, a->q, a->n1, x16, W(wq), N, QD, C, false);
+    linear_forward(m, a->k, a->n1, x16, W(wk), N, KVD, C, false);
+    linear_forward(m, a->v, a->n1, x16, W(wv), N, KVD, C, false);
     keel_rope_forward(a->q, m->rope, B, T, lay->NH, lay->HS);
     keel_rope_forward(a->k, m->rope, B, T, lay->NKV, lay->HS);
     keel_attention_forward(a->ao, a->att, a->q, a->k, a->v, B, T, lay->NH, lay->NKV, lay->HS);
     memcpy(a->mid, a->res, sizeof(float) * (size_t)N * C);
-    keel_matmul_forward(a->mid, a->ao, w.wo, N, C, QD, true);
+    linear_forward(m, a->mid, a->ao, input_bf16(m, a->ao, (int64_t)N * QD), W(wo), N, C, QD, true);
 
-    keel_rmsnorm_forward(a->n2, a->rstd2, a->mid, w.norm2, N, C, eps);
-    keel_matmul_forward(a->gate, a->n2, w.wgate, N, F, C, false);
-    keel_matmul_forward(a->up, a->n2, w.wup, N, F, C, false);
+    keel_rmsnorm_forward(a->n2, a->rstd2, a->mid, norm_weight(m, u, o.norm2), N, C, eps);
+    x16 = input_bf16(m, a->n2, (int64_t)N * C);
+    linear_forward(m, a->gate, a->n2, x16, W(wgate), N, F, C, false);
+    linear_forward(m, a->up, a->n2, x16, W(wup), N, F, C, false);
     keel_swiglu_forward(a->h, a->gate, a->up, (int64_t)N * F);
     memcpy(out, a->mid, sizeof(float) * (size_t)N * C);
-    keel_matmul_forward(out, a->h, w.wdown, N, C, F, true);
+    linear_forward(m, out, a->h, input_bf16(m, a->h, (int64_t)N * F), W(wdown), N, C, F, true);
 }
 
 double keel_model_forward(keel_model *m, const int32_t *tokens, int n_seqs, float grad_scale) {
@@ -276,15 +370,22 @@ double keel_model_forward(keel_model *m, const int32_t *tokens, int n_seqs, floa
     m->B = n_seqs;
     const keel_model_layout *lay = &m->lay;
     int B = m->B, T = lay->T, N = B * T, C = lay->C, V = lay->V;
+    if (m->params16 && m->params16_stale) { /* own parameters changed: refresh their bf16 copy */
+        keel_f32_to_bf16(m->params16, m->params, lay->n_params);
+        m->params16_stale = false;
+    }
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             m->inputs[b * T + t] = tokens[(int64_t)b * (T + 1) + t];
             m->targets[b * T + t] = tokens[(int64_t)b * (T + 1) + t + 1];
         }
     hook(m, m->hooks.before_forward, 0);
-    const float *embed = m->unit_params[0];
-    for (int i = 0; i < N; i++)
-        memcpy(m->acts[0].res + (int64_t)i * C, embed + (int64_t)m->inputs[i] * C, sizeof(float) * (size_t)C);
+    for (int i = 0; i < N; i++) {
+        float *row = m->acts[0].res + (int64_t)i * C;
+        int64_t at = (int64_t)m->inputs[i] * C;
+        if (m->bf16) keel_bf16_to_f32(row, m->unit_params16[0] + at, C);
+        else memcpy(row, m->unit_params[0] + at, sizeof(float) * (size_t)C);
+    }
     hook(m, m->hooks.after_forward, 0);
     for (int l = 0; l < lay->L; l++) {
         hook(m, m->hooks.before_forward, 1 + l);
@@ -293,9 +394,10 @@ double keel_model_forward(keel_model *m, const int32_t *tokens, int n_seqs, floa
     }
     int head = lay->L + 1;
     hook(m, m->hooks.before_forward, head);
-    keel_rmsnorm_forward(m->nf, m->rstdf, m->res_final, m->unit_params[head], N, C,
+    keel_rmsnorm_forward(m->nf, m->rstdf, m->res_final, norm_weight(m, head, 0), N, C,
                          (float)lay->cfg.norm_eps);
-    keel_matmul_forward(m->logits, m->nf, head_matrix(lay, m->unit_params), N, V, C, false);
+    linear_forward(m, m->logits, m->nf, input_bf16(m, m->nf, (int64_t)N * C), head_matrix(lay), N,
+                   V, C, false);
     hook(m, m->hooks.after_forward, head);
     m->have_dlogits = grad_scale != 0.0f;
     return keel_xent_forward_backward(m->logits, m->targets, N, V, grad_scale);
@@ -305,28 +407,43 @@ double keel_model_forward(keel_model *m, const int32_t *tokens, int n_seqs, floa
 static void block_backward(keel_model *m, int l) {
     const keel_model_layout *lay = &m->lay;
     int B = m->B, T = lay->T, N = B * T, C = lay->C, F = lay->F;
-    int QD = lay->NH * lay->HS, KVD = lay->NKV * lay->HS;
-    block_ptrs w = block_at(lay, m->unit_params[1 + l]), g = block_at(lay, m->unit_grads[1 + l]);
+    int QD = lay->NH * lay->HS, KVD = lay->NKV * lay->HS, u = 1 + l;
+    block_offsets o = block_at(lay);
+    float *g = m->unit_grads[u];
     block_acts *a = &m->acts[l];
+    const keel_bf16 *x16, *dy16;
 
     /* out = mid + h W_downᵀ */
-    keel_matmul_backward(m->dh, g.wdown, m->dres, a->h, w.wdown, N, C, F, false);
+    linear_backward(m, m->dh, m->dres, grad_bf16(m, m->dres, (int64_t)N * C), a->h,
+                    input_bf16(m, a->h, (int64_t)N * F), W(wdown), N, C, F, false);
     keel_swiglu_backward(m->dgate, m->dup, m->dh, a->gate, a->up, (int64_t)N * F);
-    keel_matmul_backward(m->dn, g.wgate, m->dgate, a->n2, w.wgate, N, F, C, false);
-    keel_matmul_backward(m->dn, g.wup, m->dup, a->n2, w.wup, N, F, C, true);
-    keel_rmsnorm_backward(m->dres, g.norm2, m->dn, a->mid, w.norm2, a->rstd2, N, C);
+    x16 = input_bf16(m, a->n2, (int64_t)N * C);
+    linear_backward(m, m->dn, m->dgate, grad_bf16(m, m->dgate, (int64_t)N * F), a->n2, x16,
+                    W(wgate), N, F, C, false);
+    linear_backward(m, m->dn, m->dup, grad_bf16(m, m->dup, (int64_t)N * F), a->n2, x16, W(wup), N,
+                    F, C, true);
+    keel_rmsnorm_backward(m->dres, g + o.norm2, m->dn, a->mid, norm_weight(m, u, o.norm2), a->rstd2,
+                          N, C);
 
     /* mid = res + ao W_oᵀ */
-    keel_matmul_backward(m->dao, g.wo, m->dres, a->ao, w.wo, N, C, QD, false);
+    dy16 = grad_bf16(m, m->dres, (int64_t)N * C);
+    linear_backward(m, m->dao, m->dres, dy16, a->ao, input_bf16(m, a->ao, (int64_t)N * QD), W(wo),
+                    N, C, QD, false);
     keel_attention_backward(m->dq, m->dk, m->dv, m->datt, m->dao, a->q, a->k, a->v, a->att, B, T,
                             lay->NH, lay->NKV, lay->HS);
     keel_rope_backward(m->dq, m->rope, B, T, lay->NH, lay->HS);
     keel_rope_backward(m->dk, m->rope, B, T, lay->NKV, lay->HS);
-    keel_matmul_backward(m->dn, g.wq, m->dq, a->n1, w.wq, N, QD, C, false);
-    keel_matmul_backward(m->dn, g.wk, m->dk, a->n1, w.wk, N, KVD, C, true);
-    keel_matmul_backward(m->dn, g.wv, m->dv, a->n1, w.wv, N, KVD, C, true);
-    keel_rmsnorm_backward(m->dres, g.norm1, m->dn, a->res, w.norm1, a->rstd1, N, C);
+    x16 = input_bf16(m, a->n1, (int64_t)N * C);
+    linear_backward(m, m->dn, m->dq, grad_bf16(m, m->dq, (int64_t)N * QD), a->n1, x16, W(wq), N, QD,
+                    C, false);
+    linear_backward(m, m->dn, m->dk, grad_bf16(m, m->dk, (int64_t)N * KVD), a->n1, x16, W(wk), N,
+                    KVD, C, true);
+    linear_backward(m, m->dn, m->dv, grad_bf16(m, m->dv, (int64_t)N * KVD), a->n1, x16, W(wv), N,
+                    KVD, C, true);
+    keel_rmsnorm_backward(m->dres, g + o.norm1, m->dn, a->res, norm_weight(m, u, o.norm1), a->rstd1,
+                          N, C);
 }
+#undef W
 
 void keel_model_backward(keel_model *m) {
     KEEL_CHECK(m->have_dlogits, "keel_model_backward needs a forward with grad_scale != 0");
@@ -335,10 +452,10 @@ void keel_model_backward(keel_model *m) {
 
     /* logits = nf W_headᵀ; nf = rmsnorm(res_final) */
     hook(m, m->hooks.before_backward, head);
-    keel_matmul_backward(m->dn, head_matrix(lay, m->unit_grads), m->logits, m->nf,
-                         head_matrix(lay, m->unit_params), N, V, C, false);
+    linear_backward(m, m->dn, m->logits, grad_bf16(m, m->logits, (int64_t)N * V), m->nf,
+                    input_bf16(m, m->nf, (int64_t)N * C), head_matrix(lay), N, V, C, false);
     memset(m->dres, 0, sizeof(float) * (size_t)N * C);
-    keel_rmsnorm_backward(m->dres, m->unit_grads[head], m->dn, m->res_final, m->unit_params[head],
+    keel_rmsnorm_backward(m->dres, m->unit_grads[head], m->dn, m->res_final, norm_weight(m, head, 0),
                           m->rstdf, N, C);
     hook(m, m->hooks.after_backward, head);
     for (int l = lay->L - 1; l >= 0; l--) {

@@ -37,14 +37,33 @@ typedef struct {
     keel_progress progress;
     int32_t *tokens;        /* (B, T+1) */
     int threads;
+    bool bf16;              /* bf16 GEMMs (fsdp.mixed_precision, where the CPU has them) */
     double flops_per_token, peak_flops;
     double *step_tps;       /* (steps) tokens/s of each step, for the median */
 } trainer;
 
-double keel_peak_flops(void) {
+double keel_peak_flops(bool bf16) {
     const char *env = getenv("KEEL_PEAK_FLOPS");
     if (env && atof(env) > 0) return atof(env);
-    return keel_measure_peak_flops();
+    return bf16 ? keel_measure_peak_flops_bf16() : keel_measure_peak_flops();
+}
+
+/* fsdp.mixed_precision bf16 runs bf16 GEMMs where oneDNN has bf16
+ * instructions; elsewhere it says so and trains in fp32. */
+static bool want_bf16(const keel_config *cfg) { return !strcmp(cfg->fsdp.mixed_precision, "bf16"); }
+static bool want_bf16_reduce(const keel_config *cfg) { return !strcmp(cfg->fsdp.reduce_dtype, "bf16"); }
+
+static bool bf16_usable(const keel_config *cfg) {
+    if (!want_bf16(cfg)) return false;
+    const char *isa;
+    if (keel_bf16_native(&isa)) {
+        keel_log_info("fsdp.mixed_precision bf16: bf16 GEMMs through oneDNN (%s), fp32 master "
+                      "weights and optimizer", isa);
+        return true;
+    }
+    keel_log_warn("fsdp.mixed_precision bf16: this CPU has no bf16 instructions (oneDNN: %s; it "
+                  "needs AVX512_BF16 or AMX), so this run trains in fp32", isa);
+    return false;
 }
 
 static void path_join(char *out, size_t n, const char *dir, const char *name) {
@@ -106,12 +125,14 @@ typedef struct {
 /* One rank's memory: everything full on one process; under FSDP the fp32
  * state is sharded and the gathered units and unit gradients are added. */
 static memory_plan plan_memory(const keel_config *cfg, const keel_model_layout *lay, int world_size) {
-    memory_plan m = {.activations = keel_model_activation_bytes(lay, cfg->train.micro_batch_size,
-                                                                cfg->fsdp.activation_checkpointing)};
+    keel_model_options opts = {.checkpoint_activations = cfg->fsdp.activation_checkpointing,
+                               .bf16 = want_bf16(cfg)};
+    memory_plan m = {.activations = keel_model_activation_bytes(lay, cfg->train.micro_batch_size, &opts)};
     keel_fsdp_strategy strategy = KEEL_FSDP_FULL_SHARD;
     keel_fsdp_strategy_parse(cfg->fsdp.strategy, &strategy); /* validated by finalize */
     if (world_size == 1) {
         m.params = m.grads = 4 * lay->n_params;
+        m.gathered = opts.bf16 ? 2 * lay->n_params : 0; /* the bf16 copy */
     } else {
         int K = cfg->fsdp.shard_group_size ? cfg->fsdp.shard_group_size : 2;
         int shard_ranks = strategy == KEEL_FSDP_NO_SHARD       ? 1
@@ -120,7 +141,7 @@ static memory_plan plan_memory(const keel_config *cfg, const keel_model_layout *
         keel_fsdp_plan plan;
         keel_fsdp_plan_init(&plan, lay, shard_ranks);
         m.params = m.grads = 4 * plan.shard_total;
-        m.gathered = keel_fsdp_transient_bytes(&plan, strategy);
+        m.gathered = keel_fsdp_transient_bytes(&plan, strategy, opts.bf16, want_bf16_reduce(cfg));
         keel_fsdp_plan_free(&plan);
     }
     m.optimizer = 2 * m.params;
@@ -141,10 +162,10 @@ keel_status keel_train_dry_run(const keel_config *cfg, int world_size) {
            lay.C, lay.L, lay.NH, lay.NKV, lay.HS, lay.F, lay.V, lay.T);
     printf("parameters: %lld (%.3f B)\n", (long long)lay.n_params, (double)lay.n_params / 1e9);
     printf("training FLOPs per token: %.3e\n", keel_model_flops_per_token(&lay));
-    printf("memory per rank (fp32, %s, micro-batch %d):\n",
+    printf("memory per rank (%s GEMMs, %s, micro-batch %d):\n", cfg->fsdp.mixed_precision,
            world_size == 1 ? "one process" : cfg->fsdp.strategy, cfg->train.micro_batch_size);
     printf("  parameters      %10.3f GiB\n  gradients       %10.3f GiB\n  AdamW m+v       %10.3f GiB\n"
-           "  gathered units  %10.3f GiB\n  activations     %10.3f GiB\n  total           %10.3f GiB "
+           "  compute copies  %10.3f GiB\n  activations     %10.3f GiB\n  total           %10.3f GiB "
            "x %d rank(s) (this machine has %.1f GiB available)\n",
            gib(m.params), gib(m.grads), gib(m.optimizer), gib(m.gathered), gib(m.activations),
            gib(plan_total(&m)), world_size, gib((int64_t)mem_available_bytes()));
@@ -219,6 +240,7 @@ static double train_step(trainer *t, int step, double *grad_norm_out) {
     keel_optim_update(t->opt, params, grads, step, keel_lr_at(&cfg->train, step),
                       keel_clip_scale(norm, cfg->train.grad_clip));
     if (t->fsdp) keel_fsdp_invalidate(t->fsdp);
+    else keel_model_params_changed(t->model);
     return loss_sum / (double)(G * T);
 }
 
@@ -270,7 +292,7 @@ static const char *MEM_NAMES[MEM_FIELDS] = {"params_bytes", "grads_bytes", "opti
 
 static void rank_memory(trainer *t, double out[MEM_FIELDS]) {
     const keel_model_layout *lay = keel_model_get_layout(t->model);
-    int64_t params = 4 * lay->n_params, compute = 0;
+    int64_t params = 4 * lay->n_params, compute = t->bf16 ? 2 * lay->n_params : 0;
     if (t->fsdp) {
         keel_fsdp_stats st;
         keel_fsdp_get_stats(t->fsdp, &st);
@@ -281,8 +303,9 @@ static void rank_memory(trainer *t, double out[MEM_FIELDS]) {
     out[MEM_GRADS] = (double)params;
     out[MEM_OPTIMIZER] = (double)keel_optim_state_bytes(t->opt);
     out[MEM_COMPUTE] = (double)compute;
-    out[MEM_ACTIVATIONS] = (double)keel_model_activation_bytes(lay, t->cfg->train.micro_batch_size,
-                                                               t->cfg->fsdp.activation_checkpointing);
+    keel_model_options opts = {.checkpoint_activations = t->cfg->fsdp.activation_checkpointing,
+                               .bf16 = t->bf16};
+    out[MEM_ACTIVATIONS] = (double)keel_model_activation_bytes(lay, t->cfg->train.micro_batch_size, &opts);
     out[MEM_PEAK_RSS] = (double)keel_peak_rss_bytes();
 }
 
@@ -312,6 +335,7 @@ static keel_status write_summary(trainer *t, const float *params, const double *
     cJSON_AddNumberToObject(s, "mfu_median", median_tps * t->flops_per_token / t->peak_flops);
     cJSON_AddNumberToObject(s, "threads", t->threads);
     cJSON_AddNumberToObject(s, "peak_flops", t->peak_flops);
+    cJSON_AddStringToObject(s, "mixed_precision", t->bf16 ? "bf16" : "fp32");
     cJSON_AddStringToObject(s, "keel_version", KEEL_VERSION);
     cJSON *ranks = cJSON_AddArrayToObject(s, "ranks");
     for (int r = 0; r < t->world_size; r++) {
@@ -459,7 +483,8 @@ static void build_state(trainer *t) {
     const keel_config *cfg = t->cfg;
     int B = cfg->train.micro_batch_size;
     keel_model_options opts = {.own_params = !t->world,
-                               .checkpoint_activations = cfg->fsdp.activation_checkpointing};
+                               .checkpoint_activations = cfg->fsdp.activation_checkpointing,
+                               .bf16 = t->bf16};
     keel_model_build_with(&cfg->model, B, &opts, &t->model);
     if (t->world) {
         keel_fsdp_strategy strategy;
@@ -468,6 +493,7 @@ static void build_state(trainer *t) {
                                          &t->fsdp);
         KEEL_CHECK(st == KEEL_OK, "fsdp setup failed after validation");
         keel_fsdp_set_prefetch(t->fsdp, cfg->fsdp.prefetch);
+        keel_fsdp_set_reduce_bf16(t->fsdp, want_bf16_reduce(cfg));
         const keel_model_layout *lay = keel_model_get_layout(t->model);
         float *full = keel_xmalloc(sizeof(float) * (size_t)lay->n_params, "initial parameters");
         keel_model_init_params(lay, cfg->train.seed, full); /* same on every rank */
@@ -495,16 +521,18 @@ static keel_status run(trainer *t) {
         path_join(path, sizeof path, t->run_dir, "metrics.jsonl");
         if ((st = keel_jsonl_open(path, &t->metrics)) != KEEL_OK) return st;
     }
+    t->bf16 = bf16_usable(cfg);
     build_state(t);
     const keel_model_layout *lay = keel_model_get_layout(t->model);
     t->tokens = keel_xmalloc(sizeof(int32_t) * (size_t)cfg->train.micro_batch_size * (lay->T + 1), "tokens");
     t->step_tps = keel_xcalloc(sizeof(double) * (size_t)(cfg->train.steps + 1), "step rates");
     t->flops_per_token = keel_model_flops_per_token(lay);
-    t->peak_flops = keel_peak_flops() * t->world_size;
+    t->peak_flops = keel_peak_flops(t->bf16) * t->world_size;
     keel_log_info("rank %d of %d (pid %d): training %lld parameters for %d steps, %lld tokens per "
-                  "step, %d thread(s) (fp32 peak %.0f GF/s over all ranks); run directory %s", t->rank,
+                  "step, %d thread(s) (%s peak %.0f GF/s over all ranks); run directory %s", t->rank,
                   t->world_size, (int)getpid(), (long long)lay->n_params, cfg->train.steps,
-                  (long long)global_batch(t) * lay->T, t->threads, t->peak_flops / 1e9, t->run_dir);
+                  (long long)global_batch(t) * lay->T, t->threads, t->bf16 ? "bf16" : "fp32",
+                  t->peak_flops / 1e9, t->run_dir);
     struct sigaction sa = {.sa_handler = on_stop_signal}, old_int, old_term;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int);

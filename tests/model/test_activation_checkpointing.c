@@ -1,14 +1,14 @@
 /* Activation checkpointing: the same loss and bit-identical gradients as
- * keeping every activation (with accumulation over micro-batches), with less
- * activation memory. Under FSDP: tests/fsdp/train_nproc.sh. */
+ * keeping every activation (with accumulation over micro-batches), in fp32 and
+ * with bf16 GEMMs, with less activation memory. Under FSDP:
+ * tests/fsdp/train_nproc.sh. */
 #include <string.h>
 
 #include "keel/kernels.h"
 #include "keel/model.h"
 #include "../testlib.h"
 
-int main(void) {
-    keel_kernels_init(2);
+static void check(bool bf16) {
     keel_model_config mc = {.dim = 32, .n_layers = 4, .n_heads = 4, .n_kv_heads = 2,
                             .vocab_size = 50, .multiple_of = 16, .norm_eps = 1e-5,
                             .rope_theta = 10000, .max_seq_len = 24};
@@ -17,8 +17,9 @@ int main(void) {
     for (int i = 0; i < 3 * 25; i++) tokens[i] = (i * 13 + 5) % mc.vocab_size;
 
     keel_model *plain, *ckpt;
-    keel_model_options with = {.own_params = true, .checkpoint_activations = true};
-    keel_model_build(&mc, B, &plain);
+    keel_model_options with = {.own_params = true, .checkpoint_activations = true, .bf16 = bf16};
+    keel_model_options without = {.own_params = true, .bf16 = bf16};
+    keel_model_build_with(&mc, B, &without, &plain);
     keel_model_build_with(&mc, B, &with, &ckpt);
     keel_model_init_weights(plain, 9);
     keel_model_init_weights(ckpt, 9);
@@ -32,14 +33,22 @@ int main(void) {
             keel_model_backward(models[i]);
         }
     }
-    EXPECT(losses[0] == losses[1], "loss identical (%.9g, %.9g)", losses[0], losses[1]);
+    const char *what = bf16 ? "bf16" : "fp32";
+    EXPECT(losses[0] == losses[1], "%s: loss identical (%.9g, %.9g)", what, losses[0], losses[1]);
     EXPECT(!memcmp(keel_model_grads(plain), keel_model_grads(ckpt), sizeof(float) * (size_t)lay->n_params),
-           "gradients bit-identical with checkpointing");
-    int64_t full = keel_model_activation_bytes(lay, B, false), saved = keel_model_activation_bytes(lay, B, true);
-    EXPECT(saved < full * 0.6, "activation bytes %lld with checkpointing vs %lld without", (long long)saved,
-           (long long)full);
+           "%s: gradients bit-identical with checkpointing", what);
+    int64_t full = keel_model_activation_bytes(lay, B, &without),
+            saved = keel_model_activation_bytes(lay, B, &with);
+    EXPECT(saved < full * 0.6, "%s: activation bytes %lld with checkpointing vs %lld without", what,
+           (long long)saved, (long long)full);
     keel_model_free(plain);
     keel_model_free(ckpt);
+}
+
+int main(void) {
+    keel_kernels_init(2);
+    check(false);
+    check(true);
     keel_kernels_shutdown();
     return test_summary("test_activation_checkpointing");
 }
