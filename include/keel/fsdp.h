@@ -67,7 +67,7 @@ typedef enum {
 keel_status keel_fsdp_strategy_parse(const char *name, keel_fsdp_strategy *out);
 
 /* Bytes of the runtime's unit-sized buffers: gathered parameters (bf16 with
- * bf16_params, plus the bf16 copy of the master shard) and unit gradients
+ * bf16_params, plus a bf16 send buffer of one shard per slot) and unit gradients
  * with their reduce-scatter results (and bf16 copies with bf16_reduce). */
 int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy,
                                   bool bf16_params, bool bf16_reduce);
@@ -87,7 +87,7 @@ int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy
  *
  * Each unit is all-gathered into one of a few unit-sized slots before it is
  * used — fp32, or bf16 for a model built with bf16 GEMMs (each rank rounds its
- * fp32 master slice once per optimizer step) — the next unit's gather is
+ * fp32 master slice as the gather starts) — the next unit's gather is
  * started at once (prefetch), and the slot is released after the unit's
  * forward; backward gathers again in reverse. A unit's full gradient goes to a unit-sized buffer whose
  * reduce-scatter starts as soon as the unit's backward is done and is added
@@ -139,7 +139,7 @@ keel_status keel_fsdp_grad_sumsq(keel_fsdp *f, double *sumsq);
 
 typedef struct {
     int64_t master_bytes, grad_bytes;  /* persistent fp32 shards */
-    int64_t gathered_bytes;            /* unit slots for gathered parameters (+ bf16 master copy) */
+    int64_t gathered_bytes;            /* unit slots for gathered parameters (+ bf16 send buffers) */
     int64_t unit_grad_bytes;           /* unit-sized gradient buffers (+ bf16 copies) */
     double gather_wait_s, reduce_wait_s; /* compute thread blocked on communication */
 } keel_fsdp_stats;

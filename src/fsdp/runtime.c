@@ -32,12 +32,11 @@ struct keel_fsdp {
     int n_slots;                /* SHARD_GRAD_OP: one per unit; else buffers_needed() */
     float *master;              /* (shard_total) fp32 master shard */
     float *grads;               /* (shard_total) fp32 gradient shard */
-    /* bf16 parameters (a bf16 model): each unit's slice of the master shard is
-     * rounded into master16 before its first gather after a change, and the
+    /* bf16 parameters (a bf16 model): a unit's slice of the master shard is
+     * rounded into its slot's send buffer as its gather starts, and the
      * slots hold gathered bf16 units. */
     bool bf16;
-    keel_bf16 *master16;        /* (shard_total) */
-    bool *master16_stale;       /* (n_units) */
+    keel_bf16 **send16;         /* (n_slots) one unit's shard each */
     size_t elem;                /* bytes per gathered parameter: 4, or 2 in bf16 */
     void **slots;               /* (n_slots) gathered unit parameters */
     int *slot_unit;             /* (n_slots) unit in each slot, -1 if free */
@@ -85,12 +84,9 @@ static void start_gather(keel_fsdp *f, int u) {
                              KEEL_COMM_F32, &f->gather_req[u]);
         return;
     }
-    if (f->master16_stale[u]) {
-        keel_f32_to_bf16(f->master16 + x->shard_offset, f->master + x->shard_offset, x->shard);
-        f->master16_stale[u] = false;
-    }
-    keel_comm_iallgather(f->group, f->master16 + x->shard_offset, f->slots[s], (size_t)x->shard,
-                         KEEL_COMM_BF16, &f->gather_req[u]);
+    keel_f32_to_bf16(f->send16[s], f->master + x->shard_offset, x->shard);
+    keel_comm_iallgather(f->group, f->send16[s], f->slots[s], (size_t)x->shard, KEEL_COMM_BF16,
+                         &f->gather_req[u]);
 }
 
 static void *ready(keel_fsdp *f, int u) {
@@ -283,15 +279,18 @@ keel_status keel_fsdp_build(keel_model *model, keel_comm *world, keel_fsdp_strat
     f->grads = keel_xcalloc(sizeof(float) * (size_t)f->plan.shard_total, "fsdp grad shard");
     f->bf16 = keel_model_is_bf16(model);
     f->elem = f->bf16 ? sizeof(keel_bf16) : sizeof(float);
-    f->master16_stale = keel_xcalloc(sizeof(bool) * (size_t)f->plan.n_units, "fsdp bf16 state");
-    if (f->bf16)
-        f->master16 = keel_xcalloc(sizeof(keel_bf16) * (size_t)f->plan.shard_total, "fsdp bf16 shard");
     f->n_slots = strategy == KEEL_FSDP_SHARD_GRAD_OP ? f->plan.n_units : buffers_needed(f->plan.tied);
     f->slots = keel_xcalloc(sizeof(void *) * (size_t)f->n_slots, "fsdp slots");
+    f->send16 = keel_xcalloc(sizeof(keel_bf16 *) * (size_t)f->n_slots, "fsdp slots");
     f->slot_unit = keel_xmalloc(sizeof(int) * (size_t)f->n_slots, "fsdp slots");
     for (int s = 0; s < f->n_slots; s++) {
-        int64_t floats = strategy == KEEL_FSDP_SHARD_GRAD_OP ? f->plan.units[s].padded : f->plan.max_padded;
+        bool own = strategy == KEEL_FSDP_SHARD_GRAD_OP; /* slot s holds unit s */
+        int64_t floats = own ? f->plan.units[s].padded : f->plan.max_padded;
         f->slots[s] = keel_xcalloc(f->elem * (size_t)floats, "fsdp unit slot");
+        if (f->bf16)
+            f->send16[s] = keel_xcalloc(sizeof(keel_bf16) * (size_t)(own ? f->plan.units[s].shard
+                                                                         : max_shard(&f->plan)),
+                                        "fsdp bf16 send buffer");
         f->slot_unit[s] = -1;
     }
     for (int b = 0; b < GRAD_BUFFERS; b++) {
@@ -318,7 +317,8 @@ void keel_fsdp_free(keel_fsdp *f) {
     keel_fsdp_finish_grads(f);
     keel_fsdp_invalidate(f);
     keel_model_set_hooks(f->model, NULL);
-    for (int s = 0; s < f->n_slots; s++) keel_free(f->slots[s]);
+    for (int s = 0; s < f->n_slots; s++) keel_free(f->slots[s]), keel_free(f->send16[s]);
+    keel_free(f->send16);
     keel_free(f->slots);
     keel_free(f->slot_unit);
     for (int b = 0; b < GRAD_BUFFERS; b++) {
@@ -328,8 +328,6 @@ void keel_fsdp_free(keel_fsdp *f) {
         keel_free(f->rs16[b]);
     }
     keel_free(f->master);
-    keel_free(f->master16);
-    keel_free(f->master16_stale);
     keel_free(f->grads);
     keel_free(f->unit_slot);
     keel_free(f->gather_req);
@@ -379,7 +377,7 @@ void keel_fsdp_invalidate(keel_fsdp *f) {
             f->gather_req[u] = NULL;
         }
     for (int s = 0; s < f->n_slots; s++) f->slot_unit[s] = -1;
-    for (int u = 0; u < f->plan.n_units; u++) f->unit_slot[u] = -1, f->master16_stale[u] = true;
+    for (int u = 0; u < f->plan.n_units; u++) f->unit_slot[u] = -1;
 }
 
 keel_status keel_fsdp_gather_full(keel_fsdp *f, float *full) {
@@ -427,18 +425,18 @@ keel_status keel_fsdp_grad_sumsq(keel_fsdp *f, double *sumsq) {
     return keel_comm_allreduce_scalar(f->group, sumsq, KEEL_COMM_SUM);
 }
 
-/* Bytes of the gathered-parameter slots (with the bf16 copy of the master
- * shard) and of the unit gradient buffers with their reduce-scatter results. */
+/* Bytes of the gathered-parameter slots (with their bf16 send buffers) and of the unit gradient buffers with their reduce-scatter results. */
 static void transient_parts(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy,
                             bool bf16_params, bool bf16_reduce, int64_t *gathered,
                             int64_t *unit_grads) {
     int n = buffers_needed(plan->tied);
-    int64_t slots = n * plan->max_padded;
+    int64_t slots = n * plan->max_padded, sends = n * max_shard(plan);
     if (strategy == KEEL_FSDP_SHARD_GRAD_OP) {
         slots = 0;
         for (int u = 0; u < plan->n_units; u++) slots += plan->units[u].padded;
+        sends = plan->shard_total;
     }
-    *gathered = bf16_params ? 2 * (slots + plan->shard_total) : 4 * slots;
+    *gathered = bf16_params ? 2 * (slots + sends) : 4 * slots;
     *unit_grads = (bf16_reduce ? 6 : 4) * n * (plan->max_padded + max_shard(plan));
 }
 
