@@ -1,6 +1,6 @@
-/* ckpt: durable files for model state. Today: the final-weights file of a run
- * (RUN/weights.bin) and the durable-write helper every module uses; sharded
- * checkpoints arrive here next (DESIGN §5).
+/* ckpt: durable files for model state — the final-weights file of a run
+ * (RUN/weights.bin), the durable-write helper every module uses, and sharded
+ * checkpoints (DESIGN §5; what to save and when is train/checkpointing.c).
  *
  * weights.bin: 64-byte little-endian header — magic "KEELWTS1", u32 version,
  * u32 dtype (1 = fp32), u64 n_params, u64 XXH3-64 of the payload, zero padding
@@ -9,7 +9,7 @@
 #ifndef KEEL_CKPT_H
 #define KEEL_CKPT_H
 
-#include "keel/core.h"
+#include "keel/fsdp.h"
 
 #define KEEL_WEIGHTS_MAGIC "KEELWTS1"
 #define KEEL_WEIGHTS_VERSION 1
@@ -24,5 +24,90 @@ keel_status keel_weights_save(const char *path, const float *params, int64_t n_p
 keel_status keel_weights_load(const char *path, float *params, int64_t n_params);
 /* XXH3-64 of params as fp32 (summary.json's params_xxh3), as 16 hex digits + NUL. */
 void keel_params_xxh3_hex(const float *params, int64_t n_params, char out[17]);
+
+/* ---- sharded checkpoints ----------------------------------------------------
+ *
+ * RUN/checkpoints/step_NNNNNNNN/manifest.json + shard-RRRRR-of-WWWWW.bin, and
+ * RUN/checkpoints/LATEST naming the newest committed one. A directory is
+ * written as step_NNNNNNNN.tmp and renamed once every file in it is fsync'd
+ * (the commit); LATEST is replaced by tmp + fsync + rename after that.
+ *
+ * Shard file RRRRR holds shard rank RRRRR's buffer of the saved shard plan
+ * (keel/fsdp.h: each unit's padded slice, units in order): a 64-byte
+ * little-endian header — magic "KEELCKS1", u32 version, u32 shard rank, u32
+ * shard ranks, u32 arrays (3), u64 step, u64 floats per array, zero padding —
+ * then the fp32 arrays parameters, AdamW m, AdamW v, shard_total floats each.
+ * The manifest lists every file with its size and XXH3-64. */
+#define KEEL_CKPT_MAGIC "KEELCKS1"
+#define KEEL_CKPT_VERSION 1
+#define KEEL_CKPT_ARRAYS 3 /* parameters, AdamW m, AdamW v */
+#define KEEL_CKPT_HEADER_BYTES 64
+
+typedef struct {
+    uint64_t xxh3;
+    int64_t bytes;
+} keel_ckpt_file;
+
+/* Write one shard file into dir (the step's .tmp directory; created, with
+ * its parent, if missing): header + the KEEL_CKPT_ARRAYS arrays of `floats`
+ * each, fsync'd. Fills *file.
+ * Errors (a full disk, a file-size limit) are one line naming the file;
+ * nothing outside dir is touched. */
+keel_status keel_ckpt_write_shard(const char *dir, int rank, int ranks, int64_t step,
+                                  const float *const arrays[KEEL_CKPT_ARRAYS], int64_t floats,
+                                  keel_ckpt_file *file);
+/* What a manifest records besides the files. */
+typedef struct {
+    int64_t step;             /* optimizer steps done: training resumes at this step */
+    int64_t global_batch;     /* sequences per step; the data order is (seed, step) */
+    int world_size;
+    const char *strategy;
+    const keel_fsdp_plan *plan;     /* the shard plan the files follow */
+    const keel_ckpt_file *files;    /* (plan->shard_ranks) */
+    const char *config_json;        /* the run's resolved config */
+    uint64_t seed;                  /* train.seed: initialisation and data order */
+    double next_lr;                 /* the schedule's learning rate at `step` */
+} keel_ckpt_meta;
+/* manifest.json's text (caller frees). */
+char *keel_ckpt_manifest_json(const keel_ckpt_meta *m);
+/* The step's directory names: RUN/checkpoints/step_NNNNNNNN[.tmp]. */
+void keel_ckpt_dir(char *out, size_t n, const char *run_dir, int64_t step, bool tmp);
+/* Commit: write manifest_json into the step's .tmp directory, fsync it and
+ * the directory, rename it to step_NNNNNNNN, then point LATEST at it. */
+keel_status keel_ckpt_commit(const char *run_dir, int64_t step, const char *manifest_json);
+/* Remove every step_*.tmp directory (a save that never committed). */
+void keel_ckpt_clean_tmp(const char *run_dir);
+/* Delete the oldest committed checkpoints so that keep_last remain (0 keeps
+ * all); never `keep`, the newest good one. */
+void keel_ckpt_retain(const char *run_dir, int keep_last, int64_t keep);
+
+/* Committed checkpoints, newest first: LATEST's target, then every other
+ * step_* directory by step. *steps is malloc'd (keel_free). */
+int keel_ckpt_list(const char *run_dir, int64_t **steps);
+
+/* A checkpoint opened for reading: its manifest and saved shard plan. */
+typedef struct {
+    char dir[4096];
+    int64_t step, global_batch;
+    int world_size, shard_ranks;
+    char strategy[32];
+    keel_fsdp_plan plan;      /* as saved: units' logical, padded, shard, shard_offset */
+    keel_ckpt_file *files;    /* (shard_ranks) from the manifest */
+    void *manifest;           /* cJSON of manifest.json */
+} keel_ckpt;
+
+/* Parse dir/manifest.json and check that every file exists with its size
+ * and header; reasons are one line (KEEL_ERR_INPUT). */
+keel_status keel_ckpt_open(const char *dir, keel_ckpt *out);
+void keel_ckpt_close(keel_ckpt *c);
+/* XXH3 of shard file j against the manifest. */
+keel_status keel_ckpt_verify_file(const keel_ckpt *c, int j);
+/* The model the checkpoint was saved from matches lay (unit sizes). */
+keel_status keel_ckpt_check_layout(const keel_ckpt *c, const keel_model_layout *lay);
+/* Read canonical values [begin, begin + len) of array a (0 parameters, 1 m,
+ * 2 v) into dst, from whichever files hold them. The range lies in one unit. */
+keel_status keel_ckpt_read(const keel_ckpt *c, int a, int64_t begin, int64_t len, float *dst);
+/* The shard files this rank's canonical ranges come from: sets used[j]. */
+void keel_ckpt_files_for(const keel_ckpt *c, const keel_param_range *ranges, int n, bool *used);
 
 #endif

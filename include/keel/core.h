@@ -49,6 +49,11 @@ void keel_log(keel_log_level level, const char *fmt, ...) __attribute__((format(
 #define keel_log_warn(...) keel_log(KEEL_LOG_WARN, __VA_ARGS__)
 /* One-line user-facing error: "keel: error: <message>" on stderr. */
 void keel_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* While on, this thread's keel_errorf lines are kept (the last one) instead
+ * of printed: for errors keel recovers from and reports its own way (a
+ * damaged checkpoint, a failed background save). */
+void keel_error_capture(bool on);
+const char *keel_last_error(void);
 
 /* Always-on internal invariant (never for user input): prints file:line and aborts. */
 #define KEEL_CHECK(cond, ...)                                                 \
@@ -163,10 +168,18 @@ typedef struct {
 } keel_fsdp_config;
 
 typedef struct {
+    int every_steps;      /* 0 = not by steps */
+    double every_seconds; /* 0 = not by time */
+    int keep_last;        /* 0 = keep all */
+    bool async;
+} keel_checkpoint_config;
+
+typedef struct {
     keel_model_config model;
     keel_train_config train;
     keel_data_config data;
     keel_fsdp_config fsdp;
+    keel_checkpoint_config checkpoint;
     char *source;         /* file the config came from (for messages) */
 } keel_config;
 

@@ -72,7 +72,6 @@ keel_status keel_fsdp_strategy_parse(const char *name, keel_fsdp_strategy *out);
 int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy,
                                   bool bf16_params, bool bf16_reduce);
 
-#endif
 
 /* ---- runtime ---------------------------------------------------------------
  *
@@ -144,3 +143,5 @@ typedef struct {
     double gather_wait_s, reduce_wait_s; /* compute thread blocked on communication */
 } keel_fsdp_stats;
 void keel_fsdp_get_stats(const keel_fsdp *f, keel_fsdp_stats *out);
+
+#endif

@@ -14,6 +14,12 @@ keel_status keel_jsonl_open(const char *path, keel_jsonl **out);
 void keel_jsonl_write(keel_jsonl *j, const char *json_object_text);
 void keel_jsonl_close(keel_jsonl *j);
 
+/* One line of RUN/events.jsonl: {"time": ISO-8601 UTC, "unix_s": seconds,
+ * "event": type, "step": step (if >= 0), "detail": the formatted text}.
+ * Appended and flushed at once; what keel decided and why (DESIGN §6). */
+void keel_event(const char *run_dir, const char *type, int64_t step, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 typedef struct {
     FILE *out;
     bool tty;          /* redraw one line in place */

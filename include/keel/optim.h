@@ -34,6 +34,9 @@ keel_status keel_optim_build(const keel_train_config *cfg, const keel_model_layo
 void keel_optim_free(keel_optim *opt);
 /* Persistent optimizer bytes (m and v). */
 int64_t keel_optim_state_bytes(const keel_optim *opt);
+/* AdamW's first and second moments, buffer_len floats each (checkpoints). */
+float *keel_optim_m(keel_optim *opt);
+float *keel_optim_v(keel_optim *opt);
 
 /* Learning rate for optimizer step `step` (0-based of `total`): linear warmup
  * from lr/warmup to lr over warmup_steps, then cosine decay to min_lr at the

@@ -20,12 +20,14 @@ double keel_peak_flops(bool bf16);
 
 /* Validate everything (data, tokenizer, run directory) before writing
  * anything, then train. cfg must be finalized. A run directory that exists
- * and is not empty is refused. */
-keel_status keel_train_run(const keel_config *cfg, const char *run_dir);
+ * must be empty, or hold a run of the same model (its config.json) to resume
+ * from its newest good checkpoint; then cfg's train.grad_accum_steps may be
+ * changed to keep the checkpoint's global batch. */
+keel_status keel_train_run(keel_config *cfg, const char *run_dir);
 
 /* For a distributed run: validate like keel_train_run, then create RUN with
  * config.json and RUN/logs/ for the ranks to fill. */
-keel_status keel_train_prepare_run_dir(const keel_config *cfg, const char *run_dir, int world_size);
+keel_status keel_train_prepare_run_dir(keel_config *cfg, const char *run_dir, int world_size);
 /* One rank of a distributed run (`keel worker RUN`, started by the launcher):
  * joins MPI, reads RUN/config.json, trains FULL_SHARD with the others; rank 0
  * writes metrics.jsonl, summary.json, weights.bin and the progress line; every

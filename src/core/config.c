@@ -81,18 +81,28 @@ static const key_spec KEYS[] = {
 
     {"fsdp", K_SECTION, 0, 0, 0, "sharding over ranks (keel train --nproc N)"},
     {"fsdp.strategy", K_STRING, OFF(fsdp.strategy), 0, 0,
-     "full_shard | shard_grad_op | no_shard | hybrid_shard"},
+     "full_shard, shard_grad_op, no_shard or hybrid_shard (DESIGN §3)"},
     {"fsdp.shard_group_size", K_INT, OFF(fsdp.shard_group_size), 0, 4096,
      "hybrid_shard: ranks per shard group, a divisor of --nproc (0 = 2)"},
     {"fsdp.prefetch", K_BOOL, OFF(fsdp.prefetch), 0, 0,
      "start the next unit's all-gather before computing the current one (forward and backward)"},
     {"fsdp.mixed_precision", K_STRING, OFF(fsdp.mixed_precision), 0, 0,
-     "fp32 | bf16: GEMMs on bf16 weights and inputs (gathered in bf16), fp32 master weights, "
+     "fp32 or bf16: GEMMs on bf16 weights and inputs (gathered in bf16), fp32 master weights, "
      "optimizer and accumulation (any run; fp32 with a log line on CPUs without bf16)"},
     {"fsdp.reduce_dtype", K_STRING, OFF(fsdp.reduce_dtype), 0, 0,
-     "fp32 | bf16: element type of the gradient reduce-scatter and all-reduce"},
+     "fp32 or bf16: element type of the gradient reduce-scatter and all-reduce"},
     {"fsdp.activation_checkpointing", K_BOOL, OFF(fsdp.activation_checkpointing), 0, 0,
      "recompute each block's forward in backward (less memory, same gradients; any run)"},
+
+    {"checkpoint", K_SECTION, 0, 0, 0, "sharded checkpoints in RUN/checkpoints (resume: keel train again)"},
+    {"checkpoint.every_steps", K_INT, OFF(checkpoint.every_steps), 0, 1 << 30,
+     "save every N optimizer steps (0 = not by steps)"},
+    {"checkpoint.every_seconds", K_DOUBLE, OFF(checkpoint.every_seconds), 0, 1e9,
+     "save when this many seconds passed since the last save (0 = not by time)"},
+    {"checkpoint.keep_last", K_INT, OFF(checkpoint.keep_last), 0, 1 << 20,
+     "committed checkpoints kept; older ones are deleted after a commit (0 = keep all)"},
+    {"checkpoint.async", K_BOOL, OFF(checkpoint.async), 0, 0,
+     "copy the shard to a host buffer and write it on a background thread while training goes on"},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 
@@ -112,6 +122,7 @@ void keel_config_defaults(keel_config *cfg) {
     cfg->data.synthetic_seed = 1;
     cfg->fsdp.strategy = keel_xstrdup("full_shard");
     cfg->fsdp.prefetch = true;
+    cfg->checkpoint = (keel_checkpoint_config){.keep_last = 3, .async = true};
     cfg->fsdp.mixed_precision = keel_xstrdup("fp32");
     cfg->fsdp.reduce_dtype = keel_xstrdup("fp32");
     cfg->data.synthetic_branching = 4;

@@ -54,10 +54,21 @@ void keel_log(keel_log_level level, const char *fmt, ...) {
     va_end(ap);
 }
 
+static _Thread_local bool t_capture;
+static _Thread_local char t_last[1024];
+
+void keel_error_capture(bool on) {
+    t_capture = on;
+    if (on) t_last[0] = 0;
+}
+
+const char *keel_last_error(void) { return t_last; }
+
 void keel_errorf(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    emit("keel: error: ", fmt, ap);
+    if (t_capture) vsnprintf(t_last, sizeof t_last, fmt, ap);
+    else emit("keel: error: ", fmt, ap);
     va_end(ap);
 }
 

@@ -1,8 +1,11 @@
-/* obs/progress.c: metrics.jsonl writer and the training progress line. */
+/* obs/progress.c: metrics.jsonl and events.jsonl writers and the training
+ * progress line. */
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "keel/obs.h"
@@ -20,6 +23,34 @@ keel_status keel_jsonl_open(const char *path, keel_jsonl **out) {
     *out = keel_xcalloc(sizeof **out, "jsonl");
     (*out)->f = f;
     return KEEL_OK;
+}
+
+void keel_event(const char *run_dir, const char *type, int64_t step, const char *fmt, ...) {
+    char detail[2048], when[32], path[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&ts.tv_sec));
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "time", when);
+    cJSON_AddNumberToObject(o, "unix_s", (double)ts.tv_sec + ts.tv_nsec * 1e-9);
+    cJSON_AddStringToObject(o, "event", type);
+    if (step >= 0) cJSON_AddNumberToObject(o, "step", (double)step);
+    cJSON_AddStringToObject(o, "detail", detail);
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    snprintf(path, sizeof path, "%s/events.jsonl", run_dir);
+    FILE *f = fopen(path, "a");
+    if (f) {
+        fprintf(f, "%s\n", text);
+        fclose(f);
+    } else {
+        keel_log_warn("%s: cannot append an event: %s", path, strerror(errno));
+    }
+    free(text);
 }
 
 void keel_jsonl_write(keel_jsonl *j, const char *text) {

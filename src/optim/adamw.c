@@ -61,6 +61,8 @@ void keel_optim_free(keel_optim *opt) {
 }
 
 int64_t keel_optim_state_bytes(const keel_optim *opt) { return 2 * opt->len * (int64_t)sizeof(float); }
+float *keel_optim_m(keel_optim *opt) { return opt->m; }
+float *keel_optim_v(keel_optim *opt) { return opt->v; }
 
 double keel_lr_at(const keel_train_config *cfg, int step) {
     if (step < cfg->warmup_steps) return cfg->lr * (step + 1) / cfg->warmup_steps;

@@ -19,28 +19,11 @@
 #include "keel/obs.h"
 #include "keel/optim.h"
 #include "keel/train.h"
+#include "train/trainer.h"
 
 static volatile sig_atomic_t g_stop_signal;
 static void on_stop_signal(int sig) { g_stop_signal = sig; }
 
-typedef struct {
-    const keel_config *cfg;
-    const char *run_dir;
-    keel_comm *world;       /* NULL in a single-process run */
-    keel_fsdp *fsdp;        /* FULL_SHARD state when world is set */
-    int rank, world_size;
-    bool leader;            /* rank 0 writes metrics, summary, weights and progress */
-    keel_model *model;
-    keel_optim *opt;
-    keel_data *train, *val;
-    keel_jsonl *metrics;
-    keel_progress progress;
-    int32_t *tokens;        /* (B, T+1) */
-    int threads;
-    bool bf16;              /* bf16 GEMMs (fsdp.mixed_precision, where the CPU has them) */
-    double flops_per_token, peak_flops;
-    double *step_tps;       /* (steps) tokens/s of each step, for the median */
-} trainer;
 
 double keel_peak_flops(bool bf16) {
     const char *env = getenv("KEEL_PEAK_FLOPS");
@@ -202,7 +185,7 @@ static keel_status check_memory(const keel_config *cfg, int world_size) {
 }
 
 /* Sequences per optimizer step over all ranks. */
-static int64_t global_batch(const trainer *t) {
+int64_t trainer_global_batch(const trainer *t) {
     return (int64_t)t->cfg->train.micro_batch_size * t->cfg->train.grad_accum_steps * t->world_size;
 }
 
@@ -211,7 +194,7 @@ static double train_step(trainer *t, int step, double *grad_norm_out) {
     const keel_config *cfg = t->cfg;
     const keel_model_layout *lay = keel_model_get_layout(t->model);
     int B = cfg->train.micro_batch_size, T = lay->T, accum = cfg->train.grad_accum_steps;
-    int64_t G = global_batch(t);
+    int64_t G = trainer_global_batch(t);
     float grad_scale = 1.0f / (float)(G * T);
     double loss_sum = 0;
     if (t->fsdp) keel_fsdp_zero_grads(t->fsdp);
@@ -316,9 +299,10 @@ static keel_status write_summary(trainer *t, const float *params, const double *
     char xxh[17];
     keel_params_xxh3_hex(params, lay->n_params, xxh);
     double median_tps = 0;
-    if (steps_done > 0) {
-        qsort(t->step_tps, (size_t)steps_done, sizeof(double), cmp_double);
-        median_tps = t->step_tps[steps_done / 2];
+    int timed = steps_done - t->start_step; /* steps this process ran */
+    if (timed > 0) {
+        qsort(t->step_tps + t->start_step, (size_t)timed, sizeof(double), cmp_double);
+        median_tps = t->step_tps[t->start_step + timed / 2];
     }
     cJSON *s = cJSON_CreateObject();
     cJSON_AddStringToObject(s, "status", status);
@@ -328,7 +312,7 @@ static keel_status write_summary(trainer *t, const float *params, const double *
     cJSON_AddStringToObject(s, "params_xxh3", xxh);
     cJSON_AddNumberToObject(s, "n_params", (double)lay->n_params);
     cJSON_AddNumberToObject(s, "peak_rss_bytes", (double)keel_peak_rss_bytes());
-    cJSON_AddNumberToObject(s, "tokens", (double)steps_done * (double)global_batch(t) * lay->T);
+    cJSON_AddNumberToObject(s, "tokens", (double)steps_done * (double)trainer_global_batch(t) * lay->T);
     cJSON_AddNumberToObject(s, "world_size", t->world_size);
     cJSON_AddNumberToObject(s, "wall_s", wall_s);
     cJSON_AddNumberToObject(s, "tokens_per_s_median", median_tps);
@@ -359,9 +343,9 @@ static double comm_wait_s(const trainer *t) {
 }
 
 static void log_step(trainer *t, int step, double loss, double lr, double norm, double step_s,
-                     double exposed_comm_s, double val_loss) {
+                     double exposed_comm_s, double ckpt_stall_s, double val_loss) {
     const keel_model_layout *lay = keel_model_get_layout(t->model);
-    double tokens = (double)global_batch(t) * lay->T;
+    double tokens = (double)trainer_global_batch(t) * lay->T;
     double tps = tokens / step_s;
     t->step_tps[step] = tps;
     cJSON *o = cJSON_CreateObject();
@@ -374,6 +358,7 @@ static void log_step(trainer *t, int step, double loss, double lr, double norm, 
     cJSON_AddNumberToObject(o, "mfu", tps * t->flops_per_token / t->peak_flops);
     cJSON_AddNumberToObject(o, "step_s", step_s);
     if (t->fsdp) cJSON_AddNumberToObject(o, "comm_wait_s", exposed_comm_s);
+    if (ckpt_stall_s > 0) cJSON_AddNumberToObject(o, "ckpt_stall_s", ckpt_stall_s);
     if (!isnan(val_loss)) cJSON_AddNumberToObject(o, "val_loss", val_loss);
     char *text = cJSON_PrintUnformatted(o);
     keel_jsonl_write(t->metrics, text);
@@ -403,19 +388,11 @@ static keel_status train_loop(trainer *t) {
     const keel_config *cfg = t->cfg;
     const keel_model_layout *lay = keel_model_get_layout(t->model);
     double start = keel_now_s(), loss = NAN, val_loss = NAN, last_val = NAN;
-    int step = 0;
+    int step = t->start_step;
     const char *status = "completed";
     keel_status st = KEEL_OK;
     keel_progress_init(&t->progress, stdout, cfg->train.steps);
     for (; step < cfg->train.steps; step++) {
-        double stop = g_stop_signal; /* every rank must stop at the same step */
-        if (t->world) keel_comm_allreduce_scalar(t->world, &stop, KEEL_COMM_MAX);
-        if (stop != 0) {
-            if (t->leader) keel_progress_note(&t->progress, "stopping at step %d on signal %d", step, (int)stop);
-            status = "interrupted";
-            st = KEEL_ERR_IO;
-            break;
-        }
         double t0 = keel_now_s(), wait0 = comm_wait_s(t), norm;
         loss = train_step(t, step, &norm);
         double step_s = keel_now_s() - t0, step_wait_s = comm_wait_s(t) - wait0;
@@ -432,13 +409,25 @@ static keel_status train_loop(trainer *t) {
             uint64_t n;
             last_val = val_loss = evaluate(t, &n);
         }
-        if (!t->leader) continue;
-        log_step(t, step, loss, keel_lr_at(&cfg->train, step), norm, step_s, step_wait_s, val_loss);
-        double tps = (double)global_batch(t) * lay->T / step_s;
-        keel_progress_step(&t->progress, step + 1, loss, tps, tps * t->flops_per_token / t->peak_flops,
-                           keel_now_s() - start);
-        if (!isnan(val_loss))
-            keel_progress_note(&t->progress, "step %d: val loss %.4f", step + 1, val_loss);
+        /* every rank must stop at the same step: the boundary agrees on signals */
+        bool stop = g_stop_signal != 0;
+        double stall_s = trainer_ckpt_boundary(t, step + 1, step + 1 == cfg->train.steps, &stop);
+        if (t->leader) {
+            log_step(t, step, loss, keel_lr_at(&cfg->train, step), norm, step_s, step_wait_s, stall_s,
+                     val_loss);
+            double tps = (double)trainer_global_batch(t) * lay->T / step_s;
+            keel_progress_step(&t->progress, step + 1, loss, tps,
+                               tps * t->flops_per_token / t->peak_flops, keel_now_s() - start);
+            if (!isnan(val_loss))
+                keel_progress_note(&t->progress, "step %d: val loss %.4f", step + 1, val_loss);
+        }
+        if (stop) {
+            if (t->leader) keel_progress_note(&t->progress, "stopped after step %d on a signal", step + 1);
+            status = "interrupted";
+            st = KEEL_ERR_IO;
+            step++;
+            break;
+        }
     }
     float *params = keel_model_params(t->model), *gathered = NULL;
     double *memory = keel_xmalloc(sizeof(double) * MEM_FIELDS * (size_t)t->world_size, "memory report");
@@ -462,7 +451,8 @@ static keel_status train_loop(trainer *t) {
     return st;
 }
 
-/* Create the run directory and write the resolved config into it. */
+/* Create the run directory (if new) and write the resolved config into it
+ * (atomically replacing a resumed run's: each checkpoint keeps its own). */
 static keel_status create_run_dir(const keel_config *cfg, const char *run_dir) {
     keel_status st = make_dirs(run_dir);
     if (st != KEEL_OK) return st;
@@ -523,6 +513,14 @@ static keel_status run(trainer *t) {
     }
     t->bf16 = bf16_usable(cfg);
     build_state(t);
+    trainer_ckpt_init(t);
+    if ((st = trainer_ckpt_resume(t)) != KEEL_OK) return st;
+    if (t->start_step >= cfg->train.steps) {
+        if (t->leader)
+            keel_log_info("%s is already trained to step %d (train.steps %d): nothing to do; raise "
+                          "train.steps to go on", t->run_dir, t->start_step, cfg->train.steps);
+        return KEEL_OK;
+    }
     const keel_model_layout *lay = keel_model_get_layout(t->model);
     t->tokens = keel_xmalloc(sizeof(int32_t) * (size_t)cfg->train.micro_batch_size * (lay->T + 1), "tokens");
     t->step_tps = keel_xcalloc(sizeof(double) * (size_t)(cfg->train.steps + 1), "step rates");
@@ -531,7 +529,7 @@ static keel_status run(trainer *t) {
     keel_log_info("rank %d of %d (pid %d): training %lld parameters for %d steps, %lld tokens per "
                   "step, %d thread(s) (%s peak %.0f GF/s over all ranks); run directory %s", t->rank,
                   t->world_size, (int)getpid(), (long long)lay->n_params, cfg->train.steps,
-                  (long long)global_batch(t) * lay->T, t->threads, t->bf16 ? "bf16" : "fp32",
+                  (long long)trainer_global_batch(t) * lay->T, t->threads, t->bf16 ? "bf16" : "fp32",
                   t->peak_flops / 1e9, t->run_dir);
     struct sigaction sa = {.sa_handler = on_stop_signal}, old_int, old_term;
     sigemptyset(&sa.sa_mask);
@@ -547,6 +545,7 @@ static void free_trainer(trainer *t) {
     keel_jsonl_close(t->metrics);
     keel_data_close(t->train);
     keel_data_close(t->val);
+    trainer_ckpt_free(t);
     keel_optim_free(t->opt);
     keel_fsdp_free(t->fsdp);
     keel_model_free(t->model);
@@ -554,9 +553,16 @@ static void free_trainer(trainer *t) {
     keel_free(t->step_tps);
 }
 
-keel_status keel_train_run(const keel_config *cfg, const char *run_dir) {
+/* A new or empty directory, or a run to resume (trainer_check_resume). */
+static keel_status check_run_dir(keel_config *cfg, const char *run_dir, int world_size) {
+    bool resuming;
+    keel_status st = trainer_check_resume(cfg, run_dir, world_size, &resuming);
+    return st != KEEL_OK || resuming ? st : check_run_dir_free(run_dir);
+}
+
+keel_status keel_train_run(keel_config *cfg, const char *run_dir) {
     trainer t = {.cfg = cfg, .run_dir = run_dir, .world_size = 1, .leader = true};
-    keel_status st = check_run_dir_free(run_dir);
+    keel_status st = check_run_dir(cfg, run_dir, 1);
     if (st == KEEL_OK) st = open_inputs(&t);
     if (st == KEEL_OK) st = create_run_dir(cfg, run_dir);
     if (st == KEEL_OK) {
@@ -568,9 +574,9 @@ keel_status keel_train_run(const keel_config *cfg, const char *run_dir) {
     return st;
 }
 
-keel_status keel_train_prepare_run_dir(const keel_config *cfg, const char *run_dir, int world_size) {
+keel_status keel_train_prepare_run_dir(keel_config *cfg, const char *run_dir, int world_size) {
     trainer t = {.cfg = cfg, .run_dir = run_dir, .world_size = world_size, .leader = true};
-    keel_status st = check_run_dir_free(run_dir);
+    keel_status st = check_run_dir(cfg, run_dir, world_size);
     if (st == KEEL_OK) st = open_inputs(&t);
     if (st == KEEL_OK) st = create_run_dir(cfg, run_dir);
     char logs[4096];

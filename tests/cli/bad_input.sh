@@ -68,7 +68,9 @@ expect_input_error "eval: no run" "none-run/config.json: cannot open config" "$K
 # --- an existing run is never touched --------------------------------------
 "$K" train "$CFG" --set train.steps=2 --run-dir "$RUN" >/dev/null 2>&1
 before=$(cd "$RUN" && sha256sum * | sha256sum)
-expect_input_error "run dir not empty" "run directory already exists and is not empty" train "$CFG"
+expect_input_error "finished run, no checkpoints" "run directory already exists and holds a finished run without checkpoints" train "$CFG"
+mkdir -p "$TMP/other" && touch "$TMP/other/x"
+expect_input_error "run dir not empty" "run directory already exists and is not empty" "$K" train "$CFG" --run-dir "$TMP/other"
 expect_input_error "bad config, existing run" "unknown config key" train "$CFG" --set train.nope=1
 [ "$before" = "$(cd "$RUN" && sha256sum * | sha256sum)" ] || fail "existing run directory changed"
 pass "existing run directory unchanged"

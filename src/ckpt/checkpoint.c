@@ -1,0 +1,474 @@
+/* ckpt/checkpoint.c: the sharded checkpoint format — shard files, manifest,
+ * commit by rename, LATEST, listing, verification, resharding reads. */
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "keel/ckpt.h"
+
+typedef struct {
+    char magic[8];
+    uint32_t version, rank, ranks, arrays;
+    uint64_t step, floats;
+    uint8_t pad[24];
+} shard_header;
+_Static_assert(sizeof(shard_header) == KEEL_CKPT_HEADER_BYTES, "checkpoint header is 64 bytes");
+
+void keel_ckpt_dir(char *out, size_t n, const char *run_dir, int64_t step, bool tmp) {
+    snprintf(out, n, "%s/checkpoints/step_%08lld%s", run_dir, (long long)step, tmp ? ".tmp" : "");
+}
+
+static void shard_name(char *out, size_t n, int rank, int ranks) {
+    snprintf(out, n, "shard-%05d-of-%05d.bin", rank, ranks);
+}
+
+static keel_status fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return KEEL_ERR_IO;
+    int rc = fsync(fd);
+    close(fd);
+    return rc == 0 ? KEEL_OK : KEEL_ERR_IO;
+}
+
+static keel_status write_all(int fd, const void *data, size_t bytes, XXH3_state_t *h) {
+    const char *p = data;
+    if (h) XXH3_64bits_update(h, data, bytes);
+    while (bytes > 0) {
+        ssize_t n = write(fd, p, bytes > (1u << 30) ? (1u << 30) : bytes);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return KEEL_ERR_IO;
+        p += n;
+        bytes -= (size_t)n;
+    }
+    return KEEL_OK;
+}
+
+keel_status keel_ckpt_write_shard(const char *dir, int rank, int ranks, int64_t step,
+                                  const float *const arrays[KEEL_CKPT_ARRAYS], int64_t floats,
+                                  keel_ckpt_file *file) {
+    char name[64], path[4200], parent[4096];
+    shard_name(name, sizeof name, rank, ranks);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *slash = strrchr(parent, '/');
+    if (slash) *slash = 0;
+    if ((mkdir(parent, 0755) != 0 && errno != EEXIST) || (mkdir(dir, 0755) != 0 && errno != EEXIST)) {
+        keel_errorf("%s: cannot create checkpoint directory: %s", dir, strerror(errno));
+        return KEEL_ERR_IO;
+    }
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        keel_errorf("%s: cannot create: %s", path, strerror(errno));
+        return KEEL_ERR_IO;
+    }
+    shard_header hd = {.version = KEEL_CKPT_VERSION, .rank = (uint32_t)rank, .ranks = (uint32_t)ranks,
+                       .arrays = KEEL_CKPT_ARRAYS, .step = (uint64_t)step, .floats = (uint64_t)floats};
+    memcpy(hd.magic, KEEL_CKPT_MAGIC, 8);
+    XXH3_state_t *h = XXH3_createState();
+    XXH3_64bits_reset(h);
+    size_t bytes = sizeof(float) * (size_t)floats, payload = bytes * KEEL_CKPT_ARRAYS;
+    keel_status st = write_all(fd, &hd, sizeof hd, h);
+    for (int a = 0; a < KEEL_CKPT_ARRAYS && st == KEEL_OK; a++) st = write_all(fd, arrays[a], bytes, h);
+    int err = errno;
+    if (st == KEEL_OK && fsync(fd) != 0) st = KEEL_ERR_IO, err = errno;
+    if (close(fd) != 0 && st == KEEL_OK) st = KEEL_ERR_IO, err = errno;
+    file->xxh3 = XXH3_64bits_digest(h);
+    file->bytes = (int64_t)(sizeof hd + payload);
+    XXH3_freeState(h);
+    if (st != KEEL_OK)
+        keel_errorf("%s: checkpoint write failed: %s (%lld bytes needed; older checkpoints are "
+                    "untouched)", path, strerror(err), (long long)file->bytes);
+    return st;
+}
+
+char *keel_ckpt_manifest_json(const keel_ckpt_meta *m) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "format", "keel-checkpoint");
+    cJSON_AddNumberToObject(o, "version", KEEL_CKPT_VERSION);
+    cJSON_AddStringToObject(o, "keel_version", KEEL_VERSION);
+    char when[32];
+    time_t now = time(NULL);
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    cJSON_AddStringToObject(o, "created", when);
+    cJSON_AddNumberToObject(o, "step", (double)m->step);
+    cJSON_AddNumberToObject(o, "global_batch", (double)m->global_batch);
+    cJSON *world = cJSON_AddObjectToObject(o, "world");
+    cJSON_AddNumberToObject(world, "size", m->world_size);
+    cJSON_AddStringToObject(world, "strategy", m->strategy);
+    cJSON_AddNumberToObject(world, "shard_ranks", m->plan->shard_ranks);
+    cJSON *data = cJSON_AddObjectToObject(o, "data");
+    cJSON_AddNumberToObject(data, "seed", (double)m->seed);
+    cJSON_AddNumberToObject(data, "next_step", (double)m->step);
+    cJSON_AddNumberToObject(data, "samples_consumed", (double)m->step * (double)m->global_batch);
+    cJSON *rng = cJSON_AddObjectToObject(o, "rng");
+    cJSON_AddNumberToObject(rng, "seed", (double)m->seed);
+    cJSON_AddStringToObject(rng, "note", "keel draws no random numbers after initialisation; the data "
+                                         "order is a function of (seed, step)");
+    cJSON *lr = cJSON_AddObjectToObject(o, "lr_schedule");
+    cJSON_AddNumberToObject(lr, "step", (double)m->step);
+    cJSON_AddNumberToObject(lr, "next_lr", m->next_lr);
+    cJSON_AddItemToObject(o, "config", cJSON_Parse(m->config_json));
+    cJSON *arrays = cJSON_AddArrayToObject(o, "arrays");
+    const char *names[KEEL_CKPT_ARRAYS] = {"params", "adamw_m", "adamw_v"};
+    for (int i = 0; i < KEEL_CKPT_ARRAYS; i++) cJSON_AddItemToArray(arrays, cJSON_CreateString(names[i]));
+    cJSON *units = cJSON_AddArrayToObject(o, "units");
+    for (int u = 0; u < m->plan->n_units; u++) {
+        const keel_fsdp_unit *x = &m->plan->units[u];
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddNumberToObject(j, "offset", (double)x->offset);
+        cJSON_AddNumberToObject(j, "logical", (double)x->logical);
+        cJSON_AddNumberToObject(j, "padded", (double)x->padded);
+        cJSON_AddNumberToObject(j, "shard", (double)x->shard);
+        cJSON_AddNumberToObject(j, "shard_offset", (double)x->shard_offset);
+        cJSON_AddItemToArray(units, j);
+    }
+    cJSON *files = cJSON_AddArrayToObject(o, "files");
+    for (int r = 0; r < m->plan->shard_ranks; r++) {
+        char name[64], hex[17];
+        shard_name(name, sizeof name, r, m->plan->shard_ranks);
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)m->files[r].xxh3);
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "name", name);
+        cJSON_AddNumberToObject(j, "bytes", (double)m->files[r].bytes);
+        cJSON_AddStringToObject(j, "xxh3", hex);
+        cJSON_AddItemToArray(files, j);
+    }
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    return text;
+}
+
+keel_status keel_ckpt_commit(const char *run_dir, int64_t step, const char *manifest_json) {
+    char tmp[4096], dir[4096], path[4200], parent[4096];
+    keel_ckpt_dir(tmp, sizeof tmp, run_dir, step, true);
+    keel_ckpt_dir(dir, sizeof dir, run_dir, step, false);
+    snprintf(parent, sizeof parent, "%s/checkpoints", run_dir);
+    snprintf(path, sizeof path, "%s/manifest.json", tmp);
+    keel_status st = keel_write_file_atomic(path, manifest_json, strlen(manifest_json));
+    if (st != KEEL_OK) return st;
+    if (fsync_path(tmp) != KEEL_OK || rename(tmp, dir) != 0 || fsync_path(parent) != KEEL_OK) {
+        keel_errorf("%s: cannot commit checkpoint: %s", dir, strerror(errno));
+        return KEEL_ERR_IO;
+    }
+    char latest[64];
+    int n = snprintf(latest, sizeof latest, "step_%08lld\n", (long long)step);
+    snprintf(path, sizeof path, "%s/LATEST", parent);
+    return keel_write_file_atomic(path, latest, (size_t)n);
+}
+
+/* step_NNNNNNNN (committed) or step_NNNNNNNN.tmp: the step, or -1. */
+static int64_t parse_step(const char *name, bool *tmp) {
+    if (strncmp(name, "step_", 5) != 0) return -1;
+    char *end;
+    long long v = strtoll(name + 5, &end, 10);
+    if (end == name + 5 || v < 0) return -1;
+    *tmp = !strcmp(end, ".tmp");
+    return *tmp || *end == 0 ? v : -1;
+}
+
+static void remove_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char path[4400];
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+    closedir(d);
+    rmdir(dir);
+}
+
+/* Every step_* entry under RUN/checkpoints: steps and whether each is a .tmp. */
+static int scan(const char *run_dir, int64_t **steps, bool **tmps) {
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s/checkpoints", run_dir);
+    *steps = NULL;
+    *tmps = NULL;
+    DIR *d = opendir(parent);
+    if (!d) return 0;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        bool tmp;
+        int64_t s = parse_step(e->d_name, &tmp);
+        if (s < 0) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            *steps = keel_xrealloc(*steps, sizeof(int64_t) * (size_t)cap, "checkpoint list");
+            *tmps = keel_xrealloc(*tmps, sizeof(bool) * (size_t)cap, "checkpoint list");
+        }
+        (*steps)[n] = s;
+        (*tmps)[n++] = tmp;
+    }
+    closedir(d);
+    return n;
+}
+
+void keel_ckpt_clean_tmp(const char *run_dir) {
+    int64_t *steps;
+    bool *tmps;
+    int n = scan(run_dir, &steps, &tmps);
+    char dir[4096];
+    for (int i = 0; i < n; i++)
+        if (tmps[i]) {
+            keel_ckpt_dir(dir, sizeof dir, run_dir, steps[i], true);
+            remove_tree(dir);
+        }
+    keel_free(steps);
+    keel_free(tmps);
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x < y) - (x > y);
+}
+
+int keel_ckpt_list(const char *run_dir, int64_t **out) {
+    int64_t *steps;
+    bool *tmps;
+    int n = scan(run_dir, &steps, &tmps), k = 0;
+    for (int i = 0; i < n; i++)
+        if (!tmps[i]) steps[k++] = steps[i];
+    keel_free(tmps);
+    if (k > 1) qsort(steps, (size_t)k, sizeof(int64_t), cmp_desc);
+    /* LATEST first: it names the last commit even if a newer directory appeared by hand. */
+    char path[4200], buf[64] = "";
+    snprintf(path, sizeof path, "%s/checkpoints/LATEST", run_dir);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        bool tmp;
+        int64_t latest = fgets(buf, sizeof buf, f) ? (buf[strcspn(buf, "\n")] = 0, parse_step(buf, &tmp)) : -1;
+        fclose(f);
+        for (int i = 0; i < k && latest >= 0; i++)
+            if (steps[i] == latest) {
+                memmove(steps + 1, steps, sizeof(int64_t) * (size_t)i);
+                steps[0] = latest;
+                break;
+            }
+    }
+    *out = steps;
+    return k;
+}
+
+void keel_ckpt_retain(const char *run_dir, int keep_last, int64_t keep) {
+    if (keep_last <= 0) return;
+    int64_t *steps;
+    int n = keel_ckpt_list(run_dir, &steps);
+    if (n > 1) qsort(steps, (size_t)n, sizeof(int64_t), cmp_desc);
+    char dir[4096];
+    for (int i = keep_last; i < n; i++)
+        if (steps[i] != keep && steps[i] < keep) {
+            keel_ckpt_dir(dir, sizeof dir, run_dir, steps[i], false);
+            remove_tree(dir);
+        }
+    keel_free(steps);
+}
+
+/* ---- reading ---------------------------------------------------------------- */
+
+static const cJSON *get(const cJSON *o, const char *key) {
+    return cJSON_GetObjectItemCaseSensitive(o, key);
+}
+
+static bool get_i64(const cJSON *o, const char *key, int64_t *out) {
+    const cJSON *v = get(o, key);
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0) return false;
+    *out = (int64_t)v->valuedouble;
+    return true;
+}
+
+keel_status keel_ckpt_open(const char *dir, keel_ckpt *c) {
+    memset(c, 0, sizeof *c);
+    snprintf(c->dir, sizeof c->dir, "%s", dir);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        keel_errorf("%s: no manifest: %s", path, strerror(errno));
+        return KEEL_ERR_INPUT;
+    }
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = keel_xmalloc((size_t)(len > 0 ? len : 0) + 1, "manifest");
+    size_t got = fread(text, 1, (size_t)(len > 0 ? len : 0), f);
+    fclose(f);
+    text[got] = 0;
+    cJSON *m = cJSON_Parse(text);
+    keel_free(text);
+    c->manifest = m;
+    const cJSON *world = get(m, "world"), *units = get(m, "units"), *files = get(m, "files");
+    int64_t shard_ranks = 0, world_size = 0;
+    const cJSON *strategy = world ? get(world, "strategy") : NULL;
+    if (!m || !cJSON_IsString(get(m, "format")) || strcmp(get(m, "format")->valuestring, "keel-checkpoint") ||
+        !get_i64(m, "step", &c->step) || !get_i64(m, "global_batch", &c->global_batch) || !world ||
+        !get_i64(world, "shard_ranks", &shard_ranks) || !get_i64(world, "size", &world_size) ||
+        !cJSON_IsString(strategy) || !cJSON_IsArray(units) || !cJSON_IsArray(files) ||
+        shard_ranks < 1 || cJSON_GetArraySize(files) != shard_ranks || cJSON_GetArraySize(units) < 1) {
+        keel_errorf("%s: not a keel checkpoint manifest (unparsable or missing keys)", path);
+        keel_ckpt_close(c);
+        return KEEL_ERR_INPUT;
+    }
+    c->shard_ranks = (int)shard_ranks;
+    c->world_size = (int)world_size;
+    snprintf(c->strategy, sizeof c->strategy, "%s", strategy->valuestring);
+    c->plan.n_units = cJSON_GetArraySize(units);
+    c->plan.shard_ranks = c->shard_ranks;
+    c->plan.units = keel_xcalloc(sizeof(keel_fsdp_unit) * (size_t)c->plan.n_units, "checkpoint units");
+    int i = 0;
+    const cJSON *u;
+    cJSON_ArrayForEach(u, units) {
+        keel_fsdp_unit *x = &c->plan.units[i++];
+        if (!get_i64(u, "offset", &x->offset) || !get_i64(u, "logical", &x->logical) ||
+            !get_i64(u, "padded", &x->padded) || !get_i64(u, "shard", &x->shard) ||
+            !get_i64(u, "shard_offset", &x->shard_offset) || x->shard * c->shard_ranks != x->padded ||
+            x->logical > x->padded) {
+            keel_errorf("%s: unit %d of the manifest is malformed", path, i - 1);
+            keel_ckpt_close(c);
+            return KEEL_ERR_INPUT;
+        }
+        c->plan.shard_total += x->shard;
+    }
+    c->files = keel_xcalloc(sizeof(keel_ckpt_file) * (size_t)c->shard_ranks, "checkpoint files");
+    i = 0;
+    const cJSON *fj;
+    cJSON_ArrayForEach(fj, files) {
+        const cJSON *x = get(fj, "xxh3");
+        int64_t bytes = 0;
+        if (!cJSON_IsString(x) || !get_i64(fj, "bytes", &bytes) ||
+            bytes != KEEL_CKPT_HEADER_BYTES + 4 * KEEL_CKPT_ARRAYS * c->plan.shard_total) {
+            keel_errorf("%s: file %d of the manifest is malformed", path, i);
+            keel_ckpt_close(c);
+            return KEEL_ERR_INPUT;
+        }
+        c->files[i].bytes = bytes;
+        c->files[i++].xxh3 = strtoull(x->valuestring, NULL, 16);
+    }
+    for (int j = 0; j < c->shard_ranks; j++) {
+        char name[64];
+        shard_name(name, sizeof name, j, c->shard_ranks);
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        struct stat sb;
+        shard_header hd;
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        bool ok = fd >= 0 && fstat(fd, &sb) == 0 && sb.st_size == c->files[j].bytes &&
+                  pread(fd, &hd, sizeof hd, 0) == (ssize_t)sizeof hd &&
+                  !memcmp(hd.magic, KEEL_CKPT_MAGIC, 8) && hd.version == KEEL_CKPT_VERSION &&
+                  hd.rank == (uint32_t)j && hd.ranks == (uint32_t)c->shard_ranks &&
+                  hd.step == (uint64_t)c->step && hd.floats == (uint64_t)c->plan.shard_total;
+        if (fd >= 0) close(fd);
+        if (!ok) {
+            keel_errorf("%s: %s", path, fd < 0 ? "missing" : "wrong size or header (truncated or foreign)");
+            keel_ckpt_close(c);
+            return KEEL_ERR_INPUT;
+        }
+    }
+    return KEEL_OK;
+}
+
+void keel_ckpt_close(keel_ckpt *c) {
+    cJSON_Delete(c->manifest);
+    keel_free(c->plan.units);
+    keel_free(c->files);
+    memset(c, 0, sizeof *c);
+}
+
+static int open_file(const keel_ckpt *c, int j) {
+    char name[64], path[4200];
+    shard_name(name, sizeof name, j, c->shard_ranks);
+    snprintf(path, sizeof path, "%s/%s", c->dir, name);
+    return open(path, O_RDONLY | O_CLOEXEC);
+}
+
+keel_status keel_ckpt_verify_file(const keel_ckpt *c, int j) {
+    int fd = open_file(c, j);
+    if (fd < 0) {
+        keel_errorf("%s: shard %d cannot be opened: %s", c->dir, j, strerror(errno));
+        return KEEL_ERR_INPUT;
+    }
+    XXH3_state_t *h = XXH3_createState();
+    XXH3_64bits_reset(h);
+    size_t cap = 8u << 20;
+    char *buf = keel_xmalloc(cap, "checksum buffer");
+    ssize_t n;
+    int64_t total = 0;
+    while ((n = read(fd, buf, cap)) > 0) XXH3_64bits_update(h, buf, (size_t)n), total += n;
+    uint64_t got = XXH3_64bits_digest(h);
+    XXH3_freeState(h);
+    keel_free(buf);
+    close(fd);
+    if (n < 0 || total != c->files[j].bytes || got != c->files[j].xxh3) {
+        keel_errorf("%s: shard %d of %d fails its checksum (xxh3 %016llx, manifest %016llx): the file "
+                    "is damaged", c->dir, j, c->shard_ranks, (unsigned long long)got,
+                    (unsigned long long)c->files[j].xxh3);
+        return KEEL_ERR_INPUT;
+    }
+    return KEEL_OK;
+}
+
+keel_status keel_ckpt_check_layout(const keel_ckpt *c, const keel_model_layout *lay) {
+    bool ok = c->plan.n_units == lay->n_units;
+    for (int u = 0; ok && u < lay->n_units; u++)
+        ok = c->plan.units[u].offset == lay->unit_offset[u] && c->plan.units[u].logical == lay->unit_size[u];
+    if (!ok)
+        keel_errorf("%s: saved from a different model shape (%d units) than the config's (%d units, "
+                    "%lld parameters); use the run's own model settings", c->dir, c->plan.n_units,
+                    lay->n_units, (long long)lay->n_params);
+    return ok ? KEEL_OK : KEEL_ERR_INPUT;
+}
+
+/* The unit holding canonical index i. */
+static int unit_of(const keel_ckpt *c, int64_t i) {
+    for (int u = 0; u < c->plan.n_units; u++)
+        if (i >= c->plan.units[u].offset && i < c->plan.units[u].offset + c->plan.units[u].logical) return u;
+    return -1;
+}
+
+keel_status keel_ckpt_read(const keel_ckpt *c, int a, int64_t begin, int64_t len, float *dst) {
+    if (len <= 0) return KEEL_OK;
+    int u = unit_of(c, begin);
+    KEEL_CHECK(u >= 0 && begin + len <= c->plan.units[u].offset + c->plan.units[u].logical,
+               "checkpoint read [%lld, +%lld) is not inside one unit", (long long)begin, (long long)len);
+    const keel_fsdp_unit *x = &c->plan.units[u];
+    int64_t pos = begin - x->offset; /* in the unit's padded vector */
+    while (len > 0) {
+        int j = (int)(pos / x->shard);
+        int64_t within = pos % x->shard, n = x->shard - within < len ? x->shard - within : len;
+        off_t at = KEEL_CKPT_HEADER_BYTES +
+                   (off_t)sizeof(float) * ((int64_t)a * c->plan.shard_total + x->shard_offset + within);
+        int fd = open_file(c, j);
+        size_t want = sizeof(float) * (size_t)n;
+        ssize_t got = fd >= 0 ? pread(fd, dst, want, at) : -1;
+        if (fd >= 0) close(fd);
+        if (got != (ssize_t)want) {
+            keel_errorf("%s: shard %d: short read at byte %lld", c->dir, j, (long long)at);
+            return KEEL_ERR_INPUT;
+        }
+        dst += n, pos += n, len -= n;
+    }
+    return KEEL_OK;
+}
+
+void keel_ckpt_files_for(const keel_ckpt *c, const keel_param_range *ranges, int n, bool *used) {
+    memset(used, 0, sizeof(bool) * (size_t)c->shard_ranks);
+    for (int r = 0; r < n; r++) {
+        if (ranges[r].len <= 0) continue;
+        int u = unit_of(c, ranges[r].begin);
+        if (u < 0) continue;
+        const keel_fsdp_unit *x = &c->plan.units[u];
+        int64_t first = (ranges[r].begin - x->offset) / x->shard;
+        int64_t last = (ranges[r].begin + ranges[r].len - 1 - x->offset) / x->shard;
+        for (int64_t j = first; j <= last && j < c->shard_ranks; j++) used[j] = true;
+    }
+}

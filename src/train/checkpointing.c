@@ -1,0 +1,428 @@
+/* train/checkpointing.c: when and what a run saves, the commit protocol over
+ * ranks, and resume (DESIGN §5).
+ *
+ * What is saved: each shard rank's optimizer state — parameters, AdamW m and
+ * v — in the layout of its shard plan (one process: a plan of one rank).
+ * Ranks that replicate a shard (NO_SHARD, HYBRID_SHARD) save it once: world
+ * ranks 0 .. shard_ranks-1 write, one file each.
+ *
+ * How: at a step boundary where a save is due, every writer copies its
+ * arrays into a host buffer (the only stall with checkpoint.async) and a
+ * background thread writes and fsyncs the file into step_N.tmp. At each later
+ * boundary the ranks agree (one small all-reduce, shared with the stop
+ * signal) whether every write has finished; then the file sizes and
+ * checksums are all-gathered and the leader writes the manifest, renames the
+ * directory (the commit), replaces LATEST and applies retention. At most one
+ * save is in flight: a save that comes due while one is writing first waits
+ * for it and commits it. A failed write (full disk, file-size limit) is an
+ * error line and an event; the .tmp is removed and training goes on with the
+ * older checkpoints intact. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "keel/ckpt.h"
+#include "keel/train.h"
+#include "train/trainer.h"
+
+struct trainer_ckpt {
+    bool enabled;
+    keel_fsdp_plan own_plan;       /* one process: the plan of one shard rank */
+    const keel_fsdp_plan *plan;    /* the layout files follow */
+    int file_rank;                 /* the file this rank writes, or -1 */
+    float *arrays[KEEL_CKPT_ARRAYS];/* live parameters, m, v */
+    keel_param_range *ranges;      /* canonical ranges this rank holds */
+    int n_ranges;
+    float *host;                   /* packed copy of the arrays (async, or one process) */
+    double last_save_s;
+    int last_saved_step;
+    /* the save in flight */
+    bool pending;
+    int pending_step;
+    pthread_t thread;
+    bool thread_live;
+    atomic_bool done;
+    keel_status write_status;
+    char write_error[1024];
+    keel_ckpt_file file;
+};
+
+/* Where array a's floats for the file come from. */
+static const float *file_array(const trainer_ckpt *c, int a) {
+    return c->host ? c->host + (int64_t)a * c->plan->shard_total : c->arrays[a];
+}
+
+void trainer_ckpt_init(trainer *t) {
+    trainer_ckpt *c = keel_xcalloc(sizeof *c, "checkpointing");
+    const keel_checkpoint_config *cc = &t->cfg->checkpoint;
+    c->enabled = cc->every_steps > 0 || cc->every_seconds > 0;
+    const keel_model_layout *lay = keel_model_get_layout(t->model);
+    c->arrays[1] = keel_optim_m(t->opt);
+    c->arrays[2] = keel_optim_v(t->opt);
+    if (t->fsdp) {
+        c->plan = keel_fsdp_get_plan(t->fsdp);
+        c->arrays[0] = keel_fsdp_master(t->fsdp);
+        c->n_ranges = keel_fsdp_param_ranges(c->plan, keel_fsdp_shard_rank(t->fsdp), &c->ranges);
+        c->file_rank = t->rank < c->plan->shard_ranks ? keel_fsdp_shard_rank(t->fsdp) : -1;
+    } else {
+        keel_fsdp_plan_init(&c->own_plan, lay, 1);
+        c->plan = &c->own_plan;
+        c->arrays[0] = keel_model_params(t->model);
+        c->ranges = keel_xmalloc(sizeof(keel_param_range) * (size_t)lay->n_units, "ranges");
+        for (int u = 0; u < lay->n_units; u++)
+            c->ranges[c->n_ranges++] = (keel_param_range){lay->unit_offset[u], lay->unit_size[u],
+                                                          lay->unit_offset[u]};
+        c->file_rank = 0;
+    }
+    /* One process packs (its buffers have no padding); async needs a copy. */
+    if (c->enabled && c->file_rank >= 0 && (!t->fsdp || cc->async))
+        c->host = keel_xcalloc(sizeof(float) * KEEL_CKPT_ARRAYS * (size_t)c->plan->shard_total,
+                               "checkpoint host buffer");
+    c->last_save_s = keel_now_s();
+    c->last_saved_step = -1;
+    t->ckpt = c;
+}
+
+static void join(trainer_ckpt *c) {
+    if (c->thread_live) pthread_join(c->thread, NULL);
+    c->thread_live = false;
+}
+
+void trainer_ckpt_free(trainer *t) {
+    trainer_ckpt *c = t->ckpt;
+    if (!c) return;
+    join(c);
+    if (c->plan == &c->own_plan) keel_fsdp_plan_free(&c->own_plan);
+    keel_free(c->ranges);
+    keel_free(c->host);
+    keel_free(c);
+    t->ckpt = NULL;
+}
+
+/* The file position of canonical range r (inside one unit) in this rank's file. */
+static int64_t file_offset(const trainer_ckpt *c, const keel_param_range *r) {
+    for (int u = 0; u < c->plan->n_units; u++) {
+        const keel_fsdp_unit *x = &c->plan->units[u];
+        if (r->begin >= x->offset && r->begin < x->offset + x->logical)
+            return x->shard_offset + (r->begin - x->offset) % x->shard;
+    }
+    KEEL_CHECK(false, "range at %lld is in no unit", (long long)r->begin);
+    return 0;
+}
+
+typedef struct {
+    trainer_ckpt *c;
+    char dir[4096];
+    int64_t step;
+} write_job;
+
+static void *write_thread(void *arg) {
+    write_job *job = arg;
+    trainer_ckpt *c = job->c;
+    const float *arrays[KEEL_CKPT_ARRAYS];
+    for (int a = 0; a < KEEL_CKPT_ARRAYS; a++) arrays[a] = file_array(c, a);
+    keel_error_capture(true);
+    c->write_status = keel_ckpt_write_shard(job->dir, c->file_rank, c->plan->shard_ranks, job->step,
+                                            arrays, c->plan->shard_total, &c->file);
+    snprintf(c->write_error, sizeof c->write_error, "%s", keel_last_error());
+    keel_error_capture(false);
+    keel_free(job);
+    atomic_store(&c->done, true);
+    return NULL;
+}
+
+/* Begin saving the state after `step` steps: copy (the stall), then write on
+ * a thread. Ranks that write nothing are done at once. */
+static void start_save(trainer *t, int step) {
+    trainer_ckpt *c = t->ckpt;
+    c->pending = true;
+    c->pending_step = step;
+    c->last_saved_step = step;
+    c->last_save_s = keel_now_s();
+    c->write_status = KEEL_OK;
+    c->write_error[0] = 0;
+    memset(&c->file, 0, sizeof c->file);
+    if (c->file_rank < 0) {
+        atomic_store(&c->done, true);
+        return;
+    }
+    if (c->host)
+        for (int a = 0; a < KEEL_CKPT_ARRAYS; a++)
+            for (int i = 0; i < c->n_ranges; i++) {
+                const keel_param_range *r = &c->ranges[i];
+                memcpy(c->host + (int64_t)a * c->plan->shard_total + file_offset(c, r),
+                       c->arrays[a] + r->buffer_offset, sizeof(float) * (size_t)r->len);
+            }
+    write_job *job = keel_xmalloc(sizeof *job, "checkpoint job");
+    job->c = c;
+    job->step = step;
+    keel_ckpt_dir(job->dir, sizeof job->dir, t->run_dir, step, true);
+    atomic_store(&c->done, false);
+    KEEL_CHECK(pthread_create(&c->thread, NULL, write_thread, job) == 0, "checkpoint thread");
+    c->thread_live = true;
+}
+
+/* Wait for this rank's write, gather every writer's result, and (leader)
+ * commit the checkpoint or report the failure. Collective. */
+static void finish_save(trainer *t) {
+    trainer_ckpt *c = t->ckpt;
+    join(c);
+    int W = t->world_size;
+    double mine[4] = {(double)(c->file.xxh3 >> 32), (double)(c->file.xxh3 & 0xffffffffu),
+                      (double)c->file.bytes, c->write_status != KEEL_OK};
+    double *all = keel_xmalloc(sizeof(double) * 4 * (size_t)W, "checkpoint results");
+    if (t->world) keel_comm_allgather(t->world, mine, all, 4, KEEL_COMM_F64);
+    else memcpy(all, mine, sizeof mine);
+    c->pending = false;
+    if (c->write_status != KEEL_OK) /* each failing rank says why in its own log */
+        keel_errorf("%s", c->write_error);
+    int failed = 0;
+    for (int r = 0; r < W; r++) failed += all[4 * r + 3] != 0;
+    char tmp[4096];
+    keel_ckpt_dir(tmp, sizeof tmp, t->run_dir, c->pending_step, true);
+    if (t->leader && failed) {
+        keel_log_warn("checkpoint at step %d was not saved (%d rank(s) failed to write); training "
+                      "goes on, older checkpoints are intact", c->pending_step, failed);
+        keel_event(t->run_dir, "checkpoint_failed", c->pending_step, "%d rank(s) could not write: %s",
+                   failed, c->write_error[0] ? c->write_error : "see the ranks' logs");
+        keel_ckpt_clean_tmp(t->run_dir);
+    } else if (t->leader) {
+        keel_ckpt_file *files = keel_xmalloc(sizeof(keel_ckpt_file) * (size_t)c->plan->shard_ranks, "files");
+        for (int j = 0; j < c->plan->shard_ranks; j++) /* file j comes from world rank j */
+            files[j] = (keel_ckpt_file){((uint64_t)all[4 * j] << 32) | (uint64_t)all[4 * j + 1],
+                                        (int64_t)all[4 * j + 2]};
+        char *config = keel_config_to_json(t->cfg);
+        keel_ckpt_meta meta = {.step = c->pending_step, .global_batch = trainer_global_batch(t),
+                               .world_size = W, .strategy = t->world ? t->cfg->fsdp.strategy : "single",
+                               .plan = c->plan, .files = files, .config_json = config,
+                               .seed = t->cfg->train.seed,
+                               .next_lr = keel_lr_at(&t->cfg->train, c->pending_step)};
+        char *manifest = keel_ckpt_manifest_json(&meta);
+        keel_status st = keel_ckpt_commit(t->run_dir, c->pending_step, manifest);
+        if (st == KEEL_OK) {
+            keel_event(t->run_dir, "checkpoint_committed", c->pending_step, "%d file(s)",
+                       c->plan->shard_ranks);
+            keel_ckpt_retain(t->run_dir, t->cfg->checkpoint.keep_last, c->pending_step);
+        } else {
+            keel_event(t->run_dir, "checkpoint_failed", c->pending_step, "commit failed");
+            keel_ckpt_clean_tmp(t->run_dir);
+        }
+        free(manifest);
+        free(config);
+        keel_free(files);
+    }
+    keel_free(all);
+}
+
+double trainer_ckpt_boundary(trainer *t, int steps_done, bool last, bool *stop) {
+    trainer_ckpt *c = t->ckpt;
+    const keel_checkpoint_config *cc = &t->cfg->checkpoint;
+    double t0 = keel_now_s();
+    bool due = c->enabled && steps_done != c->last_saved_step &&
+               (last || (cc->every_steps > 0 && steps_done % cc->every_steps == 0) ||
+                (cc->every_seconds > 0 && t0 - c->last_save_s >= cc->every_seconds));
+    /* one all-reduce: a stop signal, a save due, a write still going */
+    double flags[3] = {*stop, due, c->pending && !atomic_load(&c->done)};
+    if (t->world) keel_comm_allreduce(t->world, flags, flags, 3, KEEL_COMM_F64, KEEL_COMM_MAX);
+    *stop = flags[0] != 0;
+    if (*stop && c->enabled && steps_done != c->last_saved_step) flags[1] = 1; /* save before stopping */
+    if (c->pending && (flags[2] == 0 || flags[1] != 0 || last || *stop)) finish_save(t);
+    if (flags[1] != 0) {
+        start_save(t, steps_done);
+        if (!cc->async || last || *stop) finish_save(t);
+    }
+    double stall = keel_now_s() - t0;
+    return flags[1] != 0 || c->pending ? stall : 0;
+}
+
+keel_status trainer_ckpt_resume(trainer *t) {
+    trainer_ckpt *c = t->ckpt;
+    t->start_step = 0;
+    if (t->leader) keel_ckpt_clean_tmp(t->run_dir); /* saves that never committed */
+    if (t->world) keel_comm_barrier(t->world);
+    int64_t *steps;
+    int n = keel_ckpt_list(t->run_dir, &steps);
+    const keel_model_layout *lay = keel_model_get_layout(t->model);
+    keel_status result = KEEL_OK;
+    for (int i = 0; i < n; i++) {
+        char dir[4096];
+        keel_ckpt_dir(dir, sizeof dir, t->run_dir, steps[i], false);
+        keel_ckpt ck;
+        keel_error_capture(true);
+        keel_status st = keel_ckpt_open(dir, &ck);
+        if (st == KEEL_OK) st = keel_ckpt_check_layout(&ck, lay);
+        if (st == KEEL_OK && ck.global_batch != trainer_global_batch(t)) {
+            keel_errorf("%s: saved with a global batch of %lld sequences, this run has %lld (train."
+                        "micro_batch_size x grad_accum_steps x ranks)", dir, (long long)ck.global_batch,
+                        (long long)trainer_global_batch(t));
+            st = KEEL_ERR_INPUT;
+        }
+        bool *used = NULL;
+        if (st == KEEL_OK) { /* verify the files this rank reads, then read */
+            used = keel_xcalloc(sizeof(bool) * (size_t)ck.shard_ranks, "checkpoint files");
+            keel_ckpt_files_for(&ck, c->ranges, c->n_ranges, used);
+            for (int j = 0; j < ck.shard_ranks && st == KEEL_OK; j++)
+                if (used[j]) st = keel_ckpt_verify_file(&ck, j);
+            for (int a = 0; a < KEEL_CKPT_ARRAYS && st == KEEL_OK; a++)
+                for (int r = 0; r < c->n_ranges && st == KEEL_OK; r++)
+                    st = keel_ckpt_read(&ck, a, c->ranges[r].begin, c->ranges[r].len,
+                                        c->arrays[a] + c->ranges[r].buffer_offset);
+        }
+        keel_error_capture(false);
+        char why[1024];
+        snprintf(why, sizeof why, "%s", keel_last_error());
+        keel_free(used);
+        if (st == KEEL_OK) keel_ckpt_close(&ck);
+        double bad = st != KEEL_OK;
+        if (t->world) keel_comm_allreduce_scalar(t->world, &bad, KEEL_COMM_MAX);
+        if (bad == 0) {
+            t->start_step = (int)steps[i];
+            if (t->leader) {
+                keel_log_info("resuming from %s (step %lld)", dir, (long long)steps[i]);
+                keel_event(t->run_dir, "resumed", steps[i], "from %s on %d rank(s)", dir, t->world_size);
+            }
+            break;
+        }
+        if (st != KEEL_OK) {
+            keel_log_warn("checkpoint %s is not usable: %s", dir, why[0] ? why : "another rank failed");
+            if (t->leader || why[0])
+                keel_event(t->run_dir, "checkpoint_damaged", steps[i], "%s", why[0] ? why : "another rank failed");
+        }
+        /* the arrays may hold a partial read: the next candidate overwrites them all */
+        if (i + 1 == n) {
+            keel_errorf("%s: no usable checkpoint among %d; move the damaged ones aside to start over",
+                        t->run_dir, n);
+            result = KEEL_ERR_INPUT;
+        }
+    }
+    keel_free(steps);
+    if (t->start_step > 0) {
+        c->last_saved_step = t->start_step;
+        if (t->fsdp) keel_fsdp_invalidate(t->fsdp);
+        else keel_model_params_changed(t->model);
+    }
+    return result;
+}
+
+/* ---- resuming a run directory ------------------------------------------------ */
+
+/* Keys a resumed run may change: how long, how parallel, how often it saves. */
+static const char *const RESUMABLE[] = {"train.steps", "train.threads", "train.eval_every",
+                                        "train.eval_batches", "train.micro_batch_size",
+                                        "train.grad_accum_steps", "fsdp", "checkpoint", NULL};
+
+static void drop(cJSON *root, const char *dotted) {
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", dotted);
+    char *dot = strchr(buf, '.');
+    if (!dot) {
+        cJSON_DeleteItemFromObjectCaseSensitive(root, buf);
+        return;
+    }
+    *dot = 0;
+    cJSON *sec = cJSON_GetObjectItemCaseSensitive(root, buf);
+    if (sec) cJSON_DeleteItemFromObjectCaseSensitive(sec, dot + 1);
+}
+
+/* The first dotted key whose value differs between a and b, or false. */
+static bool first_difference(const cJSON *a, const cJSON *b, const char *prefix, char *out, size_t n) {
+    const cJSON *x;
+    cJSON_ArrayForEach(x, a) {
+        char key[256];
+        snprintf(key, sizeof key, "%s%s%s", prefix, *prefix ? "." : "", x->string);
+        const cJSON *y = cJSON_GetObjectItemCaseSensitive(b, x->string);
+        if (cJSON_IsObject(x) && cJSON_IsObject(y)) {
+            if (first_difference(x, y, key, out, n)) return true;
+        } else if (!y || !cJSON_Compare(x, y, true)) {
+            snprintf(out, n, "%s", key);
+            return true;
+        }
+    }
+    cJSON_ArrayForEach(x, b)
+        if (!cJSON_GetObjectItemCaseSensitive(a, x->string)) {
+            snprintf(out, n, "%s%s%s", prefix, *prefix ? "." : "", x->string);
+            return true;
+        }
+    return false;
+}
+
+keel_status trainer_check_resume(keel_config *cfg, const char *run_dir, int world_size, bool *resuming) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", run_dir);
+    *resuming = false;
+    FILE *f = fopen(path, "r");
+    if (!f) return KEEL_OK; /* not a run: the caller checks it is new or empty */
+    fclose(f);
+    int64_t *steps;
+    int n = keel_ckpt_list(run_dir, &steps);
+    snprintf(path, sizeof path, "%s/summary.json", run_dir);
+    if (n == 0 && (f = fopen(path, "r"))) { /* it ended and left nothing to resume from */
+        fclose(f);
+        keel_free(steps);
+        keel_errorf("%s: run directory already exists and holds a finished run without checkpoints; "
+                    "pass a new --run-dir (keel never overwrites a run)", run_dir);
+        return KEEL_ERR_INPUT;
+    }
+    snprintf(path, sizeof path, "%s/config.json", run_dir);
+    keel_config saved;
+    keel_config_defaults(&saved);
+    keel_status st = keel_config_load_file(&saved, path);
+    if (st == KEEL_OK) st = keel_config_finalize(&saved);
+    if (st != KEEL_OK) {
+        keel_config_free(&saved);
+        return st;
+    }
+    char *ta = keel_config_to_json(&saved), *tb = keel_config_to_json(cfg);
+    cJSON *a = cJSON_Parse(ta), *b = cJSON_Parse(tb);
+    for (int i = 0; RESUMABLE[i]; i++) drop(a, RESUMABLE[i]), drop(b, RESUMABLE[i]);
+    char key[256];
+    bool differs = first_difference(a, b, "", key, sizeof key);
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    free(ta);
+    free(tb);
+    keel_config_free(&saved);
+    if (differs) {
+        keel_free(steps);
+        keel_errorf("%s: this run directory holds a run whose %s differs from the config given; a "
+                    "resumed run may only change train.steps/threads/eval_*/micro_batch_size/"
+                    "grad_accum_steps, fsdp.* and checkpoint.* (use a new --run-dir to start over)",
+                    run_dir, key);
+        return KEEL_ERR_INPUT;
+    }
+    *resuming = true;
+    /* Same global batch as the newest checkpoint: pick the accumulation that keeps it. */
+    for (int i = 0; i < n; i++) {
+        char dir[4096];
+        keel_ckpt_dir(dir, sizeof dir, run_dir, steps[i], false);
+        keel_ckpt ck;
+        keel_error_capture(true);
+        st = keel_ckpt_open(dir, &ck);
+        keel_error_capture(false);
+        if (st != KEEL_OK) continue; /* damaged: resume reports it and uses an older one */
+        int64_t per_accum = (int64_t)cfg->train.micro_batch_size * world_size;
+        int64_t G = ck.global_batch;
+        keel_ckpt_close(&ck);
+        if (G % per_accum != 0) {
+            keel_errorf("%s: its checkpoints have a global batch of %lld sequences, which %d rank(s) x "
+                        "train.micro_batch_size %d cannot make up; pick a micro-batch size that divides "
+                        "%lld / %d", run_dir, (long long)G, world_size, cfg->train.micro_batch_size,
+                        (long long)G, world_size);
+            keel_free(steps);
+            return KEEL_ERR_INPUT;
+        }
+        if (cfg->train.grad_accum_steps != (int)(G / per_accum)) {
+            keel_log_info("resuming with train.grad_accum_steps %lld (was %d) to keep the global batch "
+                          "of %lld sequences on %d rank(s)", (long long)(G / per_accum),
+                          cfg->train.grad_accum_steps, (long long)G, world_size);
+            cfg->train.grad_accum_steps = (int)(G / per_accum);
+        }
+        break;
+    }
+    keel_free(steps);
+    return KEEL_OK;
+}

@@ -1,0 +1,60 @@
+/* train/trainer.h: the training loop's state, shared by train.c (the loop,
+ * run directory, metrics) and checkpointing.c (save, commit, resume).
+ * Internal to the train module. */
+#ifndef KEEL_TRAINER_H
+#define KEEL_TRAINER_H
+
+#include "keel/data.h"
+#include "keel/dist.h"
+#include "keel/fsdp.h"
+#include "keel/model.h"
+#include "keel/obs.h"
+#include "keel/optim.h"
+
+typedef struct trainer_ckpt trainer_ckpt;
+
+typedef struct {
+    const keel_config *cfg;
+    const char *run_dir;
+    keel_comm *world;       /* NULL in a single-process run */
+    keel_fsdp *fsdp;        /* FULL_SHARD state when world is set */
+    int rank, world_size;
+    bool leader;            /* rank 0 writes metrics, summary, weights and progress */
+    keel_model *model;
+    keel_optim *opt;
+    keel_data *train, *val;
+    keel_jsonl *metrics;
+    keel_progress progress;
+    int32_t *tokens;        /* (B, T+1) */
+    int threads;
+    bool bf16;              /* bf16 GEMMs (fsdp.mixed_precision, where the CPU has them) */
+    double flops_per_token, peak_flops;
+    double *step_tps;       /* (steps) tokens/s of each step, for the median */
+    int start_step;         /* 0, or the step of the checkpoint this run resumed from */
+    trainer_ckpt *ckpt;     /* checkpoint saving (checkpointing.c) */
+} trainer;
+
+/* Sequences per optimizer step over all ranks. */
+int64_t trainer_global_batch(const trainer *t);
+
+/* ---- checkpointing.c ---------------------------------------------------------
+ * Every function here is collective: all ranks call it at the same point. */
+void trainer_ckpt_init(trainer *t);
+void trainer_ckpt_free(trainer *t);
+/* Load the newest committed checkpoint that verifies (resharding as needed)
+ * into the optimizer state; t->start_step becomes its step (0 if none). A
+ * damaged one is reported (log line + event) and the previous one is tried. */
+keel_status trainer_ckpt_resume(trainer *t);
+/* The step boundary after steps_done steps: agree on a stop signal, save if
+ * due (or when `last` — the end of training or a stop — and checkpointing is
+ * on), commit a finished background save. Returns the seconds the loop was
+ * held up by checkpointing; *stop becomes true if any rank got a signal. */
+double trainer_ckpt_boundary(trainer *t, int steps_done, bool last, bool *stop);
+
+/* A run directory holding config.json is a run to resume: cfg must match
+ * it except the keys a resume may change (an input error naming the key
+ * otherwise), and train.grad_accum_steps is set to keep the newest
+ * checkpoint's global batch on world_size ranks. *resuming says which. */
+keel_status trainer_check_resume(keel_config *cfg, const char *run_dir, int world_size, bool *resuming);
+
+#endif
