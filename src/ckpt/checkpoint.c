@@ -147,6 +147,20 @@ char *keel_ckpt_manifest_json(const keel_ckpt_meta *m) {
     return text;
 }
 
+static void remove_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char path[4400];
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+    closedir(d);
+    rmdir(dir);
+}
+
 keel_status keel_ckpt_commit(const char *run_dir, int64_t step, const char *manifest_json) {
     char tmp[4096], dir[4096], path[4200], parent[4096];
     keel_ckpt_dir(tmp, sizeof tmp, run_dir, step, true);
@@ -155,6 +169,13 @@ keel_status keel_ckpt_commit(const char *run_dir, int64_t step, const char *mani
     snprintf(path, sizeof path, "%s/manifest.json", tmp);
     keel_status st = keel_write_file_atomic(path, manifest_json, strlen(manifest_json));
     if (st != KEEL_OK) return st;
+    struct stat sb;
+    if (stat(dir, &sb) == 0) { /* an unusable one from before a resume: keep it aside */
+        char aside[4200];
+        snprintf(aside, sizeof aside, "%s.replaced", dir);
+        remove_tree(aside);
+        if (rename(dir, aside) == 0) keel_log_warn("%s existed (not usable at resume); kept as %s", dir, aside);
+    }
     if (fsync_path(tmp) != KEEL_OK || rename(tmp, dir) != 0 || fsync_path(parent) != KEEL_OK) {
         keel_errorf("%s: cannot commit checkpoint: %s", dir, strerror(errno));
         return KEEL_ERR_IO;
@@ -173,20 +194,6 @@ static int64_t parse_step(const char *name, bool *tmp) {
     if (end == name + 5 || v < 0) return -1;
     *tmp = !strcmp(end, ".tmp");
     return *tmp || *end == 0 ? v : -1;
-}
-
-static void remove_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char path[4400];
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-            unlink(path);
-        }
-    closedir(d);
-    rmdir(dir);
 }
 
 /* Every step_* entry under RUN/checkpoints: steps and whether each is a .tmp. */

@@ -16,6 +16,7 @@ static const command COMMANDS[] = {
     {"eval", keel_cmd_eval, "loss of a run's weights: keel eval RUN_DIR --data PATH"},
     {"data", keel_cmd_data, "prepare token shards: keel data prepare --model M --input F... --out DIR"},
     {"tokenize", keel_cmd_tokenize, "text <-> ids with a SentencePiece model: keel tokenize --model M [--decode]"},
+    {"ckpt", keel_cmd_ckpt, "checkpoints: keel ckpt list RUN_DIR | keel ckpt verify PATH"},
     {"config", keel_cmd_config, "config keys and resolved configs: keel config keys | keel config show CONFIG"},
     {"worker", keel_cmd_worker, "one rank of a distributed run (started by keel train --nproc)"},
 };

@@ -531,6 +531,9 @@ static keel_status run(trainer *t) {
                   t->world_size, (int)getpid(), (long long)lay->n_params, cfg->train.steps,
                   (long long)trainer_global_batch(t) * lay->T, t->threads, t->bf16 ? "bf16" : "fp32",
                   t->peak_flops / 1e9, t->run_dir);
+    /* A file-size limit (RLIMIT_FSIZE) makes a write fail with EFBIG, which a
+     * checkpoint reports, instead of killing the process. */
+    signal(SIGXFSZ, SIG_IGN);
     struct sigaction sa = {.sa_handler = on_stop_signal}, old_int, old_term;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int);
