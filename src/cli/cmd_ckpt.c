@@ -12,10 +12,13 @@ static void usage(FILE *out) {
                  "                                   or of every checkpoint of a run; exit 1 on damage\n");
 }
 
-/* Open (manifest, sizes, headers) and, with `verify`, checksum every file. */
+/* Open (manifest, sizes, headers) and, with `verify`, checksum every file;
+ * *ck is open only on success. */
 static keel_status check(const char *dir, bool verify, keel_ckpt *ck) {
     keel_status st = keel_ckpt_open(dir, ck);
+    if (st != KEEL_OK) return st;
     for (int j = 0; st == KEEL_OK && verify && j < ck->shard_ranks; j++) st = keel_ckpt_verify_file(ck, j);
+    if (st != KEEL_OK) keel_ckpt_close(ck);
     return st;
 }
 
@@ -47,12 +50,14 @@ static int list(const char *run_dir) {
 }
 
 static int verify(const char *path) {
+    /* A checkpoint directory (step_N, or anything with a manifest), else a run. */
     char manifest[4200];
     snprintf(manifest, sizeof manifest, "%s/manifest.json", path);
     struct stat sb;
     int64_t *steps = NULL, one = 0;
     int n;
-    bool run = stat(manifest, &sb) != 0;
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    bool run = stat(manifest, &sb) != 0 && strncmp(base, "step_", 5) != 0;
     if (run) {
         n = keel_ckpt_list(path, &steps);
         if (n == 0) {

@@ -254,6 +254,7 @@ keel_status trainer_ckpt_resume(trainer *t) {
         keel_ckpt ck;
         keel_error_capture(true);
         keel_status st = keel_ckpt_open(dir, &ck);
+        bool opened = st == KEEL_OK;
         if (st == KEEL_OK) st = keel_ckpt_check_layout(&ck, lay);
         if (st == KEEL_OK && ck.global_batch != trainer_global_batch(t)) {
             keel_errorf("%s: saved with a global batch of %lld sequences, this run has %lld (train."
@@ -276,7 +277,7 @@ keel_status trainer_ckpt_resume(trainer *t) {
         char why[1024];
         snprintf(why, sizeof why, "%s", keel_last_error());
         keel_free(used);
-        if (st == KEEL_OK) keel_ckpt_close(&ck);
+        if (opened) keel_ckpt_close(&ck);
         double bad = st != KEEL_OK;
         if (t->world) keel_comm_allreduce_scalar(t->world, &bad, KEEL_COMM_MAX);
         if (bad == 0) {
