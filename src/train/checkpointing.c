@@ -6,9 +6,12 @@
  * Ranks that replicate a shard (NO_SHARD, HYBRID_SHARD) save it once: world
  * ranks 0 .. shard_ranks-1 write, one file each.
  *
- * How: at a step boundary where a save is due, every writer copies its
- * arrays into a host buffer (the only stall with checkpoint.async) and a
- * background thread writes and fsyncs the file into step_N.tmp. At each later
+ * How: at a step boundary where a save is due, every writer starts a
+ * background thread that copies its arrays into a host buffer and then
+ * writes and fsyncs the file into step_N.tmp. The copy runs alongside the
+ * next step's forward and backward, which only read the arrays; the
+ * optimizer update waits for it (trainer_ckpt_before_update), so the loop
+ * stalls only if the copy outlasts a forward and backward. At each later
  * boundary the ranks agree (one small all-reduce, shared with the stop
  * signal) whether every write has finished; then the file sizes and
  * checksums are all-gathered and the leader writes the manifest, renames the
@@ -24,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "keel/ckpt.h"
 #include "keel/train.h"
@@ -40,11 +44,13 @@ struct trainer_ckpt {
     float *host;                   /* packed copy of the arrays (async, or one process) */
     double last_save_s;
     int last_saved_step;
+    double stall_s;                /* held up since trainer_ckpt_take_stall */
     /* the save in flight */
     bool pending;
     int pending_step;
     pthread_t thread;
     bool thread_live;
+    atomic_bool copied;            /* the arrays may change again */
     atomic_bool done;
     keel_status write_status;
     char write_error[1024];
@@ -120,9 +126,21 @@ typedef struct {
     int64_t step;
 } write_job;
 
+/* Copy the live arrays into the host buffer (padding stays zero). */
+static void pack(trainer_ckpt *c) {
+    for (int a = 0; a < KEEL_CKPT_ARRAYS; a++)
+        for (int i = 0; i < c->n_ranges; i++) {
+            const keel_param_range *r = &c->ranges[i];
+            memcpy(c->host + (int64_t)a * c->plan->shard_total + file_offset(c, r),
+                   c->arrays[a] + r->buffer_offset, sizeof(float) * (size_t)r->len);
+        }
+}
+
 static void *write_thread(void *arg) {
     write_job *job = arg;
     trainer_ckpt *c = job->c;
+    if (c->host) pack(c);
+    atomic_store(&c->copied, true);
     const float *arrays[KEEL_CKPT_ARRAYS];
     for (int a = 0; a < KEEL_CKPT_ARRAYS; a++) arrays[a] = file_array(c, a);
     keel_error_capture(true);
@@ -135,8 +153,10 @@ static void *write_thread(void *arg) {
     return NULL;
 }
 
-/* Begin saving the state after `step` steps: copy (the stall), then write on
- * a thread. Ranks that write nothing are done at once. */
+/* Begin saving the state after `step` steps on a thread (copy, write);
+ * ranks that write nothing are done at once. Without a host buffer (a
+ * synchronous FULL_SHARD save) the thread writes the live arrays and the
+ * caller waits for it before anything changes them. */
 static void start_save(trainer *t, int step) {
     trainer_ckpt *c = t->ckpt;
     c->pending = true;
@@ -147,23 +167,35 @@ static void start_save(trainer *t, int step) {
     c->write_error[0] = 0;
     memset(&c->file, 0, sizeof c->file);
     if (c->file_rank < 0) {
+        atomic_store(&c->copied, true);
         atomic_store(&c->done, true);
         return;
     }
-    if (c->host)
-        for (int a = 0; a < KEEL_CKPT_ARRAYS; a++)
-            for (int i = 0; i < c->n_ranges; i++) {
-                const keel_param_range *r = &c->ranges[i];
-                memcpy(c->host + (int64_t)a * c->plan->shard_total + file_offset(c, r),
-                       c->arrays[a] + r->buffer_offset, sizeof(float) * (size_t)r->len);
-            }
     write_job *job = keel_xmalloc(sizeof *job, "checkpoint job");
     job->c = c;
     job->step = step;
     keel_ckpt_dir(job->dir, sizeof job->dir, t->run_dir, step, true);
+    atomic_store(&c->copied, false);
     atomic_store(&c->done, false);
     KEEL_CHECK(pthread_create(&c->thread, NULL, write_thread, job) == 0, "checkpoint thread");
     c->thread_live = true;
+}
+
+void trainer_ckpt_before_update(trainer *t) {
+    trainer_ckpt *c = t->ckpt;
+    if (!c->pending || atomic_load(&c->copied)) return;
+    double t0 = keel_now_s();
+    while (!atomic_load(&c->copied)) {
+        struct timespec ts = {0, 200000}; /* 0.2 ms */
+        nanosleep(&ts, NULL);
+    }
+    c->stall_s += keel_now_s() - t0;
+}
+
+double trainer_ckpt_take_stall(trainer *t) {
+    double s = t->ckpt->stall_s;
+    t->ckpt->stall_s = 0;
+    return s;
 }
 
 /* Wait for this rank's write, gather every writer's result, and (leader)
@@ -218,7 +250,7 @@ static void finish_save(trainer *t) {
     keel_free(all);
 }
 
-double trainer_ckpt_boundary(trainer *t, int steps_done, bool last, bool *stop) {
+void trainer_ckpt_boundary(trainer *t, int steps_done, bool last, bool *stop) {
     trainer_ckpt *c = t->ckpt;
     const keel_checkpoint_config *cc = &t->cfg->checkpoint;
     double t0 = keel_now_s();
@@ -235,8 +267,7 @@ double trainer_ckpt_boundary(trainer *t, int steps_done, bool last, bool *stop) 
         start_save(t, steps_done);
         if (!cc->async || last || *stop) finish_save(t);
     }
-    double stall = keel_now_s() - t0;
-    return flags[1] != 0 || c->pending ? stall : 0;
+    if (flags[1] != 0 || c->pending) c->stall_s += keel_now_s() - t0;
 }
 
 keel_status trainer_ckpt_resume(trainer *t) {
@@ -248,6 +279,7 @@ keel_status trainer_ckpt_resume(trainer *t) {
     int n = keel_ckpt_list(t->run_dir, &steps);
     const keel_model_layout *lay = keel_model_get_layout(t->model);
     keel_status result = KEEL_OK;
+    double t0 = keel_now_s();
     for (int i = 0; i < n; i++) {
         char dir[4096];
         keel_ckpt_dir(dir, sizeof dir, t->run_dir, steps[i], false);
@@ -283,8 +315,11 @@ keel_status trainer_ckpt_resume(trainer *t) {
         if (bad == 0) {
             t->start_step = (int)steps[i];
             if (t->leader) {
-                keel_log_info("resuming from %s (step %lld)", dir, (long long)steps[i]);
-                keel_event(t->run_dir, "resumed", steps[i], "from %s on %d rank(s)", dir, t->world_size);
+                double s = keel_now_s() - t0;
+                keel_log_info("resuming from %s (step %lld), verified and loaded in %.2f s", dir,
+                              (long long)steps[i], s);
+                keel_event(t->run_dir, "resumed", steps[i], "from %s on %d rank(s); load_s %.3f", dir,
+                           t->world_size, s);
             }
             break;
         }

@@ -220,6 +220,7 @@ static double train_step(trainer *t, int step, double *grad_norm_out) {
     }
     double norm = sqrt(sumsq);
     *grad_norm_out = norm;
+    trainer_ckpt_before_update(t); /* a save may still be copying the state */
     keel_optim_update(t->opt, params, grads, step, keel_lr_at(&cfg->train, step),
                       keel_clip_scale(norm, cfg->train.grad_clip));
     if (t->fsdp) keel_fsdp_invalidate(t->fsdp);
@@ -411,7 +412,8 @@ static keel_status train_loop(trainer *t) {
         }
         /* every rank must stop at the same step: the boundary agrees on signals */
         bool stop = g_stop_signal != 0;
-        double stall_s = trainer_ckpt_boundary(t, step + 1, step + 1 == cfg->train.steps, &stop);
+        trainer_ckpt_boundary(t, step + 1, step + 1 == cfg->train.steps, &stop);
+        double stall_s = trainer_ckpt_take_stall(t);
         if (t->leader) {
             log_step(t, step, loss, keel_lr_at(&cfg->train, step), norm, step_s, step_wait_s, stall_s,
                      val_loss);

@@ -47,9 +47,13 @@ void trainer_ckpt_free(trainer *t);
 keel_status trainer_ckpt_resume(trainer *t);
 /* The step boundary after steps_done steps: agree on a stop signal, save if
  * due (or when `last` — the end of training or a stop — and checkpointing is
- * on), commit a finished background save. Returns the seconds the loop was
- * held up by checkpointing; *stop becomes true if any rank got a signal. */
-double trainer_ckpt_boundary(trainer *t, int steps_done, bool last, bool *stop);
+ * on), commit a finished background save. *stop becomes true if any rank got
+ * a signal. */
+void trainer_ckpt_boundary(trainer *t, int steps_done, bool last, bool *stop);
+/* Before the optimizer changes the arrays: wait until a save has copied them. */
+void trainer_ckpt_before_update(trainer *t);
+/* Seconds the loop was held up by checkpointing since the last call. */
+double trainer_ckpt_take_stall(trainer *t);
 
 /* A run directory holding config.json is a run to resume: cfg must match
  * it except the keys a resume may change (an input error naming the key
