@@ -75,6 +75,8 @@ void keel_ckpt_dir(char *out, size_t n, const char *run_dir, int64_t step, bool 
 /* Commit: write manifest_json into the step's .tmp directory, fsync it and
  * the directory, rename it to step_NNNNNNNN, then point LATEST at it. */
 keel_status keel_ckpt_commit(const char *run_dir, int64_t step, const char *manifest_json);
+/* The same for any directory: tmp (holding the shard files) becomes dir. */
+keel_status keel_ckpt_commit_dir(const char *tmp, const char *dir, const char *manifest_json);
 /* Remove every step_*.tmp directory (a save that never committed). */
 void keel_ckpt_clean_tmp(const char *run_dir);
 /* Delete the oldest committed checkpoints so that keep_last remain (0 keeps
@@ -107,6 +109,11 @@ keel_status keel_ckpt_check_layout(const keel_ckpt *c, const keel_model_layout *
 /* Read canonical values [begin, begin + len) of array a (0 parameters, 1 m,
  * 2 v) into dst, from whichever files hold them. The range lies in one unit. */
 keel_status keel_ckpt_read(const keel_ckpt *c, int a, int64_t begin, int64_t len, float *dst);
+/* Every parameter (canonical order) after verifying every file; the
+ * checkpoint must hold the model of lay. */
+keel_status keel_ckpt_load_params(const keel_ckpt *c, const keel_model_layout *lay, float *params);
+/* The resolved config saved in the manifest, as JSON text (free()), or NULL. */
+char *keel_ckpt_config_json(const keel_ckpt *c);
 /* The shard files this rank's canonical ranges come from: sets used[j]. */
 void keel_ckpt_files_for(const keel_ckpt *c, const keel_param_range *ranges, int n, bool *used);
 

@@ -180,6 +180,7 @@ typedef struct {
     keel_data_config data;
     keel_fsdp_config fsdp;
     keel_checkpoint_config checkpoint;
+    char *init_from;      /* checkpoint directory to start from, or NULL */
     char *source;         /* file the config came from (for messages) */
 } keel_config;
 

@@ -161,11 +161,12 @@ static void remove_tree(const char *dir) {
     rmdir(dir);
 }
 
-keel_status keel_ckpt_commit(const char *run_dir, int64_t step, const char *manifest_json) {
-    char tmp[4096], dir[4096], path[4200], parent[4096];
-    keel_ckpt_dir(tmp, sizeof tmp, run_dir, step, true);
-    keel_ckpt_dir(dir, sizeof dir, run_dir, step, false);
-    snprintf(parent, sizeof parent, "%s/checkpoints", run_dir);
+keel_status keel_ckpt_commit_dir(const char *tmp, const char *dir, const char *manifest_json) {
+    char path[4200], parent[4096];
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *slash = strrchr(parent, '/');
+    if (slash) *slash = 0;
+    else snprintf(parent, sizeof parent, ".");
     snprintf(path, sizeof path, "%s/manifest.json", tmp);
     keel_status st = keel_write_file_atomic(path, manifest_json, strlen(manifest_json));
     if (st != KEEL_OK) return st;
@@ -180,9 +181,18 @@ keel_status keel_ckpt_commit(const char *run_dir, int64_t step, const char *mani
         keel_errorf("%s: cannot commit checkpoint: %s", dir, strerror(errno));
         return KEEL_ERR_IO;
     }
+    return KEEL_OK;
+}
+
+keel_status keel_ckpt_commit(const char *run_dir, int64_t step, const char *manifest_json) {
+    char tmp[4096], dir[4096], path[4200];
+    keel_ckpt_dir(tmp, sizeof tmp, run_dir, step, true);
+    keel_ckpt_dir(dir, sizeof dir, run_dir, step, false);
+    keel_status st = keel_ckpt_commit_dir(tmp, dir, manifest_json);
+    if (st != KEEL_OK) return st;
     char latest[64];
     int n = snprintf(latest, sizeof latest, "step_%08lld\n", (long long)step);
-    snprintf(path, sizeof path, "%s/LATEST", parent);
+    snprintf(path, sizeof path, "%s/checkpoints/LATEST", run_dir);
     return keel_write_file_atomic(path, latest, (size_t)n);
 }
 
@@ -428,10 +438,13 @@ keel_status keel_ckpt_check_layout(const keel_ckpt *c, const keel_model_layout *
     bool ok = c->plan.n_units == lay->n_units;
     for (int u = 0; ok && u < lay->n_units; u++)
         ok = c->plan.units[u].offset == lay->unit_offset[u] && c->plan.units[u].logical == lay->unit_size[u];
-    if (!ok)
-        keel_errorf("%s: saved from a different model shape (%d units) than the config's (%d units, "
-                    "%lld parameters); use the run's own model settings", c->dir, c->plan.n_units,
-                    lay->n_units, (long long)lay->n_params);
+    if (!ok) {
+        int64_t saved = 0;
+        for (int u = 0; u < c->plan.n_units; u++) saved += c->plan.units[u].logical;
+        keel_errorf("%s: holds a model of %lld parameters in %d units, the config's model has %lld in "
+                    "%d; set the model keys to the checkpoint's (its manifest.json \"config\")",
+                    c->dir, (long long)saved, c->plan.n_units, (long long)lay->n_params, lay->n_units);
+    }
     return ok ? KEEL_OK : KEEL_ERR_INPUT;
 }
 
@@ -478,4 +491,17 @@ void keel_ckpt_files_for(const keel_ckpt *c, const keel_param_range *ranges, int
         int64_t last = (ranges[r].begin + ranges[r].len - 1 - x->offset) / x->shard;
         for (int64_t j = first; j <= last && j < c->shard_ranks; j++) used[j] = true;
     }
+}
+
+char *keel_ckpt_config_json(const keel_ckpt *c) {
+    const cJSON *cfg = get(c->manifest, "config");
+    return cJSON_IsObject(cfg) ? cJSON_Print(cfg) : NULL;
+}
+
+keel_status keel_ckpt_load_params(const keel_ckpt *c, const keel_model_layout *lay, float *params) {
+    keel_status st = keel_ckpt_check_layout(c, lay);
+    for (int j = 0; st == KEEL_OK && j < c->shard_ranks; j++) st = keel_ckpt_verify_file(c, j);
+    for (int u = 0; st == KEEL_OK && u < lay->n_units; u++)
+        st = keel_ckpt_read(c, 0, lay->unit_offset[u], lay->unit_size[u], params + lay->unit_offset[u]);
+    return st;
 }

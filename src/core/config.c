@@ -94,6 +94,9 @@ static const key_spec KEYS[] = {
     {"fsdp.activation_checkpointing", K_BOOL, OFF(fsdp.activation_checkpointing), 0, 0,
      "recompute each block's forward in backward (less memory, same gradients; any run)"},
 
+    {"init_from", K_STRING, OFF(init_from), 0, 0,
+     "a checkpoint directory (e.g. from `keel ckpt import --from-hf`) whose parameters start the "
+     "run instead of random ones; the model keys must match it (null = random init)"},
     {"checkpoint", K_SECTION, 0, 0, 0, "sharded checkpoints in RUN/checkpoints (resume: keel train again)"},
     {"checkpoint.every_steps", K_INT, OFF(checkpoint.every_steps), 0, 1 << 30,
      "save every N optimizer steps (0 = not by steps)"},

@@ -169,7 +169,7 @@ bool keel_hf_ffn_params(int dim, int64_t intermediate_size, int *multiple_of,
         c.multiple_of = m;
         if (keel_model_ffn_hidden(&c) == I) goto found;
     }
-    for (int64_t m = I - h + 1; m >= 1 && m <= I && m <= MAX_FFN_MULTIPLE; m++) {
+    for (int64_t m = I - h + 1 > 1 ? I - h + 1 : 1; m <= I && m <= MAX_FFN_MULTIPLE; m++) {
         if (I % m) continue;
         c.multiple_of = (int)m;
         if (keel_model_ffn_hidden(&c) == I) goto found;
@@ -617,16 +617,15 @@ static keel_status import_config(const char *hf_dir, keel_model_config *out) {
     int multiple_of = 0;
     double mult = 0;
     {
-        int64_t hint_m = 0;
         const cJSON *hm = cJSON_GetObjectItemCaseSensitive(root, "keel_multiple_of");
         const cJSON *hx = cJSON_GetObjectItemCaseSensitive(root, "keel_ffn_dim_multiplier");
-        if (hm && hx && cJSON_IsNumber(hx) && hx->valuedouble >= 0 &&
-            hx->valuedouble <= MAX_FFN_DIM_MULTIPLIER &&
-            json_int(root, path, "keel_multiple_of", false, 1, &hint_m) && hint_m <= MAX_FFN_MULTIPLE &&
-            C <= INT32_MAX) {
-            keel_model_config c = {.dim = (int)C, .multiple_of = (int)hint_m,
+        if (cJSON_IsNumber(hm) && hm->valuedouble >= 1 && hm->valuedouble <= MAX_FFN_MULTIPLE &&
+            hm->valuedouble == floor(hm->valuedouble) && cJSON_IsNumber(hx) &&
+            hx->valuedouble >= 0 && hx->valuedouble <= MAX_FFN_DIM_MULTIPLIER && C <= INT32_MAX) {
+            int hint_m = (int)hm->valuedouble;
+            keel_model_config c = {.dim = (int)C, .multiple_of = hint_m,
                                    .ffn_dim_multiplier = hx->valuedouble};
-            if (keel_model_ffn_hidden(&c) == F) multiple_of = (int)hint_m, mult = hx->valuedouble;
+            if (keel_model_ffn_hidden(&c) == F) multiple_of = hint_m, mult = hx->valuedouble;
         }
     }
     if (!multiple_of && !keel_hf_ffn_params((int)C, F, &multiple_of, &mult)) {

@@ -1,5 +1,7 @@
-/* train/eval.c: `keel eval` — mean loss of a run's weights over a token file. */
+/* train/eval.c: `keel eval` — mean loss of a run's weights, or of a
+ * checkpoint's, over a token file. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 
 #include "keel/ckpt.h"
@@ -25,8 +27,24 @@ keel_status keel_eval_run(const char *run_dir, const char *data_path, double *me
     keel_data *data = NULL;
     keel_model *m = NULL;
     int32_t *buf = NULL;
-    snprintf(path, sizeof path, "%s/config.json", run_dir);
-    keel_status st = keel_config_load_file(&cfg, path);
+    keel_ckpt ck = {0};
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/manifest.json", run_dir);
+    bool checkpoint = stat(path, &sb) == 0;
+    keel_status st;
+    if (checkpoint) { /* a checkpoint directory: its manifest holds the config */
+        st = keel_ckpt_open(run_dir, &ck);
+        char *json = st == KEEL_OK ? keel_ckpt_config_json(&ck) : NULL;
+        if (st == KEEL_OK && !json) {
+            keel_errorf("%s: the manifest has no config", path);
+            st = KEEL_ERR_INPUT;
+        }
+        if (st == KEEL_OK) st = keel_config_load_string(&cfg, json, path);
+        free(json);
+    } else {
+        snprintf(path, sizeof path, "%s/config.json", run_dir);
+        st = keel_config_load_file(&cfg, path);
+    }
     if (st == KEEL_OK) st = keel_config_finalize(&cfg);
     if (st != KEEL_OK) goto done;
     int T = cfg.model.max_seq_len, B = cfg.train.micro_batch_size;
@@ -37,7 +55,10 @@ keel_status keel_eval_run(const char *run_dir, const char *data_path, double *me
     keel_model_build(&cfg.model, B, &m);
     const keel_model_layout *lay = keel_model_get_layout(m);
     snprintf(path, sizeof path, "%s/weights.bin", run_dir);
-    if ((st = keel_weights_load(path, keel_model_params(m), lay->n_params)) != KEEL_OK) goto done;
+    st = checkpoint ? keel_ckpt_load_params(&ck, lay, keel_model_params(m))
+                    : keel_weights_load(path, keel_model_params(m), lay->n_params);
+    if (st != KEEL_OK) goto done;
+    keel_model_params_changed(m);
     uint64_t n = keel_data_n_samples(data);
     buf = keel_xmalloc(sizeof(int32_t) * (size_t)B * (T + 1), "tokens");
     double loss = 0;
@@ -53,6 +74,7 @@ done:
     keel_model_free(m);
     keel_data_close(data);
     keel_config_free(&cfg);
+    if (checkpoint && ck.manifest) keel_ckpt_close(&ck);
     keel_kernels_shutdown();
     return st;
 }

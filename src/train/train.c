@@ -368,9 +368,35 @@ static void log_step(trainer *t, int step, double loss, double lr, double norm, 
 }
 
 /* Validation that needs no writing: memory, data, tokenizer. */
+/* init_from: a checkpoint of the config's model. */
+static keel_status check_init_from(const keel_config *cfg) {
+    if (!cfg->init_from) return KEEL_OK;
+    keel_ckpt ck;
+    keel_status st = keel_ckpt_open(cfg->init_from, &ck);
+    if (st != KEEL_OK) return st;
+    keel_model_layout lay;
+    keel_model_layout_init(&lay, &cfg->model);
+    st = keel_ckpt_check_layout(&ck, &lay);
+    keel_model_layout_free(&lay);
+    keel_ckpt_close(&ck);
+    return st;
+}
+
+/* The parameters of cfg->init_from into full (every checkpoint file verified). */
+static keel_status load_init_from(const keel_config *cfg, const keel_model_layout *lay, float *full) {
+    keel_ckpt ck;
+    keel_status st = keel_ckpt_open(cfg->init_from, &ck);
+    if (st != KEEL_OK) return st;
+    st = keel_ckpt_load_params(&ck, lay, full);
+    if (st == KEEL_OK) keel_log_info("parameters from %s (step %lld)", cfg->init_from, (long long)ck.step);
+    keel_ckpt_close(&ck);
+    return st;
+}
+
 static keel_status open_inputs(trainer *t) {
     const keel_config *cfg = t->cfg;
     keel_status st = check_memory(cfg, t->world_size);
+    if (st == KEEL_OK) st = check_init_from(cfg);
     if (st == KEEL_OK)
         st = keel_data_open(&cfg->data, "train", cfg->model.max_seq_len, cfg->model.vocab_size,
                             cfg->train.seed, &t->train);
@@ -471,8 +497,9 @@ static keel_status create_run_dir(const keel_config *cfg, const char *run_dir) {
 
 /* Model, optimizer and buffers; under FSDP the model holds no parameters of
  * its own and the optimizer works on this rank's shard. */
-static void build_state(trainer *t) {
+static keel_status build_state(trainer *t) {
     const keel_config *cfg = t->cfg;
+    keel_status st = KEEL_OK;
     int B = cfg->train.micro_batch_size;
     keel_model_options opts = {.own_params = !t->world,
                                .checkpoint_activations = cfg->fsdp.activation_checkpointing,
@@ -481,14 +508,14 @@ static void build_state(trainer *t) {
     if (t->world) {
         keel_fsdp_strategy strategy;
         keel_fsdp_strategy_parse(cfg->fsdp.strategy, &strategy); /* validated by finalize */
-        keel_status st = keel_fsdp_build(t->model, t->world, strategy, cfg->fsdp.shard_group_size,
-                                         &t->fsdp);
+        st = keel_fsdp_build(t->model, t->world, strategy, cfg->fsdp.shard_group_size, &t->fsdp);
         KEEL_CHECK(st == KEEL_OK, "fsdp setup failed after validation");
         keel_fsdp_set_prefetch(t->fsdp, cfg->fsdp.prefetch);
         keel_fsdp_set_reduce_bf16(t->fsdp, want_bf16_reduce(cfg));
         const keel_model_layout *lay = keel_model_get_layout(t->model);
         float *full = keel_xmalloc(sizeof(float) * (size_t)lay->n_params, "initial parameters");
-        keel_model_init_params(lay, cfg->train.seed, full); /* same on every rank */
+        if (cfg->init_from) st = load_init_from(cfg, lay, full);
+        else keel_model_init_params(lay, cfg->train.seed, full); /* same on every rank */
         keel_fsdp_load_full(t->fsdp, full);
         keel_free(full);
         const keel_fsdp_plan *plan = keel_fsdp_get_plan(t->fsdp);
@@ -497,10 +524,13 @@ static void build_state(trainer *t) {
         keel_optim_build_ranges(&cfg->train, lay, ranges, n, plan->shard_total, &t->opt);
         keel_free(ranges);
     } else {
-        keel_model_init_weights(t->model, cfg->train.seed);
         const keel_model_layout *lay = keel_model_get_layout(t->model);
+        if (cfg->init_from) st = load_init_from(cfg, lay, keel_model_params(t->model));
+        else keel_model_init_weights(t->model, cfg->train.seed);
+        keel_model_params_changed(t->model);
         keel_optim_build(&cfg->train, lay, 0, lay->n_params, &t->opt);
     }
+    return st;
 }
 
 /* Everything after validation and the run directory: shared by a
@@ -514,7 +544,7 @@ static keel_status run(trainer *t) {
         if ((st = keel_jsonl_open(path, &t->metrics)) != KEEL_OK) return st;
     }
     t->bf16 = bf16_usable(cfg);
-    build_state(t);
+    if ((st = build_state(t)) != KEEL_OK) return st;
     trainer_ckpt_init(t);
     if ((st = trainer_ckpt_resume(t)) != KEEL_OK) return st;
     if (t->start_step >= cfg->train.steps) {
