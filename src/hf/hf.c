@@ -161,10 +161,12 @@ bool keel_hf_ffn_params(int dim, int64_t intermediate_size, int *multiple_of,
     if (dim < 1 || I < 1 || I > INT32_MAX) return false;
     keel_model_config c = {.dim = dim};
     int64_t h = 2 * (4 * (int64_t)dim) / 3;
-    /* Llama's own rule first: the largest power of two that rounds h up to I
-     * (256 for Llama 2 7B), then the smallest divisor of I that does. */
+    /* Llama's own rule first: Meta's multiple_of 256 (Llama 2 7B and 13B,
+     * TinyLlama), else the largest power of two that rounds h up to I, then
+     * the smallest divisor of I that does. */
     c.ffn_dim_multiplier = 0;
-    for (int m = MAX_FFN_MULTIPLE; m >= 1; m /= 2) {
+    for (int k = -1; k <= 20; k++) {
+        int m = k < 0 ? 256 : MAX_FFN_MULTIPLE >> k;
         if (I % m) continue;
         c.multiple_of = m;
         if (keel_model_ffn_hidden(&c) == I) goto found;
@@ -278,10 +280,17 @@ static keel_status write_config(export_ctx *x, const keel_model_layout *lay, int
     cJSON_AddStringToObject(j, "keel_version", KEEL_VERSION);
     char *text = cJSON_Print(j);
     cJSON_Delete(j);
-    size_t n = strlen(text);
-    text[n] = '\n'; /* replaces the NUL: written as n + 1 bytes */
-    keel_status st = export_write(x, "config.json", text, n + 1, NULL, 0);
+    /* cJSON indents with tabs; write transformers' two spaces (no value
+     * here holds a tab). */
+    strbuf b = {0};
+    for (const char *p = text; *p; p++) {
+        if (*p != '\t') sb_printf(&b, "%c", *p);
+        else sb_printf(&b, "%s", p > text && p[-1] == ':' ? " " : "  ");
+    }
+    sb_printf(&b, "\n");
     free(text);
+    keel_status st = export_write(x, "config.json", b.s, b.n, NULL, 0);
+    keel_free(b.s);
     return st;
 }
 
@@ -409,11 +418,12 @@ keel_status keel_hf_export(const keel_model_config *cfg, const float *params,
         x.dir = keel_xmalloc(n, "staging path");
         snprintf(x.dir, n, "%s.tmp.%d", out, (int)getpid());
         if (mkdir(x.dir, 0755) != 0) {
-            keel_errorf("%s: cannot create export directory: %s", x.dir, strerror(errno));
+            int e = errno;
+            keel_errorf("%s: cannot create export directory: %s", x.dir, strerror(e));
             keel_free(x.dir);
             keel_free(out);
             keel_model_layout_free(&lay);
-            return KEEL_ERR_IO;
+            return e == ENOENT || e == ENOTDIR ? KEEL_ERR_INPUT : KEEL_ERR_IO;
         }
     } else {
         x.dir = keel_xstrdup(out);
