@@ -1,15 +1,27 @@
-/* cli/cmd_ckpt.c: `keel ckpt list RUN` and `keel ckpt verify PATH`. */
+/* cli/cmd_ckpt.c: `keel ckpt list | verify | export | import`. */
+#include <cjson/cJSON.h>
+#include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "keel/ckpt.h"
+#include "keel/hf.h"
 
 static void usage(FILE *out) {
-    fprintf(out, "usage: keel ckpt list RUN_DIR      committed checkpoints: step, size, files, status\n"
-                 "       keel ckpt verify PATH       checksums of one checkpoint (RUN/checkpoints/step_N)\n"
-                 "                                   or of every checkpoint of a run; exit 1 on damage\n");
+    fprintf(out,
+            "usage: keel ckpt list RUN_DIR      committed checkpoints: step, size, files, status\n"
+            "       keel ckpt verify PATH       checksums of one checkpoint (RUN/checkpoints/step_N)\n"
+            "                                   or of every checkpoint of a run; exit 1 on damage\n"
+            "       keel ckpt export PATH --format safetensors --out DIR [--tokenizer M] [--max-shard-mb N]\n"
+            "                                   a checkpoint (or a run's newest good one) as a Hugging\n"
+            "                                   Face LlamaForCausalLM directory\n"
+            "       keel ckpt import --from-hf DIR --out CKPT\n"
+            "                                   a Hugging Face Llama directory as a keel checkpoint, to\n"
+            "                                   fine-tune from with \"init_from\": CKPT\n");
 }
 
 /* Open (manifest, sizes, headers) and, with `verify`, checksum every file;
@@ -91,13 +103,168 @@ static int verify(const char *path) {
     return bad ? 1 : 0;
 }
 
+/* A checkpoint directory, or a run's newest checkpoint that verifies. */
+static keel_status open_checkpoint(const char *path, keel_ckpt *ck) {
+    char manifest[4200];
+    struct stat sb;
+    snprintf(manifest, sizeof manifest, "%s/manifest.json", path);
+    if (stat(manifest, &sb) == 0) return keel_ckpt_open(path, ck);
+    int64_t *steps;
+    int n = keel_ckpt_list(path, &steps);
+    for (int i = 0; i < n; i++) {
+        char dir[4096];
+        keel_ckpt_dir(dir, sizeof dir, path, steps[i], false);
+        if (check(dir, true, ck) == KEEL_OK) {
+            keel_free(steps);
+            return KEEL_OK;
+        }
+    }
+    keel_free(steps);
+    keel_errorf("%s: not a checkpoint (no manifest.json) and no good checkpoint under %s/checkpoints",
+                path, path);
+    return KEEL_ERR_INPUT;
+}
+
+static int export_hf(int argc, char **argv) {
+    static const struct option options[] = {
+        {"format", required_argument, NULL, 'f'}, {"out", required_argument, NULL, 'o'},
+        {"tokenizer", required_argument, NULL, 't'}, {"max-shard-mb", required_argument, NULL, 'm'},
+        {0, 0, 0, 0},
+    };
+    const char *format = NULL, *out = NULL, *tokenizer = NULL;
+    double max_mb = 0;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", options, NULL)) != -1) {
+        switch (c) {
+        case 'f': format = optarg; break;
+        case 'o': out = optarg; break;
+        case 't': tokenizer = optarg; break;
+        case 'm': max_mb = atof(optarg); break;
+        default: return 2;
+        }
+    }
+    if (optind != argc - 1 || !out || !format || strcmp(format, "safetensors") || max_mb < 0) {
+        keel_errorf("usage: keel ckpt export PATH --format safetensors --out DIR [--tokenizer M] "
+                    "[--max-shard-mb N] (safetensors is the one format)");
+        return 2;
+    }
+    keel_ckpt ck;
+    keel_status st = open_checkpoint(argv[optind], &ck);
+    if (st != KEEL_OK) return keel_status_exit_code(st);
+    keel_config cfg;
+    keel_config_defaults(&cfg);
+    char *json = keel_ckpt_config_json(&ck);
+    st = json ? keel_config_load_string(&cfg, json, ck.dir) : KEEL_ERR_INPUT;
+    free(json);
+    if (st == KEEL_OK) st = keel_config_finalize(&cfg);
+    float *params = NULL;
+    if (st == KEEL_OK) {
+        keel_model_layout lay;
+        keel_model_layout_init(&lay, &cfg.model);
+        params = keel_xmalloc(sizeof(float) * (size_t)lay.n_params, "parameters");
+        st = keel_ckpt_load_params(&ck, &lay, params);
+        keel_model_layout_free(&lay);
+    }
+    /* the run's tokenizer, unless given or gone */
+    if (!tokenizer && cfg.data.tokenizer && access(cfg.data.tokenizer, R_OK) == 0) tokenizer = cfg.data.tokenizer;
+    else if (!tokenizer && st == KEEL_OK)
+        keel_log_warn("no tokenizer.model exported: the run's data.tokenizer (%s) is not readable here; "
+                      "pass --tokenizer M", cfg.data.tokenizer ? cfg.data.tokenizer : "none");
+    if (st == KEEL_OK)
+        st = keel_hf_export(&cfg.model, params, tokenizer, out, (int64_t)(max_mb * 1024 * 1024));
+    if (st == KEEL_OK)
+        printf("exported %s (step %lld) to %s as a LlamaForCausalLM directory\n", ck.dir,
+               (long long)ck.step, out);
+    keel_free(params);
+    keel_config_free(&cfg);
+    keel_ckpt_close(&ck);
+    return keel_status_exit_code(st);
+}
+
+static int import_hf(int argc, char **argv) {
+    static const struct option options[] = {
+        {"from-hf", required_argument, NULL, 'f'}, {"out", required_argument, NULL, 'o'}, {0, 0, 0, 0},
+    };
+    const char *from = NULL, *out = NULL;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", options, NULL)) != -1) {
+        if (c == 'f') from = optarg;
+        else if (c == 'o') out = optarg;
+        else return 2;
+    }
+    if (optind != argc || !from || !out) {
+        keel_errorf("usage: keel ckpt import --from-hf DIR --out CKPT");
+        return 2;
+    }
+    struct stat sb;
+    if (stat(out, &sb) == 0) {
+        keel_errorf("%s already exists; pick a new --out (keel never overwrites a checkpoint)", out);
+        return 2;
+    }
+    keel_config cfg;
+    keel_config_defaults(&cfg);
+    float *params = NULL;
+    keel_status st = keel_hf_import(from, &cfg.model, &params);
+    if (st != KEEL_OK) {
+        keel_config_free(&cfg);
+        return keel_status_exit_code(st);
+    }
+    /* A manifest carries a complete config; an import has no data of its own. */
+    cfg.data.synthetic = true;
+    /* one file of one shard rank: the parameters; AdamW m and v start at zero */
+    keel_model_layout lay;
+    keel_model_layout_init(&lay, &cfg.model);
+    keel_fsdp_plan plan;
+    keel_fsdp_plan_init(&plan, &lay, 1);
+    float *packed = keel_xcalloc(sizeof(float) * (size_t)plan.shard_total, "checkpoint params");
+    float *zeros = keel_xcalloc(sizeof(float) * (size_t)plan.shard_total, "checkpoint moments");
+    for (int u = 0; u < lay.n_units; u++)
+        memcpy(packed + plan.units[u].shard_offset, params + lay.unit_offset[u],
+               sizeof(float) * (size_t)lay.unit_size[u]);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", out);
+    const float *arrays[KEEL_CKPT_ARRAYS] = {packed, zeros, zeros};
+    keel_ckpt_file file;
+    st = keel_ckpt_write_shard(tmp, 0, 1, 0, arrays, plan.shard_total, &file);
+    char *config = keel_config_to_json(&cfg);
+    if (st == KEEL_OK) {
+        keel_ckpt_meta meta = {.step = 0, .global_batch = 0, .world_size = 1, .strategy = "import",
+                               .plan = &plan, .files = &file, .config_json = config,
+                               .seed = cfg.train.seed, .next_lr = 0};
+        char *manifest = keel_ckpt_manifest_json(&meta);
+        st = keel_ckpt_commit_dir(tmp, out, manifest);
+        free(manifest);
+    }
+    if (st == KEEL_OK) {
+        cJSON *all = cJSON_Parse(config);
+        char *model = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(all, "model"));
+        printf("imported %s (%lld parameters) as %s; fine-tune with \"init_from\": \"%s\" and\n"
+               "\"model\": %s\n", from, (long long)lay.n_params, out, out, model);
+        free(model);
+        cJSON_Delete(all);
+    }
+    free(config);
+    keel_free(packed);
+    keel_free(zeros);
+    keel_free(params);
+    keel_fsdp_plan_free(&plan);
+    keel_model_layout_free(&lay);
+    keel_config_free(&cfg);
+    return keel_status_exit_code(st);
+}
+
 int keel_cmd_ckpt(int argc, char **argv) {
     if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         usage(stdout);
         return 0;
     }
+    if (argc >= 2 && !strcmp(argv[1], "export")) return export_hf(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "import")) return import_hf(argc - 1, argv + 1);
     if (argc != 3 || (strcmp(argv[1], "list") && strcmp(argv[1], "verify"))) {
-        keel_errorf("usage: keel ckpt list RUN_DIR | keel ckpt verify PATH (see keel ckpt --help)");
+        keel_errorf("usage: keel ckpt list RUN_DIR | verify PATH | export PATH ... | import ... "
+                    "(see keel ckpt --help)");
         return 2;
     }
     return !strcmp(argv[1], "list") ? list(argv[2]) : verify(argv[2]);
