@@ -252,6 +252,10 @@ for (impl, prec, err), where in groups.items():
     if impl == "ddp" and prec == "bf16":
         what = "bf16 autocast"
     print(f"PyTorch could not run {impl} {what} on CPU ({', '.join(where)}): {err}")
+if have_torch and torch and not groups:
+    print(f"PyTorch could not run on CPU: nothing; all {len(torch)} variants ran "
+          f"({', '.join(sorted({r['impl'] for r in torch}))}; "
+          f"{', '.join(sorted({r['precision'] for r in torch}))}, gloo).")
 for (c, s, p), k in keel.items():
     if not k["ok"]:
         print(f"keel failed: {c} {s} {p}: {k['error']}")

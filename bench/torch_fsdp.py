@@ -135,8 +135,7 @@ def run_variant(args, variant, rank, world):
     """Runs one variant on this rank; returns this rank's result dict (raises on failure)."""
     import torch
     import torch.distributed as dist
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from torch_train import MODEL_DEFAULTS, TRAIN_DEFAULTS, build
+    from torch_train import MODEL_DEFAULTS, TRAIN_DEFAULTS, build  # path set in worker()
 
     impl, strategy, precision = parse_variant(variant)
     with open(args.config) as f:
@@ -206,6 +205,7 @@ def worker(args):
     except RuntimeError:
         pass
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.dont_write_bytecode = True  # no bench/__pycache__
     import torch_train  # noqa: F401 (the model code: its imports count as baseline)
     # What the interpreter, torch and transformers hold before any model exists.
     rss_import = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -7,7 +7,8 @@
 # - a save that hits a file-size limit (ulimit -f) or a full filesystem (a
 #   small tmpfs) is an error line and a checkpoint_failed event, the .tmp is
 #   removed, training finishes, and the older checkpoints still verify;
-# - checkpoint.keep_last keeps that many committed checkpoints.
+# - checkpoint.keep_last keeps that many committed checkpoints, and
+#   checkpoint.every_seconds saves by time.
 source "$KEEL_SRC/tests/lib.sh"
 CFG=$KEEL_SRC/tests/train/micro.json
 common=(--set train.steps=12 --set checkpoint.every_steps=4 --set checkpoint.keep_last=0)
@@ -84,3 +85,7 @@ check_failed_saves "full filesystem" "$TMP/full" "$TMP/full.log"
 [ "$(ls "$TMP/keep/checkpoints" | tr '\n' ' ')" = "LATEST step_00000010 step_00000012 " ] \
   || fail "keep_last 2 left: $(ls "$TMP/keep/checkpoints")"
 pass "checkpoint.keep_last 2: $(ls "$TMP/keep/checkpoints" | tr '\n' ' ')"
+"$KEEL_BIN" train "$CFG" --set train.steps=5 --set checkpoint.every_seconds=0.001 --set checkpoint.keep_last=0 \
+  --run-dir "$TMP/seconds" >/dev/null 2>&1 || fail "every_seconds run"
+[ "$(ls -d "$TMP/seconds"/checkpoints/step_* | wc -l)" = 5 ] || fail "every_seconds: $(ls "$TMP/seconds/checkpoints")"
+pass "checkpoint.every_seconds 0.001: a checkpoint after each of 5 steps"
