@@ -192,6 +192,11 @@ void trainer_ckpt_before_update(trainer *t) {
     c->stall_s += keel_now_s() - t0;
 }
 
+int64_t trainer_ckpt_buffer_bytes(const trainer *t) {
+    const trainer_ckpt *c = t->ckpt;
+    return c->host ? (int64_t)sizeof(float) * KEEL_CKPT_ARRAYS * c->plan->shard_total : 0;
+}
+
 double trainer_ckpt_take_stall(trainer *t) {
     double s = t->ckpt->stall_s;
     t->ckpt->stall_s = 0;

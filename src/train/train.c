@@ -24,7 +24,6 @@
 static volatile sig_atomic_t g_stop_signal;
 static void on_stop_signal(int sig) { g_stop_signal = sig; }
 
-
 double keel_peak_flops(bool bf16) {
     const char *env = getenv("KEEL_PEAK_FLOPS");
     if (env && atof(env) > 0) return atof(env);
@@ -270,9 +269,11 @@ static keel_status write_json_file(const char *dir, const char *name, cJSON *obj
 }
 
 /* What each rank holds, by category (summary.json "ranks"). */
-enum { MEM_PARAMS, MEM_GRADS, MEM_OPTIMIZER, MEM_COMPUTE, MEM_ACTIVATIONS, MEM_PEAK_RSS, MEM_FIELDS };
+enum { MEM_PARAMS, MEM_GRADS, MEM_OPTIMIZER, MEM_COMPUTE, MEM_ACTIVATIONS, MEM_CKPT, MEM_PEAK_RSS,
+       MEM_FIELDS };
 static const char *MEM_NAMES[MEM_FIELDS] = {"params_bytes", "grads_bytes", "optimizer_bytes",
-                                            "compute_copy_bytes", "activation_bytes", "peak_rss_bytes"};
+                                            "compute_copy_bytes", "activation_bytes",
+                                            "checkpoint_buffer_bytes", "peak_rss_bytes"};
 
 static void rank_memory(trainer *t, double out[MEM_FIELDS]) {
     const keel_model_layout *lay = keel_model_get_layout(t->model);
@@ -290,6 +291,7 @@ static void rank_memory(trainer *t, double out[MEM_FIELDS]) {
     keel_model_options opts = {.checkpoint_activations = t->cfg->fsdp.activation_checkpointing,
                                .bf16 = t->bf16};
     out[MEM_ACTIVATIONS] = (double)keel_model_activation_bytes(lay, t->cfg->train.micro_batch_size, &opts);
+    out[MEM_CKPT] = (double)trainer_ckpt_buffer_bytes(t);
     out[MEM_PEAK_RSS] = (double)keel_peak_rss_bytes();
 }
 

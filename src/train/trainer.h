@@ -52,6 +52,8 @@ keel_status trainer_ckpt_resume(trainer *t);
 void trainer_ckpt_boundary(trainer *t, int steps_done, bool last, bool *stop);
 /* Before the optimizer changes the arrays: wait until a save has copied them. */
 void trainer_ckpt_before_update(trainer *t);
+/* Bytes of the host buffer async saves copy into (0 without one). */
+int64_t trainer_ckpt_buffer_bytes(const trainer *t);
 /* Seconds the loop was held up by checkpointing since the last call. */
 double trainer_ckpt_take_stall(trainer *t);
 
