@@ -16,6 +16,10 @@ common=(--set train.steps=12 --set checkpoint.every_steps=4 --set checkpoint.kee
 "$KEEL_BIN" ckpt verify "$TMP/ref" >"$TMP/verify" || { cat "$TMP/verify"; fail "a good run does not verify"; }
 [ "$(grep -c '^ok ' "$TMP/verify")" = 3 ] || fail "want 3 verified checkpoints: $(cat "$TMP/verify")"
 pass "keel ckpt verify: 3 checkpoints ok"
+"$KEEL_BIN" ckpt list "$TMP/ref" >"$TMP/list"
+grep -q "^step_00000012 .*LATEST, committed" "$TMP/list" && [ "$(grep -c committed "$TMP/list")" = 3 ] \
+  || fail "keel ckpt list: $(cat "$TMP/list")"
+pass "keel ckpt list: $(grep -c committed "$TMP/list") committed, LATEST step_00000012"
 
 # A run as it stood after step 8's commit, with step 8 damaged by $2.
 damaged_run() { # DIR HOW
