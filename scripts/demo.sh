@@ -30,8 +30,9 @@ else
 fi
 run=runs/demo-$(date +%Y%m%d-%H%M%S)
 echo "== 4/4 training a Llama 2-architecture model (dim 288, 6 layers) for $steps steps -> $run"
+echo "   (interrupted? this resumes from the last checkpoint: $keel train configs/demo.json --set train.steps=$steps --run-dir $run)"
 "$keel" train configs/demo.json --set train.steps="$steps" --run-dir "$run"
 echo
 echo "validation loss of the final weights:"
 "$keel" eval "$run" --data "$cache/data"
-echo "run directory: $run (config.json, metrics.jsonl, summary.json, weights.bin)"
+echo "run directory: $run (config.json, metrics.jsonl, summary.json, weights.bin, events.jsonl, checkpoints/)"

@@ -241,8 +241,12 @@ static void finish_save(trainer *t) {
         char *manifest = keel_ckpt_manifest_json(&meta);
         keel_status st = keel_ckpt_commit(t->run_dir, c->pending_step, manifest);
         if (st == KEEL_OK) {
-            keel_event(t->run_dir, "checkpoint_committed", c->pending_step, "%d file(s)",
-                       c->plan->shard_ranks);
+            double mb = 0;
+            for (int j = 0; j < c->plan->shard_ranks; j++) mb += (double)files[j].bytes / 1e6;
+            keel_progress_note(&t->progress, "checkpoint after step %d committed (%.0f MB, %d file(s))",
+                               c->pending_step, mb, c->plan->shard_ranks);
+            keel_event(t->run_dir, "checkpoint_committed", c->pending_step, "%d file(s), %.0f MB",
+                       c->plan->shard_ranks, mb);
             keel_ckpt_retain(t->run_dir, t->cfg->checkpoint.keep_last, c->pending_step);
         } else {
             keel_event(t->run_dir, "checkpoint_failed", c->pending_step, "commit failed");
