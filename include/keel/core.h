@@ -28,11 +28,21 @@ typedef enum {
     KEEL_ERR_INPUT = 1,    /* bad user input: config, data file, tokenizer, CLI */
     KEEL_ERR_IO = 2,       /* the system failed us: disk full, permission, ... */
     KEEL_ERR_NOMEM = 3,
-    KEEL_ERR_NUMERIC = 4,  /* non-finite loss or gradient */
+    KEEL_ERR_NUMERIC = 4,  /* non-finite or diverged loss or gradient */
     KEEL_ERR_INTERNAL = 5, /* a bug in keel */
+    KEEL_ERR_STOPPED = 6,  /* stopped on a signal after saving a checkpoint: resume me */
 } keel_status;
 
-/* Exit code for a status: 0 ok, 2 bad input, 1 anything else. */
+/* Exit codes of keel train and keel worker (README "Failure behaviour"). */
+enum {
+    KEEL_EXIT_RESUME = 75,    /* stopped on SIGTERM/SIGUSR1/SIGINT at a step boundary, state
+                                 saved: run the same keel train again to go on (EX_TEMPFAIL) */
+    KEEL_EXIT_DIVERGED = 76,  /* the loss or gradient norm became NaN/Inf, or the loss
+                                 exceeded resilience.max_loss */
+};
+
+/* Exit code for a status: 0 ok, 2 bad input, 75 stopped (resume me),
+ * 76 diverged, 1 anything else. */
 int keel_status_exit_code(keel_status st);
 const char *keel_status_str(keel_status st);
 
@@ -175,11 +185,24 @@ typedef struct {
 } keel_checkpoint_config;
 
 typedef struct {
+    int max_restarts;
+    double hang_timeout_s;   /* 0 = fitted from step times */
+    double backoff_s;
+    int crash_loop;          /* failures in a row without a new checkpoint that stop the run */
+    double max_loss;         /* a loss above this has diverged (0 = 3 ln V) */
+    int spares;              /* Slurm nodes held back as replacements */
+    int min_ranks;           /* shrink floor (0 = never shrink) */
+    char *health_checks;     /* comma-separated check names ("" = none) */
+    double gemm_floor_gflops;
+} keel_resilience_config;
+
+typedef struct {
     keel_model_config model;
     keel_train_config train;
     keel_data_config data;
     keel_fsdp_config fsdp;
     keel_checkpoint_config checkpoint;
+    keel_resilience_config resilience;
     char *init_from;      /* checkpoint directory to start from, or NULL */
     char *source;         /* file the config came from (for messages) */
 } keel_config;

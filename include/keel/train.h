@@ -29,10 +29,16 @@ keel_status keel_train_run(keel_config *cfg, const char *run_dir);
  * config.json and RUN/logs/ for the ranks to fill. */
 keel_status keel_train_prepare_run_dir(keel_config *cfg, const char *run_dir, int world_size);
 /* One rank of a distributed run (`keel worker RUN`, started by the launcher):
- * joins MPI, reads RUN/config.json, trains FULL_SHARD with the others; rank 0
- * writes metrics.jsonl, summary.json, weights.bin and the progress line; every
- * rank logs to RUN/logs/rank-R.log. */
+ * joins MPI, reads RUN/config.json, resumes from the newest checkpoint, trains
+ * with the others; rank 0 writes metrics.jsonl, summary.json, weights.bin and
+ * the progress line; every rank logs to RUN/logs/rank-R.log and beats
+ * RUN/heartbeats/rank-R (keel/resil.h) for the supervisor. */
 keel_status keel_train_worker(const char *run_dir);
+
+/* Bytes one rank needs (parameters, gradients, optimizer, compute copies,
+ * activations) on world_size ranks, and the size of one checkpoint. */
+int64_t keel_train_memory_need(const keel_config *cfg, int world_size);
+int64_t keel_train_checkpoint_bytes(const keel_config *cfg, int world_size);
 
 /* Print what a config needs (parameters, memory per rank by category) on
  * world_size ranks without allocating it: `keel train --dry-run [--nproc N]`. */

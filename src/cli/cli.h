@@ -11,5 +11,6 @@ int keel_cmd_data(int argc, char **argv);
 int keel_cmd_config(int argc, char **argv);
 int keel_cmd_worker(int argc, char **argv);
 int keel_cmd_ckpt(int argc, char **argv);
+int keel_cmd_health(int argc, char **argv);
 
 #endif

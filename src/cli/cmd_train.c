@@ -15,8 +15,11 @@ static void usage(FILE *out) {
             "usage: keel train CONFIG.json [--set key=value ...] [--run-dir DIR] [--nproc N] [--dry-run]\n"
             "  --set key=value  override a config key (dotted, e.g. train.steps=100); repeatable\n"
             "  --run-dir DIR    where the run writes (default runs/<config>-<time>); must be new or empty\n"
-            "  --nproc N        train on N ranks (FULL_SHARD) started with mpirun, or srun in a Slurm job\n"
-            "  --dry-run        print parameters and memory by category, train nothing\n");
+            "  --nproc N        train on N ranks started with mpirun (srun in a Slurm job) under a\n"
+            "                   supervisor that relaunches them from the last checkpoint after failures\n"
+            "  --dry-run        print parameters and memory by category, train nothing\n"
+            "exit status: 0 done, 2 bad input, 75 stopped on a signal with the state saved (run the\n"
+            "  same command again to resume), 76 the loss became non-finite, 1 any other failure\n");
 }
 
 /* Load CONFIG, apply --set overrides in order, finalize. */
@@ -91,7 +94,9 @@ int keel_cmd_train(int argc, char **argv) {
         if (nproc == 0) st = keel_train_run(&cfg, run_dir);
         else if ((st = keel_train_prepare_run_dir(&cfg, run_dir, nproc)) == KEEL_OK) {
             int code;
-            st = keel_launch_ranks(run_dir, nproc, &code);
+            keel_supervise(&cfg, run_dir, nproc, &code);
+            keel_config_free(&cfg);
+            return code;
         }
     }
     keel_config_free(&cfg);

@@ -18,6 +18,7 @@ static const command COMMANDS[] = {
     {"tokenize", keel_cmd_tokenize, "text <-> ids with a SentencePiece model: keel tokenize --model M [--decode]"},
     {"ckpt", keel_cmd_ckpt, "checkpoints: keel ckpt list RUN_DIR | keel ckpt verify PATH"},
     {"config", keel_cmd_config, "config keys and resolved configs: keel config keys | keel config show CONFIG"},
+    {"health", keel_cmd_health, "is this node fit to train: keel health [--json] [--dir PATH] [--config CONFIG]"},
     {"worker", keel_cmd_worker, "one rank of a distributed run (started by keel train --nproc)"},
 };
 

@@ -10,7 +10,8 @@
 
 #include "keel/core.h"
 
-typedef enum { K_SECTION, K_INT, K_U64, K_DOUBLE, K_BOOL, K_STRING, K_FLAG_SECTION } key_type;
+/* K_LIST: a JSON array of strings, held as one comma-separated char *. */
+typedef enum { K_SECTION, K_INT, K_U64, K_DOUBLE, K_BOOL, K_STRING, K_LIST, K_FLAG_SECTION } key_type;
 
 typedef struct {
     const char *key;  /* dotted path */
@@ -106,6 +107,29 @@ static const key_spec KEYS[] = {
      "committed checkpoints kept; older ones are deleted after a commit (0 = keep all)"},
     {"checkpoint.async", K_BOOL, OFF(checkpoint.async), 0, 0,
      "copy the shard to a host buffer and write it on a background thread while training goes on"},
+
+    {"resilience", K_SECTION, 0, 0, 0, "what the supervisor (keel train --nproc N) does when ranks fail (DESIGN §6)"},
+    {"resilience.max_restarts", K_INT, OFF(resilience.max_restarts), 0, 1 << 20,
+     "relaunches from the last checkpoint before the run is given up (0 = fail on the first failure)"},
+    {"resilience.hang_timeout_s", K_DOUBLE, OFF(resilience.hang_timeout_s), 0, 1e7,
+     "a rank whose heartbeat is older than this is hung (0 = fitted: 10 x the slowest step seen, "
+     "at least 60 s; before the first step at least 120 s)"},
+    {"resilience.backoff_s", K_DOUBLE, OFF(resilience.backoff_s), 0, 3600,
+     "wait before a relaunch; doubles with each failure that made no progress (at most 300 s)"},
+    {"resilience.crash_loop", K_INT, OFF(resilience.crash_loop), 1, 1 << 20,
+     "this many failures in a row without a new checkpoint in between (the same steps failing again) stop the run with a report"},
+    {"resilience.max_loss", K_DOUBLE, OFF(resilience.max_loss), 0, 1e30,
+     "a step whose mean loss exceeds this has diverged, like a NaN/Inf one: roll back, then skip "
+     "its data once, then stop (0 = 3 x ln(model.vocab_size), three times a uniform guess)"},
+    {"resilience.spares", K_INT, OFF(resilience.spares), 0, 1 << 20,
+     "nodes of a Slurm allocation held back to replace nodes that fail a health check"},
+    {"resilience.min_ranks", K_INT, OFF(resilience.min_ranks), 0, 1 << 20,
+     "with no spare left the job may shrink down to this many ranks (0 = never shrink)"},
+    {"resilience.health_checks", K_LIST, OFF(resilience.health_checks), 0, 0,
+     "checks run on every node after a failure, before relaunching: gemm, memory, "
+     "checkpoint_dir, mpi, gpu (keel health; [] = none)"},
+    {"resilience.gemm_floor_gflops", K_DOUBLE, OFF(resilience.gemm_floor_gflops), 0, 1e12,
+     "the gemm health check fails below this many GFLOP/s per core"},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 
@@ -129,11 +153,14 @@ void keel_config_defaults(keel_config *cfg) {
     cfg->fsdp.mixed_precision = keel_xstrdup("fp32");
     cfg->fsdp.reduce_dtype = keel_xstrdup("fp32");
     cfg->data.synthetic_branching = 4;
+    cfg->resilience = (keel_resilience_config){.max_restarts = 10, .backoff_s = 1, .crash_loop = 3,
+                                               .gemm_floor_gflops = 10};
+    cfg->resilience.health_checks = keel_xstrdup("gemm,memory,checkpoint_dir,mpi,gpu");
 }
 
 void keel_config_free(keel_config *cfg) {
     for (int i = 0; i < N_KEYS; i++)
-        if (KEYS[i].type == K_STRING) {
+        if (KEYS[i].type == K_STRING || KEYS[i].type == K_LIST) {
             char **s = (char **)((char *)cfg + KEYS[i].offset);
             free(*s);
             *s = NULL;
@@ -184,6 +211,7 @@ static const char *type_name(key_type t) {
     case K_DOUBLE: return "a number";
     case K_BOOL: return "true or false";
     case K_STRING: return "a string";
+    case K_LIST: return "a list of strings";
     default: return "an object";
     }
 }
@@ -228,6 +256,25 @@ static keel_status store(keel_config *cfg, const key_spec *k, const cJSON *v, co
         free(*(char **)field);
         *(char **)field = keel_xstrdup(v->valuestring);
         return KEEL_OK;
+    case K_LIST: {
+        if (!cJSON_IsArray(v)) return bad_value(origin, k, v, "must be a list of strings");
+        size_t len = 1;
+        const cJSON *x;
+        cJSON_ArrayForEach(x, v) {
+            if (!cJSON_IsString(x) || !x->valuestring[0] || strchr(x->valuestring, ','))
+                return bad_value(origin, k, v, "must be a list of names (strings without commas)");
+            len += strlen(x->valuestring) + 1;
+        }
+        char *joined = keel_xcalloc(len, "list value");
+        cJSON_ArrayForEach(x, v) {
+            if (joined[0]) strcat(joined, ",");
+            strcat(joined, x->valuestring);
+        }
+        free(*(char **)field);
+        *(char **)field = keel_xstrdup(joined);
+        keel_free(joined);
+        return KEEL_OK;
+    }
     case K_INT: case K_U64: case K_DOUBLE: {
         if (!cJSON_IsNumber(v)) {
             snprintf(why, sizeof why, "must be %s", type_name(k->type));
@@ -330,6 +377,15 @@ keel_status keel_config_set(keel_config *cfg, const char *assignment) {
         cJSON_Delete(v);
         v = cJSON_CreateString(text);
     }
+    /* A list key also takes bare comma-separated names: --set resilience.health_checks=gemm,mpi */
+    if (k->type == K_LIST && !cJSON_IsArray(v)) {
+        cJSON_Delete(v);
+        v = cJSON_CreateArray();
+        char *copy = keel_xstrdup(text), *save = NULL;
+        for (char *name = strtok_r(copy, ",", &save); name; name = strtok_r(NULL, ",", &save))
+            cJSON_AddItemToArray(v, cJSON_CreateString(name));
+        keel_free(copy);
+    }
     if (!v) {
         keel_errorf("--set %s: value '%s' must be %s", key, text, type_name(k->type));
         return KEEL_ERR_INPUT;
@@ -383,6 +439,13 @@ keel_status keel_config_finalize(keel_config *cfg) {
         !one_of(src, "fsdp.mixed_precision", cfg->fsdp.mixed_precision, dtypes) ||
         !one_of(src, "fsdp.reduce_dtype", cfg->fsdp.reduce_dtype, dtypes))
         return KEEL_ERR_INPUT;
+    static const char *checks[] = {"gemm", "memory", "checkpoint_dir", "mpi", "gpu", NULL};
+    char *names = keel_xstrdup(cfg->resilience.health_checks), *save = NULL;
+    bool ok = true;
+    for (char *name = strtok_r(names, ",", &save); name && ok; name = strtok_r(NULL, ",", &save))
+        ok = one_of(src, "resilience.health_checks entry", name, checks);
+    keel_free(names);
+    if (!ok) return KEEL_ERR_INPUT;
     if (!cfg->data.path && !cfg->data.synthetic) {
         keel_errorf("%s: no training data: set data.path (from `keel data prepare`) or "
                     "data.synthetic", src);
@@ -429,6 +492,15 @@ char *keel_config_to_json(const keel_config *cfg) {
             put(root, k->key, s ? cJSON_CreateString(s) : cJSON_CreateNull());
             break;
         }
+        case K_LIST: {
+            cJSON *a = cJSON_CreateArray();
+            char *copy = keel_xstrdup(*(char *const *)field), *save = NULL;
+            for (char *name = strtok_r(copy, ",", &save); name; name = strtok_r(NULL, ",", &save))
+                cJSON_AddItemToArray(a, cJSON_CreateString(name));
+            keel_free(copy);
+            put(root, k->key, a);
+            break;
+        }
         }
     }
     char *text = cJSON_Print(root);
@@ -456,6 +528,7 @@ void keel_config_print_keys(void) {
             snprintf(def, sizeof def, "%s", v ? v : "none");
             break;
         }
+        case K_LIST: snprintf(def, sizeof def, "%s", *(char *const *)field); break;
         }
         const char *type = k->type == K_FLAG_SECTION ? "object/false"
                            : k->type == K_BOOL       ? "bool"

@@ -9,8 +9,13 @@ static keel_log_level g_level = KEEL_LOG_INFO;
 static FILE *g_file; /* a second sink (a rank's log file), or NULL */
 
 int keel_status_exit_code(keel_status st) {
-    if (st == KEEL_OK) return 0;
-    return st == KEEL_ERR_INPUT ? 2 : 1;
+    switch (st) {
+    case KEEL_OK: return 0;
+    case KEEL_ERR_INPUT: return 2;
+    case KEEL_ERR_STOPPED: return KEEL_EXIT_RESUME;
+    case KEEL_ERR_NUMERIC: return KEEL_EXIT_DIVERGED;
+    default: return 1;
+    }
 }
 
 const char *keel_status_str(keel_status st) {
@@ -21,6 +26,7 @@ const char *keel_status_str(keel_status st) {
     case KEEL_ERR_NOMEM: return "out of memory";
     case KEEL_ERR_NUMERIC: return "non-finite value";
     case KEEL_ERR_INTERNAL: return "internal error";
+    case KEEL_ERR_STOPPED: return "stopped on a signal";
     }
     return "unknown status";
 }

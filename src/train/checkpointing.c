@@ -44,6 +44,7 @@ struct trainer_ckpt {
     float *host;                   /* packed copy of the arrays (async, or one process) */
     double last_save_s;
     int last_saved_step;
+    int last_committed_step;  /* every rank wrote its file (the leader commits it) */
     double stall_s;                /* held up since trainer_ckpt_take_stall */
     /* the save in flight */
     bool pending;
@@ -192,6 +193,8 @@ void trainer_ckpt_before_update(trainer *t) {
     c->stall_s += keel_now_s() - t0;
 }
 
+int trainer_ckpt_saved_step(const trainer *t) { return t->ckpt->last_committed_step; }
+
 int64_t trainer_ckpt_buffer_bytes(const trainer *t) {
     const trainer_ckpt *c = t->ckpt;
     return c->host ? (int64_t)sizeof(float) * KEEL_CKPT_ARRAYS * c->plan->shard_total : 0;
@@ -219,6 +222,7 @@ static void finish_save(trainer *t) {
         keel_errorf("%s", c->write_error);
     int failed = 0;
     for (int r = 0; r < W; r++) failed += all[4 * r + 3] != 0;
+    if (!failed) c->last_committed_step = c->pending_step;
     char tmp[4096];
     keel_ckpt_dir(tmp, sizeof tmp, t->run_dir, c->pending_step, true);
     if (t->leader && failed) {
@@ -346,7 +350,7 @@ keel_status trainer_ckpt_resume(trainer *t) {
     }
     keel_free(steps);
     if (t->start_step > 0) {
-        c->last_saved_step = t->start_step;
+        c->last_saved_step = c->last_committed_step = t->start_step;
         if (t->fsdp) keel_fsdp_invalidate(t->fsdp);
         else keel_model_params_changed(t->model);
     }
@@ -358,7 +362,8 @@ keel_status trainer_ckpt_resume(trainer *t) {
 /* Keys a resumed run may change: how long, how parallel, how often it saves. */
 static const char *const RESUMABLE[] = {"train.steps", "train.threads", "train.eval_every",
                                         "train.eval_batches", "train.micro_batch_size",
-                                        "train.grad_accum_steps", "fsdp", "checkpoint", NULL};
+                                        "train.grad_accum_steps", "fsdp", "checkpoint",
+                                        "resilience", NULL};
 
 static void drop(cJSON *root, const char *dotted) {
     char buf[128];

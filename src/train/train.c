@@ -18,6 +18,7 @@
 #include "keel/model.h"
 #include "keel/obs.h"
 #include "keel/optim.h"
+#include "keel/resil.h"
 #include "keel/train.h"
 #include "train/trainer.h"
 
@@ -134,6 +135,26 @@ static int64_t plan_total(const memory_plan *m) {
     return m->params + m->grads + m->optimizer + m->gathered + m->activations;
 }
 
+int64_t keel_train_memory_need(const keel_config *cfg, int world_size) {
+    keel_model_layout lay;
+    keel_model_layout_init(&lay, &cfg->model);
+    memory_plan m = plan_memory(cfg, &lay, world_size);
+    keel_model_layout_free(&lay);
+    return plan_total(&m);
+}
+
+/* parameters, AdamW m and v in fp32, padded shards (keel/ckpt.h) */
+int64_t keel_train_checkpoint_bytes(const keel_config *cfg, int world_size) {
+    keel_model_layout lay;
+    keel_model_layout_init(&lay, &cfg->model);
+    keel_fsdp_plan plan;
+    keel_fsdp_plan_init(&plan, &lay, world_size);
+    int64_t bytes = 12 * plan.shard_total * world_size;
+    keel_fsdp_plan_free(&plan);
+    keel_model_layout_free(&lay);
+    return bytes;
+}
+
 static double gib(int64_t bytes) { return (double)bytes / (1024.0 * 1024 * 1024); }
 
 keel_status keel_train_dry_run(const keel_config *cfg, int world_size) {
@@ -199,12 +220,16 @@ static double train_step(trainer *t, int step, double *grad_norm_out) {
     if (t->fsdp) keel_fsdp_zero_grads(t->fsdp);
     else keel_model_zero_grads(t->model);
     /* Rank r takes its contiguous slice of the step's G samples (DESIGN §4). */
+    /* Windows the supervisor skipped (a loss that went non-finite twice) shift the rest. */
+    uint64_t window = (uint64_t)step;
+    for (int i = 0; i < t->n_skips && t->skips[i] <= step; i++) window++;
     for (int micro = 0; micro < accum; micro++) {
         uint64_t first = (uint64_t)t->rank * B * accum + (uint64_t)micro * B;
-        keel_data_fetch(t->train, (uint64_t)step, (uint64_t)G, first, B, t->tokens);
+        keel_data_fetch(t->train, window, (uint64_t)G, first, B, t->tokens);
         loss_sum += keel_model_forward(t->model, t->tokens, B, grad_scale);
         if (t->fsdp) keel_fsdp_set_reduce(t->fsdp, micro == accum - 1); /* reduce once per step */
         keel_model_backward(t->model);
+        keel_heartbeat_beat(t->heartbeat, "train", step, 0);
     }
     double sumsq;
     float *params, *grads;
@@ -397,6 +422,7 @@ static keel_status load_init_from(const keel_config *cfg, const keel_model_layou
 
 static keel_status open_inputs(trainer *t) {
     const keel_config *cfg = t->cfg;
+    t->n_skips = keel_resil_skipped_steps(t->run_dir, &t->skips);
     keel_status st = check_memory(cfg, t->world_size);
     if (st == KEEL_OK) st = check_init_from(cfg);
     if (st == KEEL_OK)
@@ -421,14 +447,22 @@ static keel_status train_loop(trainer *t) {
     const char *status = "completed";
     keel_status st = KEEL_OK;
     keel_progress_init(&t->progress, stdout, cfg->train.steps);
+    /* three times the loss of a uniform guess: no training run comes back from there */
+    double max_loss = cfg->resilience.max_loss > 0 ? cfg->resilience.max_loss
+                                                   : 3 * log((double)cfg->model.vocab_size);
     for (; step < cfg->train.steps; step++) {
         double t0 = keel_now_s(), wait0 = comm_wait_s(t), norm;
         loss = train_step(t, step, &norm);
         double step_s = keel_now_s() - t0, step_wait_s = comm_wait_s(t) - wait0;
-        if (!isfinite(loss) || !isfinite(norm)) {
-            if (t->leader) keel_progress_end(&t->progress);
-            keel_errorf("step %d: loss %g, gradient norm %g are not finite; lower train.lr or raise "
-                        "train.warmup_steps", step + 1, loss, norm);
+        if (!isfinite(loss) || !isfinite(norm) || loss > max_loss) {
+            if (t->leader) {
+                keel_progress_end(&t->progress);
+                keel_event(t->run_dir, "diverged", step + 1, "loss %g, gradient norm %g (resilience.max_loss %g)",
+                           loss, norm, max_loss);
+            }
+            keel_errorf("step %d: loss %g, gradient norm %g: %s; lower train.lr or raise train.warmup_steps",
+                        step + 1, loss, norm, isfinite(loss) && isfinite(norm)
+                            ? "the loss exceeds resilience.max_loss, training diverged" : "not finite");
             status = "diverged";
             st = KEEL_ERR_NUMERIC;
             break;
@@ -441,6 +475,7 @@ static keel_status train_loop(trainer *t) {
         /* every rank must stop at the same step: the boundary agrees on signals */
         bool stop = g_stop_signal != 0;
         trainer_ckpt_boundary(t, step + 1, step + 1 == cfg->train.steps, &stop);
+        keel_heartbeat_beat(t->heartbeat, "train", step + 1, 0);
         double stall_s = trainer_ckpt_take_stall(t);
         if (t->leader) {
             log_step(t, step, loss, keel_lr_at(&cfg->train, step), norm, step_s, step_wait_s, stall_s,
@@ -452,9 +487,14 @@ static keel_status train_loop(trainer *t) {
                 keel_progress_note(&t->progress, "step %d: val loss %.4f", step + 1, val_loss);
         }
         if (stop) {
-            if (t->leader) keel_progress_note(&t->progress, "stopped after step %d on a signal", step + 1);
+            /* saved at the boundary (when checkpointing is on): resume-me; else plain failure */
+            bool saved = trainer_ckpt_saved_step(t) == step + 1;
+            if (t->leader)
+                keel_progress_note(&t->progress, "stopped after step %d on a signal%s", step + 1,
+                                   saved ? ", checkpoint saved: run the same command again to resume"
+                                         : " without a checkpoint (checkpoint.every_steps is 0)");
             status = "interrupted";
-            st = KEEL_ERR_IO;
+            st = saved ? KEEL_ERR_STOPPED : KEEL_ERR_IO;
             step++;
             break;
         }
@@ -568,13 +608,16 @@ static keel_status run(trainer *t) {
     /* A file-size limit (RLIMIT_FSIZE) makes a write fail with EFBIG, which a
      * checkpoint reports, instead of killing the process. */
     signal(SIGXFSZ, SIG_IGN);
-    struct sigaction sa = {.sa_handler = on_stop_signal}, old_int, old_term;
+    struct sigaction sa = {.sa_handler = on_stop_signal}, old_int, old_term, old_usr1;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGUSR1, &sa, &old_usr1);
+    keel_heartbeat_beat(t->heartbeat, "ready", t->start_step, 0);
     st = train_loop(t);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
+    sigaction(SIGUSR1, &old_usr1, NULL);
     return st;
 }
 
@@ -588,6 +631,7 @@ static void free_trainer(trainer *t) {
     keel_model_free(t->model);
     keel_free(t->tokens);
     keel_free(t->step_tps);
+    keel_free(t->skips);
 }
 
 /* A new or empty directory, or a run to resume (trainer_check_resume). */
@@ -630,6 +674,8 @@ keel_status keel_train_worker(const char *run_dir) {
     trainer t = {.run_dir = run_dir, .world = world, .rank = keel_comm_rank(world),
                  .world_size = keel_comm_size(world)};
     t.leader = t.rank == 0;
+    t.heartbeat = keel_heartbeat_open(run_dir, t.rank);
+    keel_heartbeat_beat(t.heartbeat, "init", 0, 0);
     /* Every rank logs to RUN/logs/rank-R.log; the leader also keeps the terminal. */
     char path[4096];
     snprintf(path, sizeof path, "%s/logs/rank-%d.log", run_dir, t.rank);
@@ -662,6 +708,8 @@ keel_status keel_train_worker(const char *run_dir) {
     keel_config_free(&cfg);
     keel_log_set_file(NULL);
     if (log) fclose(log);
+    keel_heartbeat_beat(t.heartbeat, "exit", -1, keel_status_exit_code(st));
+    keel_heartbeat_close(t.heartbeat);
     /* A rank that failed validation cannot finalize with the others: MPI is
      * fail-stop here, so exiting non-zero ends the job. */
     if (st == KEEL_OK) keel_comm_finalize(world);

@@ -10,6 +10,7 @@
 #include "keel/model.h"
 #include "keel/obs.h"
 #include "keel/optim.h"
+#include "keel/resil.h"
 
 typedef struct trainer_ckpt trainer_ckpt;
 
@@ -32,6 +33,9 @@ typedef struct {
     double *step_tps;       /* (steps) tokens/s of each step, for the median */
     int start_step;         /* 0, or the step of the checkpoint this run resumed from */
     trainer_ckpt *ckpt;     /* checkpoint saving (checkpointing.c) */
+    keel_heartbeat *heartbeat; /* RUN/heartbeats/rank-R for the supervisor (workers only) */
+    int64_t *skips;         /* steps whose data window was skipped (RUN/supervisor.json) */
+    int n_skips;
 } trainer;
 
 /* Sequences per optimizer step over all ranks. */
@@ -52,6 +56,8 @@ keel_status trainer_ckpt_resume(trainer *t);
 void trainer_ckpt_boundary(trainer *t, int steps_done, bool last, bool *stop);
 /* Before the optimizer changes the arrays: wait until a save has copied them. */
 void trainer_ckpt_before_update(trainer *t);
+/* The step of the last checkpoint this run committed or resumed from (0: none). */
+int trainer_ckpt_saved_step(const trainer *t);
 /* Bytes of the host buffer async saves copy into (0 without one). */
 int64_t trainer_ckpt_buffer_bytes(const trainer *t);
 /* Seconds the loop was held up by checkpointing since the last call. */

@@ -1,0 +1,321 @@
+/* resil/health.c: is this node fit to train? `keel health` and the
+ * supervisor's checks after a failure.
+ *
+ *   gemm            one core's fp32 GEMM GFLOP/s against a floor (a throttled or
+ *                   sick node is slow long before it fails)
+ *   memory          MemAvailable against what the job's ranks on this node need
+ *   checkpoint_dir  the checkpoint directory takes a write + fsync, and has room
+ *                   for two checkpoints
+ *   mpi             all-reduce of known values over the job's ranks: exact sum
+ *                   and bus bandwidth (keel health --mpi-probe on every rank)
+ *   gpu             through NVML when the driver is there: ECC errors,
+ *                   temperature, clocks, XID events; "no GPU" otherwise */
+#include <cjson/cJSON.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "keel/dist.h"
+#include "keel/kernels.h"
+#include "keel/resil.h"
+#include "keel/train.h"
+
+void keel_node_name(char *out, size_t n) {
+    const char *node = getenv("SLURMD_NODENAME");
+    if (node) snprintf(out, n, "%s", node);
+    else if (gethostname(out, n) != 0) snprintf(out, n, "localhost");
+}
+
+static keel_health_result *result(keel_health_result *out, int *n, const char *name) {
+    keel_health_result *r = &out[(*n)++];
+    memset(r, 0, sizeof *r);
+    snprintf(r->name, sizeof r->name, "%s", name);
+    return r;
+}
+
+static void say(keel_health_result *r, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void say(keel_health_result *r, int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->detail, sizeof r->detail, fmt, ap);
+    va_end(ap);
+    r->status = status;
+}
+
+static double gib(double bytes) { return bytes / (1024.0 * 1024 * 1024); }
+
+/* Best of a few 512^3 products on one thread (~0.1 s in all). */
+static void check_gemm(const keel_health_options *o, keel_health_result *r) {
+    const int n = 512;
+    float *a = keel_xmalloc(sizeof(float) * n * n, "gemm check"), *b = keel_xmalloc(sizeof(float) * n * n, "gemm check"),
+          *c = keel_xmalloc(sizeof(float) * n * n, "gemm check");
+    for (int i = 0; i < n * n; i++) a[i] = (float)(i % 7) * 0.25f, b[i] = (float)(i % 5) * 0.5f;
+    keel_kernels_init(1);
+    double best = 1e30;
+    for (int rep = 0; rep < 6; rep++) {
+        double t0 = keel_now_s();
+        keel_matmul_forward(c, a, b, n, n, n, false);
+        best = fmin(best, keel_now_s() - t0);
+    }
+    keel_kernels_shutdown();
+    /* a wrong product is a sick node too: c[0] = sum_k a[k] * b[k] */
+    double want = 0;
+    for (int k = 0; k < n; k++) want += (double)a[k] * b[k];
+    bool right = fabs(c[0] - want) <= 1e-3 * fabs(want);
+    keel_free(a);
+    keel_free(b);
+    keel_free(c);
+    r->value = 2.0 * n * n * n / best / 1e9;
+    r->limit = o->gemm_floor_gflops;
+    snprintf(r->unit, sizeof r->unit, "GFLOP/s");
+    if (!right) say(r, KEEL_HEALTH_FAIL, "fp32 GEMM gave a wrong result (%g, want %g)", c[0], want);
+    else if (r->value < r->limit)
+        say(r, KEEL_HEALTH_FAIL, "one core does %.1f GFLOP/s of fp32 GEMM, below the floor of %.1f "
+            "(resilience.gemm_floor_gflops): a throttled or overloaded node", r->value, r->limit);
+    else say(r, KEEL_HEALTH_PASS, "one core does %.1f GFLOP/s of fp32 GEMM (floor %.1f)", r->value, r->limit);
+}
+
+static double mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (double)kb * 1024;
+}
+
+static void check_memory(const keel_health_options *o, keel_health_result *r) {
+    r->value = gib(mem_available());
+    snprintf(r->unit, sizeof r->unit, "GiB");
+    if (!o->cfg) {
+        say(r, r->value > 0 ? KEEL_HEALTH_PASS : KEEL_HEALTH_FAIL, "%.1f GiB available (no job given)", r->value);
+        return;
+    }
+    int world = o->nproc > 0 ? o->nproc : 1;
+    /* outside Slurm every rank is on this machine; in Slurm nproc is this node's share */
+    r->limit = gib((double)keel_train_memory_need(o->cfg, world) * world);
+    if (r->value < r->limit)
+        say(r, KEEL_HEALTH_FAIL, "%.1f GiB available, the job's %d rank(s) here need %.1f GiB", r->value,
+            world, r->limit);
+    else say(r, KEEL_HEALTH_PASS, "%.1f GiB available, the job's %d rank(s) here need %.1f GiB", r->value,
+             world, r->limit);
+}
+
+static keel_status make_dirs(const char *dir) {
+    char buf[PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", dir);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST) return KEEL_ERR_IO;
+            *p = '/';
+        }
+    return mkdir(buf, 0755) != 0 && errno != EEXIST ? KEEL_ERR_IO : KEEL_OK;
+}
+
+static void check_dir(const keel_health_options *o, keel_health_result *r) {
+    const char *dir = o->dir ? o->dir : ".";
+    snprintf(r->unit, sizeof r->unit, "GiB");
+    if (make_dirs(dir) != KEEL_OK) {
+        say(r, KEEL_HEALTH_FAIL, "%s: cannot create: %s", dir, strerror(errno));
+        return;
+    }
+    char probe[PATH_MAX + 64];
+    snprintf(probe, sizeof probe, "%s/.keel-health-%d", dir, (int)getpid());
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    char block[4096] = {0};
+    if (fd < 0 || write(fd, block, sizeof block) != (ssize_t)sizeof block || fsync(fd) != 0) {
+        say(r, KEEL_HEALTH_FAIL, "%s: not writable: %s (read-only or broken mount?)", dir, strerror(errno));
+        if (fd >= 0) close(fd), unlink(probe);
+        return;
+    }
+    close(fd);
+    unlink(probe);
+    struct statvfs vfs;
+    if (statvfs(dir, &vfs) != 0) {
+        say(r, KEEL_HEALTH_FAIL, "%s: statvfs: %s", dir, strerror(errno));
+        return;
+    }
+    r->value = gib((double)vfs.f_bavail * vfs.f_frsize);
+    r->limit = o->cfg ? gib(2.0 * (double)keel_train_checkpoint_bytes(o->cfg, o->nproc > 0 ? o->nproc : 1)) : 0;
+    if (r->value < r->limit)
+        say(r, KEEL_HEALTH_FAIL, "%s: %.2f GiB free, two checkpoints need %.2f GiB", dir, r->value, r->limit);
+    else say(r, KEEL_HEALTH_PASS, "%s: writable, %.2f GiB free (two checkpoints: %.2f GiB)", dir, r->value,
+             r->limit);
+}
+
+/* Launch `keel health --mpi-probe` on the job's ranks and read rank 0's line. */
+static void check_mpi(const keel_health_options *o, keel_health_result *r) {
+    char self[PATH_MAX];
+    snprintf(r->unit, sizeof r->unit, "GB/s");
+    if (keel_self_path(self, sizeof self) != KEEL_OK) {
+        say(r, KEEL_HEALTH_FAIL, "cannot find the keel executable");
+        return;
+    }
+    keel_launch_env();
+    keel_launch_spec spec = {.nproc = o->nproc > 0 ? o->nproc : 2, .nodelist = o->nodelist, .nodes = o->nodes};
+    const char *args[] = {"health", "--mpi-probe", NULL};
+    char **argv = keel_launch_argv(self, &spec, args);
+    char out[4096];
+    int code = keel_run_capture(argv, out, sizeof out);
+    cJSON *j = cJSON_Parse(out);
+    const cJSON *ok = cJSON_GetObjectItemCaseSensitive(j, "ok"), *bw = cJSON_GetObjectItemCaseSensitive(j, "bus_gbps"),
+                *d = cJSON_GetObjectItemCaseSensitive(j, "detail");
+    r->value = cJSON_IsNumber(bw) ? bw->valuedouble : 0;
+    if (code == 0 && cJSON_IsTrue(ok))
+        say(r, KEEL_HEALTH_PASS, "%s", cJSON_IsString(d) ? d->valuestring : "");
+    else
+        say(r, KEEL_HEALTH_FAIL, "%s", cJSON_IsString(d) ? d->valuestring
+                                       : "the all-reduce probe did not run; is OpenMPI installed?");
+    cJSON_Delete(j);
+    keel_launch_argv_free(argv);
+}
+
+keel_status keel_health_mpi_probe(void) {
+    keel_comm *world;
+    keel_status st = keel_comm_init(&world);
+    if (st != KEEL_OK) return st;
+    int rank = keel_comm_rank(world), W = keel_comm_size(world);
+    const int64_t n = 4 << 20; /* 16 MB of floats */
+    float *x = keel_xmalloc(sizeof(float) * (size_t)n, "mpi probe");
+    /* small integers: the sum is exact in any order */
+    int64_t bad = 0;
+    double best = 1e30;
+    for (int rep = 0; rep < 4; rep++) {
+        for (int64_t i = 0; i < n; i++) x[i] = (float)((rank + 1) * (1 + i % 13));
+        keel_comm_barrier(world);
+        double t0 = keel_now_s();
+        keel_comm_allreduce(world, x, x, n, KEEL_COMM_F32, KEEL_COMM_SUM);
+        best = fmin(best, keel_now_s() - t0);
+        for (int64_t i = 0; i < n; i++)
+            bad += x[i] != (float)((double)W * (W + 1) / 2 * (1 + i % 13));
+    }
+    keel_free(x);
+    double all_bad = (double)bad;
+    keel_comm_allreduce_scalar(world, &all_bad, KEEL_COMM_SUM);
+    double bus = W > 1 ? 2.0 * (W - 1) / W * (double)n * 4 / best / 1e9 : 0;
+    if (rank == 0)
+        printf("{\"ok\": %s, \"bus_gbps\": %.3f, \"detail\": \"%d rank(s): all-reduce of 16 MB %s, bus "
+               "bandwidth %.2f GB/s\"}\n", all_bad == 0 ? "true" : "false", bus, W,
+               all_bad == 0 ? "exact" : "WRONG", bus);
+    fflush(stdout);
+    keel_comm_finalize(world);
+    return all_bad == 0 ? KEEL_OK : KEEL_ERR_IO;
+}
+
+/* ---- gpu: NVML, loaded at run time (no build dependency) ---------------------- */
+
+typedef int (*nvml_fn0)(void);
+typedef int (*nvml_count_fn)(unsigned *);
+typedef int (*nvml_handle_fn)(unsigned, void **);
+typedef int (*nvml_temp_fn)(void *, int, unsigned *);
+typedef int (*nvml_ecc_fn)(void *, int, int, unsigned long long *);
+typedef int (*nvml_clock_fn)(void *, int, unsigned *);
+
+static void check_gpu(keel_health_result *r) {
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        say(r, KEEL_HEALTH_SKIPPED, "no GPU (NVML, libnvidia-ml.so.1, not found)");
+        return;
+    }
+    nvml_fn0 init = (nvml_fn0)dlsym(lib, "nvmlInit_v2"), shutdown = (nvml_fn0)dlsym(lib, "nvmlShutdown");
+    nvml_count_fn count = (nvml_count_fn)dlsym(lib, "nvmlDeviceGetCount_v2");
+    nvml_handle_fn handle = (nvml_handle_fn)dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
+    nvml_temp_fn temp = (nvml_temp_fn)dlsym(lib, "nvmlDeviceGetTemperature");
+    nvml_ecc_fn ecc = (nvml_ecc_fn)dlsym(lib, "nvmlDeviceGetTotalEccErrors");
+    nvml_clock_fn clock = (nvml_clock_fn)dlsym(lib, "nvmlDeviceGetClockInfo"),
+                  max_clock = (nvml_clock_fn)dlsym(lib, "nvmlDeviceGetMaxClockInfo");
+    unsigned n = 0;
+    if (!init || !count || !handle || init() != 0 || count(&n) != 0) {
+        say(r, KEEL_HEALTH_FAIL, "NVML is installed but does not answer (driver not loaded?)");
+        dlclose(lib);
+        return;
+    }
+    char detail[512] = "";
+    bool ok = true;
+    double hottest = 0;
+    for (unsigned i = 0; i < n; i++) {
+        void *dev;
+        unsigned t = 0, sm = 0, sm_max = 0;
+        unsigned long long errors = 0;
+        if (handle(i, &dev) != 0) continue;
+        if (temp) temp(dev, 0 /* NVML_TEMPERATURE_GPU */, &t);
+        /* uncorrected errors since the driver loaded; 0 where ECC is off */
+        if (ecc && ecc(dev, 1 /* UNCORRECTED */, 0 /* VOLATILE */, &errors) != 0) errors = 0;
+        if (clock) clock(dev, 1 /* NVML_CLOCK_SM */, &sm);
+        if (max_clock) max_clock(dev, 1, &sm_max);
+        hottest = fmax(hottest, t);
+        bool bad = errors > 0 || t >= 90;
+        ok &= !bad;
+        snprintf(detail + strlen(detail), sizeof detail - strlen(detail), "%sgpu%u %u C, SM %u/%u MHz, %llu "
+                 "uncorrected ECC%s", i ? "; " : "", i, t, sm, sm_max, errors, bad ? " (BAD)" : "");
+    }
+    /* XID errors are kernel log lines ("NVRM: Xid"): readable where the log is */
+    FILE *k = popen("dmesg 2>/dev/null | grep -c 'NVRM: Xid'", "r");
+    int xids = 0;
+    if (k) {
+        if (fscanf(k, "%d", &xids) != 1) xids = 0;
+        pclose(k);
+    }
+    if (xids > 0) ok = false;
+    r->value = hottest;
+    snprintf(r->unit, sizeof r->unit, "C");
+    say(r, ok ? KEEL_HEALTH_PASS : KEEL_HEALTH_FAIL, "%u GPU(s): %s; %d XID event(s) in the kernel log", n,
+        detail, xids);
+    if (shutdown) shutdown();
+    dlclose(lib);
+}
+
+int keel_health_run(const keel_health_options *o, keel_health_result *out) {
+    int n = 0;
+    char *names = keel_xstrdup(o->checks ? o->checks : ""), *save = NULL;
+    for (char *name = strtok_r(names, ",", &save); name && n < KEEL_HEALTH_MAX; name = strtok_r(NULL, ",", &save)) {
+        keel_health_result *r = result(out, &n, name);
+        if (!strcmp(name, "gemm")) check_gemm(o, r);
+        else if (!strcmp(name, "memory")) check_memory(o, r);
+        else if (!strcmp(name, "checkpoint_dir")) check_dir(o, r);
+        else if (!strcmp(name, "mpi")) check_mpi(o, r);
+        else if (!strcmp(name, "gpu")) check_gpu(r);
+        else say(r, KEEL_HEALTH_FAIL, "unknown check");
+    }
+    keel_free(names);
+    return n;
+}
+
+bool keel_health_all_ok(const keel_health_result *r, int n) {
+    for (int i = 0; i < n; i++)
+        if (r[i].status == KEEL_HEALTH_FAIL) return false;
+    return true;
+}
+
+char *keel_health_json(const char *node, const keel_health_result *r, int n) {
+    static const char *status[] = {"pass", "fail", "skipped"};
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "node", node);
+    cJSON_AddBoolToObject(o, "ok", keel_health_all_ok(r, n));
+    cJSON *checks = cJSON_AddArrayToObject(o, "checks");
+    for (int i = 0; i < n; i++) {
+        cJSON *c = cJSON_CreateObject();
+        cJSON_AddStringToObject(c, "name", r[i].name);
+        cJSON_AddStringToObject(c, "status", status[r[i].status]);
+        cJSON_AddNumberToObject(c, "value", r[i].value);
+        cJSON_AddNumberToObject(c, "limit", r[i].limit);
+        cJSON_AddStringToObject(c, "unit", r[i].unit);
+        cJSON_AddStringToObject(c, "detail", r[i].detail);
+        cJSON_AddItemToArray(checks, c);
+    }
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    return text;
+}
