@@ -24,6 +24,10 @@ KEEL_BUILD_DEPS=(
     python3                  # tests/lib.sh and the train tests read JSON with python3
     openmpi-bin              # mpirun: keel's ranks (FSDP) and the MPI tests
     libopenmpi-dev           # mpi.h + libmpi for the dist module
+    slurmctld                # the tests' local multi-node Slurm cluster (tests/slurm/cluster.sh)
+    slurmd                   #   its nodes (several slurmd on one host)
+    slurm-client             #   srun, salloc, scontrol: keel train launches with srun in an allocation
+    libpmix-dev              # srun --mpi=pmix for OpenMPI ranks
 )
 KEEL_CORPUS_DEPS=(
     r-base-core              # Rscript: reads the .rda/lazy-load data of the R text packages

@@ -134,6 +134,14 @@ static void signal_ranks(const supervisor *sv, const keel_heartbeat_info *hb, co
         if (have[r] && hb[r].pid > 0) kill(hb[r].pid, sig);
 }
 
+/* The nodes ranks run on: the first `active` ones not excluded, comma-separated. */
+static void active_nodelist(const supervisor *sv, char *out, size_t n) {
+    out[0] = 0;
+    for (int i = 0, used = 0; i < sv->n_nodes && used < sv->active; i++)
+        if (!sv->excluded[i])
+            snprintf(out + strlen(out), n - strlen(out), "%s%s", used++ ? "," : "", sv->nodes[i]);
+}
+
 /* ---- one launch ---------------------------------------------------------------- */
 
 static void pass_lines(char *buf, size_t *len, attempt *a) {
@@ -160,11 +168,7 @@ static void run_attempt(supervisor *sv, attempt *a) {
     char nodelist[4096] = "";
     keel_launch_spec spec = {.nproc = sv->nproc};
     if (sv->nodes) {
-        for (int i = 0, used = 0; i < sv->n_nodes && used < sv->active; i++)
-            if (!sv->excluded[i]) {
-                snprintf(nodelist + strlen(nodelist), sizeof nodelist - strlen(nodelist), "%s%s",
-                         used++ ? "," : "", sv->nodes[i]);
-            }
+        active_nodelist(sv, nodelist, sizeof nodelist);
         spec.nodelist = nodelist;
         spec.nodes = sv->active;
     }
@@ -508,7 +512,8 @@ static bool check_nodes(supervisor *sv, char *why, size_t why_n) {
     for (int i = 0, used = 0; checks[0] && sv->nodes && i < sv->n_nodes && used < sv->active; i++) {
         if (sv->excluded[i]) continue;
         used++;
-        char *argv[] = {"srun", "-N1", "-n1", "-w", sv->nodes[i], "--immediate=30", sv->self, "health",
+        /* bounded: a step on a node that stopped answering would wait for good */
+        char *argv[] = {"timeout", "120", "srun", "-N1", "-n1", "-w", sv->nodes[i], sv->self, "health",
                         "--json", "--checks", checks, "--dir", ckpt_dir, "--config", config, "--nproc",
                         ranks, NULL};
         char out[16384], failed[32];
@@ -564,10 +569,7 @@ static bool check_nodes(supervisor *sv, char *why, size_t why_n) {
     }
     if (has_check(cfg, "mpi")) {
         char nodelist[4096] = "";
-        for (int i = 0, used = 0; sv->nodes && i < sv->n_nodes && used < sv->active; i++)
-            if (!sv->excluded[i])
-                snprintf(nodelist + strlen(nodelist), sizeof nodelist - strlen(nodelist), "%s%s",
-                         used++ ? "," : "", sv->nodes[i]);
+        if (sv->nodes) active_nodelist(sv, nodelist, sizeof nodelist);
         keel_health_options o = {.cfg = cfg, .nproc = sv->nproc, .checks = "mpi",
                                  .nodelist = nodelist[0] ? nodelist : NULL, .nodes = sv->nodes ? sv->active : 0};
         keel_health_result r;
@@ -750,7 +752,12 @@ keel_status keel_supervise(const keel_config *cfg, const char *run_dir, int npro
                cfg->resilience.hang_timeout_s > 0 ? "fixed" : "fitted from step times",
                cfg->resilience.health_checks);
     for (;;) {
-        keel_event(run_dir, "launch", -1, "attempt %d: %d rank(s)", sv.restarts + 1, sv.nproc);
+        char where[4096] = "";
+        if (sv.nodes) {
+            snprintf(where, sizeof where, " on ");
+            active_nodelist(&sv, where + 4, sizeof where - 4);
+        }
+        keel_event(run_dir, "launch", -1, "attempt %d: %d rank(s)%s", sv.restarts + 1, sv.nproc, where);
         attempt a;
         run_attempt(&sv, &a);
         if (a.resumed >= 0 && sv.first_resumed < 0) sv.first_resumed = a.resumed;

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# recovery.sh: what failures cost a supervised run. configs/tiny.json on 2
+# ranks, 300 steps, a checkpoint every 10 steps, and one kill -9 of a random
+# rank at a random step in each block of 100 steps (three failures). Not a test.
+# Per failure: detection (kill -> the supervisor's failure event), recovery
+# (failure detected -> first step after the resume, from summary.json), lost
+# work (steps since the last checkpoint); for the run: goodput (productive
+# step time / wall time). Targets: recovery <= 5 s, lost work <= one
+# checkpoint interval (10 steps), goodput >= 90%.
+#
+#   bash bench/recovery.sh
+#   BENCH_STEPS=600 BENCH_EVERY=20 bash bench/recovery.sh
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+steps="${BENCH_STEPS:-300}"
+every="${BENCH_EVERY:-10}"
+if [ -z "${KEEL_BIN:-}" ]; then
+    make -C "$root" keel >/dev/null
+    KEEL_BIN="$root/build/keel"
+fi
+export KEEL_SRC="$root" KEEL_BIN
+source "$root/tests/lib.sh" # hb, wait_train_step, TMP (removed on exit)
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load $(cut -d' ' -f1-3 /proc/loadavg)"
+run=$TMP/run
+"$KEEL_BIN" train "$root/configs/tiny.json" --nproc 2 --set train.steps="$steps" \
+    --set checkpoint.every_steps="$every" --run-dir "$run" >"$TMP/out" 2>&1 &
+sup=$!
+last=x
+: >"$TMP/kills"
+for block in $(seq 0 $(( steps / 100 - 1 ))); do
+    at=$(( block * 100 + 20 + RANDOM % 60 )) rank=$(( RANDOM % 2 ))
+    last=$(wait_train_step "$run" "$rank" "$at" "$last")
+    done_steps=$(hb step "$run" "$rank")
+    echo "$(date +%s.%N) $rank $done_steps" >>"$TMP/kills"
+    kill -9 "$last"
+    for _ in $(seq 1 1200); do [ "$(event_count "$run" failure)" -gt "$block" ] && break; sleep 0.05; done
+done
+rc=0; wait "$sup" || rc=$?
+[ "$rc" = 0 ] || { tail -20 "$TMP/out"; echo "keel train exit $rc" >&2; exit 1; }
+python3 - "$run" "$TMP/kills" "$every" <<'PY'
+import json, sys
+run, kills, every = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ev = [json.loads(l) for l in open(f"{run}/events.jsonl")]
+fails = [e for e in ev if e["event"] == "failure"]
+lost = [e for e in ev if e["event"] == "lost_work"]
+s = json.load(open(f"{run}/summary.json"))
+rec = s["recovery_s"]["each"]
+print(f"\n| failure | killed | at step | detection s | recovery s | lost steps |\n|---|---|---|---|---|---|")
+for i, line in enumerate(open(kills)):
+    t, rank, step = line.split()
+    det = fails[i]["unix_s"] - float(t)
+    print(f"| {i + 1} | rank {rank} | {int(step) + 1} | {det:.2f} | {rec[i]:.2f} | {lost[i]['detail'].split()[0]} |")
+med = sorted(rec)[len(rec) // 2]
+print(f"\nsteps {s['steps']}, restarts {s['restarts']}, lost steps {s['lost_steps']} (checkpoint every {every}), "
+      f"recovery median {med:.2f} s max {max(rec):.2f} s, goodput {100 * s['goodput']:.1f}% "
+      f"(wall {s['supervisor_wall_s']:.1f} s, median step {s['tokens'] / s['steps'] / s['tokens_per_s_median']:.3f} s)")
+print(f"targets: recovery <= 5 s: {'met' if max(rec) <= 5 else 'MISSED'}; lost work <= {every} steps per failure: "
+      f"{'met' if all(int(l['detail'].split()[0]) <= every for l in lost) else 'MISSED'}; goodput >= 90%: "
+      f"{'met' if s['goodput'] >= 0.9 else 'MISSED'}")
+PY

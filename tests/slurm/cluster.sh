@@ -1,0 +1,81 @@
+# tests/slurm/cluster.sh: a real multi-node Slurm cluster on localhost for the
+# tests (sourced after tests/lib.sh). Debian's Slurm runs several slurmd on one
+# host, each its own node (../shared/notes/slurm-mpi.md): slurm_cluster_start N
+# starts slurmctld and nodes n1..nN (auth/none, ~1 s) and exports SLURM_CONF;
+# slurm_cluster_stop (also run on exit) stops them. Each slurmd runs in a mount
+# namespace of its own, which its jobs share: node_mount_ro NODE DIR makes DIR
+# read-only on that node alone, like a node whose mount went bad.
+SLURM_BASE=
+slurm_cluster_stop() {
+  [ -n "$SLURM_BASE" ] || return 0
+  local f
+  for f in "$SLURM_BASE"/slurmd-*.pid "$SLURM_BASE"/slurmctld.pid; do
+    [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true
+  done
+  for _ in $(seq 1 100); do
+    pgrep -f "$SLURM_BASE/slurm.conf" >/dev/null || break
+    sleep 0.1
+  done
+  pkill -9 -f "$SLURM_BASE/slurm.conf" 2>/dev/null || true
+  SLURM_BASE=
+}
+slurm_cluster_start() {
+  local n=$1 port=$(( 20000 + RANDOM % 20000 )) i
+  command -v slurmctld >/dev/null && command -v slurmd >/dev/null \
+    || fail "Slurm is not installed: run scripts/install-deps.sh (slurmctld slurmd slurm-client)"
+  SLURM_BASE=$TMP/slurm
+  rm -rf "$SLURM_BASE"
+  mkdir -p "$SLURM_BASE/state"
+  for i in $(seq 1 "$n"); do mkdir -p "$SLURM_BASE/spool/n$i" "$SLURM_BASE/tmpfs/n$i"; done
+  cat >"$SLURM_BASE/slurm.conf" <<CONF
+ClusterName=keeltest
+SlurmctldHost=localhost
+SlurmctldPort=$port
+AuthType=auth/none
+CredType=cred/none
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$SLURM_BASE/state
+SlurmdSpoolDir=$SLURM_BASE/spool/%n
+SlurmctldPidFile=$SLURM_BASE/slurmctld.pid
+SlurmdPidFile=$SLURM_BASE/slurmd-%n.pid
+SlurmctldLogFile=$SLURM_BASE/slurmctld.log
+SlurmdLogFile=$SLURM_BASE/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+ReturnToService=2
+MpiDefault=none
+TmpFS=$SLURM_BASE/tmpfs/%n
+SlurmdTimeout=10
+NodeName=n[1-$n] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$(( port + 1 ))-$(( port + n ))] CPUs=4 RealMemory=2000
+PartitionName=debug Nodes=n[1-$n] Default=YES MaxTime=INFINITE State=UP
+CONF
+  export SLURM_CONF=$SLURM_BASE/slurm.conf
+  trap 'slurm_cluster_stop; rm -rf "$TMP"' EXIT
+  slurmctld -c -i -f "$SLURM_CONF" || fail "slurmctld did not start: $(tail -5 "$SLURM_BASE/slurmctld.log" 2>/dev/null)"
+  # each node in a mount namespace of its own: a test can break one node's view of the
+  # filesystem (a read-only mount) and no other's
+  for i in $(seq 1 "$n"); do
+    unshare -m --propagation private slurmd -f "$SLURM_CONF" -N "n$i" || fail "slurmd n$i did not start"
+  done
+  for _ in $(seq 1 200); do
+    [ "$(sinfo -h -N -o '%t' 2>/dev/null | grep -c idle)" = "$n" ] && return 0
+    sleep 0.1
+  done
+  fail "the Slurm nodes never became idle: $(sinfo -N 2>&1)"
+}
+node_mount_ro() {
+  local pid
+  pid=$(cat "$SLURM_BASE/slurmd-$1.pid")
+  for _ in $(seq 1 50); do # EBUSY while a file there is open for writing
+    nsenter -t "$pid" -m sh -c "mountpoint -q '$2' || mount --bind '$2' '$2'; mount -o remount,bind,ro '$2'" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  fail "cannot make $2 read-only on node $1"
+}
