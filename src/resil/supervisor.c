@@ -117,21 +117,21 @@ static bool proc_alive(int pid) {
     return s != 0 && s != 'Z' && s != 'X';
 }
 
-/* Signal every rank: directly by pid on this machine, through scancel in Slurm. */
-static void signal_ranks(const supervisor *sv, const keel_heartbeat_info *hb, const bool *have, int sig) {
-    if (keel_launch_in_slurm()) {
-        for (int r = 0; r < sv->nproc; r++)
-            if (have[r] && strcmp(hb[r].slurm_step, "-")) {
-                char cmd[256];
-                snprintf(cmd, sizeof cmd, "scancel --signal=%s %s >/dev/null 2>&1",
-                         sig == SIGKILL ? "KILL" : "TERM", hb[r].slurm_step);
-                if (system(cmd) != 0) { /* the step may be gone already */ }
-                return;
-            }
-        return;
+/* Signal rank `only` (-1: every rank): by pid on this machine; in Slurm the
+ * whole step through scancel. */
+static void signal_ranks(const supervisor *sv, const keel_heartbeat_info *hb, const bool *have, int sig,
+                         int only) {
+    for (int r = 0; r < sv->nproc; r++) {
+        if (!have[r] || (only >= 0 && r != only)) continue;
+        if (keel_launch_in_slurm() && strcmp(hb[r].slurm_step, "-")) {
+            char cmd[256];
+            snprintf(cmd, sizeof cmd, "scancel --signal=%s %s >/dev/null 2>&1", sig == SIGKILL ? "KILL" : "TERM",
+                     hb[r].slurm_step);
+            if (system(cmd) != 0) { /* the step may be gone already */ }
+        } else if (!keel_launch_in_slurm() && hb[r].pid > 0) {
+            kill(hb[r].pid, sig);
+        }
     }
-    for (int r = 0; r < sv->nproc; r++)
-        if (have[r] && hb[r].pid > 0) kill(hb[r].pid, sig);
 }
 
 /* The nodes ranks run on: the first `active` ones not excluded, comma-separated. */
@@ -195,7 +195,7 @@ static void run_attempt(supervisor *sv, attempt *a) {
 
     keel_heartbeat_info *hb = keel_xcalloc(sizeof *hb * (size_t)sv->nproc, "heartbeats");
     bool *have = keel_xcalloc(sizeof(bool) * (size_t)sv->nproc, "heartbeats");
-    double *last_change = keel_xcalloc(sizeof(double) * (size_t)sv->nproc, "heartbeats");
+    bool *signaled = keel_xcalloc(sizeof(bool) * (size_t)sv->nproc, "heartbeats");
     char buf[8192];
     size_t len = 0;
     bool failed = false, stop_sent = false, pipe_open = true;
@@ -220,12 +220,8 @@ static void run_attempt(supervisor *sv, attempt *a) {
         for (int r = 0; r < sv->nproc; r++) {
             keel_heartbeat_info x;
             if (!keel_heartbeat_read(run_dir, r, &x)) continue;
-            if (have[r] && x.unix_s != hb[r].unix_s) {
-                if (!strcmp(x.phase, "train") && !strcmp(hb[r].phase, "train"))
-                    sv->slowest_gap_s = fmax(sv->slowest_gap_s, x.unix_s - hb[r].unix_s);
-                last_change[r] = now;
-            }
-            if (!have[r]) last_change[r] = now;
+            if (have[r] && !strcmp(x.phase, "train") && !strcmp(hb[r].phase, "train"))
+                sv->slowest_gap_s = fmax(sv->slowest_gap_s, x.unix_s - hb[r].unix_s);
             hb[r] = x;
             have[r] = true;
         }
@@ -236,11 +232,17 @@ static void run_attempt(supervisor *sv, attempt *a) {
                        "after it was detected (resumed from step %lld)", r, (long long)hb[0].start_step);
             sv->pending_failure_unix = 0;
         }
-        if (g_stop && !stop_sent) { /* preemption: ranks save at the next step boundary */
-            keel_event(run_dir, "preempt", have[0] ? hb[0].step : -1,
-                       "signal %d: asking the ranks to checkpoint at the next step boundary and exit",
-                       (int)g_stop);
-            signal_ranks(sv, hb, have, SIGTERM);
+        if (g_stop) { /* preemption: ranks save at the next step boundary */
+            if (!stop_sent)
+                keel_event(run_dir, "preempt", have[0] ? hb[0].step : -1,
+                           "signal %d: asking the ranks to checkpoint at the next step boundary and exit",
+                           (int)g_stop);
+            /* ranks catch it from their first heartbeat on; one still starting gets it later */
+            for (int r = 0; r < sv->nproc; r++)
+                if (have[r] && !signaled[r]) {
+                    signal_ranks(sv, hb, have, SIGTERM, r);
+                    signaled[r] = true;
+                }
             stop_sent = true;
         }
         if (failed) {
@@ -285,7 +287,7 @@ static void run_attempt(supervisor *sv, attempt *a) {
         }
         if (failed) {
             a->detected_unix = now;
-            signal_ranks(sv, hb, have, SIGKILL);
+            signal_ranks(sv, hb, have, SIGKILL, -1);
             kill(-pid, SIGKILL);
             killed_at = now;
         }
@@ -347,7 +349,7 @@ static void run_attempt(supervisor *sv, attempt *a) {
     }
     keel_free(hb);
     keel_free(have);
-    keel_free(last_change);
+    keel_free(signaled);
     keel_launch_argv_free(argv);
 }
 

@@ -25,6 +25,19 @@
 static volatile sig_atomic_t g_stop_signal;
 static void on_stop_signal(int sig) { g_stop_signal = sig; }
 
+/* SIGINT, SIGTERM, SIGUSR1: stop after the current step (checkpointing first).
+ * Caught from the start, so a stop during set-up ends the run after one step. */
+static const int STOP_SIGNALS[3] = {SIGINT, SIGTERM, SIGUSR1};
+static void catch_stop_signals(struct sigaction old[3]) {
+    struct sigaction sa = {.sa_handler = on_stop_signal};
+    sigemptyset(&sa.sa_mask);
+    g_stop_signal = 0;
+    for (int i = 0; i < 3; i++) sigaction(STOP_SIGNALS[i], &sa, &old[i]);
+}
+static void restore_stop_signals(const struct sigaction old[3]) {
+    for (int i = 0; i < 3; i++) sigaction(STOP_SIGNALS[i], &old[i], NULL);
+}
+
 double keel_peak_flops(bool bf16) {
     const char *env = getenv("KEEL_PEAK_FLOPS");
     if (env && atof(env) > 0) return atof(env);
@@ -219,10 +232,10 @@ static double train_step(trainer *t, int step, double *grad_norm_out) {
     double loss_sum = 0;
     if (t->fsdp) keel_fsdp_zero_grads(t->fsdp);
     else keel_model_zero_grads(t->model);
-    /* Rank r takes its contiguous slice of the step's G samples (DESIGN §4). */
-    /* Windows the supervisor skipped (a loss that went non-finite twice) shift the rest. */
+    /* Data windows the supervisor skipped (a step that diverged twice) shift the rest. */
     uint64_t window = (uint64_t)step;
-    for (int i = 0; i < t->n_skips && t->skips[i] <= step; i++) window++;
+    for (int i = 0; i < t->n_skips; i++) window += t->skips[i] <= step;
+    /* Rank r takes its contiguous slice of the step's G samples (DESIGN §4). */
     for (int micro = 0; micro < accum; micro++) {
         uint64_t first = (uint64_t)t->rank * B * accum + (uint64_t)micro * B;
         keel_data_fetch(t->train, window, (uint64_t)G, first, B, t->tokens);
@@ -492,7 +505,7 @@ static keel_status train_loop(trainer *t) {
             if (t->leader)
                 keel_progress_note(&t->progress, "stopped after step %d on a signal%s", step + 1,
                                    saved ? ", checkpoint saved: run the same command again to resume"
-                                         : " without a checkpoint (checkpoint.every_steps is 0)");
+                                         : " without a checkpoint (checkpointing is off)");
             status = "interrupted";
             st = saved ? KEEL_ERR_STOPPED : KEEL_ERR_IO;
             step++;
@@ -608,17 +621,8 @@ static keel_status run(trainer *t) {
     /* A file-size limit (RLIMIT_FSIZE) makes a write fail with EFBIG, which a
      * checkpoint reports, instead of killing the process. */
     signal(SIGXFSZ, SIG_IGN);
-    struct sigaction sa = {.sa_handler = on_stop_signal}, old_int, old_term, old_usr1;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-    sigaction(SIGUSR1, &sa, &old_usr1);
     keel_heartbeat_beat(t->heartbeat, "ready", t->start_step, 0);
-    st = train_loop(t);
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
-    sigaction(SIGUSR1, &old_usr1, NULL);
-    return st;
+    return train_loop(t);
 }
 
 static void free_trainer(trainer *t) {
@@ -643,6 +647,8 @@ static keel_status check_run_dir(keel_config *cfg, const char *run_dir, int worl
 
 keel_status keel_train_run(keel_config *cfg, const char *run_dir) {
     trainer t = {.cfg = cfg, .run_dir = run_dir, .world_size = 1, .leader = true};
+    struct sigaction old[3];
+    catch_stop_signals(old);
     keel_status st = check_run_dir(cfg, run_dir, 1);
     if (st == KEEL_OK) st = open_inputs(&t);
     if (st == KEEL_OK) st = create_run_dir(cfg, run_dir);
@@ -652,6 +658,7 @@ keel_status keel_train_run(keel_config *cfg, const char *run_dir) {
         keel_kernels_shutdown();
     }
     free_trainer(&t);
+    restore_stop_signals(old);
     return st;
 }
 
@@ -668,6 +675,8 @@ keel_status keel_train_prepare_run_dir(keel_config *cfg, const char *run_dir, in
 }
 
 keel_status keel_train_worker(const char *run_dir) {
+    struct sigaction old[3];
+    catch_stop_signals(old);
     keel_comm *world;
     keel_status st = keel_comm_init(&world);
     if (st != KEEL_OK) return st;
@@ -710,6 +719,7 @@ keel_status keel_train_worker(const char *run_dir) {
     if (log) fclose(log);
     keel_heartbeat_beat(t.heartbeat, "exit", -1, keel_status_exit_code(st));
     keel_heartbeat_close(t.heartbeat);
+    restore_stop_signals(old);
     /* A rank that failed validation cannot finalize with the others: MPI is
      * fail-stop here, so exiting non-zero ends the job. */
     if (st == KEEL_OK) keel_comm_finalize(world);

@@ -15,6 +15,9 @@ echo '{"train": {"steps": "ten"}}' >"$TMP/type.json"
 expect_input_error "wrong type" "type.json: key 'train.steps' must be an integer, got \"ten\"" train "$TMP/type.json"
 expect_input_error "wrong type via --set" "key 'train.lr' must be a number" train "$CFG" --set 'train.lr="fast"'
 expect_input_error "out of range" "key 'train.micro_batch_size' must be in \[1," train "$CFG" --set train.micro_batch_size=0
+expect_input_error "unknown health check" "resilience.health_checks entry 'gpus' is not one of gemm, memory, checkpoint_dir, mpi, gpu" \
+  train "$CFG" --set resilience.health_checks=gemm,gpus --nproc 2
+expect_input_error "negative spares" "key 'resilience.spares' must be in \[0," train "$CFG" --set resilience.spares=-1
 expect_input_error "fractional int" "key 'model.dim' must be an integer, got 64.5" train "$CFG" --set model.dim=64.5
 expect_input_error "dim % n_heads" "model.dim 66 is not divisible by model.n_heads 4" train "$CFG" --set model.dim=66
 expect_input_error "n_heads % n_kv_heads" "model.n_heads 4 is not a multiple of model.n_kv_heads 3" train "$CFG" --set model.n_kv_heads=3

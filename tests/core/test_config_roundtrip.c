@@ -21,6 +21,8 @@ int main(void) {
                !strcmp(a.data.tokenizer, "some/path.model"), "--set bare string");
     EXPECT(keel_config_set(&a, "train.seed=18446744073709") == KEEL_OK && a.train.seed == 18446744073709ull,
            "--set u64");
+    EXPECT(keel_config_set(&a, "resilience.health_checks=gemm,mpi") == KEEL_OK &&
+               !strcmp(a.resilience.health_checks, "gemm,mpi"), "--set list from bare names");
     EXPECT(keel_config_finalize(&a) == KEEL_OK && a.model.n_kv_heads == 4, "finalize fills n_kv_heads");
     EXPECT(a.data.synthetic && a.data.synthetic_branching == 3, "synthetic section parsed");
 
@@ -31,6 +33,7 @@ int main(void) {
            "resolved JSON loads");
     char *json2 = keel_config_to_json(&b);
     EXPECT(!strcmp(json, json2), "resolved JSON round-trips exactly");
+    EXPECT(strstr(json, "\"health_checks\":\t[\"gemm\", \"mpi\"]") != NULL, "a list is a JSON array");
     free(json);
     free(json2);
 
@@ -45,6 +48,12 @@ int main(void) {
     EXPECT(keel_config_set(&c, "train.steps=-1") == KEEL_ERR_INPUT, "negative steps rejected");
     EXPECT(keel_config_set(&c, "model.tie_embeddings=1") == KEEL_ERR_INPUT, "number for bool rejected");
     EXPECT(keel_config_load_string(&c, "[1,2]", "t") == KEEL_ERR_INPUT, "non-object rejected");
+    EXPECT(keel_config_load_string(&c, "{\"resilience\": {\"health_checks\": [1]}}", "t") == KEEL_ERR_INPUT,
+           "list of numbers rejected");
+    EXPECT(keel_config_load_string(&c, "{\"resilience\": {\"health_checks\": \"gemm\"}}", "t") == KEEL_ERR_INPUT,
+           "string for list rejected");
+    EXPECT(keel_config_set(&c, "resilience.health_checks=[]") == KEEL_OK && !c.resilience.health_checks[0],
+           "empty list");
     EXPECT(keel_config_load_string(&c, "{\"model\": 3}", "t") == KEEL_ERR_INPUT, "section must be object");
     EXPECT(keel_config_load_string(&c, "{\"model\": {\"dim\": 100, \"n_heads\": 3}}", "t") == KEEL_OK &&
                keel_config_finalize(&c) == KEEL_ERR_INPUT, "dim %% n_heads rejected");
