@@ -144,11 +144,15 @@ static void active_nodelist(const supervisor *sv, char *out, size_t n) {
 
 /* ---- one launch ---------------------------------------------------------------- */
 
-static void pass_lines(char *buf, size_t *len, attempt *a) {
+/* The launcher's stderr lines: all to RUN/logs/launcher.log; to the terminal
+ * until the supervisor kills the launch (what follows is the launcher's account
+ * of that kill, which the supervisor's own line explains better). */
+static void pass_lines(char *buf, size_t *len, attempt *a, FILE *log, bool quiet) {
     char *start = buf, *nl;
     while ((nl = memchr(start, '\n', (size_t)(buf + *len - start)))) {
         *nl = 0;
-        fprintf(stderr, "%s\n", start);
+        if (!quiet) fprintf(stderr, "%s\n", start);
+        if (log) fprintf(log, "%s\n", start);
         int sig, rank = keel_launch_blamed_rank(start, &sig);
         if (rank >= 0 && a->rank < 0) a->rank = rank;
         if (sig > 0 && a->sig == 0) a->sig = sig;
@@ -193,6 +197,10 @@ static void run_attempt(supervisor *sv, attempt *a) {
     setpgid(pid, pid);
     fcntl(err[0], F_SETFL, O_NONBLOCK);
 
+    char log_path[4096];
+    snprintf(log_path, sizeof log_path, "%s/logs/launcher.log", run_dir);
+    FILE *log = fopen(log_path, "a");
+    if (log) fprintf(log, "---- %s\n", argv[0]);
     keel_heartbeat_info *hb = keel_xcalloc(sizeof *hb * (size_t)sv->nproc, "heartbeats");
     bool *have = keel_xcalloc(sizeof(bool) * (size_t)sv->nproc, "heartbeats");
     bool *signaled = keel_xcalloc(sizeof(bool) * (size_t)sv->nproc, "heartbeats");
@@ -208,7 +216,7 @@ static void run_attempt(supervisor *sv, attempt *a) {
             if (got > 0) {
                 len += (size_t)got;
                 if (len == sizeof buf - 1) buf[len++] = '\n'; /* an over-long line: pass it in parts */
-                pass_lines(buf, &len, a);
+                pass_lines(buf, &len, a, log, failed);
             } else if (got == 0) {
                 pipe_open = false;
             }
@@ -298,13 +306,14 @@ static void run_attempt(supervisor *sv, attempt *a) {
         if (got <= 0) break;
         len += (size_t)got;
         if (len == sizeof buf - 1) buf[len++] = '\n';
-        pass_lines(buf, &len, a);
+        pass_lines(buf, &len, a, log, failed);
     }
     if (len) {
         buf[len++] = '\n';
-        pass_lines(buf, &len, a);
+        pass_lines(buf, &len, a, log, failed);
     }
     close(err[0]);
+    if (log) fclose(log);
     kill(-pid, SIGKILL); /* anything the launcher left behind in its group */
     for (int r = 0; r < sv->nproc; r++) {
         keel_heartbeat_info x;
