@@ -18,7 +18,7 @@ if [ -z "${KEEL_BIN:-}" ]; then
     make -C "$root" keel >/dev/null
     KEEL_BIN="$root/build/keel"
 fi
-export KEEL_SRC="$root" KEEL_BIN
+export KEEL_SRC="$root" KEEL_BIN WAIT_STEP_S=900
 source "$root/tests/lib.sh" # hb, wait_train_step, TMP (removed on exit)
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load $(cut -d' ' -f1-3 /proc/loadavg)"
 run=$TMP/run

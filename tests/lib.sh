@@ -36,11 +36,12 @@ mpi_env() {
 # hb FIELD RUN RANK: a field (phase, step, start, pid, ...) of a rank's
 # heartbeat (RUN/heartbeats/rank-R), empty when there is none yet.
 hb() { sed -n "s/.* $1=\([^ ]*\) .*/\1/p" "$2/heartbeats/rank-$3" 2>/dev/null || true; }
-# wait_train_step RUN RANK N [NOT_PID]: wait (at most 120 s) until the rank
-# has done N steps in a process other than NOT_PID; prints its pid.
+# wait_train_step RUN RANK N [NOT_PID]: wait (at most WAIT_STEP_S, default
+# 120 s) until the rank has done N steps in a process other than NOT_PID;
+# prints its pid.
 wait_train_step() {
   local run=$1 rank=$2 n=$3 not=${4:-x} s p
-  for _ in $(seq 1 2400); do
+  for _ in $(seq 1 $(( ${WAIT_STEP_S:-120} * 20 ))); do
     s=$(hb step "$run" "$rank"); p=$(hb pid "$run" "$rank")
     if [ "$(hb phase "$run" "$rank")" = train ] && [ -n "$s" ] && [ "$s" -ge "$n" ] && [ "$p" != "$not" ]; then
       echo "$p"; return 0
