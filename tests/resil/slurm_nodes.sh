@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Inside a Slurm allocation (a real local cluster: tests/slurm/cluster.sh) the
+# Inside a Slurm allocation (a real local cluster: tests/slurm_cluster.sh) the
 # supervisor launches ranks with srun, and after a failure health-checks every
 # node with `srun -w NODE keel health`. A node whose checkpoint directory went
 # read-only (on that node only: its own mount namespace) fails its check and is
@@ -10,7 +10,7 @@
 #     rank, resumes resharded with accumulation keeping the global batch, and
 #     ends with the uninterrupted run's losses.
 source "$KEEL_SRC/tests/lib.sh"
-source "$KEEL_SRC/tests/slurm/cluster.sh"
+source "$KEEL_SRC/tests/slurm_cluster.sh"
 mpi_env
 CFG=$KEEL_SRC/tests/train/micro.json
 args=(--set train.steps=200 --set checkpoint.every_steps=10 --set resilience.backoff_s=0.1 --nproc 2)

@@ -1,4 +1,4 @@
-# tests/slurm/cluster.sh: a real multi-node Slurm cluster on localhost for the
+# tests/slurm_cluster.sh (a fixture, not a test): a real multi-node Slurm cluster on localhost for the
 # tests (sourced after tests/lib.sh). Debian's Slurm runs several slurmd on one
 # host, each its own node (../shared/notes/slurm-mpi.md): slurm_cluster_start N
 # starts slurmctld and nodes n1..nN (auth/none, ~1 s) and exports SLURM_CONF;
