@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # After a failure the supervisor health-checks the node before relaunching; a
 # check that genuinely fails excludes the node. A local run has only this
-# machine, so the run stops with a report naming the check (tests/slurm/
+# machine, so the run stops with a report naming the check (tests/resil/slurm_nodes.sh
 # covers spares and shrinking on a multi-node Slurm cluster):
 #   - an impossible GEMM floor (resilience.gemm_floor_gflops);
 #   - the checkpoint directory remounted read-only under the running job.
