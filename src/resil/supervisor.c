@@ -799,10 +799,12 @@ keel_status keel_supervise(const keel_config *cfg, const char *run_dir, int npro
             keel_event(run_dir, "stop", a.done + 1, "%s", why);
             break;
         }
-        /* back off: doubling while failures make no progress */
+        /* back off: the relaunch comes no sooner than the backoff after the failure
+         * (the health checks above count toward it), doubling while failures make
+         * no progress */
         int streak = a.kind == END_DIVERGED ? 1 : sv.fail_streak;
         double wait = fmin(300, cfg->resilience.backoff_s * pow(2, streak - 1));
-        for (double waited = 0; waited < wait && !g_stop; waited += 0.05) sleep_s(0.05);
+        while (unix_now() - a.detected_unix < wait && !g_stop) sleep_s(0.05);
         if (g_stop) {
             status = "stopped";
             snprintf(why, sizeof why, "stopped on a signal while restarting; state saved at step %lld: run "
@@ -813,7 +815,8 @@ keel_status keel_supervise(const keel_config *cfg, const char *run_dir, int npro
         }
         sv.restarts++;
         save_state(&sv);
-        keel_event(run_dir, "restart", -1, "restart %d after %.1f s of backoff", sv.restarts, wait);
+        keel_event(run_dir, "restart", -1, "restart %d, %.1f s after the failure (backoff %.1f s)", sv.restarts,
+                   unix_now() - a.detected_unix, wait);
     }
     for (int i = 0; i < 3; i++) sigaction(sigs[i], &old[i], NULL);
     double wall = unix_now() - start;

@@ -560,6 +560,12 @@ static keel_status build_state(trainer *t) {
                                .checkpoint_activations = cfg->fsdp.activation_checkpointing,
                                .bf16 = t->bf16};
     keel_model_build_with(&cfg->model, B, &opts, &t->model);
+    /* A run directory with checkpoints resumes from one of them (or stops when
+     * none is usable): initializing the parameters first would be wasted time
+     * on every restart. */
+    int64_t *steps;
+    bool resuming = keel_ckpt_list(t->run_dir, &steps) > 0;
+    keel_free(steps);
     if (t->world) {
         keel_fsdp_strategy strategy;
         keel_fsdp_strategy_parse(cfg->fsdp.strategy, &strategy); /* validated by finalize */
@@ -568,11 +574,13 @@ static keel_status build_state(trainer *t) {
         keel_fsdp_set_prefetch(t->fsdp, cfg->fsdp.prefetch);
         keel_fsdp_set_reduce_bf16(t->fsdp, want_bf16_reduce(cfg));
         const keel_model_layout *lay = keel_model_get_layout(t->model);
-        float *full = keel_xmalloc(sizeof(float) * (size_t)lay->n_params, "initial parameters");
-        if (cfg->init_from) st = load_init_from(cfg, lay, full);
-        else keel_model_init_params(lay, cfg->train.seed, full); /* same on every rank */
-        keel_fsdp_load_full(t->fsdp, full);
-        keel_free(full);
+        if (!resuming) {
+            float *full = keel_xmalloc(sizeof(float) * (size_t)lay->n_params, "initial parameters");
+            if (cfg->init_from) st = load_init_from(cfg, lay, full);
+            else keel_model_init_params(lay, cfg->train.seed, full); /* same on every rank */
+            keel_fsdp_load_full(t->fsdp, full);
+            keel_free(full);
+        }
         const keel_fsdp_plan *plan = keel_fsdp_get_plan(t->fsdp);
         keel_param_range *ranges;
         int n = keel_fsdp_param_ranges(plan, keel_fsdp_shard_rank(t->fsdp), &ranges);
@@ -580,8 +588,8 @@ static keel_status build_state(trainer *t) {
         keel_free(ranges);
     } else {
         const keel_model_layout *lay = keel_model_get_layout(t->model);
-        if (cfg->init_from) st = load_init_from(cfg, lay, keel_model_params(t->model));
-        else keel_model_init_weights(t->model, cfg->train.seed);
+        if (!resuming && cfg->init_from) st = load_init_from(cfg, lay, keel_model_params(t->model));
+        else if (!resuming) keel_model_init_weights(t->model, cfg->train.seed);
         keel_model_params_changed(t->model);
         keel_optim_build(&cfg->train, lay, 0, lay->n_params, &t->opt);
     }
