@@ -115,7 +115,8 @@ static const key_spec KEYS[] = {
      "a rank whose heartbeat is older than this is hung (0 = fitted: 10 x the slowest step seen, "
      "at least 60 s; before the first step at least 120 s)"},
     {"resilience.backoff_s", K_DOUBLE, OFF(resilience.backoff_s), 0, 3600,
-     "wait before a relaunch; doubles with each failure that made no progress (at most 300 s)"},
+     "least time from a failure to the relaunch (the health checks run inside it); doubles with "
+     "each failure that made no progress (at most 300 s)"},
     {"resilience.crash_loop", K_INT, OFF(resilience.crash_loop), 1, 1 << 20,
      "this many failures in a row without a new checkpoint in between (the same steps failing again) stop the run with a report"},
     {"resilience.max_loss", K_DOUBLE, OFF(resilience.max_loss), 0, 1e30,
