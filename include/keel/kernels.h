@@ -82,6 +82,17 @@ void keel_attention_forward(float *out, float *att, const float *q, const float 
 void keel_attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout,
                              const float *q, const float *k, const float *v, const float *att,
                              int B, int T, int NH, int NKV, int HS);
+/* The same with bf16 GEMM inputs and fp32 sums (fsdp.mixed_precision bf16):
+ * q, k, v, dout, the probabilities and the softmax gradient are rounded to
+ * bf16 as inputs of the six products; softmax, its backward and att stay
+ * fp32. Runs the fp32 versions on CPUs without AVX512_BF16. */
+void keel_attention_forward_bf16(float *out, float *att, const float *q, const float *k,
+                                 const float *v, int B, int T, int NH, int NKV, int HS);
+void keel_attention_backward_bf16(float *dq, float *dk, float *dv, float *datt, const float *dout,
+                                  const float *q, const float *k, const float *v, const float *att,
+                                  int B, int T, int NH, int NKV, int HS);
+/* Free the bf16 attention's scratch (keel_kernels_shutdown). */
+void keel_attention_bf16_release(void);
 void keel_ref_attention_forward(float *out, float *att, const float *q, const float *k,
                                 const float *v, int B, int T, int NH, int NKV, int HS);
 void keel_ref_attention_backward(float *dq, float *dk, float *dv, const float *dout,

@@ -4,13 +4,14 @@
  * and the weighted sums are single-threaded OpenBLAS GEMMs over blocks of
  * query rows, each against only the keys it can see, so the masked upper
  * triangle is mostly skipped (T=512: 62% of the full square is computed).
- * (OpenBLAS itself is single-threaded; see gemm.c.) */
+ * (OpenBLAS itself is single-threaded; see gemm.c.) attention_bf16.c is the
+ * same with bf16 products, for fsdp.mixed_precision bf16. */
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
 #include "keel/kernels.h"
-#include "kernels/simd.h"
+#include "kernels/softmax.h"
 
 #define ROW_BLOCK 128
 
@@ -19,29 +20,6 @@ typedef struct {
     const float *q, *k, *v, *dout, *att_in;
     int B, T, NH, NKV, HS;
 } attn_ctx;
-
-/* Masked softmax of rows [r0, r0 + rows) of one head's (T, T) score matrix. */
-static void softmax_block(float *A, int T, int r0, int rows) {
-    for (int t = r0; t < r0 + rows; t++) {
-        float *a = A + (int64_t)t * T;
-        float mx = keel_max(a, t + 1), sum = 0;
-        for (int j = 0; j <= t; j++) sum += (a[j] = keel_expf(a[j] - mx));
-        float inv = 1.0f / sum;
-        for (int j = 0; j <= t; j++) a[j] *= inv;
-        memset(a + t + 1, 0, sizeof(float) * (size_t)(T - t - 1));
-    }
-}
-
-/* dS_j = scale * A_j (dA_j - Σ_k A_k dA_k) for rows [r0, r0 + rows), in place over dA. */
-static void softmax_backward_block(const float *A, float *dA, int T, int r0, int rows, float scale) {
-    for (int t = r0; t < r0 + rows; t++) {
-        const float *a = A + (int64_t)t * T;
-        float *d = dA + (int64_t)t * T;
-        float s = keel_dot(a, d, t + 1);
-        for (int j = 0; j <= t; j++) d[j] = scale * a[j] * (d[j] - s);
-        memset(d + t + 1, 0, sizeof(float) * (size_t)(T - t - 1));
-    }
-}
 
 static void forward_heads(void *p, int64_t begin, int64_t end, int chunk) {
     (void)chunk;

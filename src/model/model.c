@@ -352,7 +352,8 @@ static void block_forward(keel_model *m, int l, float *out) {
     linear_forward(m, a->v, a->n1, x16, W(wv), N, KVD, C, false);
     keel_rope_forward(a->q, m->rope, B, T, lay->NH, lay->HS);
     keel_rope_forward(a->k, m->rope, B, T, lay->NKV, lay->HS);
-    keel_attention_forward(a->ao, a->att, a->q, a->k, a->v, B, T, lay->NH, lay->NKV, lay->HS);
+    (m->bf16 ? keel_attention_forward_bf16 : keel_attention_forward)(a->ao, a->att, a->q, a->k, a->v,
+                                                                     B, T, lay->NH, lay->NKV, lay->HS);
     memcpy(a->mid, a->res, sizeof(float) * (size_t)N * C);
     linear_forward(m, a->mid, a->ao, input_bf16(m, a->ao, (int64_t)N * QD), W(wo), N, C, QD, true);
 
@@ -429,8 +430,9 @@ static void block_backward(keel_model *m, int l) {
     dy16 = grad_bf16(m, m->dres, (int64_t)N * C);
     linear_backward(m, m->dao, m->dres, dy16, a->ao, input_bf16(m, a->ao, (int64_t)N * QD), W(wo),
                     N, C, QD, false);
-    keel_attention_backward(m->dq, m->dk, m->dv, m->datt, m->dao, a->q, a->k, a->v, a->att, B, T,
-                            lay->NH, lay->NKV, lay->HS);
+    (m->bf16 ? keel_attention_backward_bf16 : keel_attention_backward)(
+        m->dq, m->dk, m->dv, m->datt, m->dao, a->q, a->k, a->v, a->att, B, T, lay->NH, lay->NKV,
+        lay->HS);
     keel_rope_backward(m->dq, m->rope, B, T, lay->NH, lay->HS);
     keel_rope_backward(m->dk, m->rope, B, T, lay->NKV, lay->HS);
     x16 = input_bf16(m, a->n1, (int64_t)N * C);
