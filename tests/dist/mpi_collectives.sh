@@ -5,7 +5,7 @@
 # in-order completion of many outstanding requests and progress during
 # compute; it prints "ok: N ranks ..." on rank 0 when every rank passed.
 # Under ASan, OpenMPI's own leaks at MPI_Finalize are suppressed with
-# openmpi-lsan.supp (keel's leaks are still reported).
+# tests/lsan.supp (keel's leaks are still reported).
 source "$KEEL_SRC/tests/lib.sh"
 mpi_env
 prog=$KEEL_BUILD/tests/mpi_collectives
