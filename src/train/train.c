@@ -620,7 +620,11 @@ static keel_status run(trainer *t) {
     t->tokens = keel_xmalloc(sizeof(int32_t) * (size_t)cfg->train.micro_batch_size * (lay->T + 1), "tokens");
     t->step_tps = keel_xcalloc(sizeof(double) * (size_t)(cfg->train.steps + 1), "step rates");
     t->flops_per_token = keel_model_flops_per_token(lay);
-    t->peak_flops = keel_peak_flops(t->bf16) * t->world_size;
+    /* each rank measures its core; a rank that shared its core while measuring
+     * would understate the peak (and overstate MFU), so the ranks take the best */
+    double rank_peak = keel_peak_flops(t->bf16);
+    if (t->world) keel_comm_allreduce_scalar(t->world, &rank_peak, KEEL_COMM_MAX);
+    t->peak_flops = rank_peak * t->world_size;
     keel_log_info("rank %d of %d (pid %d): training %lld parameters for %d steps, %lld tokens per "
                   "step, %d thread(s) (%s peak %.0f GF/s over all ranks); run directory %s", t->rank,
                   t->world_size, (int)getpid(), (long long)lay->n_params, cfg->train.steps,
