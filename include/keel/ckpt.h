@@ -117,4 +117,26 @@ char *keel_ckpt_config_json(const keel_ckpt *c);
 /* The shard files this rank's canonical ranges come from: sets used[j]. */
 void keel_ckpt_files_for(const keel_ckpt *c, const keel_param_range *ranges, int n, bool *used);
 
+/* ---- checkpoints as a model's parameter set (params.c) ------------------------
+ * What `keel ckpt`, `keel eval` and init_from use. */
+
+/* XXH3 of every file against the manifest. */
+keel_status keel_ckpt_verify_all(const keel_ckpt *c);
+/* Open path: a checkpoint directory (its files are verified as they are
+ * read), or a run directory's newest checkpoint whose files all verify. */
+keel_status keel_ckpt_open_any(const char *path, keel_ckpt *out);
+/* The config saved in the manifest, finalized. cfg needs keel_config_free
+ * afterwards, also on failure. */
+keel_status keel_ckpt_load_config(const keel_ckpt *c, keel_config *cfg);
+/* A model from path (as keel_ckpt_open_any): *cfg its config (keel_config_free
+ * afterwards, also on failure), *params its canonical fp32 parameters
+ * (keel_free; NULL on failure), *step (may be NULL) the step it was saved at. */
+keel_status keel_ckpt_load_model(const char *path, keel_config *cfg, float **params, int64_t *step);
+/* params (cfg's model, canonical order) as a committed one-file checkpoint at
+ * out, a path that must not exist: step 0, AdamW moments zero, cfg in the
+ * manifest — a checkpoint to start a run from with init_from. */
+keel_status keel_ckpt_write_params(const char *out, const keel_config *cfg, const float *params);
+/* Bytes of one checkpoint of this model saved by world_size shard ranks. */
+int64_t keel_ckpt_bytes(const keel_model_config *model, int world_size);
+
 #endif

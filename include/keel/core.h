@@ -84,10 +84,25 @@ void *keel_xrealloc(void *p, size_t bytes, const char *what); /* not aligned bey
 char *keel_xstrdup(const char *s);
 void keel_free(void *p);
 
+/* ---- this process and machine (host.c) ----------------------------------- */
+
 /* Peak resident set size of this process in bytes (VmHWM), 0 if unknown. */
 uint64_t keel_peak_rss_bytes(void);
-/* Monotonic wall clock in seconds. */
+/* The kernel's estimate of memory available to new work (MemAvailable), 0 if unknown. */
+uint64_t keel_mem_available_bytes(void);
+/* Monotonic wall clock in seconds (durations). */
 double keel_now_s(void);
+/* Wall-clock time in seconds since the epoch (timestamps other processes read). */
+double keel_unix_s(void);
+void keel_sleep_s(double s);
+/* This node's name, one word: SLURMD_NODENAME (emulated Slurm nodes share a
+ * hostname) or the hostname. */
+void keel_node_name(char *out, size_t n);
+
+/* ---- durable file I/O (fsio.c) ---------------------------------------------- */
+keel_status keel_mkdirs(const char *dir);
+keel_status keel_read_file(const char *path, char **out, size_t *len);
+bool keel_path_exists(const char *path);
 
 /* ---- thread pool ---------------------------------------------------------- */
 /* keel's own threads for non-GEMM kernels. Workers block on a condition
@@ -127,6 +142,33 @@ static inline float keel_bf16_to_float(keel_bf16 x) {
 }
 
 /* ---- config ------------------------------------------------------------- */
+
+/* Names the config parses once into enums (config.c holds each list's one
+ * table; enums only grow at the end). */
+typedef enum {                   /* fsdp.strategy, DESIGN §3 */
+    KEEL_FSDP_FULL_SHARD = 0,    /* shard over all ranks; free a unit after use */
+    KEEL_FSDP_SHARD_GRAD_OP = 1, /* shard over all ranks; keep units from forward to backward */
+    KEEL_FSDP_NO_SHARD = 2,      /* full copies on every rank, gradients all-reduced (DDP) */
+    KEEL_FSDP_HYBRID_SHARD = 3,  /* FULL_SHARD within groups of K ranks, replicas across groups */
+} keel_fsdp_strategy;
+typedef enum { KEEL_DTYPE_FP32 = 0, KEEL_DTYPE_BF16 = 1 } keel_dtype;
+typedef enum {                   /* resilience.health_checks, keel health --checks */
+    KEEL_CHECK_GEMM = 0,
+    KEEL_CHECK_MEMORY = 1,
+    KEEL_CHECK_CHECKPOINT_DIR = 2,
+    KEEL_CHECK_MPI = 3,
+    KEEL_CHECK_GPU = 4,
+    KEEL_CHECK_COUNT
+} keel_health_check;
+/* "full_shard", "bf16", "checkpoint_dir", ...: the names config files use. */
+const char *keel_strategy_name(keel_fsdp_strategy s);
+const char *keel_dtype_name(keel_dtype d);
+const char *keel_health_check_name(keel_health_check c);
+/* A comma-separated list of check names as a mask of (1u << check); an
+ * unknown name is one error line naming origin and the choices. */
+keel_status keel_health_checks_parse(const char *list, const char *origin, unsigned *mask);
+/* The mask's names, comma-separated ("" for none). */
+void keel_health_checks_format(unsigned mask, char *out, size_t n);
 
 typedef struct {
     int dim;              /* C */
@@ -169,12 +211,12 @@ typedef struct {
 } keel_data_config;
 
 typedef struct {
-    char *strategy;       /* full_shard | shard_grad_op | no_shard | hybrid_shard */
+    keel_fsdp_strategy strategy;
     int shard_group_size; /* hybrid_shard: ranks per shard group (0 = 2) */
     bool activation_checkpointing;
     bool prefetch;        /* start the next unit's all-gather before computing this one */
-    char *mixed_precision;/* fp32 | bf16: GEMM weights and inputs */
-    char *reduce_dtype;   /* fp32 | bf16: gradient reductions */
+    keel_dtype mixed_precision; /* GEMM weights and inputs */
+    keel_dtype reduce_dtype;    /* gradient reductions */
 } keel_fsdp_config;
 
 typedef struct {
@@ -192,7 +234,7 @@ typedef struct {
     double max_loss;         /* a loss above this has diverged (0 = 3 ln V) */
     int spares;              /* Slurm nodes held back as replacements */
     int min_ranks;           /* shrink floor (0 = never shrink) */
-    char *health_checks;     /* comma-separated check names ("" = none) */
+    unsigned health_checks;  /* mask of (1u << keel_health_check) */
     double gemm_floor_gflops;
 } keel_resilience_config;
 

@@ -56,15 +56,17 @@ int keel_fsdp_param_ranges(const keel_fsdp_plan *plan, int rank, keel_param_rang
 /* Persistent bytes per rank of FULL_SHARD fp32 state: master weights, gradient,
  * AdamW m and v — 16 bytes per padded parameter / shard_ranks. */
 int64_t keel_fsdp_persistent_bytes(const keel_fsdp_plan *plan);
-/* DESIGN §3's strategies (enums only grow at the end). */
-typedef enum {
-    KEEL_FSDP_FULL_SHARD = 0,    /* shard over all ranks; free a unit after use */
-    KEEL_FSDP_SHARD_GRAD_OP = 1, /* shard over all ranks; keep units from forward to backward */
-    KEEL_FSDP_NO_SHARD = 2,      /* full copies on every rank, gradients all-reduced (DDP) */
-    KEEL_FSDP_HYBRID_SHARD = 3,  /* FULL_SHARD within groups of K ranks, replicas across groups */
-} keel_fsdp_strategy;
-/* "full_shard" ... "hybrid_shard" (fsdp.strategy); an input error otherwise. */
-keel_status keel_fsdp_strategy_parse(const char *name, keel_fsdp_strategy *out);
+/* ---- memory (memory.c) ------------------------------------------------------
+ * One rank's bytes for a config on world_size ranks, by category, computed
+ * before anything is allocated: `keel train --dry-run`, the memory check
+ * before a run starts, and `keel health`'s memory check. */
+typedef struct {
+    int64_t params, grads, optimizer; /* persistent fp32 state (sharded under FSDP) */
+    int64_t gathered;                 /* compute copies: gathered units, unit gradients, bf16 copies */
+    int64_t activations;              /* one micro-batch's, as the model keeps them */
+} keel_fsdp_memory;
+void keel_fsdp_memory_plan(const keel_config *cfg, int world_size, keel_fsdp_memory *out);
+int64_t keel_fsdp_memory_total(const keel_fsdp_memory *m);
 
 /* Bytes of the runtime's unit-sized buffers: gathered parameters (bf16 with
  * bf16_params, plus a bf16 send buffer of one shard per slot) and unit gradients

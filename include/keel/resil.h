@@ -1,9 +1,12 @@
 /* resil: starting ranks, watching them, and deciding what to do when they
- * fail (DESIGN §6): the launchers (local mpirun, or srun inside a Slurm
- * allocation), each rank's heartbeat, node health checks, and the
- * supervisor that `keel train --nproc N` runs.
+ * fail (DESIGN §6): the launchers and process plumbing (launch.c), node
+ * health checks (health.c), the policy — pure functions from what happened
+ * to what to do next (policy.c) — and the supervisor that `keel train
+ * --nproc N` runs (supervisor.c). The supervisor meets the workers only in
+ * the run directory (keel/run.h).
  *
  *     int code;
+ *     keel_run_prepare(&cfg, "runs/x", 4);        // validate and create the run directory
  *     keel_supervise(&cfg, "runs/x", 4, &code);   // keel worker runs/x on 4 ranks, relaunched
  *                                                 // from the last checkpoint after failures
  */
@@ -12,7 +15,7 @@
 
 #include "keel/core.h"
 
-/* ---- launching ------------------------------------------------------------ */
+/* ---- launching (launch.c) ------------------------------------------------------ */
 
 typedef struct {
     int nproc;
@@ -31,37 +34,37 @@ void keel_launch_argv_free(char **argv);
 keel_status keel_self_path(char *out, size_t n);
 /* Environment for launched ranks: loopback-only OpenMPI, KEEL_TTY. */
 void keel_launch_env(void);
-/* Run argv (execvp), keep up to n-1 bytes of its stdout in out (NUL-ended);
- * returns its exit status, 128+signal, or -1 when it could not start. */
-int keel_run_capture(char *const *argv, char *out, size_t n);
+/* Run argv (execvp, never a shell), keep up to n-1 bytes of its stdout in out
+ * (NUL-ended; the rest is read and dropped), kill it after timeout_s (0 =
+ * no limit). Returns its exit status, 128+signal, 124 when it timed out, or
+ * -1 when it could not start. */
+int keel_run_capture(char *const *argv, double timeout_s, char *out, size_t n);
 /* The rank a launcher's stderr line blames, or -1 (mpirun: "process rank N",
  * srun: "task N"); *sig becomes the signal it names, or 0. */
 int keel_launch_blamed_rank(const char *line, int *sig);
 
-/* ---- heartbeats: RUN/heartbeats/rank-R -------------------------------------
- * Written by each rank (phase, steps done, time, pid, node), read by the
- * supervisor. Phases: "init" (started), "ready" (state loaded; step = the
- * checkpoint's step), "train" (step = steps done), "exit" (exit_code set).
- * A step < 0 repeats the last one. */
-typedef struct keel_heartbeat keel_heartbeat;
-keel_heartbeat *keel_heartbeat_open(const char *run_dir, int rank); /* NULL: could not (warned) */
-void keel_heartbeat_beat(keel_heartbeat *hb, const char *phase, int64_t step, int exit_code);
-void keel_heartbeat_close(keel_heartbeat *hb);
+/* A child process in a process group of its own (a terminal's Ctrl-C reaches
+ * the supervisor only), its stderr piped to us line by line. */
+typedef struct keel_proc keel_proc;
+typedef void (*keel_line_fn)(void *ctx, const char *line);
+/* Start argv; on failure to fork the status is KEEL_ERR_IO (an exec failure
+ * is the child's exit code 127 with a line on its stderr). */
+keel_status keel_proc_start(char *const *argv, keel_proc **out);
+/* Wait up to timeout_ms for stderr output and pass each complete line to fn;
+ * returns at once when the pipe has closed. */
+void keel_proc_read_lines(keel_proc *p, int timeout_ms, keel_line_fn fn, void *ctx);
+/* Reap without blocking: true once it exited; *exit_code its status or 128+signal. */
+bool keel_proc_exited(keel_proc *p, int *exit_code);
+/* Signal the whole process group. */
+void keel_proc_kill(keel_proc *p, int sig);
+/* Pass what is left of its stderr to fn, kill anything left in its group,
+ * reap it if keel_proc_exited has not, and free p. Returns its exit code. */
+int keel_proc_finish(keel_proc *p, keel_line_fn fn, void *ctx);
+/* 'R', 'S', 'T' (stopped), 'Z' (zombie)... of a pid (/proc), or 0 when gone. */
+char keel_pid_state(int pid);
+bool keel_pid_alive(int pid);
 
-typedef struct {
-    char phase[16];
-    int64_t step, start_step;  /* steps done; the step this launch resumed from (-1 before ready) */
-    double unix_s;             /* wall-clock time of the beat */
-    double first_step_unix_s;  /* when this launch finished its first step (0 before) */
-    int pid, exit_code;
-    char node[64];
-    char slurm_step[32];       /* "JOB.STEP", or "-" outside Slurm */
-} keel_heartbeat_info;
-/* false when rank's file is missing or caught mid-write. */
-bool keel_heartbeat_read(const char *run_dir, int rank, keel_heartbeat_info *out);
-void keel_heartbeat_clear(const char *run_dir, int ranks);
-
-/* ---- health checks: keel health -------------------------------------------- */
+/* ---- health checks: keel health (health.c) -------------------------------------- */
 
 typedef struct {
     const keel_config *cfg; /* the job (memory need, checkpoint size, GEMM floor); NULL = none */
@@ -69,20 +72,19 @@ typedef struct {
     int nproc;              /* ranks: the mpi check's size; on one machine also the memory need */
     const char *nodelist;   /* Slurm: the mpi check's nodes (NULL = srun's choice) */
     int nodes;              /* Slurm: how many */
-    const char *checks;     /* comma-separated: gemm, memory, checkpoint_dir, mpi, gpu */
+    unsigned checks;        /* mask of (1u << keel_health_check) */
     double gemm_floor_gflops;
 } keel_health_options;
 
 typedef struct {
-    char name[24];
+    keel_health_check check;
     enum { KEEL_HEALTH_PASS, KEEL_HEALTH_FAIL, KEEL_HEALTH_SKIPPED } status;
     double value, limit;    /* measured, and the floor or need it is held to (0 = none) */
     char unit[16];
     char detail[512];
 } keel_health_result;
 
-#define KEEL_HEALTH_MAX 8
-/* Run the checks on this node; returns how many results (<= KEEL_HEALTH_MAX). */
+/* Run the checks in mask order on this node; returns how many results (<= KEEL_CHECK_COUNT). */
 int keel_health_run(const keel_health_options *o, keel_health_result *out);
 bool keel_health_all_ok(const keel_health_result *r, int n);
 /* {"node": ..., "ok": ..., "checks": [{"name", "status", "value", "limit", "unit", "detail"}]} */
@@ -90,23 +92,85 @@ char *keel_health_json(const char *node, const keel_health_result *r, int n);
 /* One rank of the mpi check (`keel health --mpi-probe`): all-reduce known
  * values, check the sum exactly, time it; rank 0 prints one JSON line. */
 keel_status keel_health_mpi_probe(void);
-/* This node's name: SLURMD_NODENAME (emulated nodes share a hostname) or the hostname. */
-void keel_node_name(char *out, size_t n);
 
-/* ---- the supervisor ---------------------------------------------------------- */
+/* ---- the policy (policy.c): pure functions, no I/O ------------------------------- */
 
-/* Run RUN (prepared: config.json, logs/) on nproc ranks and keep it going
- * through failures as cfg->resilience says: crashes and hangs relaunch from
- * the newest checkpoint after health checks, a non-finite loss rolls back
- * (then skips that step's data once, then stops), a crash loop stops, SIGTERM
- * or SIGUSR1 checkpoints and exits KEEL_EXIT_RESUME. Every decision is a line
- * in RUN/events.jsonl; summary.json gains restarts, lost_steps, recovery_s,
- * goodput. *exit_code: keel train's exit code. */
+/* How a launch ended. */
+typedef enum { KEEL_END_COMPLETED, KEEL_END_STOPPED, KEEL_END_CRASHED, KEEL_END_HUNG, KEEL_END_DIVERGED,
+               KEEL_END_INPUT } keel_end;
+const char *keel_end_name(keel_end e); /* completed, stopped, crash, hang, diverged, input_error */
+
+typedef struct {
+    keel_end kind;
+    int64_t done;           /* steps done when it ended */
+    int64_t checkpoint;     /* the newest committed checkpoint's step (0: none) */
+    bool stop_requested;    /* the supervisor was asked to stop (SIGTERM, SIGUSR1, SIGINT) */
+    const char *cause;      /* what happened, in words (for the report) */
+} keel_outcome;
+
+/* The policy's memory across launches of one supervisor. */
+typedef struct {
+    int restarts;           /* relaunches so far */
+    int64_t fail_checkpoint;/* the checkpoint the last crash or hang went back to (-1: none yet) */
+    int fail_streak;        /* crashes and hangs in a row without a new checkpoint */
+    int64_t diverged_step;  /* the last step that diverged (-1: none) */
+    int64_t skipped_step;   /* the step whose data window was skipped (0: none): the next divergence stops */
+} keel_policy_history;
+void keel_policy_history_init(keel_policy_history *h);
+
+typedef enum {
+    KEEL_ACT_FINISH,        /* done: exit 0 */
+    KEEL_ACT_STOP_RESUME,   /* stopped on request, state saved: exit KEEL_EXIT_RESUME */
+    KEEL_ACT_GIVE_UP,       /* stop with a report (exit_code) */
+    KEEL_ACT_RELAUNCH,      /* health-check the nodes, back off, relaunch from the newest checkpoint */
+} keel_action_kind;
+
+typedef struct {
+    keel_action_kind kind;
+    const char *event;      /* events.jsonl type of the decision, or NULL when the relaunch says it */
+    char reason[1024];      /* the decision in words (event detail, the final report line) */
+    int exit_code;          /* keel train's exit code for FINISH, STOP_RESUME, GIVE_UP */
+    int64_t skip_step;      /* > 0: skip this step's data window from now on */
+    double backoff_s;       /* RELAUNCH: no sooner than this after the failure was detected */
+} keel_action;
+
+/* The next action after a launch ended as o, given the history before it;
+ * *after is the history to keep if the action is carried out. A divergence
+ * rolls back, the same step diverging again skips its data window once, a
+ * divergence after that stops; resilience.crash_loop crashes or hangs in a
+ * row without a new checkpoint stop; so does exceeding max_restarts. */
+keel_action keel_policy_decide(const keel_resilience_config *rc, const keel_policy_history *before,
+                               const keel_outcome *o, keel_policy_history *after);
+
+/* Nodes after a round of health checks. */
+typedef struct {
+    bool local;             /* one machine, no other node to move to */
+    int nodes;              /* nodes in the allocation */
+    int active;             /* nodes that ran ranks */
+    int usable;             /* nodes not excluded, after this round */
+    int failed;             /* nodes that failed this round */
+    int nproc;              /* ranks now */
+    int min_ranks;          /* resilience.min_ranks (0: never shrink) */
+    const char *first_failed_node, *first_failed_check; /* for the report */
+} keel_node_situation;
+
+typedef enum { KEEL_NODES_KEEP, KEEL_NODES_SPARE, KEEL_NODES_SHRINK, KEEL_NODES_STOP } keel_node_action;
+typedef struct {
+    keel_node_action kind;  /* SPARE: a spare took a failed node's place */
+    int nproc, active;      /* ranks and nodes to run on next */
+    char reason[256];       /* STOP: why */
+} keel_node_plan;
+
+/* Replace failed nodes with spares, else shrink to the usable nodes (same
+ * ranks per node) if resilience.min_ranks allows, else stop. */
+keel_node_plan keel_policy_nodes(const keel_node_situation *s);
+
+/* ---- the supervisor (supervisor.c) --------------------------------------------------- */
+
+/* Run RUN (prepared by keel_run_prepare) on nproc ranks and keep it going
+ * through failures as cfg->resilience says (the policy above): every
+ * decision is a line in RUN/events.jsonl; summary.json gains restarts,
+ * lost_steps, recovery_s, goodput. *exit_code: keel train's exit code. */
 keel_status keel_supervise(const keel_config *cfg, const char *run_dir, int nproc, int *exit_code);
-
-/* Steps whose data window the supervisor skipped (RUN/supervisor.json),
- * ascending: step s then trains on window s + (skips <= s). *out is
- * malloc'd (NULL when none); returns the count. */
-int keel_resil_skipped_steps(const char *run_dir, int64_t **out);
 
 #endif

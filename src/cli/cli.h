@@ -4,6 +4,8 @@
 #ifndef KEEL_CLI_H
 #define KEEL_CLI_H
 
+#include <stdbool.h>
+
 int keel_cmd_train(int argc, char **argv);
 int keel_cmd_eval(int argc, char **argv);
 int keel_cmd_tokenize(int argc, char **argv);
@@ -12,5 +14,10 @@ int keel_cmd_config(int argc, char **argv);
 int keel_cmd_worker(int argc, char **argv);
 int keel_cmd_ckpt(int argc, char **argv);
 int keel_cmd_health(int argc, char **argv);
+
+/* Strict numeric options: the whole text is a number in [min, max], or one
+ * error line names the flag, the text and the range, and false comes back. */
+bool cli_parse_int(const char *flag, const char *text, long long min, long long max, long long *out);
+bool cli_parse_double(const char *flag, const char *text, double min, double max, double *out);
 
 #endif

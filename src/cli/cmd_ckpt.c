@@ -28,9 +28,7 @@ static void usage(FILE *out) {
  * *ck is open only on success. */
 static keel_status check(const char *dir, bool verify, keel_ckpt *ck) {
     keel_status st = keel_ckpt_open(dir, ck);
-    if (st != KEEL_OK) return st;
-    for (int j = 0; st == KEEL_OK && verify && j < ck->shard_ranks; j++) st = keel_ckpt_verify_file(ck, j);
-    if (st != KEEL_OK) keel_ckpt_close(ck);
+    if (st == KEEL_OK && verify && (st = keel_ckpt_verify_all(ck)) != KEEL_OK) keel_ckpt_close(ck);
     return st;
 }
 
@@ -112,28 +110,6 @@ static int verify(const char *path) {
     return bad ? 1 : 0;
 }
 
-/* A checkpoint directory, or a run's newest checkpoint that verifies. */
-static keel_status open_checkpoint(const char *path, keel_ckpt *ck) {
-    char manifest[4200];
-    struct stat sb;
-    snprintf(manifest, sizeof manifest, "%s/manifest.json", path);
-    if (stat(manifest, &sb) == 0) return keel_ckpt_open(path, ck);
-    int64_t *steps;
-    int n = keel_ckpt_list(path, &steps);
-    for (int i = 0; i < n; i++) {
-        char dir[4096];
-        keel_ckpt_dir(dir, sizeof dir, path, steps[i], false);
-        if (check(dir, true, ck) == KEEL_OK) {
-            keel_free(steps);
-            return KEEL_OK;
-        }
-    }
-    keel_free(steps);
-    keel_errorf("%s: not a checkpoint (no manifest.json) and no good checkpoint under %s/checkpoints",
-                path, path);
-    return KEEL_ERR_INPUT;
-}
-
 static int export_hf(int argc, char **argv) {
     static const struct option options[] = {
         {"format", required_argument, NULL, 'f'}, {"out", required_argument, NULL, 'o'},
@@ -149,45 +125,31 @@ static int export_hf(int argc, char **argv) {
         case 'f': format = optarg; break;
         case 'o': out = optarg; break;
         case 't': tokenizer = optarg; break;
-        case 'm': max_mb = atof(optarg); break;
+        case 'm':
+            if (!cli_parse_double("--max-shard-mb", optarg, 0, 1 << 30, &max_mb)) return 2;
+            break;
         default: return 2;
         }
     }
-    if (optind != argc - 1 || !out || !format || strcmp(format, "safetensors") || max_mb < 0) {
+    if (optind != argc - 1 || !out || !format || strcmp(format, "safetensors")) {
         keel_errorf("usage: keel ckpt export PATH --format safetensors --out DIR [--tokenizer M] "
                     "[--max-shard-mb N] (safetensors is the one format)");
         return 2;
     }
-    keel_ckpt ck;
-    keel_status st = open_checkpoint(argv[optind], &ck);
-    if (st != KEEL_OK) return keel_status_exit_code(st);
     keel_config cfg;
-    keel_config_defaults(&cfg);
-    char *json = keel_ckpt_config_json(&ck);
-    st = json ? keel_config_load_string(&cfg, json, ck.dir) : KEEL_ERR_INPUT;
-    free(json);
-    if (st == KEEL_OK) st = keel_config_finalize(&cfg);
-    float *params = NULL;
-    if (st == KEEL_OK) {
-        keel_model_layout lay;
-        keel_model_layout_init(&lay, &cfg.model);
-        params = keel_xmalloc(sizeof(float) * (size_t)lay.n_params, "parameters");
-        st = keel_ckpt_load_params(&ck, &lay, params);
-        keel_model_layout_free(&lay);
-    }
+    float *params;
+    int64_t step;
+    keel_status st = keel_ckpt_load_model(argv[optind], &cfg, &params, &step);
     /* the run's tokenizer, unless given or gone */
     if (!tokenizer && cfg.data.tokenizer && access(cfg.data.tokenizer, R_OK) == 0) tokenizer = cfg.data.tokenizer;
     else if (!tokenizer && st == KEEL_OK)
         keel_log_warn("no tokenizer.model exported: the run's data.tokenizer (%s) is not readable here; "
                       "pass --tokenizer M", cfg.data.tokenizer ? cfg.data.tokenizer : "none");
+    if (st == KEEL_OK) st = keel_hf_export(&cfg.model, params, tokenizer, out, (int64_t)(max_mb * (1 << 20)));
     if (st == KEEL_OK)
-        st = keel_hf_export(&cfg.model, params, tokenizer, out, (int64_t)(max_mb * 1024 * 1024));
-    if (st == KEEL_OK)
-        printf("exported %s (step %lld) to %s as a LlamaForCausalLM directory\n", ck.dir,
-               (long long)ck.step, out);
+        printf("exported %s (step %lld) to %s as a LlamaForCausalLM directory\n", argv[optind], (long long)step, out);
     keel_free(params);
     keel_config_free(&cfg);
-    keel_ckpt_close(&ck);
     return keel_status_exit_code(st);
 }
 
@@ -207,59 +169,23 @@ static int import_hf(int argc, char **argv) {
         keel_errorf("usage: keel ckpt import --from-hf DIR --out CKPT");
         return 2;
     }
-    struct stat sb;
-    if (stat(out, &sb) == 0) {
-        keel_errorf("%s already exists; pick a new --out (keel never overwrites a checkpoint)", out);
-        return 2;
-    }
     keel_config cfg;
     keel_config_defaults(&cfg);
     float *params = NULL;
     keel_status st = keel_hf_import(from, &cfg.model, &params);
-    if (st != KEEL_OK) {
-        keel_config_free(&cfg);
-        return keel_status_exit_code(st);
-    }
-    /* A manifest carries a complete config; an import has no data of its own. */
-    cfg.data.synthetic = true;
-    /* one file of one shard rank: the parameters; AdamW m and v start at zero */
-    keel_model_layout lay;
-    keel_model_layout_init(&lay, &cfg.model);
-    keel_fsdp_plan plan;
-    keel_fsdp_plan_init(&plan, &lay, 1);
-    float *packed = keel_xcalloc(sizeof(float) * (size_t)plan.shard_total, "checkpoint params");
-    float *zeros = keel_xcalloc(sizeof(float) * (size_t)plan.shard_total, "checkpoint moments");
-    for (int u = 0; u < lay.n_units; u++)
-        memcpy(packed + plan.units[u].shard_offset, params + lay.unit_offset[u],
-               sizeof(float) * (size_t)lay.unit_size[u]);
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", out);
-    const float *arrays[KEEL_CKPT_ARRAYS] = {packed, zeros, zeros};
-    keel_ckpt_file file;
-    st = keel_ckpt_write_shard(tmp, 0, 1, 0, arrays, plan.shard_total, &file);
-    char *config = keel_config_to_json(&cfg);
+    cfg.data.synthetic = true; /* a manifest carries a complete config; an import has no data */
+    if (st == KEEL_OK) st = keel_ckpt_write_params(out, &cfg, params);
     if (st == KEEL_OK) {
-        keel_ckpt_meta meta = {.step = 0, .global_batch = 0, .world_size = 1, .strategy = "import",
-                               .plan = &plan, .files = &file, .config_json = config,
-                               .seed = cfg.train.seed, .next_lr = 0};
-        char *manifest = keel_ckpt_manifest_json(&meta);
-        st = keel_ckpt_commit_dir(tmp, out, manifest);
-        free(manifest);
-    }
-    if (st == KEEL_OK) {
-        cJSON *all = cJSON_Parse(config);
+        char *json = keel_config_to_json(&cfg);
+        cJSON *all = cJSON_Parse(json);
         char *model = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(all, "model"));
-        printf("imported %s (%lld parameters) as %s; fine-tune with \"init_from\": \"%s\" and\n"
-               "\"model\": %s\n", from, (long long)lay.n_params, out, out, model);
+        printf("imported %s as %s; fine-tune with \"init_from\": \"%s\" and\n\"model\": %s\n", from, out,
+               out, model);
         free(model);
         cJSON_Delete(all);
+        free(json);
     }
-    free(config);
-    keel_free(packed);
-    keel_free(zeros);
     keel_free(params);
-    keel_fsdp_plan_free(&plan);
-    keel_model_layout_free(&lay);
     keel_config_free(&cfg);
     return keel_status_exit_code(st);
 }

@@ -35,7 +35,7 @@ int keel_cmd_health(int argc, char **argv) {
     const char *dir = ".", *config = NULL, *checks = NULL;
     int nproc = 2, c;
     double floor = -1;
-    char *end;
+    long long number;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", options, NULL)) != -1) {
         switch (c) {
@@ -45,18 +45,11 @@ int keel_cmd_health(int argc, char **argv) {
         case 'k': checks = optarg; break;
         case 'm': probe = true; break;
         case 'p':
-            nproc = (int)strtol(optarg, &end, 10);
-            if (*end || nproc < 1 || nproc > 4096) {
-                keel_errorf("--nproc '%s': expected a number of ranks from 1 to 4096", optarg);
-                return 2;
-            }
+            if (!cli_parse_int("--nproc", optarg, 1, 4096, &number)) return 2;
+            nproc = (int)number;
             break;
         case 'g':
-            floor = strtod(optarg, &end);
-            if (*end || !(floor >= 0)) {
-                keel_errorf("--gemm-floor '%s': expected GFLOP/s per core, a number >= 0", optarg);
-                return 2;
-            }
+            if (!cli_parse_double("--gemm-floor", optarg, 0, 1e12, &floor)) return 2;
             break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -77,23 +70,15 @@ int keel_cmd_health(int argc, char **argv) {
             return keel_status_exit_code(st);
         }
     }
-    static const char *known[] = {"gemm", "memory", "checkpoint_dir", "mpi", "gpu"};
-    char *names = keel_xstrdup(checks ? checks : cfg.resilience.health_checks), *save = NULL;
-    for (char *n = strtok_r(names, ",", &save); n; n = strtok_r(NULL, ",", &save)) {
-        bool ok = false;
-        for (size_t i = 0; i < sizeof known / sizeof *known; i++) ok |= !strcmp(n, known[i]);
-        if (!ok) {
-            keel_errorf("--checks: unknown check '%s'; the checks are gemm, memory, checkpoint_dir, mpi, gpu", n);
-            keel_free(names);
-            keel_config_free(&cfg);
-            return 2;
-        }
+    unsigned mask = cfg.resilience.health_checks;
+    if (checks && keel_health_checks_parse(checks, "--checks", &mask) != KEEL_OK) {
+        keel_config_free(&cfg);
+        return 2;
     }
-    keel_free(names);
     keel_health_options o = {.cfg = config ? &cfg : NULL, .dir = dir, .nproc = nproc,
-                             .checks = checks ? checks : cfg.resilience.health_checks,
+                             .checks = mask,
                              .gemm_floor_gflops = floor >= 0 ? floor : cfg.resilience.gemm_floor_gflops};
-    keel_health_result r[KEEL_HEALTH_MAX];
+    keel_health_result r[KEEL_CHECK_COUNT];
     int n = keel_health_run(&o, r);
     char node[64];
     keel_node_name(node, sizeof node);
@@ -104,7 +89,8 @@ int keel_cmd_health(int argc, char **argv) {
     } else {
         static const char *status[] = {"pass", "FAIL", "skip"};
         printf("node %s\n", node);
-        for (int i = 0; i < n; i++) printf("  %-15s %-4s  %s\n", r[i].name, status[r[i].status], r[i].detail);
+        for (int i = 0; i < n; i++)
+            printf("  %-15s %-4s  %s\n", keel_health_check_name(r[i].check), status[r[i].status], r[i].detail);
         printf("%s\n", keel_health_all_ok(r, n) ? "healthy" : "UNHEALTHY");
     }
     keel_config_free(&cfg);

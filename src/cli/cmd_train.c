@@ -8,6 +8,7 @@
 
 #include "cli/cli.h"
 #include "keel/resil.h"
+#include "keel/run.h"
 #include "keel/train.h"
 
 static void usage(FILE *out) {
@@ -45,7 +46,7 @@ int keel_cmd_train(int argc, char **argv) {
     const char *run_dir = NULL;
     bool dry_run = false;
     int nproc = 0, c;
-    char *end;
+    long long n;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", options, NULL)) != -1) {
         switch (c) {
@@ -59,11 +60,8 @@ int keel_cmd_train(int argc, char **argv) {
         case 'r': run_dir = optarg; break;
         case 'n': dry_run = true; break;
         case 'p':
-            nproc = (int)strtol(optarg, &end, 10);
-            if (*end || nproc < 1 || nproc > 4096) {
-                keel_errorf("--nproc '%s': expected a number of ranks from 1 to 4096", optarg);
-                return 2;
-            }
+            if (!cli_parse_int("--nproc", optarg, 1, 4096, &n)) return 2;
+            nproc = (int)n;
             break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -92,7 +90,7 @@ int keel_cmd_train(int argc, char **argv) {
             run_dir = default_dir;
         }
         if (nproc == 0) st = keel_train_run(&cfg, run_dir);
-        else if ((st = keel_train_prepare_run_dir(&cfg, run_dir, nproc)) == KEEL_OK) {
+        else if ((st = keel_run_prepare(&cfg, run_dir, nproc)) == KEEL_OK) {
             int code;
             keel_supervise(&cfg, run_dir, nproc, &code);
             keel_config_free(&cfg);

@@ -1,8 +1,7 @@
-/* core/alloc.c: checked, aligned allocation; process memory and clock readings. */
+/* core/alloc.c: checked, aligned allocation. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "keel/core.h"
 
@@ -42,20 +41,3 @@ char *keel_xstrdup(const char *s) {
 }
 
 void keel_free(void *p) { free(p); }
-
-uint64_t keel_peak_rss_bytes(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return 0;
-    char line[256];
-    uint64_t kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "VmHWM: %lu kB", &kb) == 1) break;
-    fclose(f);
-    return kb * 1024;
-}
-
-double keel_now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}

@@ -10,8 +10,9 @@
 
 #include "keel/core.h"
 
-/* K_LIST: a JSON array of strings, held as one comma-separated char *. */
-typedef enum { K_SECTION, K_INT, K_U64, K_DOUBLE, K_BOOL, K_STRING, K_LIST, K_FLAG_SECTION } key_type;
+/* K_ENUM: one name of `names`, held as its index (an int-sized enum);
+ * K_ENUM_SET: a JSON array of such names, held as a bit mask (1u << index). */
+typedef enum { K_SECTION, K_INT, K_U64, K_DOUBLE, K_BOOL, K_STRING, K_ENUM, K_ENUM_SET, K_FLAG_SECTION } key_type;
 
 typedef struct {
     const char *key;  /* dotted path */
@@ -19,118 +20,128 @@ typedef struct {
     size_t offset;    /* into keel_config; for K_FLAG_SECTION the bool that marks presence */
     double min, max;  /* numeric range, inclusive */
     const char *doc;
+    const char *const *names; /* K_ENUM, K_ENUM_SET: the names, NULL-terminated */
 } key_spec;
+
+/* The one table of each name list (enums in keel/core.h follow their order). */
+static const char *const STRATEGY_NAMES[] = {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", NULL};
+static const char *const DTYPE_NAMES[] = {"fp32", "bf16", NULL};
+static const char *const CHECK_NAMES[] = {"gemm", "memory", "checkpoint_dir", "mpi", "gpu", NULL};
+
+const char *keel_strategy_name(keel_fsdp_strategy s) { return STRATEGY_NAMES[s]; }
+const char *keel_dtype_name(keel_dtype d) { return DTYPE_NAMES[d]; }
+const char *keel_health_check_name(keel_health_check c) { return CHECK_NAMES[c]; }
 
 #define OFF(field) offsetof(keel_config, field)
 #define BIG 1e18
 
 static const key_spec KEYS[] = {
-    {"model", K_SECTION, 0, 0, 0, "model shape (Llama 2 architecture)"},
-    {"model.dim", K_INT, OFF(model.dim), 1, 1 << 20, "hidden size C"},
-    {"model.n_layers", K_INT, OFF(model.n_layers), 1, 4096, "transformer blocks L"},
-    {"model.n_heads", K_INT, OFF(model.n_heads), 1, 4096, "attention heads NH"},
+    {"model", K_SECTION, 0, 0, 0, "model shape (Llama 2 architecture)", NULL},
+    {"model.dim", K_INT, OFF(model.dim), 1, 1 << 20, "hidden size C", NULL},
+    {"model.n_layers", K_INT, OFF(model.n_layers), 1, 4096, "transformer blocks L", NULL},
+    {"model.n_heads", K_INT, OFF(model.n_heads), 1, 4096, "attention heads NH", NULL},
     {"model.n_kv_heads", K_INT, OFF(model.n_kv_heads), 0, 4096,
-     "key/value heads NKV for grouped-query attention (0 = n_heads)"},
-    {"model.vocab_size", K_INT, OFF(model.vocab_size), 2, 1 << 24, "vocabulary size V"},
+     "key/value heads NKV for grouped-query attention (0 = n_heads)", NULL},
+    {"model.vocab_size", K_INT, OFF(model.vocab_size), 2, 1 << 24, "vocabulary size V", NULL},
     {"model.multiple_of", K_INT, OFF(model.multiple_of), 1, 1 << 20,
-     "SwiGLU hidden size is rounded up to a multiple of this"},
+     "SwiGLU hidden size is rounded up to a multiple of this", NULL},
     {"model.ffn_dim_multiplier", K_DOUBLE, OFF(model.ffn_dim_multiplier), 0, 64,
-     "Llama 2 ffn_dim_multiplier (0 = none)"},
-    {"model.norm_eps", K_DOUBLE, OFF(model.norm_eps), 1e-12, 1, "RMSNorm epsilon"},
-    {"model.rope_theta", K_DOUBLE, OFF(model.rope_theta), 1, 1e12, "RoPE base frequency"},
+     "Llama 2 ffn_dim_multiplier (0 = none)", NULL},
+    {"model.norm_eps", K_DOUBLE, OFF(model.norm_eps), 1e-12, 1, "RMSNorm epsilon", NULL},
+    {"model.rope_theta", K_DOUBLE, OFF(model.rope_theta), 1, 1e12, "RoPE base frequency", NULL},
     {"model.max_seq_len", K_INT, OFF(model.max_seq_len), 1, 1 << 20,
-     "training sequence length T"},
+     "training sequence length T", NULL},
     {"model.tie_embeddings", K_BOOL, OFF(model.tie_embeddings), 0, 0,
-     "share the token embedding with the output head"},
+     "share the token embedding with the output head", NULL},
 
-    {"train", K_SECTION, 0, 0, 0, "optimisation"},
-    {"train.steps", K_INT, OFF(train.steps), 0, 1e9, "optimizer steps"},
-    {"train.seed", K_U64, OFF(train.seed), 0, BIG, "seed for weights and data order"},
+    {"train", K_SECTION, 0, 0, 0, "optimisation", NULL},
+    {"train.steps", K_INT, OFF(train.steps), 0, 1e9, "optimizer steps", NULL},
+    {"train.seed", K_U64, OFF(train.seed), 0, BIG, "seed for weights and data order", NULL},
     {"train.micro_batch_size", K_INT, OFF(train.micro_batch_size), 1, 1 << 20,
-     "sequences per micro-batch per rank B"},
+     "sequences per micro-batch per rank B", NULL},
     {"train.grad_accum_steps", K_INT, OFF(train.grad_accum_steps), 1, 1 << 20,
-     "micro-batches accumulated per optimizer step"},
-    {"train.lr", K_DOUBLE, OFF(train.lr), 0, 10, "peak learning rate"},
-    {"train.min_lr", K_DOUBLE, OFF(train.min_lr), 0, 10, "floor of the cosine decay"},
-    {"train.warmup_steps", K_INT, OFF(train.warmup_steps), 0, 1e9, "linear warmup steps"},
-    {"train.weight_decay", K_DOUBLE, OFF(train.weight_decay), 0, 10, "AdamW decoupled weight decay"},
+     "micro-batches accumulated per optimizer step", NULL},
+    {"train.lr", K_DOUBLE, OFF(train.lr), 0, 10, "peak learning rate", NULL},
+    {"train.min_lr", K_DOUBLE, OFF(train.min_lr), 0, 10, "floor of the cosine decay", NULL},
+    {"train.warmup_steps", K_INT, OFF(train.warmup_steps), 0, 1e9, "linear warmup steps", NULL},
+    {"train.weight_decay", K_DOUBLE, OFF(train.weight_decay), 0, 10, "AdamW decoupled weight decay", NULL},
     {"train.decay_norms_and_embeddings", K_BOOL, OFF(train.decay_norms_and_embeddings), 0, 0,
-     "also apply weight decay to norm weights and the token embedding"},
-    {"train.beta1", K_DOUBLE, OFF(train.beta1), 0, 0.999999, "AdamW beta1"},
-    {"train.beta2", K_DOUBLE, OFF(train.beta2), 0, 0.999999, "AdamW beta2"},
-    {"train.adam_eps", K_DOUBLE, OFF(train.adam_eps), 0, 1, "AdamW epsilon"},
+     "also apply weight decay to norm weights and the token embedding", NULL},
+    {"train.beta1", K_DOUBLE, OFF(train.beta1), 0, 0.999999, "AdamW beta1", NULL},
+    {"train.beta2", K_DOUBLE, OFF(train.beta2), 0, 0.999999, "AdamW beta2", NULL},
+    {"train.adam_eps", K_DOUBLE, OFF(train.adam_eps), 0, 1, "AdamW epsilon", NULL},
     {"train.grad_clip", K_DOUBLE, OFF(train.grad_clip), 0, 1e9,
-     "clip the global gradient norm to this (0 = off)"},
-    {"train.threads", K_INT, OFF(train.threads), 0, 64, "compute threads (0 = all cores)"},
+     "clip the global gradient norm to this (0 = off)", NULL},
+    {"train.threads", K_INT, OFF(train.threads), 0, 64, "compute threads (0 = all cores)", NULL},
     {"train.eval_every", K_INT, OFF(train.eval_every), 0, 1e9,
-     "validation loss every N steps when a val split exists (0 = never)"},
+     "validation loss every N steps when a val split exists (0 = never)", NULL},
     {"train.eval_batches", K_INT, OFF(train.eval_batches), 1, 1e6,
-     "global batches (micro_batch_size x grad_accum_steps x ranks sequences) per validation pass"},
+     "global batches (micro_batch_size x grad_accum_steps x ranks sequences) per validation pass", NULL},
 
-    {"data", K_SECTION, 0, 0, 0, "training data"},
+    {"data", K_SECTION, 0, 0, 0, "training data", NULL},
     {"data.path", K_STRING, OFF(data.path), 0, 0,
-     "directory from `keel data prepare` (or one shard file); wins over synthetic"},
+     "directory from `keel data prepare` (or one shard file); wins over synthetic", NULL},
     {"data.tokenizer", K_STRING, OFF(data.tokenizer), 0, 0,
-     "SentencePiece model; its vocabulary size must equal model.vocab_size"},
+     "SentencePiece model; its vocabulary size must equal model.vocab_size", NULL},
     {"data.synthetic", K_FLAG_SECTION, OFF(data.synthetic), 0, 0,
-     "seeded learnable token source (object, or false)"},
-    {"data.synthetic.seed", K_U64, OFF(data.synthetic_seed), 0, BIG, "seed of the token chain"},
+     "seeded learnable token source (object, or false)", NULL},
+    {"data.synthetic.seed", K_U64, OFF(data.synthetic_seed), 0, BIG, "seed of the token chain", NULL},
     {"data.synthetic.branching", K_INT, OFF(data.synthetic_branching), 1, 1 << 20,
-     "successor candidates per token (ideal loss = ln(branching))"},
+     "successor candidates per token (ideal loss = ln(branching))", NULL},
     {"data.synthetic.vocab", K_INT, OFF(data.synthetic_vocab), 0, 1 << 24,
-     "tokens used (0 = min(model.vocab_size, 64))"},
+     "tokens used (0 = min(model.vocab_size, 64))", NULL},
 
-    {"fsdp", K_SECTION, 0, 0, 0, "sharding over ranks (keel train --nproc N)"},
-    {"fsdp.strategy", K_STRING, OFF(fsdp.strategy), 0, 0,
-     "full_shard, shard_grad_op, no_shard or hybrid_shard (DESIGN §3)"},
+    {"fsdp", K_SECTION, 0, 0, 0, "sharding over ranks (keel train --nproc N)", NULL},
+    {"fsdp.strategy", K_ENUM, OFF(fsdp.strategy), 0, 0,
+     "full_shard, shard_grad_op, no_shard or hybrid_shard (DESIGN §3)", STRATEGY_NAMES},
     {"fsdp.shard_group_size", K_INT, OFF(fsdp.shard_group_size), 0, 4096,
-     "hybrid_shard: ranks per shard group, a divisor of --nproc (0 = 2)"},
+     "hybrid_shard: ranks per shard group, a divisor of --nproc (0 = 2)", NULL},
     {"fsdp.prefetch", K_BOOL, OFF(fsdp.prefetch), 0, 0,
-     "start the next unit's all-gather before computing the current one (forward and backward)"},
-    {"fsdp.mixed_precision", K_STRING, OFF(fsdp.mixed_precision), 0, 0,
+     "start the next unit's all-gather before computing the current one (forward and backward)", NULL},
+    {"fsdp.mixed_precision", K_ENUM, OFF(fsdp.mixed_precision), 0, 0,
      "fp32 or bf16: GEMMs on bf16 weights and inputs (gathered in bf16), fp32 master weights, "
-     "optimizer and accumulation (any run; fp32 with a log line on CPUs without bf16)"},
-    {"fsdp.reduce_dtype", K_STRING, OFF(fsdp.reduce_dtype), 0, 0,
-     "fp32 or bf16: element type of the gradient reduce-scatter and all-reduce"},
+     "optimizer and accumulation (any run; fp32 with a log line on CPUs without bf16)", DTYPE_NAMES},
+    {"fsdp.reduce_dtype", K_ENUM, OFF(fsdp.reduce_dtype), 0, 0,
+     "fp32 or bf16: element type of the gradient reduce-scatter and all-reduce", DTYPE_NAMES},
     {"fsdp.activation_checkpointing", K_BOOL, OFF(fsdp.activation_checkpointing), 0, 0,
-     "recompute each block's forward in backward (less memory, same gradients; any run)"},
+     "recompute each block's forward in backward (less memory, same gradients; any run)", NULL},
 
     {"init_from", K_STRING, OFF(init_from), 0, 0,
      "a checkpoint directory (e.g. from `keel ckpt import --from-hf`) whose parameters start the "
-     "run instead of random ones; the model keys must match it (null = random init)"},
-    {"checkpoint", K_SECTION, 0, 0, 0, "sharded checkpoints in RUN/checkpoints (resume: keel train again)"},
+     "run instead of random ones; the model keys must match it (null = random init)", NULL},
+    {"checkpoint", K_SECTION, 0, 0, 0, "sharded checkpoints in RUN/checkpoints (resume: keel train again)", NULL},
     {"checkpoint.every_steps", K_INT, OFF(checkpoint.every_steps), 0, 1 << 30,
-     "save every N optimizer steps (0 = not by steps)"},
+     "save every N optimizer steps (0 = not by steps)", NULL},
     {"checkpoint.every_seconds", K_DOUBLE, OFF(checkpoint.every_seconds), 0, 1e9,
-     "save when this many seconds passed since the last save (0 = not by time)"},
+     "save when this many seconds passed since the last save (0 = not by time)", NULL},
     {"checkpoint.keep_last", K_INT, OFF(checkpoint.keep_last), 0, 1 << 20,
-     "committed checkpoints kept; older ones are deleted after a commit (0 = keep all)"},
+     "committed checkpoints kept; older ones are deleted after a commit (0 = keep all)", NULL},
     {"checkpoint.async", K_BOOL, OFF(checkpoint.async), 0, 0,
-     "copy the shard to a host buffer and write it on a background thread while training goes on"},
+     "copy the shard to a host buffer and write it on a background thread while training goes on", NULL},
 
-    {"resilience", K_SECTION, 0, 0, 0, "what the supervisor (keel train --nproc N) does when ranks fail (DESIGN §6)"},
+    {"resilience", K_SECTION, 0, 0, 0, "what the supervisor (keel train --nproc N) does when ranks fail (DESIGN §6)", NULL},
     {"resilience.max_restarts", K_INT, OFF(resilience.max_restarts), 0, 1 << 20,
-     "relaunches from the last checkpoint before the run is given up (0 = fail on the first failure)"},
+     "relaunches from the last checkpoint before the run is given up (0 = fail on the first failure)", NULL},
     {"resilience.hang_timeout_s", K_DOUBLE, OFF(resilience.hang_timeout_s), 0, 1e7,
      "a rank whose heartbeat is older than this is hung (0 = fitted: 10 x the slowest step seen, "
-     "at least 60 s; before the first step at least 120 s)"},
+     "at least 60 s; before the first step at least 120 s)", NULL},
     {"resilience.backoff_s", K_DOUBLE, OFF(resilience.backoff_s), 0, 3600,
      "least time from a failure to the relaunch (the health checks run inside it); doubles with "
-     "each failure that made no progress (at most 300 s)"},
+     "each failure that made no progress (at most 300 s)", NULL},
     {"resilience.crash_loop", K_INT, OFF(resilience.crash_loop), 1, 1 << 20,
-     "this many failures in a row without a new checkpoint in between (the same steps failing again) stop the run with a report"},
+     "this many failures in a row without a new checkpoint in between (the same steps failing again) stop the run with a report", NULL},
     {"resilience.max_loss", K_DOUBLE, OFF(resilience.max_loss), 0, 1e30,
      "a step whose mean loss exceeds this has diverged, like a NaN/Inf one: roll back, then skip "
-     "its data once, then stop (0 = 3 x ln(model.vocab_size), three times a uniform guess)"},
+     "its data once, then stop (0 = 3 x ln(model.vocab_size), three times a uniform guess)", NULL},
     {"resilience.spares", K_INT, OFF(resilience.spares), 0, 1 << 20,
-     "nodes of a Slurm allocation held back to replace nodes that fail a health check"},
+     "nodes of a Slurm allocation held back to replace nodes that fail a health check", NULL},
     {"resilience.min_ranks", K_INT, OFF(resilience.min_ranks), 0, 1 << 20,
-     "with no spare left the job may shrink down to this many ranks (0 = never shrink)"},
-    {"resilience.health_checks", K_LIST, OFF(resilience.health_checks), 0, 0,
+     "with no spare left the job may shrink down to this many ranks (0 = never shrink)", NULL},
+    {"resilience.health_checks", K_ENUM_SET, OFF(resilience.health_checks), 0, 0,
      "checks run on every node after a failure, before relaunching: gemm, memory, "
-     "checkpoint_dir, mpi, gpu (keel health; [] = none)"},
+     "checkpoint_dir, mpi, gpu (keel health; [] = none)", CHECK_NAMES},
     {"resilience.gemm_floor_gflops", K_DOUBLE, OFF(resilience.gemm_floor_gflops), 0, 1e12,
-     "the gemm health check fails below this many GFLOP/s per core"},
+     "the gemm health check fails below this many GFLOP/s per core", NULL},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 
@@ -148,20 +159,19 @@ void keel_config_defaults(keel_config *cfg) {
                                      .beta2 = 0.95, .adam_eps = 1e-8, .grad_clip = 1.0,
                                      .threads = 0, .eval_every = 0, .eval_batches = 8};
     cfg->data.synthetic_seed = 1;
-    cfg->fsdp.strategy = keel_xstrdup("full_shard");
+    cfg->fsdp.strategy = KEEL_FSDP_FULL_SHARD;
     cfg->fsdp.prefetch = true;
     cfg->checkpoint = (keel_checkpoint_config){.keep_last = 3, .async = true};
-    cfg->fsdp.mixed_precision = keel_xstrdup("fp32");
-    cfg->fsdp.reduce_dtype = keel_xstrdup("fp32");
+    cfg->fsdp.mixed_precision = cfg->fsdp.reduce_dtype = KEEL_DTYPE_FP32;
     cfg->data.synthetic_branching = 4;
     cfg->resilience = (keel_resilience_config){.max_restarts = 10, .backoff_s = 1, .crash_loop = 3,
                                                .gemm_floor_gflops = 10};
-    cfg->resilience.health_checks = keel_xstrdup("gemm,memory,checkpoint_dir,mpi,gpu");
+    cfg->resilience.health_checks = (1u << KEEL_CHECK_COUNT) - 1;
 }
 
 void keel_config_free(keel_config *cfg) {
     for (int i = 0; i < N_KEYS; i++)
-        if (KEYS[i].type == K_STRING || KEYS[i].type == K_LIST) {
+        if (KEYS[i].type == K_STRING) {
             char **s = (char **)((char *)cfg + KEYS[i].offset);
             free(*s);
             *s = NULL;
@@ -212,7 +222,8 @@ static const char *type_name(key_type t) {
     case K_DOUBLE: return "a number";
     case K_BOOL: return "true or false";
     case K_STRING: return "a string";
-    case K_LIST: return "a list of strings";
+    case K_ENUM: return "a string";
+    case K_ENUM_SET: return "a list of strings";
     default: return "an object";
     }
 }
@@ -226,6 +237,57 @@ static keel_status bad_value(const char *origin, const key_spec *k, const cJSON 
 
 static keel_status parse_object(keel_config *cfg, const cJSON *obj, const char *prefix,
                                 const char *origin);
+
+/* The index of value in names, or -1. */
+static int find_name(const char *value, const char *const *names) {
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(value, names[i])) return i;
+    return -1;
+}
+
+/* names, ", "-separated. */
+static void list_names(const char *const *names, char *out, size_t n) {
+    out[0] = 0;
+    for (int i = 0; names[i]; i++) snprintf(out + strlen(out), n - strlen(out), "%s%s", i ? ", " : "", names[i]);
+}
+
+/* The index of value in names; otherwise one error line naming the choices. */
+static bool name_index(const char *origin, const char *what, const char *value, const char *const *names,
+                       int *index) {
+    if ((*index = find_name(value, names)) >= 0) return true;
+    char list[256];
+    list_names(names, list, sizeof list);
+    keel_errorf("%s: %s '%s' is not one of %s", origin, what, value, list);
+    return false;
+}
+
+keel_status keel_health_checks_parse(const char *list, const char *origin, unsigned *mask) {
+    char *copy = keel_xstrdup(list), *save = NULL;
+    keel_status st = KEEL_OK;
+    *mask = 0;
+    for (char *name = strtok_r(copy, ",", &save); name && st == KEEL_OK; name = strtok_r(NULL, ",", &save)) {
+        int index = find_name(name, CHECK_NAMES);
+        if (index >= 0) {
+            *mask |= 1u << index;
+            continue;
+        }
+        char names[256];
+        list_names(CHECK_NAMES, names, sizeof names);
+        keel_errorf("%s: unknown check '%s'; the checks are %s", origin, name, names);
+        st = KEEL_ERR_INPUT;
+    }
+    keel_free(copy);
+    return st;
+}
+
+/* The names of a mask's bits, comma-separated. */
+static void format_set(unsigned mask, const char *const *names, char *out, size_t n) {
+    out[0] = 0;
+    for (int i = 0; names[i]; i++)
+        if (mask & (1u << i)) snprintf(out + strlen(out), n - strlen(out), "%s%s", out[0] ? "," : "", names[i]);
+}
+
+void keel_health_checks_format(unsigned mask, char *out, size_t n) { format_set(mask, CHECK_NAMES, out, n); }
 
 /* Store one JSON value into the field of spec k, checking type and range. */
 static keel_status store(keel_config *cfg, const key_spec *k, const cJSON *v, const char *origin) {
@@ -257,23 +319,26 @@ static keel_status store(keel_config *cfg, const key_spec *k, const cJSON *v, co
         free(*(char **)field);
         *(char **)field = keel_xstrdup(v->valuestring);
         return KEEL_OK;
-    case K_LIST: {
-        if (!cJSON_IsArray(v)) return bad_value(origin, k, v, "must be a list of strings");
-        size_t len = 1;
+    case K_ENUM: {
+        int index;
+        if (!cJSON_IsString(v)) return bad_value(origin, k, v, "must be a string");
+        if (!name_index(origin, k->key, v->valuestring, k->names, &index)) return KEEL_ERR_INPUT;
+        *(int *)field = index;
+        return KEEL_OK;
+    }
+    case K_ENUM_SET: {
+        if (!cJSON_IsArray(v)) return bad_value(origin, k, v, "must be a list of names");
+        unsigned mask = 0;
         const cJSON *x;
+        char what[160];
+        snprintf(what, sizeof what, "%s entry", k->key);
         cJSON_ArrayForEach(x, v) {
-            if (!cJSON_IsString(x) || !x->valuestring[0] || strchr(x->valuestring, ','))
-                return bad_value(origin, k, v, "must be a list of names (strings without commas)");
-            len += strlen(x->valuestring) + 1;
+            int index;
+            if (!cJSON_IsString(x)) return bad_value(origin, k, v, "must be a list of names");
+            if (!name_index(origin, what, x->valuestring, k->names, &index)) return KEEL_ERR_INPUT;
+            mask |= 1u << index;
         }
-        char *joined = keel_xcalloc(len, "list value");
-        cJSON_ArrayForEach(x, v) {
-            if (joined[0]) strcat(joined, ",");
-            strcat(joined, x->valuestring);
-        }
-        free(*(char **)field);
-        *(char **)field = keel_xstrdup(joined);
-        keel_free(joined);
+        *(unsigned *)field = mask;
         return KEEL_OK;
     }
     case K_INT: case K_U64: case K_DOUBLE: {
@@ -373,13 +438,13 @@ keel_status keel_config_set(keel_config *cfg, const char *assignment) {
     if (!k) return unknown_key("--set", key);
     const char *text = eq + 1;
     cJSON *v = cJSON_Parse(text);
-    /* A string key takes the raw text unless it is a JSON string or null. */
-    if (k->type == K_STRING && (!v || !(cJSON_IsString(v) || cJSON_IsNull(v)))) {
+    /* A string or name key takes the raw text unless it is a JSON string or null. */
+    if ((k->type == K_STRING || k->type == K_ENUM) && (!v || !(cJSON_IsString(v) || cJSON_IsNull(v)))) {
         cJSON_Delete(v);
         v = cJSON_CreateString(text);
     }
     /* A list key also takes bare comma-separated names: --set resilience.health_checks=gemm,mpi */
-    if (k->type == K_LIST && !cJSON_IsArray(v)) {
+    if (k->type == K_ENUM_SET && !cJSON_IsArray(v)) {
         cJSON_Delete(v);
         v = cJSON_CreateArray();
         char *copy = keel_xstrdup(text), *save = NULL;
@@ -396,17 +461,6 @@ keel_status keel_config_set(keel_config *cfg, const char *assignment) {
     if (st == KEEL_OK && strncmp(key, "data.synthetic.", 15) == 0) cfg->data.synthetic = true;
     cJSON_Delete(v);
     return st;
-}
-
-/* A string key that must be one of a NULL-terminated list: an input error naming them otherwise. */
-static bool one_of(const char *src, const char *key, const char *value, const char *const *choices) {
-    char list[256] = "";
-    for (int i = 0; choices[i]; i++) {
-        if (value && !strcmp(value, choices[i])) return true;
-        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", choices[i]);
-    }
-    keel_errorf("%s: %s '%s' is not one of %s", src, key, value ? value : "null", list);
-    return false;
 }
 
 keel_status keel_config_finalize(keel_config *cfg) {
@@ -434,19 +488,6 @@ keel_status keel_config_finalize(keel_config *cfg) {
                     src, cfg->train.min_lr, cfg->train.lr);
         return KEEL_ERR_INPUT;
     }
-    static const char *strategies[] = {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", NULL};
-    static const char *dtypes[] = {"fp32", "bf16", NULL};
-    if (!one_of(src, "fsdp.strategy", cfg->fsdp.strategy, strategies) ||
-        !one_of(src, "fsdp.mixed_precision", cfg->fsdp.mixed_precision, dtypes) ||
-        !one_of(src, "fsdp.reduce_dtype", cfg->fsdp.reduce_dtype, dtypes))
-        return KEEL_ERR_INPUT;
-    static const char *checks[] = {"gemm", "memory", "checkpoint_dir", "mpi", "gpu", NULL};
-    char *names = keel_xstrdup(cfg->resilience.health_checks), *save = NULL;
-    bool ok = true;
-    for (char *name = strtok_r(names, ",", &save); name && ok; name = strtok_r(NULL, ",", &save))
-        ok = one_of(src, "resilience.health_checks entry", name, checks);
-    keel_free(names);
-    if (!ok) return KEEL_ERR_INPUT;
     if (!cfg->data.path && !cfg->data.synthetic) {
         keel_errorf("%s: no training data: set data.path (from `keel data prepare`) or "
                     "data.synthetic", src);
@@ -493,12 +534,11 @@ char *keel_config_to_json(const keel_config *cfg) {
             put(root, k->key, s ? cJSON_CreateString(s) : cJSON_CreateNull());
             break;
         }
-        case K_LIST: {
+        case K_ENUM: put(root, k->key, cJSON_CreateString(k->names[*(const int *)field])); break;
+        case K_ENUM_SET: {
             cJSON *a = cJSON_CreateArray();
-            char *copy = keel_xstrdup(*(char *const *)field), *save = NULL;
-            for (char *name = strtok_r(copy, ",", &save); name; name = strtok_r(NULL, ",", &save))
-                cJSON_AddItemToArray(a, cJSON_CreateString(name));
-            keel_free(copy);
+            for (int j = 0; k->names[j]; j++)
+                if (*(const unsigned *)field & (1u << j)) cJSON_AddItemToArray(a, cJSON_CreateString(k->names[j]));
             put(root, k->key, a);
             break;
         }
@@ -529,7 +569,8 @@ void keel_config_print_keys(void) {
             snprintf(def, sizeof def, "%s", v ? v : "none");
             break;
         }
-        case K_LIST: snprintf(def, sizeof def, "%s", *(char *const *)field); break;
+        case K_ENUM: snprintf(def, sizeof def, "%s", k->names[*(const int *)field]); break;
+        case K_ENUM_SET: format_set(*(const unsigned *)field, k->names, def, sizeof def); break;
         }
         const char *type = k->type == K_FLAG_SECTION ? "object/false"
                            : k->type == K_BOOL       ? "bool"

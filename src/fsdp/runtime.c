@@ -222,18 +222,6 @@ static void after_backward(void *p, int u) {
     release(f, u);
 }
 
-keel_status keel_fsdp_strategy_parse(const char *name, keel_fsdp_strategy *out) {
-    static const char *names[] = {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"};
-    for (int i = 0; i < 4; i++)
-        if (name && !strcmp(name, names[i])) {
-            *out = (keel_fsdp_strategy)i;
-            return KEEL_OK;
-        }
-    keel_errorf("fsdp.strategy '%s' is not one of full_shard, shard_grad_op, no_shard, hybrid_shard",
-                name ? name : "null");
-    return KEEL_ERR_INPUT;
-}
-
 /* The shard group and the replica group of this rank for a strategy. */
 static keel_status make_groups(keel_fsdp *f, keel_comm *world, int shard_group_size) {
     int W = keel_comm_size(world), r = keel_comm_rank(world);

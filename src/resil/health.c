@@ -24,23 +24,11 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "keel/ckpt.h"
 #include "keel/dist.h"
+#include "keel/fsdp.h"
 #include "keel/kernels.h"
 #include "keel/resil.h"
-#include "keel/train.h"
-
-void keel_node_name(char *out, size_t n) {
-    const char *node = getenv("SLURMD_NODENAME");
-    if (node) snprintf(out, n, "%s", node);
-    else if (gethostname(out, n) != 0) snprintf(out, n, "localhost");
-}
-
-static keel_health_result *result(keel_health_result *out, int *n, const char *name) {
-    keel_health_result *r = &out[(*n)++];
-    memset(r, 0, sizeof *r);
-    snprintf(r->name, sizeof r->name, "%s", name);
-    return r;
-}
 
 static void say(keel_health_result *r, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void say(keel_health_result *r, int status, const char *fmt, ...) {
@@ -50,6 +38,8 @@ static void say(keel_health_result *r, int status, const char *fmt, ...) {
     va_end(ap);
     r->status = status;
 }
+
+#define MPI_PROBE_TIMEOUT_S 60
 
 static double gib(double bytes) { return bytes / (1024.0 * 1024 * 1024); }
 
@@ -84,19 +74,8 @@ static void check_gemm(const keel_health_options *o, keel_health_result *r) {
     else say(r, KEEL_HEALTH_PASS, "one core does %.1f GFLOP/s of fp32 GEMM (floor %.1f)", r->value, r->limit);
 }
 
-static double mem_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    unsigned long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
-    fclose(f);
-    return (double)kb * 1024;
-}
-
 static void check_memory(const keel_health_options *o, keel_health_result *r) {
-    r->value = gib(mem_available());
+    r->value = gib((double)keel_mem_available_bytes());
     snprintf(r->unit, sizeof r->unit, "GiB");
     if (!o->cfg) {
         say(r, r->value > 0 ? KEEL_HEALTH_PASS : KEEL_HEALTH_FAIL, "%.1f GiB available (no job given)", r->value);
@@ -104,7 +83,9 @@ static void check_memory(const keel_health_options *o, keel_health_result *r) {
     }
     int world = o->nproc > 0 ? o->nproc : 1;
     /* outside Slurm every rank is on this machine; in Slurm nproc is this node's share */
-    r->limit = gib((double)keel_train_memory_need(o->cfg, world) * world);
+    keel_fsdp_memory m;
+    keel_fsdp_memory_plan(o->cfg, world, &m);
+    r->limit = gib((double)keel_fsdp_memory_total(&m) * world);
     if (r->value < r->limit)
         say(r, KEEL_HEALTH_FAIL, "%.1f GiB available, the job's %d rank(s) here need %.1f GiB", r->value,
             world, r->limit);
@@ -112,23 +93,14 @@ static void check_memory(const keel_health_options *o, keel_health_result *r) {
              world, r->limit);
 }
 
-static keel_status make_dirs(const char *dir) {
-    char buf[PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", dir);
-    for (char *p = buf + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST) return KEEL_ERR_IO;
-            *p = '/';
-        }
-    return mkdir(buf, 0755) != 0 && errno != EEXIST ? KEEL_ERR_IO : KEEL_OK;
-}
-
 static void check_dir(const keel_health_options *o, keel_health_result *r) {
     const char *dir = o->dir ? o->dir : ".";
     snprintf(r->unit, sizeof r->unit, "GiB");
-    if (make_dirs(dir) != KEEL_OK) {
-        say(r, KEEL_HEALTH_FAIL, "%s: cannot create: %s", dir, strerror(errno));
+    keel_error_capture(true);
+    keel_status made = keel_mkdirs(dir);
+    keel_error_capture(false);
+    if (made != KEEL_OK) {
+        say(r, KEEL_HEALTH_FAIL, "%s", keel_last_error());
         return;
     }
     char probe[PATH_MAX + 64];
@@ -148,7 +120,7 @@ static void check_dir(const keel_health_options *o, keel_health_result *r) {
         return;
     }
     r->value = gib((double)vfs.f_bavail * vfs.f_frsize);
-    r->limit = o->cfg ? gib(2.0 * (double)keel_train_checkpoint_bytes(o->cfg, o->nproc > 0 ? o->nproc : 1)) : 0;
+    r->limit = o->cfg ? gib(2.0 * (double)keel_ckpt_bytes(&o->cfg->model, o->nproc > 0 ? o->nproc : 1)) : 0;
     if (r->value < r->limit)
         say(r, KEEL_HEALTH_FAIL, "%s: %.2f GiB free, two checkpoints need %.2f GiB", dir, r->value, r->limit);
     else say(r, KEEL_HEALTH_PASS, "%s: writable, %.2f GiB free (two checkpoints: %.2f GiB)", dir, r->value,
@@ -168,13 +140,17 @@ static void check_mpi(const keel_health_options *o, keel_health_result *r) {
     const char *args[] = {"health", "--mpi-probe", NULL};
     char **argv = keel_launch_argv(self, &spec, args);
     char out[4096];
-    int code = keel_run_capture(argv, out, sizeof out);
+    /* bounded: a dead peer or a wedged network would hang the collective for good */
+    int code = keel_run_capture(argv, MPI_PROBE_TIMEOUT_S, out, sizeof out);
     cJSON *j = cJSON_Parse(out);
     const cJSON *ok = cJSON_GetObjectItemCaseSensitive(j, "ok"), *bw = cJSON_GetObjectItemCaseSensitive(j, "bus_gbps"),
                 *d = cJSON_GetObjectItemCaseSensitive(j, "detail");
     r->value = cJSON_IsNumber(bw) ? bw->valuedouble : 0;
     if (code == 0 && cJSON_IsTrue(ok))
         say(r, KEEL_HEALTH_PASS, "%s", cJSON_IsString(d) ? d->valuestring : "");
+    else if (code == 124)
+        say(r, KEEL_HEALTH_FAIL, "the all-reduce probe did not finish in %d s (a dead or unreachable rank?)",
+            MPI_PROBE_TIMEOUT_S);
     else
         say(r, KEEL_HEALTH_FAIL, "%s", cJSON_IsString(d) ? d->valuestring
                                        : "the all-reduce probe did not run; is OpenMPI installed?");
@@ -262,12 +238,11 @@ static void check_gpu(keel_health_result *r) {
                  "uncorrected ECC%s", i ? "; " : "", i, t, sm, sm_max, errors, bad ? " (BAD)" : "");
     }
     /* XID errors are kernel log lines ("NVRM: Xid"): readable where the log is */
-    FILE *k = popen("dmesg 2>/dev/null | grep -c 'NVRM: Xid'", "r");
+    static char kernel_log[1 << 20];
+    char *dmesg[] = {"dmesg", NULL};
     int xids = 0;
-    if (k) {
-        if (fscanf(k, "%d", &xids) != 1) xids = 0;
-        pclose(k);
-    }
+    if (keel_run_capture(dmesg, 10, kernel_log, sizeof kernel_log) == 0)
+        for (const char *p = kernel_log; (p = strstr(p, "NVRM: Xid")); p++) xids++;
     if (xids > 0) ok = false;
     r->value = hottest;
     snprintf(r->unit, sizeof r->unit, "C");
@@ -279,17 +254,20 @@ static void check_gpu(keel_health_result *r) {
 
 int keel_health_run(const keel_health_options *o, keel_health_result *out) {
     int n = 0;
-    char *names = keel_xstrdup(o->checks ? o->checks : ""), *save = NULL;
-    for (char *name = strtok_r(names, ",", &save); name && n < KEEL_HEALTH_MAX; name = strtok_r(NULL, ",", &save)) {
-        keel_health_result *r = result(out, &n, name);
-        if (!strcmp(name, "gemm")) check_gemm(o, r);
-        else if (!strcmp(name, "memory")) check_memory(o, r);
-        else if (!strcmp(name, "checkpoint_dir")) check_dir(o, r);
-        else if (!strcmp(name, "mpi")) check_mpi(o, r);
-        else if (!strcmp(name, "gpu")) check_gpu(r);
-        else say(r, KEEL_HEALTH_FAIL, "unknown check");
+    for (int c = 0; c < KEEL_CHECK_COUNT; c++) {
+        if (!(o->checks & (1u << c))) continue;
+        keel_health_result *r = &out[n++];
+        memset(r, 0, sizeof *r);
+        r->check = (keel_health_check)c;
+        switch (r->check) {
+        case KEEL_CHECK_GEMM: check_gemm(o, r); break;
+        case KEEL_CHECK_MEMORY: check_memory(o, r); break;
+        case KEEL_CHECK_CHECKPOINT_DIR: check_dir(o, r); break;
+        case KEEL_CHECK_MPI: check_mpi(o, r); break;
+        case KEEL_CHECK_GPU: check_gpu(r); break;
+        case KEEL_CHECK_COUNT: break;
+        }
     }
-    keel_free(names);
     return n;
 }
 
@@ -307,7 +285,7 @@ char *keel_health_json(const char *node, const keel_health_result *r, int n) {
     cJSON *checks = cJSON_AddArrayToObject(o, "checks");
     for (int i = 0; i < n; i++) {
         cJSON *c = cJSON_CreateObject();
-        cJSON_AddStringToObject(c, "name", r[i].name);
+        cJSON_AddStringToObject(c, "name", keel_health_check_name(r[i].check));
         cJSON_AddStringToObject(c, "status", status[r[i].status]);
         cJSON_AddNumberToObject(c, "value", r[i].value);
         cJSON_AddNumberToObject(c, "limit", r[i].limit);

@@ -1,6 +1,11 @@
-/* resil/launch.c: the command lines that start ranks (mpirun locally, srun in
- * a Slurm allocation) and what their messages say about a failed rank. */
+/* resil/launch.c: process plumbing — the command lines that start ranks
+ * (mpirun locally, srun in a Slurm allocation), what their messages say about
+ * a failed rank, a child whose stderr we read line by line, and commands run
+ * from argv vectors with a time limit (never through a shell). */
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,27 +86,173 @@ int keel_launch_blamed_rank(const char *line, int *sig) {
     return -1;
 }
 
-int keel_run_capture(char *const *argv, char *out, size_t n) {
-    int fds[2];
-    out[0] = 0;
-    if (pipe(fds) != 0) return -1;
+static int exit_code_of(int status) {
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* fork + exec argv with stream `fd` (stdout or stderr) into a new pipe whose
+ * read end comes back in *read_fd; in a process group of its own. */
+static pid_t spawn(char *const *argv, int fd, int *read_fd) {
+    int p[2];
+    if (pipe(p) != 0) return -1;
     pid_t pid = fork();
     if (pid == 0) {
-        dup2(fds[1], STDOUT_FILENO);
-        close(fds[0]);
-        close(fds[1]);
+        setpgid(0, 0);
+        dup2(p[1], fd);
+        close(p[0]);
+        close(p[1]);
         execvp(argv[0], argv);
+        dprintf(STDERR_FILENO, "keel: error: cannot run %s: %s\n", argv[0], strerror(errno));
         _exit(127);
     }
-    close(fds[1]);
-    size_t len = 0;
-    ssize_t got;
-    while ((got = read(fds[0], out + len, n - 1 - len)) > 0) len += (size_t)got;
-    out[len] = 0;
-    close(fds[0]);
-    int status;
+    close(p[1]);
+    if (pid < 0) {
+        close(p[0]);
+        return -1;
+    }
+    setpgid(pid, pid); /* also here: no race with the child's own call */
+    *read_fd = p[0];
+    return pid;
+}
+
+int keel_run_capture(char *const *argv, double timeout_s, char *out, size_t n) {
+    int fd;
+    out[0] = 0;
+    pid_t pid = spawn(argv, STDOUT_FILENO, &fd);
     if (pid < 0) return -1;
+    size_t len = 0;
+    double deadline = timeout_s > 0 ? keel_now_s() + timeout_s : 0;
+    bool timed_out = false;
+    for (;;) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        int wait_ms = deadline > 0 ? (int)((deadline - keel_now_s()) * 1000) + 1 : -1;
+        if (deadline > 0 && wait_ms <= 0) {
+            timed_out = true;
+            break;
+        }
+        int ready = poll(&pfd, 1, wait_ms);
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready <= 0) continue; /* the deadline check above ends it */
+        char drop[4096];
+        char *dst = len < n - 1 ? out + len : drop;
+        size_t room = len < n - 1 ? n - 1 - len : sizeof drop;
+        ssize_t got = read(fd, dst, room);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) break;
+        if (dst != drop) len += (size_t)got;
+    }
+    out[len] = 0;
+    close(fd);
+    if (timed_out) kill(-pid, SIGKILL);
+    int status;
     while (waitpid(pid, &status, 0) < 0)
         if (errno != EINTR) return -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return timed_out ? 124 : exit_code_of(status);
+}
+
+/* ---- a child with its stderr read line by line ----------------------------------- */
+
+struct keel_proc {
+    pid_t pid;
+    int fd;             /* stderr's read end, -1 once closed */
+    bool reaped;
+    int exit_code;
+    char buf[8192];     /* a partial line */
+    size_t len;
+};
+
+keel_status keel_proc_start(char *const *argv, keel_proc **out) {
+    keel_proc *p = keel_xcalloc(sizeof *p, "process");
+    p->pid = spawn(argv, STDERR_FILENO, &p->fd);
+    if (p->pid < 0) {
+        keel_errorf("cannot start %s: %s", argv[0], strerror(errno));
+        keel_free(p);
+        return KEEL_ERR_IO;
+    }
+    fcntl(p->fd, F_SETFL, O_NONBLOCK);
+    *out = p;
+    return KEEL_OK;
+}
+
+/* Hand every complete line in the buffer to fn; keep the rest. */
+static void pass_lines(keel_proc *p, keel_line_fn fn, void *ctx) {
+    char *start = p->buf, *nl;
+    while ((nl = memchr(start, '\n', (size_t)(p->buf + p->len - start)))) {
+        *nl = 0;
+        fn(ctx, start);
+        start = nl + 1;
+    }
+    p->len = (size_t)(p->buf + p->len - start);
+    memmove(p->buf, start, p->len);
+}
+
+void keel_proc_read_lines(keel_proc *p, int timeout_ms, keel_line_fn fn, void *ctx) {
+    if (p->fd < 0) {
+        keel_sleep_s(timeout_ms / 1000.0);
+        return;
+    }
+    struct pollfd pfd = {.fd = p->fd, .events = POLLIN};
+    if (poll(&pfd, 1, timeout_ms) <= 0) return;
+    for (;;) {
+        ssize_t got = read(p->fd, p->buf + p->len, sizeof p->buf - 1 - p->len);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) return; /* EAGAIN: all read for now */
+        if (got == 0) {      /* closed: the last line may lack its newline */
+            close(p->fd);
+            p->fd = -1;
+            if (p->len) p->buf[p->len++] = '\n';
+        }
+        p->len += (size_t)(got > 0 ? got : 0);
+        if (p->len == sizeof p->buf - 1) p->buf[p->len++] = '\n'; /* an over-long line: pass it in parts */
+        pass_lines(p, fn, ctx);
+        if (p->fd < 0) return;
+    }
+}
+
+bool keel_proc_exited(keel_proc *p, int *exit_code) {
+    int status;
+    if (!p->reaped && waitpid(p->pid, &status, WNOHANG) == p->pid) {
+        p->reaped = true;
+        p->exit_code = exit_code_of(status);
+    }
+    if (p->reaped && exit_code) *exit_code = p->exit_code;
+    return p->reaped;
+}
+
+void keel_proc_kill(keel_proc *p, int sig) { kill(-p->pid, sig); }
+
+int keel_proc_finish(keel_proc *p, keel_line_fn fn, void *ctx) {
+    /* what is there now: ranks that outlive their launcher may hold the pipe open */
+    keel_proc_read_lines(p, 0, fn, ctx);
+    if (p->fd >= 0) close(p->fd);
+    if (p->len) {
+        p->buf[p->len++] = '\n';
+        pass_lines(p, fn, ctx);
+    }
+    kill(-p->pid, SIGKILL); /* anything the process left behind in its group */
+    int status;
+    if (!p->reaped) {
+        while (waitpid(p->pid, &status, 0) < 0 && errno == EINTR) {}
+        p->exit_code = exit_code_of(status);
+    }
+    int code = p->exit_code;
+    keel_free(p);
+    return code;
+}
+
+char keel_pid_state(int pid) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *close_paren = strrchr(buf, ')');
+    return close_paren && close_paren[1] == ' ' ? close_paren[2] : 0;
+}
+
+bool keel_pid_alive(int pid) {
+    char s = keel_pid_state(pid);
+    return s != 0 && s != 'Z' && s != 'X';
 }

@@ -1,13 +1,15 @@
 /* train/eval.c: `keel eval` — mean loss of a run's weights, or of a
- * checkpoint's, over a token file. */
+ * checkpoint's (or a run's newest good checkpoint), over a token file. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 
 #include "keel/ckpt.h"
 #include "keel/data.h"
 #include "keel/kernels.h"
 #include "keel/model.h"
+#include "keel/run.h"
 #include "keel/train.h"
 
 /* A prepared directory is evaluated on its val split when it has one. */
@@ -19,45 +21,37 @@ static const char *eval_split(const char *data_path) {
     return stat(probe, &sb) == 0 ? "val" : "train";
 }
 
-keel_status keel_eval_run(const char *run_dir, const char *data_path, double *mean_loss,
-                          uint64_t *tokens) {
-    char path[4096];
+/* The model to evaluate: a run's final weights (RUN/config.json +
+ * RUN/weights.bin), else a checkpoint or a run's newest good checkpoint. */
+static keel_status load_model(const char *path, keel_config *cfg, float **params) {
+    char weights[4200];
+    keel_run_path(weights, sizeof weights, path, KEEL_RUN_WEIGHTS);
+    if (!keel_path_exists(weights)) return keel_ckpt_load_model(path, cfg, params, NULL);
+    keel_status st = keel_run_load_config(path, cfg);
+    if (st != KEEL_OK) return st;
+    keel_model_layout lay;
+    keel_model_layout_init(&lay, &cfg->model);
+    *params = keel_xmalloc(sizeof(float) * (size_t)lay.n_params, "parameters");
+    st = keel_weights_load(weights, *params, lay.n_params);
+    keel_model_layout_free(&lay);
+    return st;
+}
+
+keel_status keel_eval_run(const char *path, const char *data_path, double *mean_loss, uint64_t *tokens) {
     keel_config cfg;
-    keel_config_defaults(&cfg);
     keel_data *data = NULL;
     keel_model *m = NULL;
     int32_t *buf = NULL;
-    keel_ckpt ck = {0};
-    struct stat sb;
-    snprintf(path, sizeof path, "%s/manifest.json", run_dir);
-    bool checkpoint = stat(path, &sb) == 0;
-    keel_status st;
-    if (checkpoint) { /* a checkpoint directory: its manifest holds the config */
-        st = keel_ckpt_open(run_dir, &ck);
-        char *json = st == KEEL_OK ? keel_ckpt_config_json(&ck) : NULL;
-        if (st == KEEL_OK && !json) {
-            keel_errorf("%s: the manifest has no config", path);
-            st = KEEL_ERR_INPUT;
-        }
-        if (st == KEEL_OK) st = keel_config_load_string(&cfg, json, path);
-        free(json);
-    } else {
-        snprintf(path, sizeof path, "%s/config.json", run_dir);
-        st = keel_config_load_file(&cfg, path);
-    }
-    if (st == KEEL_OK) st = keel_config_finalize(&cfg);
+    float *params = NULL;
+    keel_status st = load_model(path, &cfg, &params);
     if (st != KEEL_OK) goto done;
     int T = cfg.model.max_seq_len, B = cfg.train.micro_batch_size;
-    st = keel_data_open_path(data_path, eval_split(data_path), T, cfg.model.vocab_size,
-                             cfg.train.seed, &data);
+    st = keel_data_open_path(data_path, eval_split(data_path), T, cfg.model.vocab_size, cfg.train.seed, &data);
     if (st != KEEL_OK) goto done;
     keel_kernels_init(cfg.train.threads);
     keel_model_build(&cfg.model, B, &m);
     const keel_model_layout *lay = keel_model_get_layout(m);
-    snprintf(path, sizeof path, "%s/weights.bin", run_dir);
-    st = checkpoint ? keel_ckpt_load_params(&ck, lay, keel_model_params(m))
-                    : keel_weights_load(path, keel_model_params(m), lay->n_params);
-    if (st != KEEL_OK) goto done;
+    memcpy(keel_model_params(m), params, sizeof(float) * (size_t)lay->n_params);
     keel_model_params_changed(m);
     uint64_t n = keel_data_n_samples(data);
     buf = keel_xmalloc(sizeof(int32_t) * (size_t)B * (T + 1), "tokens");
@@ -71,10 +65,10 @@ keel_status keel_eval_run(const char *run_dir, const char *data_path, double *me
     *mean_loss = loss / (double)*tokens;
 done:
     keel_free(buf);
+    keel_free(params);
     keel_model_free(m);
     keel_data_close(data);
     keel_config_free(&cfg);
-    if (checkpoint && ck.manifest) keel_ckpt_close(&ck);
     keel_kernels_shutdown();
     return st;
 }

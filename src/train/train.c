@@ -18,7 +18,7 @@
 #include "keel/model.h"
 #include "keel/obs.h"
 #include "keel/optim.h"
-#include "keel/resil.h"
+#include "keel/run.h"
 #include "keel/train.h"
 #include "train/trainer.h"
 
@@ -46,8 +46,7 @@ double keel_peak_flops(bool bf16) {
 
 /* fsdp.mixed_precision bf16 runs bf16 GEMMs where oneDNN has bf16
  * instructions; elsewhere it says so and trains in fp32. */
-static bool want_bf16(const keel_config *cfg) { return !strcmp(cfg->fsdp.mixed_precision, "bf16"); }
-static bool want_bf16_reduce(const keel_config *cfg) { return !strcmp(cfg->fsdp.reduce_dtype, "bf16"); }
+static bool want_bf16(const keel_config *cfg) { return cfg->fsdp.mixed_precision == KEEL_DTYPE_BF16; }
 
 static bool bf16_usable(const keel_config *cfg) {
     if (!want_bf16(cfg)) return false;
@@ -62,158 +61,25 @@ static bool bf16_usable(const keel_config *cfg) {
     return false;
 }
 
-static void path_join(char *out, size_t n, const char *dir, const char *name) {
-    snprintf(out, n, "%s/%s", dir, name);
-}
-
-/* A run directory must be new or empty: nothing in it is ever overwritten. */
-static keel_status check_run_dir_free(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) {
-        if (errno == ENOENT) return KEEL_OK;
-        keel_errorf("%s: cannot use as run directory: %s", dir, strerror(errno));
-        return KEEL_ERR_INPUT;
-    }
-    struct dirent *e;
-    bool empty = true;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = false;
-    closedir(d);
-    if (!empty) {
-        keel_errorf("%s: run directory already exists and is not empty; pass a new --run-dir "
-                    "(keel never overwrites a run)", dir);
-        return KEEL_ERR_INPUT;
-    }
-    return KEEL_OK;
-}
-
-static keel_status make_dirs(const char *dir) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", dir);
-    for (char *p = buf + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST) goto fail;
-            *p = '/';
-        }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST) goto fail;
-    return KEEL_OK;
-fail:
-    keel_errorf("%s: cannot create run directory: %s", buf, strerror(errno));
-    return KEEL_ERR_IO;
-}
-
-static uint64_t mem_available_bytes(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    unsigned long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
-    fclose(f);
-    return kb * 1024;
-}
-
-typedef struct {
-    int64_t params, grads, optimizer, gathered, activations;
-} memory_plan;
-
-/* One rank's memory: everything full on one process; under FSDP the fp32
- * state is sharded and the gathered units and unit gradients are added. */
-static memory_plan plan_memory(const keel_config *cfg, const keel_model_layout *lay, int world_size) {
-    keel_model_options opts = {.checkpoint_activations = cfg->fsdp.activation_checkpointing,
-                               .bf16 = want_bf16(cfg)};
-    memory_plan m = {.activations = keel_model_activation_bytes(lay, cfg->train.micro_batch_size, &opts)};
-    keel_fsdp_strategy strategy = KEEL_FSDP_FULL_SHARD;
-    keel_fsdp_strategy_parse(cfg->fsdp.strategy, &strategy); /* validated by finalize */
-    if (world_size == 1) {
-        m.params = m.grads = 4 * lay->n_params;
-        m.gathered = opts.bf16 ? 2 * lay->n_params : 0; /* the bf16 copy */
-    } else {
-        int K = cfg->fsdp.shard_group_size ? cfg->fsdp.shard_group_size : 2;
-        int shard_ranks = strategy == KEEL_FSDP_NO_SHARD       ? 1
-                          : strategy == KEEL_FSDP_HYBRID_SHARD ? K
-                                                               : world_size;
-        keel_fsdp_plan plan;
-        keel_fsdp_plan_init(&plan, lay, shard_ranks);
-        m.params = m.grads = 4 * plan.shard_total;
-        m.gathered = keel_fsdp_transient_bytes(&plan, strategy, opts.bf16, want_bf16_reduce(cfg));
-        keel_fsdp_plan_free(&plan);
-    }
-    m.optimizer = 2 * m.params;
-    return m;
-}
-
-static int64_t plan_total(const memory_plan *m) {
-    return m->params + m->grads + m->optimizer + m->gathered + m->activations;
-}
-
-int64_t keel_train_memory_need(const keel_config *cfg, int world_size) {
-    keel_model_layout lay;
-    keel_model_layout_init(&lay, &cfg->model);
-    memory_plan m = plan_memory(cfg, &lay, world_size);
-    keel_model_layout_free(&lay);
-    return plan_total(&m);
-}
-
-/* parameters, AdamW m and v in fp32, padded shards (keel/ckpt.h) */
-int64_t keel_train_checkpoint_bytes(const keel_config *cfg, int world_size) {
-    keel_model_layout lay;
-    keel_model_layout_init(&lay, &cfg->model);
-    keel_fsdp_plan plan;
-    keel_fsdp_plan_init(&plan, &lay, world_size);
-    int64_t bytes = 12 * plan.shard_total * world_size;
-    keel_fsdp_plan_free(&plan);
-    keel_model_layout_free(&lay);
-    return bytes;
-}
-
 static double gib(int64_t bytes) { return (double)bytes / (1024.0 * 1024 * 1024); }
 
 keel_status keel_train_dry_run(const keel_config *cfg, int world_size) {
     keel_model_layout lay;
     keel_model_layout_init(&lay, &cfg->model);
-    memory_plan m = plan_memory(cfg, &lay, world_size);
+    keel_fsdp_memory m;
+    keel_fsdp_memory_plan(cfg, world_size, &m);
     printf("model: dim %d, %d layers, %d heads (%d kv), head size %d, ffn %d, vocab %d, seq %d\n",
            lay.C, lay.L, lay.NH, lay.NKV, lay.HS, lay.F, lay.V, lay.T);
     printf("parameters: %lld (%.3f B)\n", (long long)lay.n_params, (double)lay.n_params / 1e9);
     printf("training FLOPs per token: %.3e\n", keel_model_flops_per_token(&lay));
-    printf("memory per rank (%s GEMMs, %s, micro-batch %d):\n", cfg->fsdp.mixed_precision,
-           world_size == 1 ? "one process" : cfg->fsdp.strategy, cfg->train.micro_batch_size);
+    printf("memory per rank (%s GEMMs, %s, micro-batch %d):\n", keel_dtype_name(cfg->fsdp.mixed_precision),
+           world_size == 1 ? "one process" : keel_strategy_name(cfg->fsdp.strategy), cfg->train.micro_batch_size);
     printf("  parameters      %10.3f GiB\n  gradients       %10.3f GiB\n  AdamW m+v       %10.3f GiB\n"
            "  compute copies  %10.3f GiB\n  activations     %10.3f GiB\n  total           %10.3f GiB "
            "x %d rank(s) (this machine has %.1f GiB available)\n",
            gib(m.params), gib(m.grads), gib(m.optimizer), gib(m.gathered), gib(m.activations),
-           gib(plan_total(&m)), world_size, gib((int64_t)mem_available_bytes()));
+           gib(keel_fsdp_memory_total(&m)), world_size, gib((int64_t)keel_mem_available_bytes()));
     keel_model_layout_free(&lay);
-    return KEEL_OK;
-}
-
-/* All ranks of a local launch share this machine; under Slurm each node
- * holds its own (checked per rank). */
-static keel_status check_memory(const keel_config *cfg, int world_size) {
-    keel_model_layout lay;
-    keel_model_layout_init(&lay, &cfg->model);
-    int K = cfg->fsdp.shard_group_size ? cfg->fsdp.shard_group_size : 2;
-    if (world_size > 1 && !strcmp(cfg->fsdp.strategy, "hybrid_shard") &&
-        (K > world_size || world_size % K != 0)) {
-        keel_model_layout_free(&lay);
-        keel_errorf("%s: fsdp.shard_group_size %d does not divide --nproc %d; pick a divisor",
-                    cfg->source ? cfg->source : "config", K, world_size);
-        return KEEL_ERR_INPUT;
-    }
-    memory_plan m = plan_memory(cfg, &lay, world_size);
-    keel_model_layout_free(&lay);
-    int local_ranks = getenv("SLURM_JOB_ID") ? 1 : world_size;
-    int64_t need = plan_total(&m) * local_ranks;
-    uint64_t avail = mem_available_bytes();
-    if (avail && (uint64_t)need > avail) {
-        keel_errorf("%s: this run needs %.1f GiB (%d rank(s) here) but %.1f GiB is available; lower "
-                    "train.micro_batch_size or the model size (`keel train --dry-run` shows the "
-                    "breakdown)", cfg->source ? cfg->source : "config", gib(need), local_ranks,
-                    gib((int64_t)avail));
-        return KEEL_ERR_INPUT;
-    }
     return KEEL_OK;
 }
 
@@ -233,8 +99,7 @@ static double train_step(trainer *t, int step, double *grad_norm_out) {
     if (t->fsdp) keel_fsdp_zero_grads(t->fsdp);
     else keel_model_zero_grads(t->model);
     /* Data windows the supervisor skipped (a step that diverged twice) shift the rest. */
-    uint64_t window = (uint64_t)step;
-    for (int i = 0; i < t->n_skips; i++) window += t->skips[i] <= step;
+    uint64_t window = keel_run_data_window(&t->state, step);
     /* Rank r takes its contiguous slice of the step's G samples (DESIGN §4). */
     for (int micro = 0; micro < accum; micro++) {
         uint64_t first = (uint64_t)t->rank * B * accum + (uint64_t)micro * B;
@@ -291,19 +156,6 @@ static double evaluate(trainer *t, uint64_t *tokens_out) {
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
-}
-
-static keel_status write_json_file(const char *dir, const char *name, cJSON *obj) {
-    char path[4096];
-    path_join(path, sizeof path, dir, name);
-    char *text = cJSON_Print(obj);
-    size_t len = strlen(text);
-    text = keel_xrealloc(text, len + 2, "json text");
-    text[len] = '\n';
-    text[len + 1] = 0;
-    keel_status st = keel_write_file_atomic(path, text, len + 1);
-    free(text);
-    return st;
 }
 
 /* What each rank holds, by category (summary.json "ranks"). */
@@ -370,8 +222,10 @@ static keel_status write_summary(trainer *t, const float *params, const double *
             cJSON_AddNumberToObject(o, MEM_NAMES[i], memory[r * MEM_FIELDS + i]);
         cJSON_AddItemToArray(ranks, o);
     }
-    keel_status st = write_json_file(t->run_dir, "summary.json", s);
+    char *text = cJSON_Print(s);
     cJSON_Delete(s);
+    keel_status st = keel_run_write_file(t->run_dir, KEEL_RUN_SUMMARY, text);
+    free(text);
     return st;
 }
 
@@ -407,25 +261,10 @@ static void log_step(trainer *t, int step, double loss, double lr, double norm, 
     cJSON_Delete(o);
 }
 
-/* Validation that needs no writing: memory, data, tokenizer. */
-/* init_from: a checkpoint of the config's model. */
-static keel_status check_init_from(const keel_config *cfg) {
-    if (!cfg->init_from) return KEEL_OK;
-    keel_ckpt ck;
-    keel_status st = keel_ckpt_open(cfg->init_from, &ck);
-    if (st != KEEL_OK) return st;
-    keel_model_layout lay;
-    keel_model_layout_init(&lay, &cfg->model);
-    st = keel_ckpt_check_layout(&ck, &lay);
-    keel_model_layout_free(&lay);
-    keel_ckpt_close(&ck);
-    return st;
-}
-
 /* The parameters of cfg->init_from into full (every checkpoint file verified). */
 static keel_status load_init_from(const keel_config *cfg, const keel_model_layout *lay, float *full) {
     keel_ckpt ck;
-    keel_status st = keel_ckpt_open(cfg->init_from, &ck);
+    keel_status st = keel_ckpt_open_any(cfg->init_from, &ck);
     if (st != KEEL_OK) return st;
     st = keel_ckpt_load_params(&ck, lay, full);
     if (st == KEEL_OK) keel_log_info("parameters from %s (step %lld)", cfg->init_from, (long long)ck.step);
@@ -435,9 +274,9 @@ static keel_status load_init_from(const keel_config *cfg, const keel_model_layou
 
 static keel_status open_inputs(trainer *t) {
     const keel_config *cfg = t->cfg;
-    t->n_skips = keel_resil_skipped_steps(t->run_dir, &t->skips);
-    keel_status st = check_memory(cfg, t->world_size);
-    if (st == KEEL_OK) st = check_init_from(cfg);
+    keel_status st = keel_run_state_read(t->run_dir, &t->state);
+    if (st == KEEL_OK) st = keel_run_check_memory(cfg, t->world_size);
+    if (st == KEEL_OK) st = keel_run_check_init_from(cfg);
     if (st == KEEL_OK)
         st = keel_data_open(&cfg->data, "train", cfg->model.max_seq_len, cfg->model.vocab_size,
                             cfg->train.seed, &t->train);
@@ -523,7 +362,7 @@ static keel_status train_loop(trainer *t) {
     if (t->leader) {
         keel_progress_end(&t->progress);
         char path[4096];
-        path_join(path, sizeof path, t->run_dir, "weights.bin");
+        keel_run_path(path, sizeof path, t->run_dir, KEEL_RUN_WEIGHTS);
         keel_status wst = keel_weights_save(path, params, lay->n_params);
         keel_status sst = write_summary(t, params, memory, status, step, loss, last_val,
                                         keel_now_s() - start);
@@ -531,22 +370,6 @@ static keel_status train_loop(trainer *t) {
     }
     keel_free(gathered);
     keel_free(memory);
-    return st;
-}
-
-/* Create the run directory (if new) and write the resolved config into it
- * (atomically replacing a resumed run's: each checkpoint keeps its own). */
-static keel_status create_run_dir(const keel_config *cfg, const char *run_dir) {
-    keel_status st = make_dirs(run_dir);
-    if (st != KEEL_OK) return st;
-    char path[4096];
-    char *resolved = keel_config_to_json(cfg);
-    size_t len = strlen(resolved);
-    resolved = keel_xrealloc(resolved, len + 2, "config text");
-    memcpy(resolved + len, "\n", 2);
-    path_join(path, sizeof path, run_dir, "config.json");
-    st = keel_write_file_atomic(path, resolved, len + 1);
-    free(resolved);
     return st;
 }
 
@@ -567,12 +390,10 @@ static keel_status build_state(trainer *t) {
     bool resuming = keel_ckpt_list(t->run_dir, &steps) > 0;
     keel_free(steps);
     if (t->world) {
-        keel_fsdp_strategy strategy;
-        keel_fsdp_strategy_parse(cfg->fsdp.strategy, &strategy); /* validated by finalize */
-        st = keel_fsdp_build(t->model, t->world, strategy, cfg->fsdp.shard_group_size, &t->fsdp);
+        st = keel_fsdp_build(t->model, t->world, cfg->fsdp.strategy, cfg->fsdp.shard_group_size, &t->fsdp);
         KEEL_CHECK(st == KEEL_OK, "fsdp setup failed after validation");
         keel_fsdp_set_prefetch(t->fsdp, cfg->fsdp.prefetch);
-        keel_fsdp_set_reduce_bf16(t->fsdp, want_bf16_reduce(cfg));
+        keel_fsdp_set_reduce_bf16(t->fsdp, cfg->fsdp.reduce_dtype == KEEL_DTYPE_BF16);
         const keel_model_layout *lay = keel_model_get_layout(t->model);
         if (!resuming) {
             float *full = keel_xmalloc(sizeof(float) * (size_t)lay->n_params, "initial parameters");
@@ -603,7 +424,7 @@ static keel_status run(trainer *t) {
     char path[4096];
     keel_status st = KEEL_OK;
     if (t->leader) {
-        path_join(path, sizeof path, t->run_dir, "metrics.jsonl");
+        keel_run_path(path, sizeof path, t->run_dir, KEEL_RUN_METRICS);
         if ((st = keel_jsonl_open(path, &t->metrics)) != KEEL_OK) return st;
     }
     t->bf16 = bf16_usable(cfg);
@@ -647,23 +468,15 @@ static void free_trainer(trainer *t) {
     keel_model_free(t->model);
     keel_free(t->tokens);
     keel_free(t->step_tps);
-    keel_free(t->skips);
-}
-
-/* A new or empty directory, or a run to resume (trainer_check_resume). */
-static keel_status check_run_dir(keel_config *cfg, const char *run_dir, int world_size) {
-    bool resuming;
-    keel_status st = trainer_check_resume(cfg, run_dir, world_size, &resuming);
-    return st != KEEL_OK || resuming ? st : check_run_dir_free(run_dir);
+    keel_run_state_free(&t->state);
 }
 
 keel_status keel_train_run(keel_config *cfg, const char *run_dir) {
     trainer t = {.cfg = cfg, .run_dir = run_dir, .world_size = 1, .leader = true};
     struct sigaction old[3];
     catch_stop_signals(old);
-    keel_status st = check_run_dir(cfg, run_dir, 1);
+    keel_status st = keel_run_prepare(cfg, run_dir, 1);
     if (st == KEEL_OK) st = open_inputs(&t);
-    if (st == KEEL_OK) st = create_run_dir(cfg, run_dir);
     if (st == KEEL_OK) {
         t.threads = keel_kernels_init(cfg->train.threads);
         st = run(&t);
@@ -671,18 +484,6 @@ keel_status keel_train_run(keel_config *cfg, const char *run_dir) {
     }
     free_trainer(&t);
     restore_stop_signals(old);
-    return st;
-}
-
-keel_status keel_train_prepare_run_dir(keel_config *cfg, const char *run_dir, int world_size) {
-    trainer t = {.cfg = cfg, .run_dir = run_dir, .world_size = world_size, .leader = true};
-    keel_status st = check_run_dir(cfg, run_dir, world_size);
-    if (st == KEEL_OK) st = open_inputs(&t);
-    if (st == KEEL_OK) st = create_run_dir(cfg, run_dir);
-    char logs[4096];
-    path_join(logs, sizeof logs, run_dir, "logs");
-    if (st == KEEL_OK) st = make_dirs(logs);
-    free_trainer(&t);
     return st;
 }
 
@@ -699,7 +500,7 @@ keel_status keel_train_worker(const char *run_dir) {
     keel_heartbeat_beat(t.heartbeat, "init", 0, 0);
     /* Every rank logs to RUN/logs/rank-R.log; the leader also keeps the terminal. */
     char path[4096];
-    snprintf(path, sizeof path, "%s/logs/rank-%d.log", run_dir, t.rank);
+    keel_run_rank_log_path(path, sizeof path, run_dir, t.rank);
     FILE *log = fopen(path, "a");
     if (log && !t.leader) {
         dup2(fileno(log), STDOUT_FILENO);
@@ -708,10 +509,7 @@ keel_status keel_train_worker(const char *run_dir) {
         keel_log_set_file(log);
     }
     keel_config cfg;
-    keel_config_defaults(&cfg);
-    path_join(path, sizeof path, run_dir, "config.json");
-    st = keel_config_load_file(&cfg, path);
-    if (st == KEEL_OK) st = keel_config_finalize(&cfg);
+    st = keel_run_load_config(run_dir, &cfg);
     t.cfg = &cfg;
     if (st == KEEL_OK) st = open_inputs(&t);
     if (st == KEEL_OK) {

@@ -10,7 +10,7 @@
 #include "keel/model.h"
 #include "keel/obs.h"
 #include "keel/optim.h"
-#include "keel/resil.h"
+#include "keel/run.h"
 
 typedef struct trainer_ckpt trainer_ckpt;
 
@@ -34,8 +34,7 @@ typedef struct {
     int start_step;         /* 0, or the step of the checkpoint this run resumed from */
     trainer_ckpt *ckpt;     /* checkpoint saving (checkpointing.c) */
     keel_heartbeat *heartbeat; /* RUN/heartbeats/rank-R for the supervisor (workers only) */
-    int64_t *skips;         /* steps whose data window was skipped (RUN/supervisor.json) */
-    int n_skips;
+    keel_run_state state;   /* RUN/supervisor.json: the data windows to skip */
 } trainer;
 
 /* Sequences per optimizer step over all ranks. */
@@ -62,11 +61,5 @@ int trainer_ckpt_saved_step(const trainer *t);
 int64_t trainer_ckpt_buffer_bytes(const trainer *t);
 /* Seconds the loop was held up by checkpointing since the last call. */
 double trainer_ckpt_take_stall(trainer *t);
-
-/* A run directory holding config.json is a run to resume: cfg must match
- * it except the keys a resume may change (an input error naming the key
- * otherwise), and train.grad_accum_steps is set to keep the newest
- * checkpoint's global batch on world_size ranks. *resuming says which. */
-keel_status trainer_check_resume(keel_config *cfg, const char *run_dir, int world_size, bool *resuming);
 
 #endif

@@ -65,15 +65,24 @@ json "$TMP/eval.json" "5 < j['loss'] < 7.5 and j['tokens'] == ($n_tokens - 1) //
   || fail "keel eval on real data: $(cat "$TMP/eval.json")"
 pass "keel eval on real data: $(cat "$TMP/eval.json")"
 expect_input_error "eval: foreign data" "foreign.bin: not a keel token shard" "$K" eval "$TMP/realrun" --data "$TMP/foreign.bin"
-expect_input_error "eval: no run" "none-run/config.json: cannot open config" "$K" eval "$TMP/none-run" --data "$TMP/data"
+expect_input_error "eval: no run" "none-run: no such checkpoint or run directory" "$K" eval "$TMP/none-run" --data "$TMP/data"
 [ ! -e "$RUN" ] || fail "a failed start created the run directory"
 
 # --- an existing run is never touched --------------------------------------
 "$K" train "$CFG" --set train.steps=2 --run-dir "$RUN" >/dev/null 2>&1
-before=$(cd "$RUN" && sha256sum * | sha256sum)
+tree_hash() { (cd "$1" && find . -type f -exec sha256sum {} + | sort | sha256sum); }
+before=$(tree_hash "$RUN")
 expect_input_error "finished run, no checkpoints" "run directory already exists and holds a finished run without checkpoints" train "$CFG"
 mkdir -p "$TMP/other" && touch "$TMP/other/x"
 expect_input_error "run dir not empty" "run directory already exists and is not empty" "$K" train "$CFG" --run-dir "$TMP/other"
 expect_input_error "bad config, existing run" "unknown config key" train "$CFG" --set train.nope=1
-[ "$before" = "$(cd "$RUN" && sha256sum * | sha256sum)" ] || fail "existing run directory changed"
+[ "$before" = "$(tree_hash "$RUN")" ] || fail "existing run directory changed"
 pass "existing run directory unchanged"
+
+# --- numbers on the command line are whole numbers, or an error ------------
+expect_input_error "--nproc junk" "nproc '2x': expected a whole number from 1 to 4096" "$K" train "$CFG" --nproc 2x
+expect_input_error "--nproc 0" "nproc '0': expected a whole number from 1 to 4096" "$K" train "$CFG" --nproc 0
+expect_input_error "--gemm-floor junk" "gemm-floor 'fast': expected a number" "$K" health --checks gemm --gemm-floor fast
+expect_input_error "--max-shard-mb junk" "max-shard-mb 'junk': expected a number" \
+  "$K" ckpt export "$RUN" --format safetensors --out "$TMP/hf" --max-shard-mb junk
+[ ! -e "$TMP/hf" ] || fail "a rejected export wrote $TMP/hf"

@@ -21,8 +21,13 @@ int main(void) {
                !strcmp(a.data.tokenizer, "some/path.model"), "--set bare string");
     EXPECT(keel_config_set(&a, "train.seed=18446744073709") == KEEL_OK && a.train.seed == 18446744073709ull,
            "--set u64");
-    EXPECT(keel_config_set(&a, "resilience.health_checks=gemm,mpi") == KEEL_OK &&
-               !strcmp(a.resilience.health_checks, "gemm,mpi"), "--set list from bare names");
+    EXPECT(keel_config_set(&a, "resilience.health_checks=mpi,gemm") == KEEL_OK &&
+               a.resilience.health_checks == (1u << KEEL_CHECK_GEMM | 1u << KEEL_CHECK_MPI),
+           "--set list from bare names");
+    EXPECT(keel_config_set(&a, "fsdp.strategy=hybrid_shard") == KEEL_OK && a.fsdp.strategy == KEEL_FSDP_HYBRID_SHARD,
+           "--set a name");
+    EXPECT(keel_config_set(&a, "fsdp.mixed_precision=\"bf16\"") == KEEL_OK &&
+               a.fsdp.mixed_precision == KEEL_DTYPE_BF16, "--set a JSON string name");
     EXPECT(keel_config_finalize(&a) == KEEL_OK && a.model.n_kv_heads == 4, "finalize fills n_kv_heads");
     EXPECT(a.data.synthetic && a.data.synthetic_branching == 3, "synthetic section parsed");
 
@@ -33,7 +38,8 @@ int main(void) {
            "resolved JSON loads");
     char *json2 = keel_config_to_json(&b);
     EXPECT(!strcmp(json, json2), "resolved JSON round-trips exactly");
-    EXPECT(strstr(json, "\"health_checks\":\t[\"gemm\", \"mpi\"]") != NULL, "a list is a JSON array");
+    EXPECT(strstr(json, "\"health_checks\":\t[\"gemm\", \"mpi\"]") != NULL, "a list is a JSON array of names");
+    EXPECT(strstr(json, "\"strategy\":\t\"hybrid_shard\"") != NULL, "a name is a JSON string");
     free(json);
     free(json2);
 
@@ -52,8 +58,23 @@ int main(void) {
            "list of numbers rejected");
     EXPECT(keel_config_load_string(&c, "{\"resilience\": {\"health_checks\": \"gemm\"}}", "t") == KEEL_ERR_INPUT,
            "string for list rejected");
-    EXPECT(keel_config_set(&c, "resilience.health_checks=[]") == KEEL_OK && !c.resilience.health_checks[0],
+    EXPECT(keel_config_set(&c, "resilience.health_checks=[]") == KEEL_OK && c.resilience.health_checks == 0,
            "empty list");
+    EXPECT(keel_config_set(&c, "resilience.health_checks=gemm,gpus") == KEEL_ERR_INPUT, "unknown check rejected");
+    EXPECT(keel_config_set(&c, "fsdp.strategy=full") == KEEL_ERR_INPUT, "unknown strategy rejected");
+    EXPECT(keel_config_load_string(&c, "{\"fsdp\": {\"reduce_dtype\": 16}}", "t") == KEEL_ERR_INPUT,
+           "number for a name rejected");
+    unsigned mask;
+    char names[64];
+    EXPECT(keel_health_checks_parse("gpu,memory", "t", &mask) == KEEL_OK &&
+               mask == (1u << KEEL_CHECK_GPU | 1u << KEEL_CHECK_MEMORY), "check names parse to a mask");
+    keel_health_checks_format(mask, names, sizeof names);
+    EXPECT(!strcmp(names, "memory,gpu"), "a mask formats in table order");
+    EXPECT(keel_health_checks_parse("gemm,nope", "t", &mask) == KEEL_ERR_INPUT, "unknown check name rejected");
+    EXPECT(!strcmp(keel_strategy_name(KEEL_FSDP_SHARD_GRAD_OP), "shard_grad_op") &&
+               !strcmp(keel_dtype_name(KEEL_DTYPE_BF16), "bf16") &&
+               !strcmp(keel_health_check_name(KEEL_CHECK_CHECKPOINT_DIR), "checkpoint_dir"),
+           "enum names come from the tables");
     EXPECT(keel_config_load_string(&c, "{\"model\": 3}", "t") == KEEL_ERR_INPUT, "section must be object");
     EXPECT(keel_config_load_string(&c, "{\"model\": {\"dim\": 100, \"n_heads\": 3}}", "t") == KEEL_OK &&
                keel_config_finalize(&c) == KEEL_ERR_INPUT, "dim %% n_heads rejected");

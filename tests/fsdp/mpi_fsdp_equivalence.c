@@ -50,8 +50,6 @@ static double step_sharded(keel_model *m, keel_fsdp *f, keel_optim *opt, keel_co
 int main(int argc, char **argv) {
     int steps = argc > 1 ? atoi(argv[1]) : 10;
     bool tied = argc > 2 && atoi(argv[2]) != 0;
-    keel_fsdp_strategy strategy = KEEL_FSDP_FULL_SHARD;
-    if (argc > 3 && keel_fsdp_strategy_parse(argv[3], &strategy) != KEEL_OK) return 2;
     int group_size = argc > 4 ? atoi(argv[4]) : 0;
     keel_comm *world;
     if (keel_comm_init(&world) != KEEL_OK) return 1;
@@ -60,6 +58,10 @@ int main(int argc, char **argv) {
 
     keel_config cfg;
     keel_config_defaults(&cfg);
+    char assignment[64];
+    snprintf(assignment, sizeof assignment, "fsdp.strategy=%s", argc > 3 ? argv[3] : "full_shard");
+    if (keel_config_set(&cfg, assignment) != KEEL_OK) return 2;
+    keel_fsdp_strategy strategy = cfg.fsdp.strategy;
     cfg.model = (keel_model_config){.dim = 48, .n_layers = 3, .n_heads = 6, .n_kv_heads = 2,
                                     .vocab_size = 97, .multiple_of = 7, .norm_eps = 1e-5,
                                     .rope_theta = 10000, .max_seq_len = 16, .tie_embeddings = tied};

@@ -1,4 +1,4 @@
-/* resil/heartbeat.c: each rank's progress marker, RUN/heartbeats/rank-R.
+/* run/heartbeat.c: each rank's progress marker, RUN/heartbeats/rank-R.
  *
  * One fixed-width text line rewritten in place (pwrite at offset 0, no
  * rename: a beat costs a few microseconds, so ranks beat on every
@@ -12,10 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "keel/resil.h"
+#include "keel/run.h"
 
 #define LINE_BYTES 256
 
@@ -26,12 +25,6 @@ struct keel_heartbeat {
     int64_t start_step, last_step;
     char node[64], slurm_step[32];
 };
-
-static double unix_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void heartbeat_path(char *out, size_t n, const char *run_dir, int rank) {
     snprintf(out, n, "%s/heartbeats/rank-%d", run_dir, rank);
@@ -56,12 +49,7 @@ keel_heartbeat *keel_heartbeat_open(const char *run_dir, int rank) {
     hb->fd = fd;
     hb->pid = (int)getpid();
     hb->start_step = -1;
-    /* Emulated Slurm nodes share one hostname: SLURMD_NODENAME names the node. */
-    const char *node = getenv("SLURMD_NODENAME");
-    if (node) snprintf(hb->node, sizeof hb->node, "%s", node);
-    else if (gethostname(hb->node, sizeof hb->node) != 0) snprintf(hb->node, sizeof hb->node, "?");
-    for (char *p = hb->node; *p; p++)
-        if (*p == ' ') *p = '_';
+    keel_node_name(hb->node, sizeof hb->node);
     const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
     snprintf(hb->slurm_step, sizeof hb->slurm_step, "%s%s%s", job && step ? job : "-",
              job && step ? "." : "", job && step ? step : "");
@@ -70,7 +58,7 @@ keel_heartbeat *keel_heartbeat_open(const char *run_dir, int rank) {
 
 void keel_heartbeat_beat(keel_heartbeat *hb, const char *phase, int64_t step, int exit_code) {
     if (!hb) return;
-    double now = unix_now();
+    double now = keel_unix_s();
     if (step < 0) step = hb->last_step;
     hb->last_step = step;
     if (!strcmp(phase, "ready")) hb->start_step = step;

@@ -1,0 +1,108 @@
+/* run: the run directory — the contract between the supervisor and the
+ * workers. Neither calls the other; both read and write here.
+ *
+ *   RUN/config.json         the resolved config (every key), written before any
+ *                           rank starts (keel_run_prepare), read by every rank
+ *   RUN/metrics.jsonl       one line per optimizer step (the leader rank)
+ *   RUN/events.jsonl        one line per decision (keel/obs.h keel_event)
+ *   RUN/summary.json        the leader's report at the end; the supervisor adds its own
+ *   RUN/supervisor.json     the supervisor's state that workers read (skipped data windows)
+ *   RUN/heartbeats/rank-R   each rank's progress marker (below)
+ *   RUN/logs/rank-R.log     each rank's log; launcher.log the launcher's messages
+ *   RUN/checkpoints/        sharded checkpoints (keel/ckpt.h)
+ *   RUN/weights.bin         the final parameters (keel/ckpt.h)
+ *
+ *     keel_run_prepare(&cfg, "runs/x", 4);       // supervisor: validate, new or resume, create
+ *     keel_run_load_config("runs/x", &cfg);      // each worker
+ *     keel_heartbeat *hb = keel_heartbeat_open("runs/x", rank);
+ *     keel_heartbeat_beat(hb, "train", step, 0); // ... the supervisor reads it
+ */
+#ifndef KEEL_RUN_H
+#define KEEL_RUN_H
+
+#include "keel/core.h"
+
+#define KEEL_RUN_CONFIG "config.json"
+#define KEEL_RUN_METRICS "metrics.jsonl"
+#define KEEL_RUN_SUMMARY "summary.json"
+#define KEEL_RUN_SUPERVISOR "supervisor.json"
+#define KEEL_RUN_WEIGHTS "weights.bin"
+#define KEEL_RUN_LOGS "logs"
+
+/* out := RUN/name. */
+void keel_run_path(char *out, size_t n, const char *run_dir, const char *name);
+
+/* Everything a run is checked for before anything is written, then the
+ * directory: run_dir must be new, empty, or hold a run of the same model to
+ * resume (cfg may differ only in the keys a resume may change; then
+ * train.grad_accum_steps is set to keep the newest checkpoint's global batch
+ * on world_size ranks); memory, init_from, data and tokenizer are checked;
+ * then RUN, RUN/logs and RUN/config.json (the resolved cfg, replacing a
+ * resumed run's atomically) are written. Input problems are one error line. */
+keel_status keel_run_prepare(keel_config *cfg, const char *run_dir, int world_size);
+
+/* The checks a rank repeats where it runs: the memory its node needs (all
+ * ranks of a local launch share this machine; under Slurm each node holds
+ * its own), and that init_from is a checkpoint of cfg's model. */
+keel_status keel_run_check_memory(const keel_config *cfg, int world_size);
+keel_status keel_run_check_init_from(const keel_config *cfg);
+
+/* A worker's config: RUN/config.json, finalized. cfg needs keel_config_free
+ * afterwards, also on failure. */
+keel_status keel_run_load_config(const char *run_dir, keel_config *cfg);
+
+/* RUN/logs/rank-R.log: where rank R of a distributed run logs. */
+void keel_run_rank_log_path(char *out, size_t n, const char *run_dir, int rank);
+
+/* RUN/name := text + "\n", atomically (tmp + fsync + rename). */
+keel_status keel_run_write_file(const char *run_dir, const char *name, const char *text);
+
+/* ---- heartbeats: RUN/heartbeats/rank-R (heartbeat.c) -------------------------
+ * Written by each rank (phase, steps done, time, pid, node), read by the
+ * supervisor. Phases: "init" (started), "ready" (state loaded; step = the
+ * checkpoint's step), "train" (step = steps done), "exit" (exit_code set).
+ * A step < 0 repeats the last one. */
+typedef struct keel_heartbeat keel_heartbeat;
+keel_heartbeat *keel_heartbeat_open(const char *run_dir, int rank); /* NULL: could not (warned) */
+void keel_heartbeat_beat(keel_heartbeat *hb, const char *phase, int64_t step, int exit_code);
+void keel_heartbeat_close(keel_heartbeat *hb);
+
+typedef struct {
+    char phase[16];
+    int64_t step, start_step;  /* steps done; the step this launch resumed from (-1 before ready) */
+    double unix_s;             /* wall-clock time of the beat */
+    double first_step_unix_s;  /* when this launch finished its first step (0 before) */
+    int pid, exit_code;
+    char node[64];
+    char slurm_step[32];       /* "JOB.STEP", or "-" outside Slurm */
+} keel_heartbeat_info;
+/* false when rank's file is missing or caught mid-write. */
+bool keel_heartbeat_read(const char *run_dir, int rank, keel_heartbeat_info *out);
+void keel_heartbeat_clear(const char *run_dir, int ranks);
+
+/* ---- supervisor.json (state.c) -------------------------------------------------
+ * What the supervisor decided that outlives one launch: written by the
+ * supervisor, read by the workers (the data windows to skip) and by the next
+ * supervisor of the same run. */
+typedef struct {
+    int restarts;
+    int64_t *skip_steps;    /* (n_skips) ascending: steps (1-based, as events name them)
+                               whose data window is skipped */
+    int n_skips;
+    char **excluded_nodes;  /* (n_excluded) drained or excluded after failed health checks */
+    int n_excluded;
+} keel_run_state;
+
+/* Read RUN/supervisor.json; a run without one has the empty state. A damaged
+ * file is an input error naming it. Free with keel_run_state_free. */
+keel_status keel_run_state_read(const char *run_dir, keel_run_state *out);
+keel_status keel_run_state_write(const char *run_dir, const keel_run_state *s);
+void keel_run_state_free(keel_run_state *s);
+/* Add step to the skipped windows (kept ascending, no duplicates). */
+void keel_run_state_skip(keel_run_state *s, int64_t step);
+/* The data window the step with 0-based index step_index (steps done before
+ * it) trains on: step_index + the skipped steps up to and including it, so
+ * a skipped step takes the next window and every later step shifts by one. */
+uint64_t keel_run_data_window(const keel_run_state *s, int64_t step_index);
+
+#endif

@@ -1,0 +1,130 @@
+/* ckpt/params.c: checkpoints as a model's parameter set — what `keel ckpt`,
+ * `keel eval` and init_from use: open a checkpoint or a run's newest good
+ * one, its config, its parameters, and a parameter set written as a
+ * one-file checkpoint. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "keel/ckpt.h"
+
+keel_status keel_ckpt_verify_all(const keel_ckpt *c) {
+    keel_status st = KEEL_OK;
+    for (int j = 0; j < c->shard_ranks && st == KEEL_OK; j++) st = keel_ckpt_verify_file(c, j);
+    return st;
+}
+
+keel_status keel_ckpt_open_any(const char *path, keel_ckpt *out) {
+    char manifest[4200];
+    snprintf(manifest, sizeof manifest, "%s/manifest.json", path);
+    if (keel_path_exists(manifest)) return keel_ckpt_open(path, out);
+    if (!keel_path_exists(path)) {
+        keel_errorf("%s: no such checkpoint or run directory; give a run directory or one of its checkpoints "
+                    "(RUN/checkpoints/step_N)", path);
+        return KEEL_ERR_INPUT;
+    }
+    int64_t *steps;
+    int n = keel_ckpt_list(path, &steps);
+    keel_status st = KEEL_ERR_INPUT;
+    for (int i = 0; i < n && st != KEEL_OK; i++) {
+        char dir[4096];
+        keel_ckpt_dir(dir, sizeof dir, path, steps[i], false);
+        keel_error_capture(true);
+        st = keel_ckpt_open(dir, out);
+        if (st == KEEL_OK && (st = keel_ckpt_verify_all(out)) != KEEL_OK) keel_ckpt_close(out);
+        keel_error_capture(false);
+    }
+    keel_free(steps);
+    if (st != KEEL_OK)
+        keel_errorf("%s: not a checkpoint (no manifest.json) and no good checkpoint under %s/checkpoints",
+                    path, path);
+    return st;
+}
+
+keel_status keel_ckpt_load_config(const keel_ckpt *c, keel_config *cfg) {
+    keel_config_defaults(cfg);
+    char *json = keel_ckpt_config_json(c);
+    if (!json) {
+        keel_errorf("%s/manifest.json: the manifest has no config", c->dir);
+        return KEEL_ERR_INPUT;
+    }
+    char origin[4200];
+    snprintf(origin, sizeof origin, "%s/manifest.json", c->dir);
+    keel_status st = keel_config_load_string(cfg, json, origin);
+    free(json);
+    if (st == KEEL_OK) st = keel_config_finalize(cfg);
+    return st;
+}
+
+keel_status keel_ckpt_load_model(const char *path, keel_config *cfg, float **params, int64_t *step) {
+    keel_ckpt ck;
+    *params = NULL;
+    keel_config_defaults(cfg);
+    keel_status st = keel_ckpt_open_any(path, &ck);
+    if (st != KEEL_OK) return st;
+    keel_config_free(cfg);
+    st = keel_ckpt_load_config(&ck, cfg);
+    if (st == KEEL_OK) {
+        keel_model_layout lay;
+        keel_model_layout_init(&lay, &cfg->model);
+        *params = keel_xmalloc(sizeof(float) * (size_t)lay.n_params, "checkpoint parameters");
+        st = keel_ckpt_load_params(&ck, &lay, *params);
+        keel_model_layout_free(&lay);
+    }
+    if (st != KEEL_OK) {
+        keel_free(*params);
+        *params = NULL;
+    }
+    if (step) *step = ck.step;
+    keel_ckpt_close(&ck);
+    return st;
+}
+
+keel_status keel_ckpt_write_params(const char *out, const keel_config *cfg, const float *params) {
+    if (keel_path_exists(out)) {
+        keel_errorf("%s already exists; pick a new --out (keel never overwrites a checkpoint)", out);
+        return KEEL_ERR_INPUT;
+    }
+    /* one file of one shard rank: the parameters; AdamW m and v start at zero */
+    keel_model_layout lay;
+    keel_model_layout_init(&lay, &cfg->model);
+    keel_fsdp_plan plan;
+    keel_fsdp_plan_init(&plan, &lay, 1);
+    float *packed = keel_xcalloc(sizeof(float) * (size_t)plan.shard_total, "checkpoint params");
+    float *zeros = keel_xcalloc(sizeof(float) * (size_t)plan.shard_total, "checkpoint moments");
+    for (int u = 0; u < lay.n_units; u++)
+        memcpy(packed + plan.units[u].shard_offset, params + lay.unit_offset[u],
+               sizeof(float) * (size_t)lay.unit_size[u]);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", out);
+    const float *arrays[KEEL_CKPT_ARRAYS] = {packed, zeros, zeros};
+    keel_ckpt_file file;
+    keel_status st = keel_ckpt_write_shard(tmp, 0, 1, 0, arrays, plan.shard_total, &file);
+    if (st == KEEL_OK) {
+        char *config = keel_config_to_json(cfg);
+        keel_ckpt_meta meta = {.step = 0, .global_batch = 0, .world_size = 1, .strategy = "import",
+                               .plan = &plan, .files = &file, .config_json = config,
+                               .seed = cfg->train.seed, .next_lr = 0};
+        char *manifest = keel_ckpt_manifest_json(&meta);
+        st = keel_ckpt_commit_dir(tmp, out, manifest);
+        free(manifest);
+        free(config);
+    }
+    keel_free(packed);
+    keel_free(zeros);
+    keel_fsdp_plan_free(&plan);
+    keel_model_layout_free(&lay);
+    return st;
+}
+
+int64_t keel_ckpt_bytes(const keel_model_config *model, int world_size) {
+    keel_model_layout lay;
+    keel_model_layout_init(&lay, model);
+    keel_fsdp_plan plan;
+    keel_fsdp_plan_init(&plan, &lay, world_size);
+    int64_t bytes = (KEEL_CKPT_HEADER_BYTES + (int64_t)sizeof(float) * KEEL_CKPT_ARRAYS * plan.shard_total) *
+                    world_size;
+    keel_fsdp_plan_free(&plan);
+    keel_model_layout_free(&lay);
+    return bytes;
+}

@@ -1,0 +1,32 @@
+/* cli/args.c: strict numeric arguments — the whole text is the number, in
+ * range, or one error line says what was expected (never a silent 0). */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "cli/cli.h"
+#include "keel/core.h"
+
+bool cli_parse_int(const char *flag, const char *text, long long min, long long max, long long *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno || end == text || *end || v < min || v > max) {
+        keel_errorf("%s '%s': expected a whole number from %lld to %lld", flag, text, min, max);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool cli_parse_double(const char *flag, const char *text, double min, double max, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || end == text || *end || !isfinite(v) || v < min || v > max) {
+        keel_errorf("%s '%s': expected a number from %g to %g", flag, text, min, max);
+        return false;
+    }
+    *out = v;
+    return true;
+}

@@ -1,0 +1,55 @@
+/* core/host.c: readings of this process and this machine — clocks, memory,
+ * the node's name. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "keel/core.h"
+
+/* A /proc file's "<key>: <n> kB" line in bytes, 0 if absent. */
+static uint64_t proc_kb_field(const char *path, const char *key) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[256];
+    size_t klen = strlen(key);
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, klen) && line[klen] == ':' && sscanf(line + klen + 1, "%llu", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+uint64_t keel_peak_rss_bytes(void) { return proc_kb_field("/proc/self/status", "VmHWM"); }
+
+uint64_t keel_mem_available_bytes(void) { return proc_kb_field("/proc/meminfo", "MemAvailable"); }
+
+double keel_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double keel_unix_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void keel_sleep_s(double s) {
+    if (!(s > 0)) return;
+    struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+void keel_node_name(char *out, size_t n) {
+    /* Emulated Slurm nodes share one hostname: SLURMD_NODENAME names the node. */
+    const char *node = getenv("SLURMD_NODENAME");
+    if (node && node[0]) snprintf(out, n, "%s", node);
+    else if (gethostname(out, n) != 0 || !out[0]) snprintf(out, n, "localhost");
+    out[n - 1] = 0;
+    for (char *p = out; *p; p++) /* one word: it goes into space-separated lines */
+        if (*p == ' ') *p = '_';
+}

@@ -1,0 +1,262 @@
+/* run/rundir.c: creating and validating a run directory, and the resume
+ * decision: a new run, or the same model's run to go on with. */
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "keel/ckpt.h"
+#include "keel/data.h"
+#include "keel/fsdp.h"
+#include "keel/run.h"
+
+void keel_run_path(char *out, size_t n, const char *run_dir, const char *name) {
+    snprintf(out, n, "%s/%s", run_dir, name);
+}
+
+void keel_run_rank_log_path(char *out, size_t n, const char *run_dir, int rank) {
+    snprintf(out, n, "%s/%s/rank-%d.log", run_dir, KEEL_RUN_LOGS, rank);
+}
+
+static const char *source(const keel_config *cfg) { return cfg->source ? cfg->source : "config"; }
+
+/* A run directory must be new or empty: nothing in it is ever overwritten. */
+static keel_status check_free(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT) return KEEL_OK;
+        keel_errorf("%s: cannot use as run directory: %s", dir, strerror(errno));
+        return KEEL_ERR_INPUT;
+    }
+    struct dirent *e;
+    bool empty = true;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = false;
+    closedir(d);
+    if (!empty) {
+        keel_errorf("%s: run directory already exists and is not empty; pass a new --run-dir "
+                    "(keel never overwrites a run)", dir);
+        return KEEL_ERR_INPUT;
+    }
+    return KEEL_OK;
+}
+
+/* ---- the resume decision ---------------------------------------------------- */
+
+/* Keys a resumed run may change: how long, how parallel, how often it saves. */
+static const char *const RESUMABLE[] = {"train.steps", "train.threads", "train.eval_every",
+                                        "train.eval_batches", "train.micro_batch_size",
+                                        "train.grad_accum_steps", "fsdp", "checkpoint",
+                                        "resilience", NULL};
+
+static void drop(cJSON *root, const char *dotted) {
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", dotted);
+    char *dot = strchr(buf, '.');
+    if (!dot) {
+        cJSON_DeleteItemFromObjectCaseSensitive(root, buf);
+        return;
+    }
+    *dot = 0;
+    cJSON *sec = cJSON_GetObjectItemCaseSensitive(root, buf);
+    if (sec) cJSON_DeleteItemFromObjectCaseSensitive(sec, dot + 1);
+}
+
+/* The first dotted key whose value differs between a and b, or false. */
+static bool first_difference(const cJSON *a, const cJSON *b, const char *prefix, char *out, size_t n) {
+    const cJSON *x;
+    cJSON_ArrayForEach(x, a) {
+        char key[256];
+        snprintf(key, sizeof key, "%s%s%s", prefix, *prefix ? "." : "", x->string);
+        const cJSON *y = cJSON_GetObjectItemCaseSensitive(b, x->string);
+        if (cJSON_IsObject(x) && cJSON_IsObject(y)) {
+            if (first_difference(x, y, key, out, n)) return true;
+        } else if (!y || !cJSON_Compare(x, y, true)) {
+            snprintf(out, n, "%s", key);
+            return true;
+        }
+    }
+    cJSON_ArrayForEach(x, b)
+        if (!cJSON_GetObjectItemCaseSensitive(a, x->string)) {
+            snprintf(out, n, "%s%s%s", prefix, *prefix ? "." : "", x->string);
+            return true;
+        }
+    return false;
+}
+
+/* cfg may differ from the run's saved config only in RESUMABLE keys. */
+static keel_status check_same_run(const keel_config *cfg, const char *run_dir) {
+    keel_config saved;
+    keel_status st = keel_run_load_config(run_dir, &saved);
+    if (st != KEEL_OK) {
+        keel_config_free(&saved);
+        return st;
+    }
+    char *ta = keel_config_to_json(&saved), *tb = keel_config_to_json(cfg);
+    cJSON *a = cJSON_Parse(ta), *b = cJSON_Parse(tb);
+    for (int i = 0; RESUMABLE[i]; i++) drop(a, RESUMABLE[i]), drop(b, RESUMABLE[i]);
+    char key[256];
+    bool differs = first_difference(a, b, "", key, sizeof key);
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    free(ta);
+    free(tb);
+    keel_config_free(&saved);
+    if (!differs) return KEEL_OK;
+    keel_errorf("%s: this run directory holds a run whose %s differs from the config given; a "
+                "resumed run may only change train.steps/threads/eval_*/micro_batch_size/"
+                "grad_accum_steps, fsdp.* and checkpoint.* (use a new --run-dir to start over)",
+                run_dir, key);
+    return KEEL_ERR_INPUT;
+}
+
+/* Same global batch as the newest readable checkpoint: the accumulation that
+ * keeps it on world_size ranks becomes cfg's. */
+static keel_status keep_global_batch(keel_config *cfg, const char *run_dir, const int64_t *steps, int n,
+                                     int world_size) {
+    for (int i = 0; i < n; i++) {
+        char dir[4096];
+        keel_ckpt_dir(dir, sizeof dir, run_dir, steps[i], false);
+        keel_ckpt ck;
+        keel_error_capture(true);
+        keel_status st = keel_ckpt_open(dir, &ck);
+        keel_error_capture(false);
+        if (st != KEEL_OK) continue; /* damaged: resume reports it and uses an older one */
+        int64_t per_accum = (int64_t)cfg->train.micro_batch_size * world_size, G = ck.global_batch;
+        keel_ckpt_close(&ck);
+        if (G % per_accum != 0) {
+            keel_errorf("%s: its checkpoints have a global batch of %lld sequences, which %d rank(s) x "
+                        "train.micro_batch_size %d cannot make up; pick a micro-batch size that divides "
+                        "%lld / %d", run_dir, (long long)G, world_size, cfg->train.micro_batch_size,
+                        (long long)G, world_size);
+            return KEEL_ERR_INPUT;
+        }
+        if (cfg->train.grad_accum_steps != (int)(G / per_accum)) {
+            keel_log_info("resuming with train.grad_accum_steps %lld (was %d) to keep the global batch "
+                          "of %lld sequences on %d rank(s)", (long long)(G / per_accum),
+                          cfg->train.grad_accum_steps, (long long)G, world_size);
+            cfg->train.grad_accum_steps = (int)(G / per_accum);
+        }
+        return KEEL_OK;
+    }
+    return KEEL_OK;
+}
+
+/* New or empty, or a run of the same model to resume (*resuming). */
+static keel_status check_dir(keel_config *cfg, const char *run_dir, int world_size, bool *resuming) {
+    char path[4200];
+    *resuming = false;
+    keel_run_path(path, sizeof path, run_dir, KEEL_RUN_CONFIG);
+    if (!keel_path_exists(path)) return check_free(run_dir);
+    int64_t *steps;
+    int n = keel_ckpt_list(run_dir, &steps);
+    keel_run_path(path, sizeof path, run_dir, KEEL_RUN_SUMMARY);
+    keel_status st = KEEL_OK;
+    if (n == 0 && keel_path_exists(path)) { /* it ended and left nothing to resume from */
+        keel_errorf("%s: run directory already exists and holds a finished run without checkpoints; "
+                    "pass a new --run-dir (keel never overwrites a run)", run_dir);
+        st = KEEL_ERR_INPUT;
+    }
+    if (st == KEEL_OK) st = check_same_run(cfg, run_dir);
+    if (st == KEEL_OK) st = keep_global_batch(cfg, run_dir, steps, n, world_size);
+    keel_free(steps);
+    *resuming = st == KEEL_OK;
+    return st;
+}
+
+/* ---- inputs ------------------------------------------------------------------ */
+
+static double gib(double bytes) { return bytes / (1024.0 * 1024 * 1024); }
+
+keel_status keel_run_check_memory(const keel_config *cfg, int world_size) {
+    int K = cfg->fsdp.shard_group_size ? cfg->fsdp.shard_group_size : 2;
+    if (world_size > 1 && cfg->fsdp.strategy == KEEL_FSDP_HYBRID_SHARD && (K > world_size || world_size % K != 0)) {
+        keel_errorf("%s: fsdp.shard_group_size %d does not divide --nproc %d; pick a divisor", source(cfg), K,
+                    world_size);
+        return KEEL_ERR_INPUT;
+    }
+    keel_fsdp_memory m;
+    keel_fsdp_memory_plan(cfg, world_size, &m);
+    int local_ranks = getenv("SLURM_JOB_ID") ? 1 : world_size;
+    double need = (double)keel_fsdp_memory_total(&m) * local_ranks, avail = (double)keel_mem_available_bytes();
+    if (avail > 0 && need > avail) {
+        keel_errorf("%s: this run needs %.1f GiB (%d rank(s) here) but %.1f GiB is available; lower "
+                    "train.micro_batch_size or the model size (`keel train --dry-run` shows the "
+                    "breakdown)", source(cfg), gib(need), local_ranks, gib(avail));
+        return KEEL_ERR_INPUT;
+    }
+    return KEEL_OK;
+}
+
+keel_status keel_run_check_init_from(const keel_config *cfg) {
+    if (!cfg->init_from) return KEEL_OK;
+    keel_ckpt ck;
+    keel_status st = keel_ckpt_open_any(cfg->init_from, &ck);
+    if (st != KEEL_OK) return st;
+    keel_model_layout lay;
+    keel_model_layout_init(&lay, &cfg->model);
+    st = keel_ckpt_check_layout(&ck, &lay);
+    keel_model_layout_free(&lay);
+    keel_ckpt_close(&ck);
+    return st;
+}
+
+/* The data and tokenizer open (then close): the training split and, when
+ * validation is on, the val split if there is one. */
+static keel_status check_data(const keel_config *cfg) {
+    const char *splits[2] = {"train", cfg->train.eval_every > 0 ? "val" : NULL};
+    keel_status st = KEEL_OK;
+    for (int i = 0; i < 2 && splits[i] && st == KEEL_OK; i++) {
+        keel_data *d = NULL;
+        st = keel_data_open(&cfg->data, splits[i], cfg->model.max_seq_len, cfg->model.vocab_size,
+                            cfg->train.seed, &d);
+        keel_data_close(d);
+    }
+    return st;
+}
+
+/* ---- the directory ------------------------------------------------------------ */
+
+keel_status keel_run_write_file(const char *run_dir, const char *name, const char *text) {
+    char path[4200];
+    keel_run_path(path, sizeof path, run_dir, name);
+    size_t len = strlen(text);
+    char *line = keel_xmalloc(len + 2, "run file");
+    memcpy(line, text, len);
+    memcpy(line + len, "\n", 2);
+    keel_status st = keel_write_file_atomic(path, line, len + 1);
+    keel_free(line);
+    return st;
+}
+
+static keel_status create(const keel_config *cfg, const char *run_dir) {
+    char logs[4200];
+    keel_run_path(logs, sizeof logs, run_dir, KEEL_RUN_LOGS);
+    keel_status st = keel_mkdirs(logs);
+    if (st != KEEL_OK) return st;
+    char *resolved = keel_config_to_json(cfg);
+    st = keel_run_write_file(run_dir, KEEL_RUN_CONFIG, resolved);
+    free(resolved);
+    return st;
+}
+
+keel_status keel_run_prepare(keel_config *cfg, const char *run_dir, int world_size) {
+    bool resuming;
+    keel_status st = check_dir(cfg, run_dir, world_size, &resuming);
+    if (st == KEEL_OK) st = keel_run_check_memory(cfg, world_size);
+    if (st == KEEL_OK) st = keel_run_check_init_from(cfg);
+    if (st == KEEL_OK) st = check_data(cfg);
+    if (st == KEEL_OK) st = create(cfg, run_dir);
+    return st;
+}
+
+keel_status keel_run_load_config(const char *run_dir, keel_config *cfg) {
+    char path[4200];
+    keel_run_path(path, sizeof path, run_dir, KEEL_RUN_CONFIG);
+    keel_config_defaults(cfg);
+    keel_status st = keel_config_load_file(cfg, path);
+    if (st == KEEL_OK) st = keel_config_finalize(cfg);
+    return st;
+}
