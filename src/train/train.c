@@ -291,6 +291,45 @@ static keel_status open_inputs(trainer *t) {
     return st;
 }
 
+/* The end of a run: the final weights and summary.json (collective: every
+ * rank takes part, the leader writes). */
+static keel_status finish(trainer *t, const char *status, int steps_done, double loss, double val_loss,
+                          double wall_s) {
+    const keel_model_layout *lay = keel_model_get_layout(t->model);
+    keel_status st = KEEL_OK;
+    float *params = keel_model_params(t->model), *gathered = NULL;
+    double *memory = keel_xmalloc(sizeof(double) * MEM_FIELDS * (size_t)t->world_size, "memory report");
+    rank_memory(t, memory + t->rank * MEM_FIELDS);
+    if (t->fsdp) {
+        params = gathered = keel_xmalloc(sizeof(float) * (size_t)lay->n_params, "full parameters");
+        keel_fsdp_gather_full(t->fsdp, gathered);
+        keel_comm_allgather(t->world, memory + t->rank * MEM_FIELDS, memory, MEM_FIELDS, KEEL_COMM_F64);
+    }
+    if (t->leader) {
+        keel_progress_end(&t->progress);
+        char path[4096];
+        keel_run_path(path, sizeof path, t->run_dir, KEEL_RUN_WEIGHTS);
+        keel_status wst = keel_weights_save(path, params, lay->n_params);
+        keel_status sst = write_summary(t, params, memory, status, steps_done, loss, val_loss, wall_s);
+        st = wst != KEEL_OK ? wst : sst;
+    }
+    keel_free(gathered);
+    keel_free(memory);
+    return st;
+}
+
+/* Every rank saw the same all-reduced loss: the leader records it, each says why. */
+static void report_divergence(trainer *t, int step, double loss, double norm, double max_loss) {
+    if (t->leader) {
+        keel_progress_end(&t->progress);
+        keel_event(t->run_dir, "diverged", step + 1, "loss %g, gradient norm %g (resilience.max_loss %g)", loss,
+                   norm, max_loss);
+    }
+    keel_errorf("step %d: loss %g, gradient norm %g: %s; lower train.lr or raise train.warmup_steps", step + 1,
+                loss, norm, isfinite(loss) && isfinite(norm) ? "the loss exceeds resilience.max_loss, training diverged"
+                                                             : "not finite");
+}
+
 static keel_status train_loop(trainer *t) {
     const keel_config *cfg = t->cfg;
     const keel_model_layout *lay = keel_model_get_layout(t->model);
@@ -307,14 +346,7 @@ static keel_status train_loop(trainer *t) {
         loss = train_step(t, step, &norm);
         double step_s = keel_now_s() - t0, step_wait_s = comm_wait_s(t) - wait0;
         if (!isfinite(loss) || !isfinite(norm) || loss > max_loss) {
-            if (t->leader) {
-                keel_progress_end(&t->progress);
-                keel_event(t->run_dir, "diverged", step + 1, "loss %g, gradient norm %g (resilience.max_loss %g)",
-                           loss, norm, max_loss);
-            }
-            keel_errorf("step %d: loss %g, gradient norm %g: %s; lower train.lr or raise train.warmup_steps",
-                        step + 1, loss, norm, isfinite(loss) && isfinite(norm)
-                            ? "the loss exceeds resilience.max_loss, training diverged" : "not finite");
+            report_divergence(t, step, loss, norm, max_loss);
             status = "diverged";
             st = KEEL_ERR_NUMERIC;
             break;
@@ -351,27 +383,10 @@ static keel_status train_loop(trainer *t) {
             break;
         }
     }
-    float *params = keel_model_params(t->model), *gathered = NULL;
-    double *memory = keel_xmalloc(sizeof(double) * MEM_FIELDS * (size_t)t->world_size, "memory report");
-    rank_memory(t, memory + t->rank * MEM_FIELDS);
-    if (t->fsdp) { /* collective: every rank takes part, the leader writes */
-        params = gathered = keel_xmalloc(sizeof(float) * (size_t)lay->n_params, "full parameters");
-        keel_fsdp_gather_full(t->fsdp, gathered);
-        keel_comm_allgather(t->world, memory + t->rank * MEM_FIELDS, memory, MEM_FIELDS, KEEL_COMM_F64);
-    }
-    if (t->leader) {
-        keel_progress_end(&t->progress);
-        char path[4096];
-        keel_run_path(path, sizeof path, t->run_dir, KEEL_RUN_WEIGHTS);
-        keel_status wst = keel_weights_save(path, params, lay->n_params);
-        keel_status sst = write_summary(t, params, memory, status, step, loss, last_val,
-                                        keel_now_s() - start);
-        if (st == KEEL_OK) st = wst != KEEL_OK ? wst : sst;
-    }
-    keel_free(gathered);
-    keel_free(memory);
-    return st;
+    keel_status fst = finish(t, status, step, loss, last_val, keel_now_s() - start);
+    return st != KEEL_OK ? st : fst;
 }
+
 
 /* Model, optimizer and buffers; under FSDP the model holds no parameters of
  * its own and the optimizer works on this rank's shard. */
