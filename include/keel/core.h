@@ -95,6 +95,10 @@ double keel_now_s(void);
 /* Wall-clock time in seconds since the epoch (timestamps other processes read). */
 double keel_unix_s(void);
 void keel_sleep_s(double s);
+/* Cores online, and cores this process may run on (its affinity mask: fewer
+ * when a launcher bound it to its share). */
+int keel_cores_online(void);
+int keel_cores_allowed(void);
 /* This node's name, one word: SLURMD_NODENAME (emulated Slurm nodes share a
  * hostname) or the hostname. */
 void keel_node_name(char *out, size_t n);

@@ -99,6 +99,9 @@ keel_status keel_comm_finalize(keel_comm *world);
 /* This process's rank in c (0-based) and the number of ranks in c. */
 int keel_comm_rank(const keel_comm *c);
 int keel_comm_size(const keel_comm *c);
+/* Ranks of the world on this machine (they share its cores and memory),
+ * whatever launched them; c is any group. */
+int keel_comm_local_size(const keel_comm *c);
 
 /* Collective over parent: ranks passing the same color form one new group,
  * ordered by key (ties by parent rank). *child is owned by the caller; free it

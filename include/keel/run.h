@@ -41,10 +41,10 @@ void keel_run_path(char *out, size_t n, const char *run_dir, const char *name);
  * resumed run's atomically) are written. Input problems are one error line. */
 keel_status keel_run_prepare(keel_config *cfg, const char *run_dir, int world_size);
 
-/* The checks a rank repeats where it runs: the memory its node needs (all
- * ranks of a local launch share this machine; under Slurm each node holds
- * its own), and that init_from is a checkpoint of cfg's model. */
-keel_status keel_run_check_memory(const keel_config *cfg, int world_size);
+/* The checks a rank repeats where it runs: the memory ranks_here ranks of a
+ * world_size run need on this machine, and that init_from is a checkpoint of
+ * cfg's model. */
+keel_status keel_run_check_memory(const keel_config *cfg, int world_size, int ranks_here);
 keel_status keel_run_check_init_from(const keel_config *cfg);
 
 /* A worker's config: RUN/config.json, finalized. cfg needs keel_config_free

@@ -1,6 +1,7 @@
 /* core/host.c: readings of this process and this machine — clocks, memory,
  * the node's name. */
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,18 @@ double keel_unix_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int keel_cores_online(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+int keel_cores_allowed(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return keel_cores_online();
+    int n = CPU_COUNT(&set);
+    return n > 0 ? n : 1;
 }
 
 void keel_sleep_s(double s) {

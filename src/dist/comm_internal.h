@@ -60,6 +60,7 @@ struct engine {
     /* backend state, comm thread only */
     MPI_Comm world_dup;
     int world_rank, world_size;
+    int local_size;           /* world ranks on this machine */
     char *ring_scratch[2];    /* RING_SEGMENT_BYTES each */
 };
 

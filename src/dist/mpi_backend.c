@@ -29,6 +29,11 @@ keel_status backend_start(engine *eng) {
     MPI_Comm_dup(MPI_COMM_WORLD, &eng->world_dup);
     MPI_Comm_rank(eng->world_dup, &eng->world_rank);
     MPI_Comm_size(eng->world_dup, &eng->world_size);
+    /* the ranks that share this machine's memory and cores, whatever the launcher */
+    MPI_Comm node;
+    MPI_Comm_split_type(eng->world_dup, MPI_COMM_TYPE_SHARED, eng->world_rank, MPI_INFO_NULL, &node);
+    MPI_Comm_size(node, &eng->local_size);
+    MPI_Comm_free(&node);
     for (int i = 0; i < 2; i++)
         eng->ring_scratch[i] = keel_xmalloc(RING_SEGMENT_BYTES, "ring scratch segment");
     /* nanosleep(10 µs) would otherwise sleep 60 µs: the default slack is 50 µs. */

@@ -170,7 +170,16 @@ static keel_status check_dir(keel_config *cfg, const char *run_dir, int world_si
 
 static double gib(double bytes) { return bytes / (1024.0 * 1024 * 1024); }
 
-keel_status keel_run_check_memory(const keel_config *cfg, int world_size) {
+/* Before launching: all ranks of a local run share this machine; in a Slurm
+ * allocation they spread evenly over the nodes that are not spares. */
+static int planned_ranks_per_node(const keel_config *cfg, int world_size) {
+    const char *nodes = getenv("SLURM_JOB_NUM_NODES");
+    if (!getenv("SLURM_JOB_ID") || !nodes || atoi(nodes) <= 0) return world_size;
+    int active = atoi(nodes) - cfg->resilience.spares;
+    return active > 0 ? (world_size + active - 1) / active : world_size;
+}
+
+keel_status keel_run_check_memory(const keel_config *cfg, int world_size, int ranks_here) {
     int K = cfg->fsdp.shard_group_size ? cfg->fsdp.shard_group_size : 2;
     if (world_size > 1 && cfg->fsdp.strategy == KEEL_FSDP_HYBRID_SHARD && (K > world_size || world_size % K != 0)) {
         keel_errorf("%s: fsdp.shard_group_size %d does not divide --nproc %d; pick a divisor", source(cfg), K,
@@ -179,12 +188,11 @@ keel_status keel_run_check_memory(const keel_config *cfg, int world_size) {
     }
     keel_fsdp_memory m;
     keel_fsdp_memory_plan(cfg, world_size, &m);
-    int local_ranks = getenv("SLURM_JOB_ID") ? 1 : world_size;
-    double need = (double)keel_fsdp_memory_total(&m) * local_ranks, avail = (double)keel_mem_available_bytes();
+    double need = (double)keel_fsdp_memory_total(&m) * ranks_here, avail = (double)keel_mem_available_bytes();
     if (avail > 0 && need > avail) {
         keel_errorf("%s: this run needs %.1f GiB (%d rank(s) here) but %.1f GiB is available; lower "
                     "train.micro_batch_size or the model size (`keel train --dry-run` shows the "
-                    "breakdown)", source(cfg), gib(need), local_ranks, gib(avail));
+                    "breakdown)", source(cfg), gib(need), ranks_here, gib(avail));
         return KEEL_ERR_INPUT;
     }
     return KEEL_OK;
@@ -245,7 +253,7 @@ static keel_status create(const keel_config *cfg, const char *run_dir) {
 keel_status keel_run_prepare(keel_config *cfg, const char *run_dir, int world_size) {
     bool resuming;
     keel_status st = check_dir(cfg, run_dir, world_size, &resuming);
-    if (st == KEEL_OK) st = keel_run_check_memory(cfg, world_size);
+    if (st == KEEL_OK) st = keel_run_check_memory(cfg, world_size, planned_ranks_per_node(cfg, world_size));
     if (st == KEEL_OK) st = keel_run_check_init_from(cfg);
     if (st == KEEL_OK) st = check_data(cfg);
     if (st == KEEL_OK) st = create(cfg, run_dir);

@@ -275,7 +275,7 @@ static keel_status load_init_from(const keel_config *cfg, const keel_model_layou
 static keel_status open_inputs(trainer *t) {
     const keel_config *cfg = t->cfg;
     keel_status st = keel_run_state_read(t->run_dir, &t->state);
-    if (st == KEEL_OK) st = keel_run_check_memory(cfg, t->world_size);
+    if (st == KEEL_OK) st = keel_run_check_memory(cfg, t->world_size, t->world ? keel_comm_local_size(t->world) : 1);
     if (st == KEEL_OK) st = keel_run_check_init_from(cfg);
     if (st == KEEL_OK)
         st = keel_data_open(&cfg->data, "train", cfg->model.max_seq_len, cfg->model.vocab_size,
@@ -528,12 +528,11 @@ keel_status keel_train_worker(const char *run_dir) {
     t.cfg = &cfg;
     if (st == KEEL_OK) st = open_inputs(&t);
     if (st == KEEL_OK) {
-        /* Ranks share the machine's cores unless train.threads says otherwise. */
-        int threads = cfg.train.threads;
-        if (threads == 0) {
-            long cores = sysconf(_SC_NPROCESSORS_ONLN);
-            threads = cores / t.world_size > 1 ? (int)(cores / t.world_size) : 1;
-        }
+        /* The ranks on this machine share its cores unless train.threads says
+         * otherwise — or the launcher already bound this rank to its share. */
+        int threads = cfg.train.threads, allowed = keel_cores_allowed();
+        if (threads == 0 && allowed < keel_cores_online()) threads = allowed;
+        else if (threads == 0) threads = allowed / keel_comm_local_size(world) > 1 ? allowed / keel_comm_local_size(world) : 1;
         t.threads = keel_kernels_init(threads);
         st = run(&t);
         keel_kernels_shutdown();
