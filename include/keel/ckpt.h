@@ -122,6 +122,8 @@ void keel_ckpt_files_for(const keel_ckpt *c, const keel_param_range *ranges, int
 
 /* XXH3 of every file against the manifest. */
 keel_status keel_ckpt_verify_all(const keel_ckpt *c);
+/* XXH3 of the files that hold these canonical ranges. */
+keel_status keel_ckpt_verify_ranges(const keel_ckpt *c, const keel_param_range *ranges, int n);
 /* Open path: a checkpoint directory (its files are verified as they are
  * read), or a run directory's newest checkpoint whose files all verify. */
 keel_status keel_ckpt_open_any(const char *path, keel_ckpt *out);

@@ -119,8 +119,12 @@ const keel_fsdp_plan *keel_fsdp_get_plan(const keel_fsdp *f);
 /* This rank's fp32 master shard and gradient shard (plan.shard_total each). */
 float *keel_fsdp_master(keel_fsdp *f);
 float *keel_fsdp_grads(keel_fsdp *f);
-/* Copy this rank's slices out of a full canonical parameter vector. */
-void keel_fsdp_load_full(keel_fsdp *f, const float *full);
+/* Fill this rank's master shard, range by range: fill(ctx, begin, len, dst)
+ * writes canonical parameters [begin, begin + len) to dst; padding stays
+ * zero. Initialisation and init_from fill only the shard, never a whole
+ * model. Returns the first failing fill's status. */
+typedef keel_status (*keel_fsdp_fill_fn)(void *ctx, int64_t begin, int64_t len, float *dst);
+keel_status keel_fsdp_fill(keel_fsdp *f, keel_fsdp_fill_fn fill, void *ctx);
 /* Gather the full canonical vector (n_params) on every rank (for hashing and saving). */
 keel_status keel_fsdp_gather_full(keel_fsdp *f, float *full);
 /* Start an optimizer step: zero the gradient shard (and reduce every backward). */

@@ -86,6 +86,11 @@ float *keel_model_grads(keel_model *m);  /* (n_params), NULL without own paramet
 void keel_model_init_weights(keel_model *m, uint64_t seed);
 /* The same initialisation into any full canonical vector (n_params). */
 void keel_model_init_params(const keel_model_layout *lay, uint64_t seed, float *params);
+/* Canonical parameters [begin, begin + len) of that initialisation into out
+ * (len values): norm weights 1, every other element N(0, 0.02^2) from a
+ * counter-based generator keyed by (seed, tensor, element), so a rank fills
+ * only its shard and gets the same values for any world size. */
+void keel_model_init_range(const keel_model_layout *lay, uint64_t seed, int64_t begin, int64_t len, float *out);
 void keel_model_zero_grads(keel_model *m);
 
 /* Where unit u's parameters are read and its gradients written during

@@ -14,6 +14,16 @@ keel_status keel_ckpt_verify_all(const keel_ckpt *c) {
     return st;
 }
 
+keel_status keel_ckpt_verify_ranges(const keel_ckpt *c, const keel_param_range *ranges, int n) {
+    bool *used = keel_xcalloc(sizeof(bool) * (size_t)c->shard_ranks, "checkpoint files");
+    keel_ckpt_files_for(c, ranges, n, used);
+    keel_status st = KEEL_OK;
+    for (int j = 0; j < c->shard_ranks && st == KEEL_OK; j++)
+        if (used[j]) st = keel_ckpt_verify_file(c, j);
+    keel_free(used);
+    return st;
+}
+
 keel_status keel_ckpt_open_any(const char *path, keel_ckpt *out) {
     char manifest[4200];
     snprintf(manifest, sizeof manifest, "%s/manifest.json", path);

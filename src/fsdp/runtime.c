@@ -348,14 +348,16 @@ const keel_fsdp_plan *keel_fsdp_get_plan(const keel_fsdp *f) { return &f->plan; 
 float *keel_fsdp_master(keel_fsdp *f) { return f->master; }
 float *keel_fsdp_grads(keel_fsdp *f) { return f->grads; }
 
-void keel_fsdp_load_full(keel_fsdp *f, const float *full) {
+keel_status keel_fsdp_fill(keel_fsdp *f, keel_fsdp_fill_fn fill, void *ctx) {
     memset(f->master, 0, sizeof(float) * (size_t)f->plan.shard_total);
-    for (int u = 0; u < f->plan.n_units; u++) {
+    keel_status st = KEEL_OK;
+    for (int u = 0; u < f->plan.n_units && st == KEEL_OK; u++) {
         int64_t begin, len;
         keel_fsdp_shard_range(&f->plan, u, f->rank, &begin, &len);
-        memcpy(f->master + f->plan.units[u].shard_offset, full + begin, sizeof(float) * (size_t)len);
+        if (len > 0) st = fill(ctx, begin, len, f->master + f->plan.units[u].shard_offset);
     }
     keel_fsdp_invalidate(f);
+    return st;
 }
 
 void keel_fsdp_invalidate(keel_fsdp *f) {

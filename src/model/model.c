@@ -228,15 +228,17 @@ void keel_model_zero_grads(keel_model *m) {
     memset(m->grads, 0, sizeof(float) * (size_t)m->lay.n_params);
 }
 
-/* splitmix64: a tiny, well-mixed generator for reproducible initialisation. */
-static uint64_t splitmix64(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+/* splitmix64's finalizer: a well-mixed 64-bit hash of a counter. */
+static uint64_t mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
 
-static double uniform01(uint64_t *state) { return ((double)(splitmix64(state) >> 11) + 0.5) / 9007199254740992.0; }
+#define GOLDEN 0x9E3779B97F4A7C15ull
+
+/* A uniform in (0, 1) from a hash: 53 bits, never 0 (log below). */
+static double uniform01(uint64_t h) { return ((double)(h >> 11) + 0.5) / 9007199254740992.0; }
 
 void keel_model_init_weights(keel_model *m, uint64_t seed) {
     KEEL_CHECK(m->params, "keel_model_init_weights on a model without its own parameters");
@@ -244,23 +246,36 @@ void keel_model_init_weights(keel_model *m, uint64_t seed) {
     m->params16_stale = true;
 }
 
-void keel_model_init_params(const keel_model_layout *lay, uint64_t seed, float *params) {
+/* Elements [first, end) of tensor i: elements 2p and 2p+1 are the Box–Muller
+ * pair of draw p, whose two uniforms hash (seed, tensor, p) — so any slice is
+ * computed alone, and equals that slice of a whole initialisation. */
+static void init_tensor_slice(const keel_tensor_info *t, int i, uint64_t seed, int64_t first, int64_t end, float *out) {
+    if (t->cols == 1) { /* norm weights */
+        for (int64_t j = first; j < end; j++) out[j - first] = 1.0f;
+        return;
+    }
+    uint64_t key = mix64(seed + GOLDEN * (uint64_t)(i + 1));
+    for (int64_t p = first / 2; 2 * p < end; p++) {
+        double u1 = uniform01(mix64(key + GOLDEN * (uint64_t)(2 * p + 1)));
+        double u2 = uniform01(mix64(key + GOLDEN * (uint64_t)(2 * p + 2)));
+        double r = 0.02 * sqrt(-2.0 * log(u1));
+        if (2 * p >= first) out[2 * p - first] = (float)(r * cos(2.0 * M_PI * u2));
+        if (2 * p + 1 >= first && 2 * p + 1 < end) out[2 * p + 1 - first] = (float)(r * sin(2.0 * M_PI * u2));
+    }
+}
+
+void keel_model_init_range(const keel_model_layout *lay, uint64_t seed, int64_t begin, int64_t len, float *out) {
+    int64_t end = begin + len;
     for (int i = 0; i < lay->n_tensors; i++) {
         const keel_tensor_info *t = &lay->tensors[i];
-        float *w = params + t->offset;
-        int64_t n = t->rows * t->cols;
-        if (t->cols == 1) { /* norm weights */
-            for (int64_t j = 0; j < n; j++) w[j] = 1.0f;
-            continue;
-        }
-        uint64_t state = seed * 0x100000001B3ull + (uint64_t)i;
-        for (int64_t j = 0; j < n; j += 2) { /* Box–Muller, two normals per draw */
-            double u1 = uniform01(&state), u2 = uniform01(&state);
-            double r = 0.02 * sqrt(-2.0 * log(u1));
-            w[j] = (float)(r * cos(2.0 * M_PI * u2));
-            if (j + 1 < n) w[j + 1] = (float)(r * sin(2.0 * M_PI * u2));
-        }
+        int64_t lo = t->offset > begin ? t->offset : begin, hi = t->offset + t->rows * t->cols;
+        if (hi > end) hi = end;
+        if (lo < hi) init_tensor_slice(t, i, seed, lo - t->offset, hi - t->offset, out + (lo - begin));
     }
+}
+
+void keel_model_init_params(const keel_model_layout *lay, uint64_t seed, float *params) {
+    keel_model_init_range(lay, seed, 0, lay->n_params, params);
 }
 
 static block_offsets block_at(const keel_model_layout *lay) {

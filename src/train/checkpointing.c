@@ -307,12 +307,8 @@ keel_status trainer_ckpt_resume(trainer *t) {
                         (long long)trainer_global_batch(t));
             st = KEEL_ERR_INPUT;
         }
-        bool *used = NULL;
         if (st == KEEL_OK) { /* verify the files this rank reads, then read */
-            used = keel_xcalloc(sizeof(bool) * (size_t)ck.shard_ranks, "checkpoint files");
-            keel_ckpt_files_for(&ck, c->ranges, c->n_ranges, used);
-            for (int j = 0; j < ck.shard_ranks && st == KEEL_OK; j++)
-                if (used[j]) st = keel_ckpt_verify_file(&ck, j);
+            st = keel_ckpt_verify_ranges(&ck, c->ranges, c->n_ranges);
             for (int a = 0; a < KEEL_CKPT_ARRAYS && st == KEEL_OK; a++)
                 for (int r = 0; r < c->n_ranges && st == KEEL_OK; r++)
                     st = keel_ckpt_read(&ck, a, c->ranges[r].begin, c->ranges[r].len,
@@ -321,7 +317,6 @@ keel_status trainer_ckpt_resume(trainer *t) {
         keel_error_capture(false);
         char why[1024];
         snprintf(why, sizeof why, "%s", keel_last_error());
-        keel_free(used);
         if (opened) keel_ckpt_close(&ck);
         double bad = st != KEEL_OK;
         if (t->world) keel_comm_allreduce_scalar(t->world, &bad, KEEL_COMM_MAX);

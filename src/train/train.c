@@ -261,15 +261,52 @@ static void log_step(trainer *t, int step, double loss, double lr, double norm, 
     cJSON_Delete(o);
 }
 
-/* The parameters of cfg->init_from into full (every checkpoint file verified). */
-static keel_status load_init_from(const keel_config *cfg, const keel_model_layout *lay, float *full) {
+typedef struct {
+    const keel_model_layout *lay;
+    uint64_t seed;
+} init_fill;
+
+static keel_status fill_initial(void *ctx, int64_t begin, int64_t len, float *dst) {
+    const init_fill *x = ctx;
+    keel_model_init_range(x->lay, x->seed, begin, len, dst);
+    return KEEL_OK;
+}
+
+static keel_status fill_from_checkpoint(void *ck, int64_t begin, int64_t len, float *dst) {
+    return keel_ckpt_read(ck, 0, begin, len, dst);
+}
+
+/* init_from's parameters: every rank reads only the ranges it holds, from
+ * files it has verified (one process: all of them). */
+static keel_status load_init_from(trainer *t, const keel_model_layout *lay) {
     keel_ckpt ck;
-    keel_status st = keel_ckpt_open_any(cfg->init_from, &ck);
+    keel_status st = keel_ckpt_open_any(t->cfg->init_from, &ck);
     if (st != KEEL_OK) return st;
-    st = keel_ckpt_load_params(&ck, lay, full);
-    if (st == KEEL_OK) keel_log_info("parameters from %s (step %lld)", cfg->init_from, (long long)ck.step);
+    if (t->fsdp) {
+        keel_param_range *ranges;
+        int n = keel_fsdp_param_ranges(keel_fsdp_get_plan(t->fsdp), keel_fsdp_shard_rank(t->fsdp), &ranges);
+        st = keel_ckpt_check_layout(&ck, lay);
+        if (st == KEEL_OK) st = keel_ckpt_verify_ranges(&ck, ranges, n);
+        if (st == KEEL_OK) st = keel_fsdp_fill(t->fsdp, fill_from_checkpoint, &ck);
+        keel_free(ranges);
+    } else {
+        st = keel_ckpt_load_params(&ck, lay, keel_model_params(t->model));
+    }
+    if (st == KEEL_OK && t->leader)
+        keel_log_info("parameters from %s (step %lld)", t->cfg->init_from, (long long)ck.step);
     keel_ckpt_close(&ck);
     return st;
+}
+
+/* The parameters a new run starts from: init_from's, or a fresh
+ * initialisation of which each rank computes only its shard. */
+static keel_status initial_params(trainer *t) {
+    const keel_model_layout *lay = keel_model_get_layout(t->model);
+    if (t->cfg->init_from) return load_init_from(t, lay);
+    init_fill x = {lay, t->cfg->train.seed};
+    if (t->fsdp) return keel_fsdp_fill(t->fsdp, fill_initial, &x);
+    keel_model_init_weights(t->model, t->cfg->train.seed);
+    return KEEL_OK;
 }
 
 static keel_status open_inputs(trainer *t) {
@@ -410,13 +447,7 @@ static keel_status build_state(trainer *t) {
         keel_fsdp_set_prefetch(t->fsdp, cfg->fsdp.prefetch);
         keel_fsdp_set_reduce_bf16(t->fsdp, cfg->fsdp.reduce_dtype == KEEL_DTYPE_BF16);
         const keel_model_layout *lay = keel_model_get_layout(t->model);
-        if (!resuming) {
-            float *full = keel_xmalloc(sizeof(float) * (size_t)lay->n_params, "initial parameters");
-            if (cfg->init_from) st = load_init_from(cfg, lay, full);
-            else keel_model_init_params(lay, cfg->train.seed, full); /* same on every rank */
-            keel_fsdp_load_full(t->fsdp, full);
-            keel_free(full);
-        }
+        if (!resuming) st = initial_params(t);
         const keel_fsdp_plan *plan = keel_fsdp_get_plan(t->fsdp);
         keel_param_range *ranges;
         int n = keel_fsdp_param_ranges(plan, keel_fsdp_shard_rank(t->fsdp), &ranges);
@@ -424,8 +455,7 @@ static keel_status build_state(trainer *t) {
         keel_free(ranges);
     } else {
         const keel_model_layout *lay = keel_model_get_layout(t->model);
-        if (!resuming && cfg->init_from) st = load_init_from(cfg, lay, keel_model_params(t->model));
-        else if (!resuming) keel_model_init_weights(t->model, cfg->train.seed);
+        if (!resuming) st = initial_params(t);
         keel_model_params_changed(t->model);
         keel_optim_build(&cfg->train, lay, 0, lay->n_params, &t->opt);
     }

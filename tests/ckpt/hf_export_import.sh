@@ -59,6 +59,19 @@ print(f"ok   init_from: first-step loss {tuned:.3f} (trained weights; eval {ev:.
 assert tuned < fresh - 0.5 and abs(tuned - ev) < 0.5, (tuned, fresh, ev)
 PY
 
+# sharded: each of 2 ranks (the same global batch of 8) reads only its own ranges of the imported checkpoint
+mpi_env
+"$KEEL_BIN" train "$CFG" "${real[@]}" --set train.steps=2 --set init_from="$TMP/imported-hf" --nproc 2 \
+    --set train.micro_batch_size=4 --set train.threads=1 \
+    --run-dir "$TMP/tuned2" >"$TMP/out" 2>&1 || { cat "$TMP/out"; fail "init_from run on 2 ranks"; }
+python3 - "$TMP/tuned" "$TMP/tuned2" <<'PY' || fail "init_from on 2 ranks does not start where one process does"
+import json, sys
+first = lambda d: json.loads(open(f"{d}/metrics.jsonl").readline())["loss"]
+one, two = first(sys.argv[1]), first(sys.argv[2])
+print(f"ok   init_from on 2 ranks: first-step loss {two:.6f}, one process {one:.6f}")
+assert abs(one - two) <= 1e-5 * abs(one), (one, two)
+PY
+
 expect_input_error "import over an existing dir" "imported-hf already exists" \
   "$KEEL_BIN" ckpt import --from-hf "$TMP/hf" --out "$TMP/imported-hf"
 expect_input_error "export format" "safetensors is the one format" \
