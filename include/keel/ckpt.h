@@ -1,6 +1,7 @@
 /* ckpt: durable files for model state — the final-weights file of a run
- * (RUN/weights.bin), the durable-write helper every module uses, and sharded
- * checkpoints (DESIGN §5; what to save and when is train/checkpointing.c).
+ * (RUN/weights.bin) and sharded checkpoints (DESIGN §5; what to save and when
+ * is train/checkpointing.c). The durable-write helpers are core's (keel/core.h,
+ * "durable file I/O").
  *
  * weights.bin: 64-byte little-endian header — magic "KEELWTS1", u32 version,
  * u32 dtype (1 = fp32), u64 n_params, u64 XXH3-64 of the payload, zero padding
@@ -13,10 +14,6 @@
 
 #define KEEL_WEIGHTS_MAGIC "KEELWTS1"
 #define KEEL_WEIGHTS_VERSION 1
-
-/* Write `bytes` to path durably: tmp file in the same directory, fsync, rename,
- * fsync the directory. On error the old file is untouched and the tmp removed. */
-keel_status keel_write_file_atomic(const char *path, const void *data, size_t bytes);
 
 keel_status keel_weights_save(const char *path, const float *params, int64_t n_params);
 /* Load exactly n_params values; a size, magic or checksum mismatch is an input

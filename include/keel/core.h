@@ -1,4 +1,5 @@
-/* core: status codes, logging, checked allocation, thread pool, config parsing.
+/* core: status codes, logging, checked allocation, durable file I/O, thread
+ * pool, config parsing.
  *
  * Every keel function that can fail returns a keel_status. The function that
  * detects bad user input prints exactly one line naming the file/key/value and
@@ -107,6 +108,100 @@ void keel_node_name(char *out, size_t n);
 keel_status keel_mkdirs(const char *dir);
 keel_status keel_read_file(const char *path, char **out, size_t *len);
 bool keel_path_exists(const char *path);
+
+/* ---- durable file I/O ------------------------------------------------------ */
+/* Every file keel writes or reads whole goes through these (src/core/fsio.c),
+ * so the crash-safety protocol lives in one place: a file that must survive a
+ * crash is written as a tmp file beside it, fsync'd, renamed over it, and the
+ * directory fsync'd (redis' rule). A single read/write moves at most ~2 GiB on
+ * Linux, so every transfer loops; sizes and offsets are 64-bit throughout.
+ *
+ * Errors print one line naming the file (keel_errorf) and return a status:
+ * KEEL_ERR_IO when the system failed (errno is kept for the caller), and
+ * KEEL_ERR_INPUT when the file itself is missing or too short. The
+ * fd-level functions take `path` only for that line; a NULL path makes them
+ * quiet, for callers that word the error themselves from errno.
+ *
+ *     keel_write_file_atomic("RUN/summary.json", text, strlen(text));
+ *     char *text;
+ *     if (keel_read_file("RUN/config.json", &text, NULL) != KEEL_OK) return st;
+ *     ...
+ *     keel_free(text);
+ */
+
+/* Create dir and its parents (mode 0755); existing directories are fine.
+ * An error names the path (KEEL_ERR_IO). */
+keel_status keel_mkdirs(const char *dir);
+/* Write all `bytes` to fd, looping over partial writes and EINTR. Errors name
+ * `path` (NULL: no message) and keep errno. */
+keel_status keel_write_all(int fd, const void *data, size_t bytes, const char *path);
+/* pwrite / pread the whole range at offset (>= 0), looping. A read that hits
+ * EOF early is KEEL_ERR_INPUT, "PATH: truncated: expected N bytes at offset O,
+ * got G"; other failures KEEL_ERR_IO. path NULL: no message. */
+keel_status keel_pwrite_all(int fd, const void *data, size_t bytes, int64_t offset, const char *path);
+keel_status keel_pread_all(int fd, void *data, size_t bytes, int64_t offset, const char *path);
+/* fsync a directory (so a rename into it is durable) / the directory holding
+ * path. A file system that cannot sync directories (EINVAL) counts as done. */
+keel_status keel_fsync_dir(const char *dir);
+keel_status keel_fsync_parent(const char *path);
+
+/* Write `bytes` to path durably: tmp file in the same directory (unique name),
+ * write-all, fsync, close, rename over path, fsync the directory. On any error
+ * the old file is untouched, the tmp is removed, and one error line names the
+ * file. */
+keel_status keel_write_file_atomic(const char *path, const void *data, size_t bytes);
+/* The same for a file made of two buffers, head then body (a header and a
+ * payload that is written from where it lies, never copied). */
+keel_status keel_write_file_atomic2(const char *path, const void *head, size_t head_bytes,
+                                    const void *body, size_t body_bytes);
+
+/* A durable write streamed by the caller (a payload converted chunk by
+ * chunk, a header filled in last with keel_pwrite_all):
+ *
+ *     keel_atomic_file f;
+ *     if ((st = keel_atomic_begin(&f, path)) != KEEL_OK) return st;
+ *     if ((st = keel_write_all(f.fd, buf, n, path)) != KEEL_OK) goto fail;
+ *     return keel_atomic_commit(&f);
+ *   fail:
+ *     keel_atomic_abort(&f);
+ */
+typedef struct {
+    int fd;     /* the tmp file, open for writing; -1 once committed or aborted */
+    char *path; /* the file it becomes */
+    char *tmp;  /* its name until then */
+} keel_atomic_file;
+/* Create a uniquely named tmp file beside path. On error one line names path
+ * and *f needs no cleanup. */
+keel_status keel_atomic_begin(keel_atomic_file *f, const char *path);
+/* fsync, close, rename over path, fsync the directory; always releases *f.
+ * On error the tmp is removed, one line names path, and the old file is
+ * untouched (unless only the directory fsync failed: the new file is then in
+ * place but not yet known to be durable). */
+keel_status keel_atomic_commit(keel_atomic_file *f);
+/* Give up: close and remove the tmp, silently. Safe after a commit. */
+void keel_atomic_abort(keel_atomic_file *f);
+
+/* Move a finished directory into place durably (a checkpoint's step_N.tmp,
+ * an export's staging directory): fsync tmp_dir (its files must be durable
+ * already), rename it to dir, fsync dir's parent. An error is one line
+ * naming dir; tmp_dir is then left as it was (or in place, if only the last
+ * fsync failed). */
+keel_status keel_commit_dir(const char *tmp_dir, const char *dir);
+
+/* Read a whole file into a new NUL-terminated buffer (*out, free with
+ * keel_free; *len excludes the NUL; len may be NULL). A missing file is
+ * KEEL_ERR_INPUT with one line naming it; other failures KEEL_ERR_IO. Pipes
+ * and /proc files work too (read to EOF). */
+keel_status keel_read_file(const char *path, char **out, size_t *len);
+/* The same without any message, for optional files and for callers that
+ * word the error themselves: errno says why (EFBIG when the file is larger
+ * than max_bytes; max_bytes 0 = no limit). A missing file, a directory or a
+ * file over max_bytes is KEEL_ERR_INPUT, anything else KEEL_ERR_IO. */
+keel_status keel_read_file_quiet(const char *path, size_t max_bytes, char **out, size_t *len);
+/* true when path exists (any type; symlinks followed, like `test -e`). */
+bool keel_path_exists(const char *path);
+/* "dir/name" in a new string (keel_free). */
+char *keel_path_join(const char *dir, const char *name);
 
 /* ---- thread pool ---------------------------------------------------------- */
 /* keel's own threads for non-GEMM kernels. Workers block on a condition

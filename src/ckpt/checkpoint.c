@@ -31,40 +31,21 @@ static void shard_name(char *out, size_t n, int rank, int ranks) {
     snprintf(out, n, "shard-%05d-of-%05d.bin", rank, ranks);
 }
 
-static keel_status fsync_path(const char *path) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return KEEL_ERR_IO;
-    int rc = fsync(fd);
-    close(fd);
-    return rc == 0 ? KEEL_OK : KEEL_ERR_IO;
-}
-
-static keel_status write_all(int fd, const void *data, size_t bytes, XXH3_state_t *h) {
-    const char *p = data;
-    if (h) XXH3_64bits_update(h, data, bytes);
-    while (bytes > 0) {
-        ssize_t n = write(fd, p, bytes > (1u << 30) ? (1u << 30) : bytes);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return KEEL_ERR_IO;
-        p += n;
-        bytes -= (size_t)n;
-    }
-    return KEEL_OK;
+/* Hash what goes into the file as it is written; the write is quiet, the
+ * caller words the error (errno kept). */
+static keel_status write_hashed(int fd, const void *data, size_t bytes, XXH3_state_t *h) {
+    XXH3_64bits_update(h, data, bytes);
+    return keel_write_all(fd, data, bytes, NULL);
 }
 
 keel_status keel_ckpt_write_shard(const char *dir, int rank, int ranks, int64_t step,
                                   const float *const arrays[KEEL_CKPT_ARRAYS], int64_t floats,
                                   keel_ckpt_file *file) {
-    char name[64], path[4200], parent[4096];
+    char name[64], path[4200];
     shard_name(name, sizeof name, rank, ranks);
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    snprintf(parent, sizeof parent, "%s", dir);
-    char *slash = strrchr(parent, '/');
-    if (slash) *slash = 0;
-    if ((mkdir(parent, 0755) != 0 && errno != EEXIST) || (mkdir(dir, 0755) != 0 && errno != EEXIST)) {
-        keel_errorf("%s: cannot create checkpoint directory: %s", dir, strerror(errno));
-        return KEEL_ERR_IO;
-    }
+    keel_status st = keel_mkdirs(dir);
+    if (st != KEEL_OK) return st;
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         keel_errorf("%s: cannot create: %s", path, strerror(errno));
@@ -76,8 +57,8 @@ keel_status keel_ckpt_write_shard(const char *dir, int rank, int ranks, int64_t 
     XXH3_state_t *h = XXH3_createState();
     XXH3_64bits_reset(h);
     size_t bytes = sizeof(float) * (size_t)floats, payload = bytes * KEEL_CKPT_ARRAYS;
-    keel_status st = write_all(fd, &hd, sizeof hd, h);
-    for (int a = 0; a < KEEL_CKPT_ARRAYS && st == KEEL_OK; a++) st = write_all(fd, arrays[a], bytes, h);
+    st = write_hashed(fd, &hd, sizeof hd, h);
+    for (int a = 0; a < KEEL_CKPT_ARRAYS && st == KEEL_OK; a++) st = write_hashed(fd, arrays[a], bytes, h);
     int err = errno;
     if (st == KEEL_OK && fsync(fd) != 0) st = KEEL_ERR_IO, err = errno;
     if (close(fd) != 0 && st == KEEL_OK) st = KEEL_ERR_IO, err = errno;
@@ -162,26 +143,17 @@ static void remove_tree(const char *dir) {
 }
 
 keel_status keel_ckpt_commit_dir(const char *tmp, const char *dir, const char *manifest_json) {
-    char path[4200], parent[4096];
-    snprintf(parent, sizeof parent, "%s", dir);
-    char *slash = strrchr(parent, '/');
-    if (slash) *slash = 0;
-    else snprintf(parent, sizeof parent, ".");
+    char path[4200];
     snprintf(path, sizeof path, "%s/manifest.json", tmp);
     keel_status st = keel_write_file_atomic(path, manifest_json, strlen(manifest_json));
     if (st != KEEL_OK) return st;
-    struct stat sb;
-    if (stat(dir, &sb) == 0) { /* an unusable one from before a resume: keep it aside */
+    if (keel_path_exists(dir)) { /* an unusable one from before a resume: keep it aside */
         char aside[4200];
         snprintf(aside, sizeof aside, "%s.replaced", dir);
         remove_tree(aside);
         if (rename(dir, aside) == 0) keel_log_warn("%s existed (not usable at resume); kept as %s", dir, aside);
     }
-    if (fsync_path(tmp) != KEEL_OK || rename(tmp, dir) != 0 || fsync_path(parent) != KEEL_OK) {
-        keel_errorf("%s: cannot commit checkpoint: %s", dir, strerror(errno));
-        return KEEL_ERR_IO;
-    }
-    return KEEL_OK;
+    return keel_commit_dir(tmp, dir);
 }
 
 keel_status keel_ckpt_commit(const char *run_dir, int64_t step, const char *manifest_json) {
@@ -260,13 +232,13 @@ int keel_ckpt_list(const char *run_dir, int64_t **out) {
     keel_free(tmps);
     if (k > 1) qsort(steps, (size_t)k, sizeof(int64_t), cmp_desc);
     /* LATEST first: it names the last commit even if a newer directory appeared by hand. */
-    char path[4200], buf[64] = "";
+    char path[4200], *text;
     snprintf(path, sizeof path, "%s/checkpoints/LATEST", run_dir);
-    FILE *f = fopen(path, "r");
-    if (f) {
+    if (keel_read_file_quiet(path, 64, &text, NULL) == KEEL_OK) { /* absent before the first commit */
         bool tmp;
-        int64_t latest = fgets(buf, sizeof buf, f) ? (buf[strcspn(buf, "\n")] = 0, parse_step(buf, &tmp)) : -1;
-        fclose(f);
+        text[strcspn(text, "\n")] = 0;
+        int64_t latest = parse_step(text, &tmp);
+        keel_free(text);
         for (int i = 0; i < k && latest >= 0; i++)
             if (steps[i] == latest) {
                 memmove(steps + 1, steps, sizeof(int64_t) * (size_t)i);
@@ -310,18 +282,11 @@ keel_status keel_ckpt_open(const char *dir, keel_ckpt *c) {
     snprintf(c->dir, sizeof c->dir, "%s", dir);
     char path[4200];
     snprintf(path, sizeof path, "%s/manifest.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    char *text;
+    if (keel_read_file_quiet(path, 0, &text, NULL) != KEEL_OK) {
         keel_errorf("%s: no manifest: %s", path, strerror(errno));
         return KEEL_ERR_INPUT;
     }
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *text = keel_xmalloc((size_t)(len > 0 ? len : 0) + 1, "manifest");
-    size_t got = fread(text, 1, (size_t)(len > 0 ? len : 0), f);
-    fclose(f);
-    text[got] = 0;
     cJSON *m = cJSON_Parse(text);
     keel_free(text);
     c->manifest = m;
@@ -380,7 +345,7 @@ keel_status keel_ckpt_open(const char *dir, keel_ckpt *c) {
         shard_header hd;
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         bool ok = fd >= 0 && fstat(fd, &sb) == 0 && sb.st_size == c->files[j].bytes &&
-                  pread(fd, &hd, sizeof hd, 0) == (ssize_t)sizeof hd &&
+                  keel_pread_all(fd, &hd, sizeof hd, 0, NULL) == KEEL_OK &&
                   !memcmp(hd.magic, KEEL_CKPT_MAGIC, 8) && hd.version == KEEL_CKPT_VERSION &&
                   hd.rank == (uint32_t)j && hd.ranks == (uint32_t)c->shard_ranks &&
                   hd.step == (uint64_t)c->step && hd.floats == (uint64_t)c->plan.shard_total;
@@ -401,31 +366,37 @@ void keel_ckpt_close(keel_ckpt *c) {
     memset(c, 0, sizeof *c);
 }
 
-static int open_file(const keel_ckpt *c, int j) {
-    char name[64], path[4200];
+static void shard_path(char *out, size_t n, const keel_ckpt *c, int j) {
+    char name[64];
     shard_name(name, sizeof name, j, c->shard_ranks);
-    snprintf(path, sizeof path, "%s/%s", c->dir, name);
-    return open(path, O_RDONLY | O_CLOEXEC);
+    snprintf(out, n, "%s/%s", c->dir, name);
 }
 
 keel_status keel_ckpt_verify_file(const keel_ckpt *c, int j) {
-    int fd = open_file(c, j);
+    char path[4200];
+    shard_path(path, sizeof path, c, j);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         keel_errorf("%s: shard %d cannot be opened: %s", c->dir, j, strerror(errno));
         return KEEL_ERR_INPUT;
     }
     XXH3_state_t *h = XXH3_createState();
     XXH3_64bits_reset(h);
-    size_t cap = 8u << 20;
-    char *buf = keel_xmalloc(cap, "checksum buffer");
-    ssize_t n;
-    int64_t total = 0;
-    while ((n = read(fd, buf, cap)) > 0) XXH3_64bits_update(h, buf, (size_t)n), total += n;
+    const int64_t cap = 8 << 20, bytes = c->files[j].bytes;
+    char *buf = keel_xmalloc((size_t)cap, "checksum buffer");
+    struct stat sb;
+    /* A file longer or shorter than the manifest says is damaged too. */
+    bool ok = fstat(fd, &sb) == 0 && sb.st_size == bytes;
+    for (int64_t at = 0; ok && at < bytes; at += cap) {
+        size_t n = (size_t)(bytes - at < cap ? bytes - at : cap);
+        ok = keel_pread_all(fd, buf, n, at, NULL) == KEEL_OK;
+        XXH3_64bits_update(h, buf, n);
+    }
     uint64_t got = XXH3_64bits_digest(h);
     XXH3_freeState(h);
     keel_free(buf);
     close(fd);
-    if (n < 0 || total != c->files[j].bytes || got != c->files[j].xxh3) {
+    if (!ok || got != c->files[j].xxh3) {
         keel_errorf("%s: shard %d of %d fails its checksum (xxh3 %016llx, manifest %016llx): the file "
                     "is damaged", c->dir, j, c->shard_ranks, (unsigned long long)got,
                     (unsigned long long)c->files[j].xxh3);
@@ -465,16 +436,19 @@ keel_status keel_ckpt_read(const keel_ckpt *c, int a, int64_t begin, int64_t len
     while (len > 0) {
         int j = (int)(pos / x->shard);
         int64_t within = pos % x->shard, n = x->shard - within < len ? x->shard - within : len;
-        off_t at = KEEL_CKPT_HEADER_BYTES +
-                   (off_t)sizeof(float) * ((int64_t)a * c->plan.shard_total + x->shard_offset + within);
-        int fd = open_file(c, j);
-        size_t want = sizeof(float) * (size_t)n;
-        ssize_t got = fd >= 0 ? pread(fd, dst, want, at) : -1;
-        if (fd >= 0) close(fd);
-        if (got != (ssize_t)want) {
-            keel_errorf("%s: shard %d: short read at byte %lld", c->dir, j, (long long)at);
+        int64_t at = KEEL_CKPT_HEADER_BYTES +
+                     (int64_t)sizeof(float) * ((int64_t)a * c->plan.shard_total + x->shard_offset + within);
+        char path[4200];
+        shard_path(path, sizeof path, c, j);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            keel_errorf("%s: cannot open checkpoint shard: %s", path, strerror(errno));
             return KEEL_ERR_INPUT;
         }
+        /* A unit's slice of a 70B model is gigabytes: keel_pread_all loops. */
+        keel_status st = keel_pread_all(fd, dst, sizeof(float) * (size_t)n, at, path);
+        close(fd);
+        if (st != KEEL_OK) return st;
         dst += n, pos += n, len -= n;
     }
     return KEEL_OK;

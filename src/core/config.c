@@ -397,23 +397,16 @@ keel_status keel_config_load_string(keel_config *cfg, const char *json, const ch
 }
 
 keel_status keel_config_load_file(keel_config *cfg, const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        keel_errorf("%s: cannot open config: %s", path, strerror(errno));
+    /* A cap, so that a data file passed by mistake is an error, not 10 GB of RAM. */
+    enum { MAX_CONFIG_BYTES = 64 << 20 };
+    char *buf;
+    if (keel_read_file_quiet(path, MAX_CONFIG_BYTES, &buf, NULL) != KEEL_OK) {
+        if (errno == EFBIG)
+            keel_errorf("%s: not a config file (larger than %d MiB)", path, MAX_CONFIG_BYTES >> 20);
+        else
+            keel_errorf("%s: cannot open config: %s", path, strerror(errno));
         return KEEL_ERR_INPUT;
     }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (n < 0 || n > (64 << 20)) {
-        fclose(f);
-        keel_errorf("%s: not a config file (size %ld bytes)", path, n);
-        return KEEL_ERR_INPUT;
-    }
-    char *buf = keel_xmalloc((size_t)n + 1, "config text");
-    size_t got = fread(buf, 1, (size_t)n, f);
-    fclose(f);
-    buf[got] = 0;
     keel_status st = keel_config_load_string(cfg, buf, path);
     keel_free(buf);
     if (st == KEEL_OK) {

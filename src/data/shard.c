@@ -13,8 +13,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <libgen.h>
-#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -69,41 +67,16 @@ static inline uint32_t token_at(const uint8_t *payload, uint32_t token_bytes, ui
 
 /* ---- writing -------------------------------------------------------------- */
 
-static int write_all(int fd, const void *buf, size_t bytes) {
-    const uint8_t *p = buf;
-    while (bytes > 0) {
-        ssize_t n = write(fd, p, bytes);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) return -1;
-        p += n;
-        bytes -= (size_t)n;
-    }
-    return 0;
-}
-
-/* fsync the directory holding `path`, so that a rename into it is durable. */
-static int fsync_parent_dir(const char *path) {
-    char *copy = keel_xstrdup(path);
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    keel_free(copy);
-    if (fd < 0) return -1;
-    int rc = fsync(fd);
-    int saved = errno;
-    close(fd);
-    errno = saved;
-    return rc;
-}
-
 /* Write the payload in chunks (converted to little-endian token_bytes-wide
  * ids) and return its XXH3-64 through *checksum. */
-static int write_payload(int fd, const int32_t *tokens, uint64_t n_tokens, uint32_t token_bytes,
-                         uint64_t *checksum) {
+static keel_status write_payload(int fd, const char *path, const int32_t *tokens, uint64_t n_tokens,
+                                 uint32_t token_bytes, uint64_t *checksum) {
     uint8_t *buf = keel_xmalloc((size_t)WRITE_CHUNK_TOKENS * token_bytes, "shard write buffer");
     XXH3_state_t *hash = XXH3_createState();
     KEEL_CHECK(hash != NULL, "out of memory for the XXH3 state");
     XXH3_64bits_reset(hash);
-    int rc = 0;
-    for (uint64_t first = 0; first < n_tokens && rc == 0; first += WRITE_CHUNK_TOKENS) {
+    keel_status st = KEEL_OK;
+    for (uint64_t first = 0; first < n_tokens && st == KEEL_OK; first += WRITE_CHUNK_TOKENS) {
         uint64_t n = n_tokens - first < WRITE_CHUNK_TOKENS ? n_tokens - first : WRITE_CHUNK_TOKENS;
         for (uint64_t i = 0; i < n; i++) {
             uint32_t id = (uint32_t)tokens[first + i];
@@ -115,12 +88,12 @@ static int write_payload(int fd, const int32_t *tokens, uint64_t n_tokens, uint3
             }
         }
         XXH3_64bits_update(hash, buf, n * token_bytes);
-        rc = write_all(fd, buf, n * token_bytes);
+        st = keel_write_all(fd, buf, n * token_bytes, path);
     }
     *checksum = XXH3_64bits_digest(hash);
     XXH3_freeState(hash);
     keel_free(buf);
-    return rc;
+    return st;
 }
 
 keel_status keel_shard_write(const char *path, const int32_t *tokens, uint64_t n_tokens,
@@ -136,25 +109,16 @@ keel_status keel_shard_write(const char *path, const int32_t *tokens, uint64_t n
     }
     uint32_t token_bytes = vocab_size <= 65536 ? 2 : 4;
 
-    char tmp[PATH_MAX];
-    int len = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    if (len < 0 || (size_t)len >= sizeof tmp) {
-        keel_errorf("%s: path too long", path);
-        return KEEL_ERR_INPUT;
-    }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd < 0) {
-        keel_errorf("cannot create %s: %s", tmp, strerror(errno));
-        return KEEL_ERR_IO;
-    }
-
+    keel_atomic_file f;
+    keel_status st = keel_atomic_begin(&f, path);
+    if (st != KEEL_OK) return st;
     /* The checksum is known only after the payload, so the header is written
      * as zeros first and filled in at the end. */
     uint8_t header[KEEL_SHARD_HEADER_BYTES] = {0};
     uint64_t checksum = 0;
-    const char *failed = "write";
-    if (write_all(fd, header, sizeof header) != 0) goto fail;
-    if (write_payload(fd, tokens, n_tokens, token_bytes, &checksum) != 0) goto fail;
+    st = keel_write_all(f.fd, header, sizeof header, path);
+    if (st == KEEL_OK) st = write_payload(f.fd, path, tokens, n_tokens, token_bytes, &checksum);
+    if (st != KEEL_OK) goto fail;
     memcpy(header + OFF_MAGIC, KEEL_SHARD_MAGIC, 8);
     put_u32(header + OFF_VERSION, KEEL_SHARD_VERSION);
     put_u32(header + OFF_TOKEN_BYTES, token_bytes);
@@ -162,27 +126,13 @@ keel_status keel_shard_write(const char *path, const int32_t *tokens, uint64_t n
     put_u32(header + OFF_VOCAB, vocab_size);
     put_u32(header + OFF_RESERVED, 0);
     put_u64(header + OFF_CHECKSUM, checksum);
-    if (pwrite(fd, header, sizeof header, 0) != (ssize_t)sizeof header) goto fail;
-    failed = "fsync";
-    if (fsync(fd) != 0) goto fail;
-    failed = "close";
-    int rc = close(fd);
-    fd = -1;
-    if (rc != 0) goto fail;
-    failed = "rename";
-    if (rename(tmp, path) != 0) goto fail;
-    if (fsync_parent_dir(path) != 0) {
-        keel_errorf("cannot fsync the directory of %s: %s", path, strerror(errno));
-        return KEEL_ERR_IO;
-    }
-    return KEEL_OK;
+    st = keel_pwrite_all(f.fd, header, sizeof header, 0, path);
+    if (st != KEEL_OK) goto fail;
+    return keel_atomic_commit(&f);
 
-fail:;
-    int saved = errno;
-    if (fd >= 0) close(fd);
-    unlink(tmp);
-    keel_errorf("cannot write %s (%s failed): %s", path, failed, strerror(saved));
-    return KEEL_ERR_IO;
+fail:
+    keel_atomic_abort(&f);
+    return st;
 }
 
 /* ---- reading -------------------------------------------------------------- */
@@ -275,10 +225,10 @@ keel_status keel_shard_open(const char *path, keel_shard **out) {
         /* Too short to map a header: read what is there to tell a foreign
          * file (bad magic) from a truncated shard. */
         uint8_t head[KEEL_SHARD_HEADER_BYTES] = {0};
-        ssize_t got = pread(fd, head, sizeof head, 0);
+        bool whole = keel_pread_all(fd, head, (size_t)file_bytes, 0, NULL) == KEEL_OK;
         close(fd);
         keel_shard tiny = {.path = (char *)path};
-        verify(&tiny, head, got < 0 ? 0 : (uint64_t)got);
+        verify(&tiny, head, whole ? file_bytes : 0);
         return KEEL_ERR_INPUT;
     }
     void *map = mmap(NULL, (size_t)file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);

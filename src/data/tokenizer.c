@@ -855,41 +855,19 @@ static bool build_vocab(keel_tokenizer *tok, model_proto *m, parse_error *err) {
            load_charsmap(&m->denormalizer, &tok->denormalizer, "denormalizer", err);
 }
 
-static bool read_file(const char *path, uint8_t **data, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return false;
-    size_t cap = 1 << 16, n = 0;
-    uint8_t *buf = keel_xmalloc(cap, "tokenizer model file");
-    for (;;) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap) break;
-        cap *= 2;
-        buf = keel_xrealloc(buf, cap, "tokenizer model file");
-    }
-    bool ok = !ferror(f);
-    int saved = errno;
-    fclose(f);
-    errno = saved;
-    if (!ok) {
-        keel_free(buf);
-        return false;
-    }
-    *data = buf;
-    *len = n;
-    return true;
-}
-
 keel_status keel_tokenizer_load(const char *path, keel_tokenizer **out) {
     *out = NULL;
     keel_tokenizer *tok = keel_xcalloc(sizeof *tok, "tokenizer");
     tok->path = keel_xstrdup(path);
     size_t len;
-    if (!read_file(path, &tok->file, &len)) {
+    char *file;
+    if (keel_read_file_quiet(path, 0, &file, &len) != KEEL_OK) {
         keel_errorf("cannot read tokenizer model %s: %s; pass the path of a SentencePiece "
                     ".model file", path, strerror(errno));
         keel_tokenizer_free(tok);
         return KEEL_ERR_INPUT;
     }
+    tok->file = (uint8_t *)file;
     model_proto m = {0};
     parse_error err = {{0}};
     if (!parse_model(tok->file, len, &m, &err) || !build_vocab(tok, &m, &err)) {

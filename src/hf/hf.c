@@ -1,157 +1,23 @@
 /* hf/hf.c: Hugging Face LlamaForCausalLM directories (config.json +
- * safetensors) to and from keel's canonical parameter vector. */
+ * safetensors) to and from keel's canonical parameter vector: the Llama
+ * mapping (tensor names and shapes, config.json); the file format is
+ * safetensors.c's. */
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hf/safetensors.h"
 #include "keel/hf.h"
 #include "keel/model.h"
 #include "keel/tokenizer.h"
-
-_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian");
-
-#define ST_MAX_HEADER (100 << 20) /* the safetensors library's own limit */
 #define MAX_FFN_MULTIPLE (1 << 20) /* model.multiple_of's range */
 #define MAX_FFN_DIM_MULTIPLIER 64.0 /* model.ffn_dim_multiplier's range */
-
-/* ---- small helpers ---------------------------------------------------------- */
-
-typedef struct {
-    char *s;
-    size_t n, cap;
-} strbuf;
-
-static void sb_printf(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(strbuf *b, const char *fmt, ...) {
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        size_t room = b->cap - b->n;
-        int k = vsnprintf(b->s ? b->s + b->n : NULL, room, fmt, ap);
-        va_end(ap);
-        KEEL_CHECK(k >= 0, "vsnprintf failed");
-        if ((size_t)k < room) {
-            b->n += (size_t)k;
-            return;
-        }
-        b->cap = (b->n + (size_t)k + 1) * 2;
-        b->s = keel_xrealloc(b->s, b->cap, "string buffer");
-    }
-}
-
-static char *join(const char *dir, const char *name) {
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *p = keel_xmalloc(n, "path");
-    snprintf(p, n, "%s/%s", dir, name);
-    return p;
-}
-
-static bool file_exists(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-static keel_status write_all(int fd, const void *data, size_t bytes) {
-    const char *p = data;
-    while (bytes > 0) {
-        size_t chunk = bytes < ((size_t)1 << 30) ? bytes : ((size_t)1 << 30);
-        ssize_t n = write(fd, p, chunk);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return KEEL_ERR_IO;
-        }
-        p += n;
-        bytes -= (size_t)n;
-    }
-    return KEEL_OK;
-}
-
-static void fsync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
-}
-
-/* dir/name := a ++ b, durably: tmp file in dir, fsync, rename. */
-static keel_status write_file(const char *dir, const char *name, const void *a, size_t a_bytes,
-                              const void *b, size_t b_bytes) {
-    char *path = join(dir, name);
-    size_t n = strlen(path) + 32;
-    char *tmp = keel_xmalloc(n, "tmp path");
-    snprintf(tmp, n, "%s.tmp.%d", path, (int)getpid());
-    keel_status st = KEEL_OK;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        keel_errorf("%s: cannot create: %s", tmp, strerror(errno));
-        st = KEEL_ERR_IO;
-    } else {
-        st = write_all(fd, a, a_bytes);
-        if (st == KEEL_OK && b_bytes) st = write_all(fd, b, b_bytes);
-        int saved = errno;
-        if (st == KEEL_OK && fsync(fd) != 0) st = KEEL_ERR_IO, saved = errno;
-        if (close(fd) != 0 && st == KEEL_OK) st = KEEL_ERR_IO, saved = errno;
-        if (st == KEEL_OK && rename(tmp, path) != 0) st = KEEL_ERR_IO, saved = errno;
-        if (st != KEEL_OK) {
-            keel_errorf("%s: write failed: %s", path, strerror(saved));
-            unlink(tmp);
-        }
-    }
-    keel_free(tmp);
-    keel_free(path);
-    return st;
-}
-
-/* The whole of a (small) file as a NUL-terminated string; one-line error if
- * it cannot be read. */
-static keel_status read_text(const char *path, const char *what, char **out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        keel_errorf("%s: cannot open %s: %s", path, what, strerror(errno));
-        return KEEL_ERR_INPUT;
-    }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (n < 0 || n > (256L << 20)) {
-        fclose(f);
-        keel_errorf("%s: not a %s (size %ld bytes)", path, what, n);
-        return KEEL_ERR_INPUT;
-    }
-    char *buf = keel_xmalloc((size_t)n + 1, what);
-    size_t got = fread(buf, 1, (size_t)n, f);
-    fclose(f);
-    buf[got] = 0;
-    *out = buf;
-    return KEEL_OK;
-}
-
-static cJSON *parse_json_file(const char *path, const char *what) {
-    char *text;
-    if (read_text(path, what, &text) != KEEL_OK) return NULL;
-    cJSON *root = cJSON_Parse(text);
-    if (!root) {
-        const char *at = cJSON_GetErrorPtr();
-        int line = 1;
-        for (const char *p = text; at && p < at && *p; p++) line += *p == '\n';
-        keel_errorf("%s: invalid JSON near line %d", path, line);
-    } else if (!cJSON_IsObject(root)) {
-        keel_errorf("%s: must be a JSON object", path);
-        cJSON_Delete(root);
-        root = NULL;
-    }
-    keel_free(text);
-    return root;
-}
 
 /* ---- the feed-forward size ------------------------------------------------ */
 
@@ -202,7 +68,9 @@ typedef struct {
 
 static keel_status export_write(export_ctx *x, const char *name, const void *a, size_t a_bytes,
                                 const void *b, size_t b_bytes) {
-    keel_status st = write_file(x->dir, name, a, a_bytes, b, b_bytes);
+    char *path = keel_path_join(x->dir, name);
+    keel_status st = keel_write_file_atomic2(path, a, a_bytes, b, b_bytes);
+    keel_free(path);
     if (st != KEEL_OK) return st;
     if (x->n_files == x->cap_files) {
         x->cap_files = x->cap_files * 2 + 8;
@@ -212,36 +80,22 @@ static keel_status export_write(export_ctx *x, const char *name, const void *a, 
     return KEEL_OK;
 }
 
-static bool is_vector(const keel_tensor_info *t) { return t->cols == 1 && t->is_norm_or_embedding; }
+/* A layout tensor as Hugging Face stores it: norm weights (and other
+ * column vectors of the norm/embedding kind) are 1-dimensional. */
+static safetensors_tensor hf_tensor(const keel_tensor_info *t) {
+    bool vector = t->cols == 1 && t->is_norm_or_embedding;
+    return (safetensors_tensor){.name = t->name, .ndim = vector ? 1 : 2, .shape = {t->rows, t->cols}};
+}
 
-/* One safetensors file holding tensors [first, last) of the layout, whose
- * data is one contiguous slice of params. */
-static keel_status write_shard(export_ctx *x, const char *name, const keel_model_layout *lay,
-                               int first, int last, const float *params) {
-    strbuf h = {0};
-    sb_printf(&h, "{\"__metadata__\":{\"format\":\"pt\"}");
-    int64_t begin = lay->tensors[first].offset, off = 0;
-    for (int i = first; i < last; i++) {
-        const keel_tensor_info *t = &lay->tensors[i];
-        int64_t bytes = 4 * t->rows * t->cols;
-        KEEL_CHECK(t->offset - begin == off / 4, "tensors are not contiguous");
-        if (is_vector(t))
-            sb_printf(&h, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%lld],", t->name, (long long)t->rows);
-        else
-            sb_printf(&h, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%lld,%lld],", t->name,
-                      (long long)t->rows, (long long)t->cols);
-        sb_printf(&h, "\"data_offsets\":[%lld,%lld]}", (long long)off, (long long)(off + bytes));
-        off += bytes;
-    }
-    sb_printf(&h, "}");
-    while (h.n % 8) sb_printf(&h, " ");
-    size_t total = 8 + h.n;
-    uint8_t *head = keel_xmalloc(total, "safetensors header");
-    uint64_t n = h.n;
-    for (int i = 0; i < 8; i++) head[i] = (uint8_t)(n >> (8 * i));
-    memcpy(head + 8, h.s, h.n);
-    keel_free(h.s);
-    keel_status st = export_write(x, name, head, total, params + begin, (size_t)off);
+/* One safetensors file holding tensors [first, last) of t, whose data is one
+ * contiguous slice of params starting at `data`. */
+static keel_status write_shard(export_ctx *x, const char *name, const safetensors_tensor *t, int first,
+                               int last, const float *data) {
+    size_t head_bytes;
+    uint8_t *head = safetensors_header(t + first, last - first, &head_bytes);
+    int64_t data_bytes = 0;
+    for (int i = first; i < last; i++) data_bytes += safetensors_f32_bytes(&t[i]);
+    keel_status st = export_write(x, name, head, head_bytes, data, (size_t)data_bytes);
     keel_free(head);
     return st;
 }
@@ -282,67 +136,36 @@ static keel_status write_config(export_ctx *x, const keel_model_layout *lay, int
     cJSON_Delete(j);
     /* cJSON indents with tabs; write transformers' two spaces (no value
      * here holds a tab). */
-    strbuf b = {0};
+    char *json = keel_xmalloc(2 * strlen(text) + 2, "config.json");
+    size_t n = 0;
     for (const char *p = text; *p; p++) {
-        if (*p != '\t') sb_printf(&b, "%c", *p);
-        else sb_printf(&b, "%s", p > text && p[-1] == ':' ? " " : "  ");
+        if (*p != '\t') json[n++] = *p;
+        else if (p > text && p[-1] == ':') json[n++] = ' ';
+        else json[n++] = ' ', json[n++] = ' ';
     }
-    sb_printf(&b, "\n");
+    json[n++] = '\n';
     free(text);
-    keel_status st = export_write(x, "config.json", b.s, b.n, NULL, 0);
-    keel_free(b.s);
-    return st;
-}
-
-static keel_status write_index(export_ctx *x, const keel_model_layout *lay, const int *shard_of,
-                               char names[][64]) {
-    int64_t total = 0;
-    for (int i = 0; i < lay->n_tensors; i++) total += 4 * lay->tensors[i].rows * lay->tensors[i].cols;
-    strbuf b = {0};
-    sb_printf(&b, "{\n  \"metadata\": {\n    \"total_size\": %lld\n  },\n  \"weight_map\": {\n",
-              (long long)total);
-    for (int i = 0; i < lay->n_tensors; i++)
-        sb_printf(&b, "    \"%s\": \"%s\"%s\n", lay->tensors[i].name, names[shard_of[i]],
-                  i + 1 < lay->n_tensors ? "," : "");
-    sb_printf(&b, "  }\n}\n");
-    keel_status st = export_write(x, "model.safetensors.index.json", b.s, b.n, NULL, 0);
-    keel_free(b.s);
+    keel_status st = export_write(x, "config.json", json, n, NULL, 0);
+    keel_free(json);
     return st;
 }
 
 static keel_status copy_tokenizer(export_ctx *x, const char *src, const keel_model_layout *lay) {
-    char *data = NULL;
-    FILE *f = fopen(src, "rb");
-    if (!f) {
-        keel_errorf("%s: cannot open tokenizer: %s", src, strerror(errno));
+    char *data;
+    size_t bytes;
+    if (keel_read_file_quiet(src, 0, &data, &bytes) != KEEL_OK) {
+        keel_errorf("%s: cannot read tokenizer: %s", src, strerror(errno));
         return KEEL_ERR_INPUT;
     }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    keel_status st = KEEL_OK;
-    if (n < 0) {
-        keel_errorf("%s: cannot read tokenizer: %s", src, strerror(errno));
-        st = KEEL_ERR_INPUT;
-    } else {
-        data = keel_xmalloc((size_t)n + 1, "tokenizer copy");
-        if (fread(data, 1, (size_t)n, f) != (size_t)n) {
-            keel_errorf("%s: cannot read tokenizer: short read", src);
-            st = KEEL_ERR_INPUT;
-        }
-    }
-    fclose(f);
-    if (st == KEEL_OK) st = export_write(x, "tokenizer.model", data, (size_t)n, NULL, 0);
+    keel_status st = export_write(x, "tokenizer.model", data, bytes, NULL, 0);
     keel_free(data);
     if (st != KEEL_OK) return st;
-    strbuf b = {0};
-    sb_printf(&b,
-              "{\n  \"tokenizer_class\": \"LlamaTokenizer\",\n  \"add_bos_token\": true,\n"
-              "  \"add_eos_token\": false,\n  \"model_max_length\": %d\n}\n",
-              lay->T);
-    st = export_write(x, "tokenizer_config.json", b.s, b.n, NULL, 0);
-    keel_free(b.s);
-    return st;
+    char json[256];
+    int n = snprintf(json, sizeof json,
+                     "{\n  \"tokenizer_class\": \"LlamaTokenizer\",\n  \"add_bos_token\": true,\n"
+                     "  \"add_eos_token\": false,\n  \"model_max_length\": %d\n}\n",
+                     lay->T);
+    return export_write(x, "tokenizer_config.json", json, (size_t)n, NULL, 0);
 }
 
 /* 0: absent, 1: an empty directory, -1: anything else (error printed). */
@@ -371,6 +194,45 @@ static int out_dir_state(const char *out_dir) {
         return -1;
     }
     return 1;
+}
+
+/* Every file of the export into x->dir: the safetensors file(s) (tensors in
+ * canonical order, split by max_shard_bytes) and their index, the tokenizer,
+ * config.json. *n_files counts the safetensors files. */
+static keel_status write_export(export_ctx *x, const keel_model_layout *lay, const float *params,
+                                int64_t max_shard_bytes, const char *tokenizer_model_path, int bos,
+                                int eos, int *n_files) {
+    safetensors_tensor *t = keel_xmalloc(sizeof *t * (size_t)lay->n_tensors, "tensor list");
+    int *file_of = keel_xmalloc(sizeof(int) * (size_t)lay->n_tensors, "shard map");
+    for (int i = 0; i < lay->n_tensors; i++) {
+        t[i] = hf_tensor(&lay->tensors[i]);
+        /* Each file's data is written straight from params as one slice. */
+        KEEL_CHECK(i == 0 || lay->tensors[i].offset ==
+                                 lay->tensors[i - 1].offset + safetensors_f32_bytes(&t[i - 1]) / 4,
+                   "tensors are not contiguous");
+    }
+    bool indexed;
+    *n_files = safetensors_plan_files(t, lay->n_tensors, max_shard_bytes, file_of, &indexed);
+    keel_status st = KEEL_OK;
+    for (int f = 0, first = 0; st == KEEL_OK && f < *n_files; f++) {
+        int last = first;
+        while (last < lay->n_tensors && file_of[last] == f) last++;
+        char name[64];
+        safetensors_file_name(name, f, *n_files, indexed);
+        st = write_shard(x, name, t, first, last, params + lay->tensors[first].offset);
+        first = last;
+    }
+    if (st == KEEL_OK && indexed) {
+        size_t len;
+        char *index = safetensors_index_json(t, lay->n_tensors, file_of, *n_files, &len);
+        st = export_write(x, SAFETENSORS_INDEX, index, len, NULL, 0);
+        keel_free(index);
+    }
+    if (st == KEEL_OK && tokenizer_model_path) st = copy_tokenizer(x, tokenizer_model_path, lay);
+    if (st == KEEL_OK) st = write_config(x, lay, bos, eos);
+    keel_free(file_of);
+    keel_free(t);
+    return st;
 }
 
 keel_status keel_hf_export(const keel_model_config *cfg, const float *params,
@@ -429,68 +291,25 @@ keel_status keel_hf_export(const keel_model_config *cfg, const float *params,
         x.dir = keel_xstrdup(out);
     }
 
-    /* Shards: tensors in canonical order, a new file whenever the next tensor
-     * would push this one past max_shard_bytes. */
-    int *shard_of = keel_xmalloc(sizeof(int) * (size_t)lay.n_tensors, "shard map");
-    int n_shards = 0;
-    int64_t total = 0, in_shard = 0;
-    for (int i = 0; i < lay.n_tensors; i++) total += 4 * lay.tensors[i].rows * lay.tensors[i].cols;
-    bool split = max_shard_bytes > 0 && total > max_shard_bytes;
-    for (int i = 0; i < lay.n_tensors; i++) {
-        int64_t bytes = 4 * lay.tensors[i].rows * lay.tensors[i].cols;
-        if (i == 0 || (split && in_shard > 0 && in_shard + bytes > max_shard_bytes)) {
-            n_shards++;
-            in_shard = 0;
-        }
-        shard_of[i] = n_shards - 1;
-        in_shard += bytes;
-    }
-    char(*names)[64] = keel_xmalloc(sizeof(char[64]) * (size_t)n_shards, "shard names");
-    for (int s = 0; s < n_shards; s++) {
-        if (split) snprintf(names[s], 64, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
-        else snprintf(names[s], 64, "model.safetensors");
-    }
-
-    keel_status st = KEEL_OK;
-    for (int s = 0, first = 0; st == KEEL_OK && s < n_shards; s++) {
-        int last = first;
-        while (last < lay.n_tensors && shard_of[last] == s) last++;
-        st = write_shard(&x, names[s], &lay, first, last, params);
-        first = last;
-    }
-    if (st == KEEL_OK && split) st = write_index(&x, &lay, shard_of, names);
-    if (st == KEEL_OK && tokenizer_model_path) st = copy_tokenizer(&x, tokenizer_model_path, &lay);
-    if (st == KEEL_OK) st = write_config(&x, &lay, bos, eos);
-    if (st == KEEL_OK) {
-        fsync_dir(x.dir);
-        if (staged) {
-            if (rename(x.dir, out) != 0) {
-                keel_errorf("%s: cannot move the export into place from %s: %s", out, x.dir,
-                            strerror(errno));
-                st = KEEL_ERR_IO;
-            } else {
-                char *parent = join(out, "..");
-                fsync_dir(parent);
-                keel_free(parent);
-            }
-        }
-    }
+    int n_files = 0;
+    keel_status st = write_export(&x, &lay, params, max_shard_bytes, tokenizer_model_path, bos, eos,
+                                  &n_files);
+    /* Every file is durable in x.dir; a staged export then moves into place. */
+    if (st == KEEL_OK) st = staged ? keel_commit_dir(x.dir, out) : keel_fsync_dir(x.dir);
     if (st != KEEL_OK) { /* leave nothing behind */
         for (int i = 0; i < x.n_files; i++) {
-            char *p = join(x.dir, x.files[i]);
+            char *p = keel_path_join(x.dir, x.files[i]);
             unlink(p);
             keel_free(p);
         }
         if (staged) rmdir(x.dir);
     } else {
         keel_log_info("exported %lld parameters to %s (%d safetensors file%s)", (long long)lay.n_params,
-                      out, n_shards, n_shards == 1 ? "" : "s");
+                      out, n_files, n_files == 1 ? "" : "s");
     }
     for (int i = 0; i < x.n_files; i++) keel_free(x.files[i]);
     keel_free(x.files);
     keel_free(x.dir);
-    keel_free(names);
-    keel_free(shard_of);
     keel_free(out);
     keel_model_layout_free(&lay);
     return st;
@@ -570,8 +389,8 @@ static bool rope_ok(const cJSON *root, const char *path, double *theta) {
 }
 
 static keel_status import_config(const char *hf_dir, keel_model_config *out) {
-    char *path = join(hf_dir, "config.json");
-    cJSON *root = parse_json_file(path, "Hugging Face config");
+    char *path = keel_path_join(hf_dir, "config.json");
+    cJSON *root = safetensors_read_json_object(path, "Hugging Face config");
     keel_status st = KEEL_ERR_INPUT;
     int64_t C = 0, F = 0, L = 0, NH = 0, V = 0, NKV = -1, T = 2048, head_dim = -1;
     double eps = 1e-6, theta = 10000.0; /* LlamaConfig's defaults */
@@ -688,255 +507,14 @@ done:
 
 /* ---- import: safetensors ---------------------------------------------------- */
 
-typedef struct {
-    char *name;      /* as the weight map spells it */
-    char *path;
-    int fd;
-    int64_t data_start, data_bytes;
-    cJSON *header;
-} st_file;
-
-static void st_close(st_file *f) {
-    if (f->fd >= 0) close(f->fd);
-    cJSON_Delete(f->header);
-    keel_free(f->name);
-    keel_free(f->path);
-    memset(f, 0, sizeof *f);
-    f->fd = -1;
-}
-
-static keel_status read_at(const st_file *f, void *dst, size_t bytes, int64_t at, const char *tensor) {
-    char *p = dst;
-    while (bytes > 0) {
-        size_t chunk = bytes < ((size_t)1 << 30) ? bytes : ((size_t)1 << 30);
-        ssize_t n = pread(f->fd, p, chunk, (off_t)at);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
-            keel_errorf("%s: read failed (tensor %s): %s", f->path, tensor, strerror(errno));
-            return KEEL_ERR_IO;
-        }
-        if (n == 0) {
-            keel_errorf("%s: truncated: tensor %s's data is cut short", f->path, tensor);
-            return KEEL_ERR_INPUT;
-        }
-        p += n;
-        bytes -= (size_t)n;
-        at += n;
-    }
-    return KEEL_OK;
-}
-
-static keel_status st_open(st_file *f, const char *dir, const char *name) {
-    memset(f, 0, sizeof *f);
-    f->fd = -1;
-    f->name = keel_xstrdup(name);
-    f->path = join(dir, name);
-    f->fd = open(f->path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0) {
-        keel_errorf("%s: cannot open safetensors file: %s", f->path, strerror(errno));
-        return KEEL_ERR_INPUT;
-    }
-    struct stat s;
-    if (fstat(f->fd, &s) != 0) {
-        keel_errorf("%s: cannot stat: %s", f->path, strerror(errno));
-        return KEEL_ERR_IO;
-    }
-    int64_t size = (int64_t)s.st_size;
-    uint8_t len8[8];
-    if (size < 8) {
-        keel_errorf("%s: truncated: %lld bytes, not even the 8-byte header length", f->path,
-                    (long long)size);
-        return KEEL_ERR_INPUT;
-    }
-    keel_status st = read_at(f, len8, 8, 0, "(header)");
-    if (st != KEEL_OK) return st;
-    uint64_t n = 0;
-    for (int i = 0; i < 8; i++) n |= (uint64_t)len8[i] << (8 * i);
-    if (n > (uint64_t)ST_MAX_HEADER) {
-        keel_errorf("%s: bad safetensors header: its length %llu exceeds 100 MiB (not a safetensors "
-                    "file?)", f->path, (unsigned long long)n);
-        return KEEL_ERR_INPUT;
-    }
-    if ((int64_t)n > size - 8) {
-        keel_errorf("%s: truncated: the header needs %llu bytes but the file has %lld after the "
-                    "length", f->path, (unsigned long long)n, (long long)(size - 8));
-        return KEEL_ERR_INPUT;
-    }
-    char *text = keel_xmalloc(n + 1, "safetensors header");
-    st = read_at(f, text, n, 8, "(header)");
-    if (st == KEEL_OK) {
-        text[n] = 0;
-        f->header = cJSON_ParseWithLength(text, n);
-        if (!f->header || !cJSON_IsObject(f->header)) {
-            keel_errorf("%s: bad safetensors header: not a JSON object (not a safetensors file?)",
-                        f->path);
-            st = KEEL_ERR_INPUT;
-        }
-    }
-    keel_free(text);
-    f->data_start = 8 + (int64_t)n;
-    f->data_bytes = size - f->data_start;
-    return st;
-}
-
-static float f16_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ffu, u;
-    if (e == 0) {
-        float f = (float)m * 0x1p-24f; /* zero or subnormal: exact */
-        memcpy(&u, &f, 4);
-        u |= sign;
-    } else if (e == 31) {
-        u = sign | 0x7f800000u | (m << 13);
-    } else {
-        u = sign | ((e + 112) << 23) | (m << 13);
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* A JSON array of non-negative integers, into v (at most max); -1 if not. */
-static int json_int_array(const cJSON *a, int64_t *v, int max) {
-    if (!cJSON_IsArray(a)) return -1;
-    int n = 0;
-    for (const cJSON *e = a->child; e; e = e->next) {
-        if (n == max || !cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble != floor(e->valuedouble) ||
-            e->valuedouble > 9.0e15)
-            return -1;
-        v[n++] = (int64_t)e->valuedouble;
-    }
-    return n;
-}
-
-static void shape_str(char *out, size_t size, const int64_t *shape, int n) {
-    size_t k = (size_t)snprintf(out, size, "[");
-    for (int i = 0; i < n && k < size; i++)
-        k += (size_t)snprintf(out + k, size - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    if (k < size) snprintf(out + k, size - k, "]");
-}
-
-/* Read tensor t of the layout from f into dst (fp32). */
-static keel_status st_read_tensor(const st_file *f, const keel_tensor_info *t, float *dst) {
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(f->header, t->name);
-    if (!e) {
-        keel_errorf("%s: missing tensor %s", f->path, t->name);
-        return KEEL_ERR_INPUT;
-    }
-    const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(e, "dtype");
-    int64_t shape[8], offs[3];
-    int ns = json_int_array(cJSON_GetObjectItemCaseSensitive(e, "shape"), shape, 8);
-    int no = json_int_array(cJSON_GetObjectItemCaseSensitive(e, "data_offsets"), offs, 3);
-    if (!cJSON_IsObject(e) || !cJSON_IsString(dtype) || ns < 0 || no != 2) {
-        keel_errorf("%s: bad safetensors header: tensor %s needs dtype, shape and data_offsets",
-                    f->path, t->name);
-        return KEEL_ERR_INPUT;
-    }
-    int esize = !strcmp(dtype->valuestring, "F32") ? 4
-              : (!strcmp(dtype->valuestring, "F16") || !strcmp(dtype->valuestring, "BF16")) ? 2 : 0;
-    if (!esize) {
-        keel_errorf("%s: tensor %s has unsupported dtype %s; keel reads F32, F16 and BF16", f->path,
-                    t->name, dtype->valuestring);
-        return KEEL_ERR_INPUT;
-    }
-    bool vec = is_vector(t);
-    int64_t want[2] = {t->rows, t->cols};
-    bool shape_ok = vec ? (ns == 1 && shape[0] == t->rows)
-                        : (ns == 2 && shape[0] == t->rows && shape[1] == t->cols);
-    if (!shape_ok) {
-        char got_s[160], want_s[64];
-        shape_str(got_s, sizeof got_s, shape, ns);
-        shape_str(want_s, sizeof want_s, want, vec ? 1 : 2);
-        keel_errorf("%s: tensor %s has shape %s but config.json implies %s", f->path, t->name, got_s,
-                    want_s);
-        return KEEL_ERR_INPUT;
-    }
-    int64_t n = t->rows * t->cols;
-    if (offs[1] < offs[0] || offs[1] - offs[0] != n * esize) {
-        keel_errorf("%s: bad safetensors header: tensor %s's data_offsets [%lld, %lld] do not hold "
-                    "%lld %s values", f->path, t->name, (long long)offs[0], (long long)offs[1],
-                    (long long)n, dtype->valuestring);
-        return KEEL_ERR_INPUT;
-    }
-    if (offs[1] > f->data_bytes) {
-        keel_errorf("%s: truncated: tensor %s ends at data byte %lld but the file holds %lld", f->path,
-                    t->name, (long long)offs[1], (long long)f->data_bytes);
-        return KEEL_ERR_INPUT;
-    }
-    int64_t at = f->data_start + offs[0];
-    if (esize == 4) return read_at(f, dst, (size_t)n * 4, at, t->name);
-    bool bf16 = dtype->valuestring[0] == 'B';
-    enum { CHUNK = 1 << 16 };
-    uint16_t *buf = keel_xmalloc(sizeof(uint16_t) * CHUNK, "tensor conversion buffer");
-    keel_status st = KEEL_OK;
-    for (int64_t i = 0; st == KEEL_OK && i < n; i += CHUNK) {
-        int64_t k = n - i < CHUNK ? n - i : CHUNK;
-        st = read_at(f, buf, (size_t)k * 2, at + 2 * i, t->name);
-        for (int64_t j = 0; st == KEEL_OK && j < k; j++)
-            dst[i + j] = bf16 ? keel_bf16_to_float(buf[j]) : f16_to_float(buf[j]);
-    }
-    keel_free(buf);
-    return st;
-}
-
-/* The shard file a weight map names, opened once. */
-static keel_status shard_for(const char *hf_dir, const char *index_path, const cJSON *map,
-                             const char *tensor, st_file *files, int *n_files, st_file **out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(map, tensor);
-    if (!v) {
-        keel_errorf("%s: missing tensor %s (not in weight_map)", index_path, tensor);
-        return KEEL_ERR_INPUT;
-    }
-    if (!cJSON_IsString(v) || !v->valuestring[0] || strchr(v->valuestring, '/') ||
-        !strcmp(v->valuestring, "..") || !strcmp(v->valuestring, ".")) {
-        keel_errorf("%s: weight_map entry of %s must be a file name in the same directory", index_path,
-                    tensor);
-        return KEEL_ERR_INPUT;
-    }
-    for (int i = 0; i < *n_files; i++)
-        if (!strcmp(files[i].name, v->valuestring)) {
-            *out = &files[i];
-            return KEEL_OK;
-        }
-    st_file *f = &files[(*n_files)++];
-    *out = f;
-    return st_open(f, hf_dir, v->valuestring);
-}
-
 static keel_status import_weights(const char *hf_dir, const keel_model_layout *lay, float *params) {
-    char *single = join(hf_dir, "model.safetensors");
-    char *index_path = join(hf_dir, "model.safetensors.index.json");
-    st_file *files = keel_xcalloc(sizeof(st_file) * (size_t)(lay->n_tensors + 1), "safetensors files");
-    int n_files = 0;
-    cJSON *index = NULL;
-    const cJSON *map = NULL;
-    keel_status st = KEEL_OK;
-    if (file_exists(single)) {
-        st = st_open(&files[n_files++], hf_dir, "model.safetensors");
-    } else if (file_exists(index_path)) {
-        index = parse_json_file(index_path, "safetensors index");
-        map = index ? cJSON_GetObjectItemCaseSensitive(index, "weight_map") : NULL;
-        if (!index) {
-            st = KEEL_ERR_INPUT;
-        } else if (!cJSON_IsObject(map)) {
-            keel_errorf("%s: no \"weight_map\" object", index_path);
-            st = KEEL_ERR_INPUT;
-        }
-    } else {
-        keel_errorf("%s: no model.safetensors or model.safetensors.index.json (keel reads "
-                    "safetensors checkpoints only)", hf_dir);
-        st = KEEL_ERR_INPUT;
-    }
+    safetensors_dir *d;
+    keel_status st = safetensors_open_dir(hf_dir, &d);
     for (int i = 0; st == KEEL_OK && i < lay->n_tensors; i++) {
-        const keel_tensor_info *t = &lay->tensors[i];
-        st_file *f = &files[0];
-        if (map) st = shard_for(hf_dir, index_path, map, t->name, files, &n_files, &f);
-        if (st == KEEL_OK) st = st_read_tensor(f, t, params + t->offset);
+        safetensors_tensor t = hf_tensor(&lay->tensors[i]);
+        st = safetensors_read(d, &t, params + lay->tensors[i].offset);
     }
-    for (int i = 0; i < n_files; i++) st_close(&files[i]);
-    keel_free(files);
-    cJSON_Delete(index);
-    keel_free(single);
-    keel_free(index_path);
+    safetensors_close_dir(d);
     return st;
 }
 
