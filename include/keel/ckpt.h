@@ -10,7 +10,13 @@
 #ifndef KEEL_CKPT_H
 #define KEEL_CKPT_H
 
-#include "keel/fsdp.h"
+#include "keel/core.h"
+
+/* The types of peers and lower floors this header names only by pointer
+ * (keel/fsdp.h, keel/model.h, keel/optim.h have them in full). */
+typedef struct keel_fsdp_plan keel_fsdp_plan;
+typedef struct keel_model_layout keel_model_layout;
+typedef struct keel_param_range keel_param_range;
 
 #define KEEL_WEIGHTS_MAGIC "KEELWTS1"
 #define KEEL_WEIGHTS_VERSION 1
@@ -83,6 +89,8 @@ void keel_ckpt_retain(const char *run_dir, int keep_last, int64_t keep);
 /* Committed checkpoints, newest first: LATEST's target, then every other
  * step_* directory by step. *steps is malloc'd (keel_free). */
 int keel_ckpt_list(const char *run_dir, int64_t **steps);
+/* The step LATEST names, or -1 (none yet, or unreadable). */
+int64_t keel_ckpt_latest(const char *run_dir);
 
 /* A checkpoint opened for reading: its manifest and saved shard plan. */
 typedef struct {
@@ -90,7 +98,7 @@ typedef struct {
     int64_t step, global_batch;
     int world_size, shard_ranks;
     char strategy[32];
-    keel_fsdp_plan plan;      /* as saved: units' logical, padded, shard, shard_offset */
+    keel_fsdp_plan *plan;     /* as saved: units' logical, padded, shard, shard_offset */
     keel_ckpt_file *files;    /* (shard_ranks) from the manifest */
     void *manifest;           /* cJSON of manifest.json */
 } keel_ckpt;

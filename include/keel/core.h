@@ -104,11 +104,6 @@ int keel_cores_allowed(void);
  * hostname) or the hostname. */
 void keel_node_name(char *out, size_t n);
 
-/* ---- durable file I/O (fsio.c) ---------------------------------------------- */
-keel_status keel_mkdirs(const char *dir);
-keel_status keel_read_file(const char *path, char **out, size_t *len);
-bool keel_path_exists(const char *path);
-
 /* ---- durable file I/O ------------------------------------------------------ */
 /* Every file keel writes or reads whole goes through these (src/core/fsio.c),
  * so the crash-safety protocol lives in one place: a file that must survive a

@@ -31,7 +31,7 @@ typedef struct {
     int64_t shard_offset; /* where this unit's slice starts in a rank's flat shard buffer */
 } keel_fsdp_unit;
 
-typedef struct {
+typedef struct keel_fsdp_plan {
     int n_units;
     keel_fsdp_unit *units;  /* (n_units) */
     int shard_ranks;        /* ranks a unit is split over */

@@ -33,7 +33,7 @@ typedef struct {
 
 #define KEEL_BLOCK_TENSORS 9
 
-typedef struct {
+typedef struct keel_model_layout {
     keel_model_config cfg;
     int C, L, NH, NKV, HS, F, V, T;
     int n_tensors;

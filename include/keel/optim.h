@@ -18,7 +18,7 @@ typedef struct keel_optim keel_optim;
 
 /* Canonical parameters [begin, begin + len) stored from buffer_offset on in
  * the buffer the optimizer updates. */
-typedef struct {
+typedef struct keel_param_range {
     int64_t begin, len, buffer_offset;
 } keel_param_range;
 

@@ -14,6 +14,7 @@
 #include <xxhash.h>
 
 #include "keel/ckpt.h"
+#include "keel/fsdp.h"
 
 typedef struct {
     char magic[8];
@@ -232,22 +233,26 @@ int keel_ckpt_list(const char *run_dir, int64_t **out) {
     keel_free(tmps);
     if (k > 1) qsort(steps, (size_t)k, sizeof(int64_t), cmp_desc);
     /* LATEST first: it names the last commit even if a newer directory appeared by hand. */
-    char path[4200], *text;
-    snprintf(path, sizeof path, "%s/checkpoints/LATEST", run_dir);
-    if (keel_read_file_quiet(path, 64, &text, NULL) == KEEL_OK) { /* absent before the first commit */
-        bool tmp;
-        text[strcspn(text, "\n")] = 0;
-        int64_t latest = parse_step(text, &tmp);
-        keel_free(text);
-        for (int i = 0; i < k && latest >= 0; i++)
-            if (steps[i] == latest) {
-                memmove(steps + 1, steps, sizeof(int64_t) * (size_t)i);
-                steps[0] = latest;
-                break;
-            }
-    }
+    int64_t latest = keel_ckpt_latest(run_dir);
+    for (int i = 0; i < k && latest >= 0; i++)
+        if (steps[i] == latest) {
+            memmove(steps + 1, steps, sizeof(int64_t) * (size_t)i);
+            steps[0] = latest;
+            break;
+        }
     *out = steps;
     return k;
+}
+
+int64_t keel_ckpt_latest(const char *run_dir) {
+    char path[4200], *text;
+    snprintf(path, sizeof path, "%s/checkpoints/LATEST", run_dir);
+    if (keel_read_file_quiet(path, 64, &text, NULL) != KEEL_OK) return -1; /* absent before the first commit */
+    bool tmp;
+    text[strcspn(text, "\n")] = 0;
+    int64_t latest = parse_step(text, &tmp);
+    keel_free(text);
+    return latest;
 }
 
 void keel_ckpt_retain(const char *run_dir, int keep_last, int64_t keep) {
@@ -305,13 +310,14 @@ keel_status keel_ckpt_open(const char *dir, keel_ckpt *c) {
     c->shard_ranks = (int)shard_ranks;
     c->world_size = (int)world_size;
     snprintf(c->strategy, sizeof c->strategy, "%s", strategy->valuestring);
-    c->plan.n_units = cJSON_GetArraySize(units);
-    c->plan.shard_ranks = c->shard_ranks;
-    c->plan.units = keel_xcalloc(sizeof(keel_fsdp_unit) * (size_t)c->plan.n_units, "checkpoint units");
+    c->plan = keel_xcalloc(sizeof *c->plan, "checkpoint plan");
+    c->plan->n_units = cJSON_GetArraySize(units);
+    c->plan->shard_ranks = c->shard_ranks;
+    c->plan->units = keel_xcalloc(sizeof(keel_fsdp_unit) * (size_t)c->plan->n_units, "checkpoint units");
     int i = 0;
     const cJSON *u;
     cJSON_ArrayForEach(u, units) {
-        keel_fsdp_unit *x = &c->plan.units[i++];
+        keel_fsdp_unit *x = &c->plan->units[i++];
         if (!get_i64(u, "offset", &x->offset) || !get_i64(u, "logical", &x->logical) ||
             !get_i64(u, "padded", &x->padded) || !get_i64(u, "shard", &x->shard) ||
             !get_i64(u, "shard_offset", &x->shard_offset) || x->shard * c->shard_ranks != x->padded ||
@@ -320,7 +326,7 @@ keel_status keel_ckpt_open(const char *dir, keel_ckpt *c) {
             keel_ckpt_close(c);
             return KEEL_ERR_INPUT;
         }
-        c->plan.shard_total += x->shard;
+        c->plan->shard_total += x->shard;
     }
     c->files = keel_xcalloc(sizeof(keel_ckpt_file) * (size_t)c->shard_ranks, "checkpoint files");
     i = 0;
@@ -329,7 +335,7 @@ keel_status keel_ckpt_open(const char *dir, keel_ckpt *c) {
         const cJSON *x = get(fj, "xxh3");
         int64_t bytes = 0;
         if (!cJSON_IsString(x) || !get_i64(fj, "bytes", &bytes) ||
-            bytes != KEEL_CKPT_HEADER_BYTES + 4 * KEEL_CKPT_ARRAYS * c->plan.shard_total) {
+            bytes != KEEL_CKPT_HEADER_BYTES + 4 * KEEL_CKPT_ARRAYS * c->plan->shard_total) {
             keel_errorf("%s: file %d of the manifest is malformed", path, i);
             keel_ckpt_close(c);
             return KEEL_ERR_INPUT;
@@ -348,7 +354,7 @@ keel_status keel_ckpt_open(const char *dir, keel_ckpt *c) {
                   keel_pread_all(fd, &hd, sizeof hd, 0, NULL) == KEEL_OK &&
                   !memcmp(hd.magic, KEEL_CKPT_MAGIC, 8) && hd.version == KEEL_CKPT_VERSION &&
                   hd.rank == (uint32_t)j && hd.ranks == (uint32_t)c->shard_ranks &&
-                  hd.step == (uint64_t)c->step && hd.floats == (uint64_t)c->plan.shard_total;
+                  hd.step == (uint64_t)c->step && hd.floats == (uint64_t)c->plan->shard_total;
         if (fd >= 0) close(fd);
         if (!ok) {
             keel_errorf("%s: %s", path, fd < 0 ? "missing" : "wrong size or header (truncated or foreign)");
@@ -361,7 +367,8 @@ keel_status keel_ckpt_open(const char *dir, keel_ckpt *c) {
 
 void keel_ckpt_close(keel_ckpt *c) {
     cJSON_Delete(c->manifest);
-    keel_free(c->plan.units);
+    if (c->plan) keel_free(c->plan->units);
+    keel_free(c->plan);
     keel_free(c->files);
     memset(c, 0, sizeof *c);
 }
@@ -406,38 +413,38 @@ keel_status keel_ckpt_verify_file(const keel_ckpt *c, int j) {
 }
 
 keel_status keel_ckpt_check_layout(const keel_ckpt *c, const keel_model_layout *lay) {
-    bool ok = c->plan.n_units == lay->n_units;
+    bool ok = c->plan->n_units == lay->n_units;
     for (int u = 0; ok && u < lay->n_units; u++)
-        ok = c->plan.units[u].offset == lay->unit_offset[u] && c->plan.units[u].logical == lay->unit_size[u];
+        ok = c->plan->units[u].offset == lay->unit_offset[u] && c->plan->units[u].logical == lay->unit_size[u];
     if (!ok) {
         int64_t saved = 0;
-        for (int u = 0; u < c->plan.n_units; u++) saved += c->plan.units[u].logical;
+        for (int u = 0; u < c->plan->n_units; u++) saved += c->plan->units[u].logical;
         keel_errorf("%s: holds a model of %lld parameters in %d units, the config's model has %lld in "
                     "%d; set the model keys to the checkpoint's (its manifest.json \"config\")",
-                    c->dir, (long long)saved, c->plan.n_units, (long long)lay->n_params, lay->n_units);
+                    c->dir, (long long)saved, c->plan->n_units, (long long)lay->n_params, lay->n_units);
     }
     return ok ? KEEL_OK : KEEL_ERR_INPUT;
 }
 
 /* The unit holding canonical index i. */
 static int unit_of(const keel_ckpt *c, int64_t i) {
-    for (int u = 0; u < c->plan.n_units; u++)
-        if (i >= c->plan.units[u].offset && i < c->plan.units[u].offset + c->plan.units[u].logical) return u;
+    for (int u = 0; u < c->plan->n_units; u++)
+        if (i >= c->plan->units[u].offset && i < c->plan->units[u].offset + c->plan->units[u].logical) return u;
     return -1;
 }
 
 keel_status keel_ckpt_read(const keel_ckpt *c, int a, int64_t begin, int64_t len, float *dst) {
     if (len <= 0) return KEEL_OK;
     int u = unit_of(c, begin);
-    KEEL_CHECK(u >= 0 && begin + len <= c->plan.units[u].offset + c->plan.units[u].logical,
+    KEEL_CHECK(u >= 0 && begin + len <= c->plan->units[u].offset + c->plan->units[u].logical,
                "checkpoint read [%lld, +%lld) is not inside one unit", (long long)begin, (long long)len);
-    const keel_fsdp_unit *x = &c->plan.units[u];
+    const keel_fsdp_unit *x = &c->plan->units[u];
     int64_t pos = begin - x->offset; /* in the unit's padded vector */
     while (len > 0) {
         int j = (int)(pos / x->shard);
         int64_t within = pos % x->shard, n = x->shard - within < len ? x->shard - within : len;
         int64_t at = KEEL_CKPT_HEADER_BYTES +
-                     (int64_t)sizeof(float) * ((int64_t)a * c->plan.shard_total + x->shard_offset + within);
+                     (int64_t)sizeof(float) * ((int64_t)a * c->plan->shard_total + x->shard_offset + within);
         char path[4200];
         shard_path(path, sizeof path, c, j);
         int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -460,7 +467,7 @@ void keel_ckpt_files_for(const keel_ckpt *c, const keel_param_range *ranges, int
         if (ranges[r].len <= 0) continue;
         int u = unit_of(c, ranges[r].begin);
         if (u < 0) continue;
-        const keel_fsdp_unit *x = &c->plan.units[u];
+        const keel_fsdp_unit *x = &c->plan->units[u];
         int64_t first = (ranges[r].begin - x->offset) / x->shard;
         int64_t last = (ranges[r].begin + ranges[r].len - 1 - x->offset) / x->shard;
         for (int64_t j = first; j <= last && j < c->shard_ranks; j++) used[j] = true;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "keel/ckpt.h"
+#include "keel/fsdp.h"
 
 keel_status keel_ckpt_verify_all(const keel_ckpt *c) {
     keel_status st = KEEL_OK;

@@ -35,13 +35,7 @@ static keel_status check(const char *dir, bool verify, keel_ckpt *ck) {
 static int list(const char *run_dir) {
     int64_t *steps;
     int n = keel_ckpt_list(run_dir, &steps);
-    char path[4200], latest[64] = "";
-    snprintf(path, sizeof path, "%s/checkpoints/LATEST", run_dir);
-    FILE *f = fopen(path, "r");
-    if (f) {
-        if (fgets(latest, sizeof latest, f)) latest[strcspn(latest, "\n")] = 0;
-        fclose(f);
-    }
+    int64_t latest = keel_ckpt_latest(run_dir);
     printf("%-14s %10s %6s %6s  %s\n", "checkpoint", "MiB", "files", "ranks", "status");
     for (int i = 0; i < n; i++) {
         char dir[4096];
@@ -53,10 +47,8 @@ static int list(const char *run_dir) {
         if (st == KEEL_OK) {
             double bytes = 0;
             for (int j = 0; j < ck.shard_ranks; j++) bytes += (double)ck.files[j].bytes;
-            char name[32];
-            snprintf(name, sizeof name, "step_%08lld", (long long)steps[i]);
-            printf("%s %10.1f %6d %6d  %scommitted\n", name, bytes / (1 << 20), ck.shard_ranks,
-                   ck.world_size, strcmp(name, latest) ? "" : "LATEST, ");
+            printf("step_%08lld %10.1f %6d %6d  %scommitted\n", (long long)steps[i], bytes / (1 << 20),
+                   ck.shard_ranks, ck.world_size, steps[i] == latest ? "LATEST, " : "");
             keel_ckpt_close(&ck);
         } else {
             printf("step_%08lld %10s %6s %6s  damaged: %s\n", (long long)steps[i], "-", "-", "-",

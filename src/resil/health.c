@@ -107,7 +107,7 @@ static void check_dir(const keel_health_options *o, keel_health_result *r) {
     snprintf(probe, sizeof probe, "%s/.keel-health-%d", dir, (int)getpid());
     int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     char block[4096] = {0};
-    if (fd < 0 || write(fd, block, sizeof block) != (ssize_t)sizeof block || fsync(fd) != 0) {
+    if (fd < 0 || keel_write_all(fd, block, sizeof block, NULL) != KEEL_OK || fsync(fd) != 0) {
         say(r, KEEL_HEALTH_FAIL, "%s: not writable: %s (read-only or broken mount?)", dir, strerror(errno));
         if (fd >= 0) close(fd), unlink(probe);
         return;

@@ -72,7 +72,7 @@ void keel_heartbeat_beat(keel_heartbeat *hb, const char *phase, int64_t step, in
     if (n < 0 || n >= LINE_BYTES - 1) return;
     memset(line + n, ' ', (size_t)(LINE_BYTES - 1 - n));
     line[LINE_BYTES - 1] = '\n';
-    if (pwrite(hb->fd, line, LINE_BYTES, 0) != LINE_BYTES) { /* nothing to do but go on */ }
+    keel_pwrite_all(hb->fd, line, LINE_BYTES, 0, NULL); /* failing: nothing to do but go on */
 }
 
 void keel_heartbeat_close(keel_heartbeat *hb) {
@@ -87,9 +87,9 @@ bool keel_heartbeat_read(const char *run_dir, int rank, keel_heartbeat_info *out
     heartbeat_path(path, sizeof path, run_dir, rank);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return false;
-    ssize_t got = pread(fd, line, LINE_BYTES, 0);
+    keel_status got = keel_pread_all(fd, line, LINE_BYTES, 0, NULL);
     close(fd);
-    if (got != LINE_BYTES) return false;
+    if (got != KEEL_OK) return false;
     line[LINE_BYTES] = 0;
     long long step, start;
     int end = 0;
