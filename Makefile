@@ -1,6 +1,6 @@
 # keel's two commands: `make demo` and `make test` (see README).
 JOBS ?= 2
-.PHONY: all keel deps deps-build demo test bench clean
+.PHONY: all keel deps deps-build demo test test-quick bench clean
 
 all: keel
 
@@ -23,6 +23,10 @@ build-asan/keel: FORCE
 
 test: deps-build build-asan/keel
 	@cd build-asan && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+# A local loop without the tests labelled heavy (CI runs `make test`: all of them).
+test-quick: deps-build build-asan/keel
+	@cd build-asan && ctest --output-on-failure -j $(JOBS) -LE heavy $(CTEST_ARGS)
 
 bench: deps-build keel
 	@bash bench/train_throughput.sh
