@@ -22,11 +22,19 @@ typedef struct keel_param_range keel_param_range;
 #define KEEL_WEIGHTS_VERSION 1
 
 keel_status keel_weights_save(const char *path, const float *params, int64_t n_params);
+/* The same file streamed, so no process ever holds the whole model: begin
+ * (a tmp file beside path), append the values in canonical order, commit
+ * (the header with the XXH3 of the payload, fsync, rename; *xxh3_hex, if not
+ * NULL, gets it as 16 hex digits: summary.json's params_xxh3) or abort. commit and abort
+ * free the writer. */
+typedef struct keel_weights_writer keel_weights_writer;
+keel_status keel_weights_begin(const char *path, int64_t n_params, keel_weights_writer **out);
+keel_status keel_weights_append(keel_weights_writer *w, const float *values, int64_t n);
+keel_status keel_weights_commit(keel_weights_writer *w, char xxh3_hex[17]);
+void keel_weights_abort(keel_weights_writer *w);
 /* Load exactly n_params values; a size, magic or checksum mismatch is an input
  * error naming the file. */
 keel_status keel_weights_load(const char *path, float *params, int64_t n_params);
-/* XXH3-64 of params as fp32 (summary.json's params_xxh3), as 16 hex digits + NUL. */
-void keel_params_xxh3_hex(const float *params, int64_t n_params, char out[17]);
 
 /* ---- sharded checkpoints ----------------------------------------------------
  *

@@ -125,8 +125,11 @@ float *keel_fsdp_grads(keel_fsdp *f);
  * model. Returns the first failing fill's status. */
 typedef keel_status (*keel_fsdp_fill_fn)(void *ctx, int64_t begin, int64_t len, float *dst);
 keel_status keel_fsdp_fill(keel_fsdp *f, keel_fsdp_fill_fn fill, void *ctx);
-/* Gather the full canonical vector (n_params) on every rank (for hashing and saving). */
-keel_status keel_fsdp_gather_full(keel_fsdp *f, float *full);
+/* Collective over the shard group: unit u's fp32 master parameters on every
+ * rank, into out (plan.units[u].padded floats; the first .logical are the
+ * unit's canonical parameters) — one unit at a time, so saving the final
+ * weights never needs the whole model in one process. */
+keel_status keel_fsdp_gather_unit(keel_fsdp *f, int u, float *out);
 /* Start an optimizer step: zero the gradient shard (and reduce every backward). */
 void keel_fsdp_zero_grads(keel_fsdp *f);
 /* Before each micro-batch's backward: reduce_now false keeps the units' full

@@ -18,11 +18,68 @@ typedef struct {
 } weights_header;
 _Static_assert(sizeof(weights_header) == 64, "weights header is 64 bytes");
 
-keel_status keel_weights_save(const char *path, const float *params, int64_t n_params) {
-    weights_header h = {.version = KEEL_WEIGHTS_VERSION, .dtype = 1, .n_params = (uint64_t)n_params};
+struct keel_weights_writer {
+    keel_atomic_file file;
+    char path[4096];
+    XXH3_state_t *hash;
+    int64_t n_params, written;
+};
+
+keel_status keel_weights_begin(const char *path, int64_t n_params, keel_weights_writer **out) {
+    keel_weights_writer *w = keel_xcalloc(sizeof *w, "weights writer");
+    snprintf(w->path, sizeof w->path, "%s", path);
+    w->n_params = n_params;
+    keel_status st = keel_atomic_begin(&w->file, path);
+    weights_header blank = {0}; /* the real header, with the checksum, goes in at commit */
+    if (st == KEEL_OK) st = keel_write_all(w->file.fd, &blank, sizeof blank, path);
+    if (st != KEEL_OK) {
+        keel_atomic_abort(&w->file);
+        keel_free(w);
+        return st;
+    }
+    w->hash = XXH3_createState();
+    KEEL_CHECK(w->hash && XXH3_64bits_reset(w->hash) == XXH_OK, "XXH3 state");
+    *out = w;
+    return KEEL_OK;
+}
+
+keel_status keel_weights_append(keel_weights_writer *w, const float *values, int64_t n) {
+    KEEL_CHECK(w->written + n <= w->n_params, "%lld parameters past the %lld announced",
+               (long long)(w->written + n), (long long)w->n_params);
+    XXH3_64bits_update(w->hash, values, sizeof(float) * (size_t)n);
+    w->written += n;
+    return keel_write_all(w->file.fd, values, sizeof(float) * (size_t)n, w->path);
+}
+
+void keel_weights_abort(keel_weights_writer *w) {
+    if (!w) return;
+    keel_atomic_abort(&w->file);
+    XXH3_freeState(w->hash);
+    keel_free(w);
+}
+
+keel_status keel_weights_commit(keel_weights_writer *w, char xxh3_hex[17]) {
+    KEEL_CHECK(w->written == w->n_params, "weights: %lld of %lld parameters written", (long long)w->written,
+               (long long)w->n_params);
+    weights_header h = {.version = KEEL_WEIGHTS_VERSION, .dtype = 1, .n_params = (uint64_t)w->n_params,
+                        .checksum = XXH3_64bits_digest(w->hash)};
     memcpy(h.magic, KEEL_WEIGHTS_MAGIC, 8);
-    h.checksum = XXH3_64bits(params, sizeof(float) * (size_t)n_params);
-    return keel_write_file_atomic2(path, &h, sizeof h, params, sizeof(float) * (size_t)n_params);
+    if (xxh3_hex) snprintf(xxh3_hex, 17, "%016llx", (unsigned long long)h.checksum);
+    keel_status st = keel_pwrite_all(w->file.fd, &h, sizeof h, 0, w->path);
+    if (st == KEEL_OK) st = keel_atomic_commit(&w->file);
+    keel_weights_abort(w); /* frees; a committed file stays */
+    return st;
+}
+
+keel_status keel_weights_save(const char *path, const float *params, int64_t n_params) {
+    keel_weights_writer *w;
+    keel_status st = keel_weights_begin(path, n_params, &w);
+    if (st != KEEL_OK) return st;
+    if ((st = keel_weights_append(w, params, n_params)) != KEEL_OK) {
+        keel_weights_abort(w);
+        return st;
+    }
+    return keel_weights_commit(w, NULL);
 }
 
 keel_status keel_weights_load(const char *path, float *params, int64_t n_params) {
@@ -49,9 +106,4 @@ keel_status keel_weights_load(const char *path, float *params, int64_t n_params)
     }
     close(fd);
     return st;
-}
-
-void keel_params_xxh3_hex(const float *params, int64_t n_params, char out[17]) {
-    snprintf(out, 17, "%016llx",
-             (unsigned long long)XXH3_64bits(params, sizeof(float) * (size_t)n_params));
 }

@@ -370,17 +370,9 @@ void keel_fsdp_invalidate(keel_fsdp *f) {
     for (int u = 0; u < f->plan.n_units; u++) f->unit_slot[u] = -1;
 }
 
-keel_status keel_fsdp_gather_full(keel_fsdp *f, float *full) {
-    float *tmp = keel_xmalloc(sizeof(float) * (size_t)f->plan.max_padded, "fsdp gather");
-    keel_status st = KEEL_OK;
-    for (int u = 0; u < f->plan.n_units && st == KEEL_OK; u++) {
-        const keel_fsdp_unit *x = &f->plan.units[u];
-        st = keel_comm_allgather(f->group, f->master + x->shard_offset, tmp, (size_t)x->shard,
-                                 KEEL_COMM_F32);
-        memcpy(full + x->offset, tmp, sizeof(float) * (size_t)x->logical);
-    }
-    keel_free(tmp);
-    return st;
+keel_status keel_fsdp_gather_unit(keel_fsdp *f, int u, float *out) {
+    const keel_fsdp_unit *x = &f->plan.units[u];
+    return keel_comm_allgather(f->group, f->master + x->shard_offset, out, (size_t)x->shard, KEEL_COMM_F32);
 }
 
 void keel_fsdp_zero_grads(keel_fsdp *f) {

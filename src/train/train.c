@@ -185,12 +185,9 @@ static void rank_memory(trainer *t, double out[MEM_FIELDS]) {
     out[MEM_PEAK_RSS] = (double)keel_peak_rss_bytes();
 }
 
-static keel_status write_summary(trainer *t, const float *params, const double *memory,
-                                 const char *status, int steps_done, double final_loss,
-                                 double final_val_loss, double wall_s) {
+static keel_status write_summary(trainer *t, const char *xxh, const double *memory, const char *status,
+                                 int steps_done, double final_loss, double final_val_loss, double wall_s) {
     const keel_model_layout *lay = keel_model_get_layout(t->model);
-    char xxh[17];
-    keel_params_xxh3_hex(params, lay->n_params, xxh);
     double median_tps = 0;
     int timed = steps_done - t->start_step; /* steps this process ran */
     if (timed > 0) {
@@ -328,29 +325,48 @@ static keel_status open_inputs(trainer *t) {
     return st;
 }
 
-/* The end of a run: the final weights and summary.json (collective: every
- * rank takes part, the leader writes). */
+/* RUN/weights.bin, streamed unit by unit: under FSDP every rank gathers each
+ * unit (collective) and the leader appends it, so no process holds more than
+ * its shard and one unit. *xxh3 (leader) gets the parameters' XXH3. */
+static keel_status save_weights(trainer *t, char xxh3[17]) {
+    const keel_model_layout *lay = keel_model_get_layout(t->model);
+    keel_weights_writer *w = NULL;
+    keel_status st = KEEL_OK;
+    char path[4096];
+    keel_run_path(path, sizeof path, t->run_dir, KEEL_RUN_WEIGHTS);
+    if (t->leader) st = keel_weights_begin(path, lay->n_params, &w);
+    if (!t->fsdp && st == KEEL_OK) st = keel_weights_append(w, keel_model_params(t->model), lay->n_params);
+    if (t->fsdp) {
+        const keel_fsdp_plan *plan = keel_fsdp_get_plan(t->fsdp);
+        float *unit = keel_xmalloc(sizeof(float) * (size_t)plan->max_padded, "gathered unit");
+        for (int u = 0; u < plan->n_units; u++) { /* every rank gathers every unit, whatever the leader's state */
+            keel_status gathered = keel_fsdp_gather_unit(t->fsdp, u, unit);
+            if (t->leader && st == KEEL_OK)
+                st = gathered != KEEL_OK ? gathered : keel_weights_append(w, unit, plan->units[u].logical);
+        }
+        keel_free(unit);
+    }
+    if (!t->leader) return KEEL_OK;
+    if (st == KEEL_OK) return keel_weights_commit(w, xxh3);
+    keel_weights_abort(w);
+    return st;
+}
+
+/* The end of a run: the final weights, then summary.json with every rank's
+ * memory — its peak RSS taken after the weights were saved, so it is the
+ * process's real peak (collective: every rank takes part, the leader writes). */
 static keel_status finish(trainer *t, const char *status, int steps_done, double loss, double val_loss,
                           double wall_s) {
-    const keel_model_layout *lay = keel_model_get_layout(t->model);
-    keel_status st = KEEL_OK;
-    float *params = keel_model_params(t->model), *gathered = NULL;
+    char xxh3[17] = "";
+    keel_status st = save_weights(t, xxh3);
     double *memory = keel_xmalloc(sizeof(double) * MEM_FIELDS * (size_t)t->world_size, "memory report");
     rank_memory(t, memory + t->rank * MEM_FIELDS);
-    if (t->fsdp) {
-        params = gathered = keel_xmalloc(sizeof(float) * (size_t)lay->n_params, "full parameters");
-        keel_fsdp_gather_full(t->fsdp, gathered);
-        keel_comm_allgather(t->world, memory + t->rank * MEM_FIELDS, memory, MEM_FIELDS, KEEL_COMM_F64);
-    }
+    if (t->fsdp) keel_comm_allgather(t->world, memory + t->rank * MEM_FIELDS, memory, MEM_FIELDS, KEEL_COMM_F64);
     if (t->leader) {
         keel_progress_end(&t->progress);
-        char path[4096];
-        keel_run_path(path, sizeof path, t->run_dir, KEEL_RUN_WEIGHTS);
-        keel_status wst = keel_weights_save(path, params, lay->n_params);
-        keel_status sst = write_summary(t, params, memory, status, steps_done, loss, val_loss, wall_s);
-        st = wst != KEEL_OK ? wst : sst;
+        keel_status sst = write_summary(t, xxh3, memory, status, steps_done, loss, val_loss, wall_s);
+        if (st == KEEL_OK) st = sst;
     }
-    keel_free(gathered);
     keel_free(memory);
     return st;
 }
