@@ -26,6 +26,28 @@ double keel_measure_peak_flops(void);
  * AMX this understates the peak); 0 without native bf16. */
 double keel_measure_peak_flops_bf16(void);
 
+/* ---- instruction sets (isa.c) ---------------------------------------------
+ * keel is compiled for x86-64-v3 (AVX2 + FMA); every wider path is chosen at
+ * run time from what the CPU and OS offer, capped by the environment variable
+ * KEEL_MAX_ISA=avx2|avx512|avx512_bf16|amx (an unknown value is ignored with
+ * a warning). The cap also caps oneDNN (dnnl_set_max_cpu_isa, before its
+ * first use); OpenBLAS chooses its kernels when loaded, so a cap below
+ * AVX-512 wants OPENBLAS_CORETYPE=Haswell beside it (warned about). */
+typedef enum {
+    KEEL_ISA_AVX2,        /* AVX2 + FMA: the baseline, 256-bit */
+    KEEL_ISA_AVX512,      /* + AVX-512 F, DQ, BW, VL */
+    KEEL_ISA_AVX512_BF16, /* + AVX512_BF16 (VDPBF16PS): native bf16 GEMMs */
+    KEEL_ISA_AMX,         /* + AMX-TILE, AMX-BF16 (with the kernel's permission) */
+} keel_isa;
+/* What this CPU and its OS support. */
+keel_isa keel_isa_cpu(void);
+/* What the kernels use: keel_isa_cpu() capped by KEEL_MAX_ISA. */
+keel_isa keel_isa_active(void);
+/* "avx2", "avx512", "avx512_bf16", "amx"; keel_isa_parse is its inverse
+ * (case-insensitive), false for anything else. */
+const char *keel_isa_name(keel_isa isa);
+bool keel_isa_parse(const char *name, keel_isa *out);
+
 /* ---- GEMM (OpenBLAS) ------------------------------------------------------ */
 /* out (M,N) = in (M,K) · w (N,K)ᵀ, plus out if accumulate. */
 void keel_matmul_forward(float *out, const float *in, const float *w, int M, int N, int K,
