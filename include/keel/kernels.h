@@ -18,12 +18,14 @@
 /* Set BLAS and pool threads (0 = all cores). Returns the thread count used. */
 int keel_kernels_init(int threads);
 void keel_kernels_shutdown(void);
+
 /* fp32 FLOP/s peak for keel_kernels_init's threads: one core's best of five
  * ~10 ms runs of independent 16-wide FMA chains, times the thread count
  * (the MFU denominator). */
 double keel_measure_peak_flops(void);
 /* The same for bf16 products with fp32 sums (AVX512_BF16 dot products; with
- * AMX this understates the peak); 0 without native bf16. */
+ * AMX this understates the peak); the fp32 peak where bf16 GEMMs are
+ * emulated. */
 double keel_measure_peak_flops_bf16(void);
 
 /* ---- instruction sets (isa.c) ---------------------------------------------
@@ -48,6 +50,7 @@ keel_isa keel_isa_active(void);
 const char *keel_isa_name(keel_isa isa);
 bool keel_isa_parse(const char *name, keel_isa *out);
 
+
 /* ---- GEMM (OpenBLAS) ------------------------------------------------------ */
 /* out (M,N) = in (M,K) · w (N,K)ᵀ, plus out if accumulate. */
 void keel_matmul_forward(float *out, const float *in, const float *w, int M, int N, int K,
@@ -57,13 +60,18 @@ void keel_matmul_forward(float *out, const float *in, const float *w, int M, int
 void keel_matmul_backward(float *d_in, float *d_w, const float *d_out, const float *in,
                           const float *w, int M, int N, int K, bool accumulate_in);
 
-/* ---- bf16 GEMM (oneDNN matmul) -------------------------------------------
+/* ---- bf16 GEMM ------------------------------------------------------------
  * bf16 inputs, fp32 accumulation and output: the GEMMs of fsdp.mixed_precision
- * "bf16". Runs on keel's pool like the fp32 GEMMs. */
-/* True when oneDNN has native bf16 instructions here (AVX512_BF16 or AMX);
- * *isa (if not NULL) names what it found. ONEDNN_MAX_CPU_ISA=AVX512_CORE
- * hides them (to test the fp32 fallback). */
-bool keel_bf16_native(const char **isa);
+ * "bf16". Runs on keel's pool like the fp32 GEMMs: oneDNN's matmul where the
+ * active instruction set has bf16 (AVX512_BF16 or AMX) and oneDNN agrees;
+ * elsewhere an emulation with the same semantics (gemm_bf16_emulated.c: the
+ * bf16 operands widened to fp32, exactly, and multiplied by OpenBLAS sgemm
+ * with fp32 sums). Either way it never fails for a missing instruction.
+ * Like every kernel, called from one thread at a time. */
+/* True when bf16 GEMMs run on bf16 instructions here; *path (if not NULL)
+ * names the path: "oneDNN AMX", "oneDNN AVX512_BF16", or "emulated ..." with
+ * the reason. */
+bool keel_bf16_native(const char **path);
 /* out (M,N) = a · b, plus out if accumulate. a is (M,K) row-major, or with
  * a_t stored as (K,M); b is (K,N) row-major, or with b_t stored as (N,K). */
 void keel_gemm_bf16(float *out, const keel_bf16 *a, bool a_t, const keel_bf16 *b, bool b_t, int M,
@@ -107,7 +115,8 @@ void keel_attention_backward(float *dq, float *dk, float *dv, float *datt, const
 /* The same with bf16 GEMM inputs and fp32 sums (fsdp.mixed_precision bf16):
  * q, k, v, dout, the probabilities and the softmax gradient are rounded to
  * bf16 as inputs of the six products; softmax, its backward and att stay
- * fp32. Runs the fp32 versions on CPUs without AVX512_BF16. */
+ * fp32. An AVX512_BF16 microkernel where the active instruction set has it;
+ * elsewhere the same roundings into fp32 operands of OpenBLAS sgemm. */
 void keel_attention_forward_bf16(float *out, float *att, const float *q, const float *k,
                                  const float *v, int B, int T, int NH, int NKV, int HS);
 void keel_attention_backward_bf16(float *dq, float *dk, float *dv, float *datt, const float *dout,

@@ -59,5 +59,6 @@ static double measure(void (*kernel)(peak_ctx *), double flops_per_iter) {
 double keel_measure_peak_flops(void) { return measure(fma_chains, CHAINS * 16 * 2); }
 
 double keel_measure_peak_flops_bf16(void) {
-    return keel_bf16_native(NULL) ? measure(dpbf16_chains, CHAINS * 64) : 0;
+    /* emulated bf16 GEMMs are fp32 GEMMs */
+    return keel_bf16_native(NULL) ? measure(dpbf16_chains, CHAINS * 64) : keel_measure_peak_flops();
 }

@@ -44,22 +44,21 @@ double keel_peak_flops(bool bf16) {
     return bf16 ? keel_measure_peak_flops_bf16() : keel_measure_peak_flops();
 }
 
-/* fsdp.mixed_precision bf16 runs bf16 GEMMs where oneDNN has bf16
- * instructions; elsewhere it says so and trains in fp32. */
+/* fsdp.mixed_precision bf16 runs bf16 GEMMs on bf16 instructions where the
+ * CPU has them and emulates them elsewhere (the same math, at fp32 speed). */
 static bool want_bf16(const keel_config *cfg) { return !strcmp(cfg->fsdp.mixed_precision, "bf16"); }
 static bool want_bf16_reduce(const keel_config *cfg) { return !strcmp(cfg->fsdp.reduce_dtype, "bf16"); }
 
 static bool bf16_usable(const keel_config *cfg) {
     if (!want_bf16(cfg)) return false;
-    const char *isa;
-    if (keel_bf16_native(&isa)) {
-        keel_log_info("fsdp.mixed_precision bf16: bf16 GEMMs through oneDNN (%s), fp32 master "
-                      "weights and optimizer", isa);
-        return true;
-    }
-    keel_log_warn("fsdp.mixed_precision bf16: this CPU has no bf16 instructions (oneDNN: %s; it "
-                  "needs AVX512_BF16 or AMX), so this run trains in fp32", isa);
-    return false;
+    const char *path;
+    if (keel_bf16_native(&path))
+        keel_log_info("fsdp.mixed_precision bf16: bf16 GEMMs through %s, fp32 master weights and "
+                      "optimizer", path);
+    else
+        keel_log_warn("fsdp.mixed_precision bf16: bf16 GEMMs %s, no faster than fp32; fp32 "
+                      "master weights and optimizer", path);
+    return true;
 }
 
 static void path_join(char *out, size_t n, const char *dir, const char *name) {
