@@ -19,15 +19,6 @@
 int keel_kernels_init(int threads);
 void keel_kernels_shutdown(void);
 
-/* fp32 FLOP/s peak for keel_kernels_init's threads: one core's best of five
- * ~10 ms runs of independent 16-wide FMA chains, times the thread count
- * (the MFU denominator). */
-double keel_measure_peak_flops(void);
-/* The same for bf16 products with fp32 sums (AVX512_BF16 dot products; with
- * AMX this understates the peak); the fp32 peak where bf16 GEMMs are
- * emulated. */
-double keel_measure_peak_flops_bf16(void);
-
 /* ---- instruction sets (isa.c) ---------------------------------------------
  * keel is compiled for x86-64-v3 (AVX2 + FMA); every wider path is chosen at
  * run time from what the CPU and OS offer, capped by the environment variable
@@ -50,6 +41,29 @@ keel_isa keel_isa_active(void);
 const char *keel_isa_name(keel_isa isa);
 bool keel_isa_parse(const char *name, keel_isa *out);
 
+/* ---- the MFU yardstick (peak.c) --------------------------------------------
+ * The FLOP/s this rank's keel_kernels_init threads can do in the precision
+ * the GEMMs run in (bf16: only where bf16 GEMMs run on bf16 instructions,
+ * else they are fp32 GEMMs): the higher of (a) one core's best of five ~10 ms
+ * runs of a kernel on the instruction set the GEMMs use — AVX2 FMA with
+ * 32-byte vectors, AVX-512 FMA, VDPBF16PS or AMX TDPBF16PS — times the thread
+ * count, and (b) the GEMM library's own best rate over a few large GEMMs on
+ * all threads. KEEL_PEAK_FLOPS (FLOP/s, all threads) overrides it. Measured
+ * once per machine and cached in $XDG_CACHE_HOME/keel/peak.json (else
+ * ~/.cache/keel), keyed by CPU, instruction set, cap, threads and precision; a
+ * damaged cache is ignored and rewritten. Call after keel_kernels_init. */
+double keel_peak_flops(bool bf16);
+/* A step of `ranks` ranks just ran at achieved FLOP/s against the yardstick
+ * peak (FLOP/s of all ranks). Returns peak when achieved <= peak; otherwise
+ * the yardstick was wrong (measured while the machine was busy, a stale
+ * cache): measures again (the first time only), logs it once, caches the
+ * result and returns max(remeasured, achieved), so that MFU never exceeds 1. */
+double keel_peak_revise(double peak, double achieved, int ranks, bool bf16);
+/* The parts of the measurement, per rank, without cache or override: the
+ * instruction-set kernel (one core x threads) and the library's GEMMs (all
+ * threads). For tests and benchmarks. */
+double keel_peak_kernel_flops(bool bf16);
+double keel_peak_library_flops(bool bf16);
 
 /* ---- GEMM (OpenBLAS) ------------------------------------------------------ */
 /* out (M,N) = in (M,K) · w (N,K)ᵀ, plus out if accumulate. */

@@ -12,12 +12,6 @@
 
 #include "keel/core.h"
 
-/* The FLOP/s that MFU is measured against: the environment variable
- * KEEL_PEAK_FLOPS (FLOP/s for all threads) if set, else measured on this
- * machine by keel_measure_peak_flops (fp32) or keel_measure_peak_flops_bf16
- * (a bf16 run). Call after keel_kernels_init. */
-double keel_peak_flops(bool bf16);
-
 /* Validate everything (data, tokenizer, run directory) before writing
  * anything, then train. cfg must be finalized. A run directory that exists
  * must be empty, or hold a run of the same model (its config.json) to resume

@@ -38,14 +38,8 @@ static void restore_stop_signals(const struct sigaction old[3]) {
     for (int i = 0; i < 3; i++) sigaction(STOP_SIGNALS[i], &old[i], NULL);
 }
 
-double keel_peak_flops(bool bf16) {
-    const char *env = getenv("KEEL_PEAK_FLOPS");
-    if (env && atof(env) > 0) return atof(env);
-    return bf16 ? keel_measure_peak_flops_bf16() : keel_measure_peak_flops();
-}
-
 /* fsdp.mixed_precision bf16 runs bf16 GEMMs on bf16 instructions where the
- * CPU has them and emulates them elsewhere (the same math, at fp32 speed). */
+ * CPU has them and emulates them elsewhere (the same math, no faster than fp32). */
 static bool want_bf16(const keel_config *cfg) { return !strcmp(cfg->fsdp.mixed_precision, "bf16"); }
 static bool want_bf16_reduce(const keel_config *cfg) { return !strcmp(cfg->fsdp.reduce_dtype, "bf16"); }
 
@@ -388,6 +382,7 @@ static void log_step(trainer *t, int step, double loss, double lr, double norm, 
     double tokens = (double)trainer_global_batch(t) * lay->T;
     double tps = tokens / step_s;
     t->step_tps[step] = tps;
+    t->peak_flops = keel_peak_revise(t->peak_flops, tps * t->flops_per_token, t->world_size, t->bf16);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "step", step + 1);
     cJSON_AddNumberToObject(o, "loss", loss);
