@@ -683,7 +683,7 @@ keel_status keel_train_prepare_run_dir(keel_config *cfg, const char *run_dir, in
 keel_status keel_train_worker(const char *run_dir) {
     struct sigaction old[3];
     catch_stop_signals(old);
-    keel_comm *world;
+    static keel_comm *world; /* static: a failed rank exits without finalizing (below) */
     keel_status st = keel_comm_init(&world);
     if (st != KEEL_OK) return st;
     trainer t = {.run_dir = run_dir, .world = world, .rank = keel_comm_rank(world),
