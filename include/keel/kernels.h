@@ -18,13 +18,52 @@
 /* Set BLAS and pool threads (0 = all cores). Returns the thread count used. */
 int keel_kernels_init(int threads);
 void keel_kernels_shutdown(void);
-/* fp32 FLOP/s peak for keel_kernels_init's threads: one core's best of five
- * ~10 ms runs of independent 16-wide FMA chains, times the thread count
- * (the MFU denominator). */
-double keel_measure_peak_flops(void);
-/* The same for bf16 products with fp32 sums (AVX512_BF16 dot products; with
- * AMX this understates the peak); 0 without native bf16. */
-double keel_measure_peak_flops_bf16(void);
+
+/* ---- instruction sets (isa.c) ---------------------------------------------
+ * keel is compiled for x86-64-v3 (AVX2 + FMA); every wider path is chosen at
+ * run time from what the CPU and OS offer, capped by the environment variable
+ * KEEL_MAX_ISA=avx2|avx512|avx512_bf16|amx (an unknown value is ignored with
+ * a warning). The cap also caps oneDNN (dnnl_set_max_cpu_isa, before its
+ * first use); OpenBLAS chooses its kernels when loaded, so a cap below
+ * AVX-512 wants OPENBLAS_CORETYPE=Haswell beside it (warned about). */
+typedef enum {
+    KEEL_ISA_AVX2,        /* AVX2 + FMA: the baseline, 256-bit */
+    KEEL_ISA_AVX512,      /* + AVX-512 F, DQ, BW, VL */
+    KEEL_ISA_AVX512_BF16, /* + AVX512_BF16 (VDPBF16PS): native bf16 GEMMs */
+    KEEL_ISA_AMX,         /* + AMX-TILE, AMX-BF16 (with the kernel's permission) */
+} keel_isa;
+/* What this CPU and its OS support. */
+keel_isa keel_isa_cpu(void);
+/* What the kernels use: keel_isa_cpu() capped by KEEL_MAX_ISA. */
+keel_isa keel_isa_active(void);
+/* "avx2", "avx512", "avx512_bf16", "amx"; keel_isa_parse is its inverse
+ * (case-insensitive), false for anything else. */
+const char *keel_isa_name(keel_isa isa);
+bool keel_isa_parse(const char *name, keel_isa *out);
+
+/* ---- the MFU yardstick (peak.c) --------------------------------------------
+ * The FLOP/s this rank's keel_kernels_init threads can do in the precision
+ * the GEMMs run in (bf16: only where bf16 GEMMs run on bf16 instructions,
+ * else they are fp32 GEMMs): the higher of (a) one core's best of five ~10 ms
+ * runs of a kernel on the instruction set the GEMMs use — AVX2 FMA with
+ * 32-byte vectors, AVX-512 FMA, VDPBF16PS or AMX TDPBF16PS — times the thread
+ * count, and (b) the GEMM library's own best rate over a few large GEMMs on
+ * all threads. KEEL_PEAK_FLOPS (FLOP/s, all threads) overrides it. Measured
+ * once per machine and cached in $XDG_CACHE_HOME/keel/peak.json (else
+ * ~/.cache/keel), keyed by CPU, instruction set, cap, threads and precision; a
+ * damaged cache is ignored and rewritten. Call after keel_kernels_init. */
+double keel_peak_flops(bool bf16);
+/* A step of `ranks` ranks just ran at achieved FLOP/s against the yardstick
+ * peak (FLOP/s of all ranks). Returns peak when achieved <= peak; otherwise
+ * the yardstick was wrong (measured while the machine was busy, a stale
+ * cache): measures again (the first time only), logs it once, caches the
+ * result and returns max(remeasured, achieved), so that MFU never exceeds 1. */
+double keel_peak_revise(double peak, double achieved, int ranks, bool bf16);
+/* The parts of the measurement, per rank, without cache or override: the
+ * instruction-set kernel (one core x threads) and the library's GEMMs (all
+ * threads). For tests and benchmarks. */
+double keel_peak_kernel_flops(bool bf16);
+double keel_peak_library_flops(bool bf16);
 
 /* ---- GEMM (OpenBLAS) ------------------------------------------------------ */
 /* out (M,N) = in (M,K) · w (N,K)ᵀ, plus out if accumulate. */
@@ -35,13 +74,18 @@ void keel_matmul_forward(float *out, const float *in, const float *w, int M, int
 void keel_matmul_backward(float *d_in, float *d_w, const float *d_out, const float *in,
                           const float *w, int M, int N, int K, bool accumulate_in);
 
-/* ---- bf16 GEMM (oneDNN matmul) -------------------------------------------
+/* ---- bf16 GEMM ------------------------------------------------------------
  * bf16 inputs, fp32 accumulation and output: the GEMMs of fsdp.mixed_precision
- * "bf16". Runs on keel's pool like the fp32 GEMMs. */
-/* True when oneDNN has native bf16 instructions here (AVX512_BF16 or AMX);
- * *isa (if not NULL) names what it found. ONEDNN_MAX_CPU_ISA=AVX512_CORE
- * hides them (to test the fp32 fallback). */
-bool keel_bf16_native(const char **isa);
+ * "bf16". Runs on keel's pool like the fp32 GEMMs: oneDNN's matmul where the
+ * active instruction set has bf16 (AVX512_BF16 or AMX) and oneDNN agrees;
+ * elsewhere an emulation with the same semantics (gemm_bf16_emulated.c: the
+ * bf16 operands widened to fp32, exactly, and multiplied by OpenBLAS sgemm
+ * with fp32 sums). Either way it never fails for a missing instruction.
+ * Like every kernel, called from one thread at a time. */
+/* True when bf16 GEMMs run on bf16 instructions here; *path (if not NULL)
+ * names the path: "oneDNN AMX", "oneDNN AVX512_BF16", or "emulated ..." with
+ * the reason. */
+bool keel_bf16_native(const char **path);
 /* out (M,N) = a · b, plus out if accumulate. a is (M,K) row-major, or with
  * a_t stored as (K,M); b is (K,N) row-major, or with b_t stored as (N,K). */
 void keel_gemm_bf16(float *out, const keel_bf16 *a, bool a_t, const keel_bf16 *b, bool b_t, int M,
@@ -85,7 +129,8 @@ void keel_attention_backward(float *dq, float *dk, float *dv, float *datt, const
 /* The same with bf16 GEMM inputs and fp32 sums (fsdp.mixed_precision bf16):
  * q, k, v, dout, the probabilities and the softmax gradient are rounded to
  * bf16 as inputs of the six products; softmax, its backward and att stay
- * fp32. Runs the fp32 versions on CPUs without AVX512_BF16. */
+ * fp32. An AVX512_BF16 microkernel where the active instruction set has it;
+ * elsewhere the same roundings into fp32 operands of OpenBLAS sgemm. */
 void keel_attention_forward_bf16(float *out, float *att, const float *q, const float *k,
                                  const float *v, int B, int T, int NH, int NKV, int HS);
 void keel_attention_backward_bf16(float *dq, float *dk, float *dv, float *datt, const float *dout,

@@ -8,12 +8,6 @@
 
 #include "keel/core.h"
 
-/* The FLOP/s that MFU is measured against: the environment variable
- * KEEL_PEAK_FLOPS (FLOP/s for all threads) if set, else measured on this
- * machine by keel_measure_peak_flops (fp32) or keel_measure_peak_flops_bf16
- * (a bf16 run). Call after keel_kernels_init. */
-double keel_peak_flops(bool bf16);
-
 /* Train in this process: keel_run_prepare (validate, new or resume, create),
  * then the loop. cfg must be finalized; a resume may change its
  * train.grad_accum_steps to keep the checkpoint's global batch. */

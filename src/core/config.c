@@ -100,7 +100,7 @@ static const key_spec KEYS[] = {
      "start the next unit's all-gather before computing the current one (forward and backward)", NULL},
     {"fsdp.mixed_precision", K_ENUM, OFF(fsdp.mixed_precision), 0, 0,
      "fp32 or bf16: GEMMs on bf16 weights and inputs (gathered in bf16), fp32 master weights, "
-     "optimizer and accumulation (any run; fp32 with a log line on CPUs without bf16)", DTYPE_NAMES},
+     "optimizer and accumulation (any run; emulated on CPUs without bf16 instructions)", DTYPE_NAMES},
     {"fsdp.reduce_dtype", K_ENUM, OFF(fsdp.reduce_dtype), 0, 0,
      "fp32 or bf16: element type of the gradient reduce-scatter and all-reduce", DTYPE_NAMES},
     {"fsdp.activation_checkpointing", K_BOOL, OFF(fsdp.activation_checkpointing), 0, 0,

@@ -13,8 +13,13 @@
  *
  * What is rounded, as product inputs only: Q, K, V, dO, the probabilities and
  * the softmax gradient. Softmax and its backward stay fp32, bit for bit those
- * of softmax.h, on fp32 scores, and att keeps the fp32 probabilities. Without
- * AVX512_BF16 at run time the fp32 kernels run instead. */
+ * of softmax.h, on fp32 scores, and att keeps the fp32 probabilities. Where
+ * the active instruction set (isa.c) has no AVX512_BF16, the same values are
+ * rounded to bf16 into fp32 operands of OpenBLAS sgemm (bf16 products are
+ * exact in fp32, so the sums are fp32 sums of the same products): slower than
+ * fp32 attention by the rounding passes, but the same math as the
+ * microkernel on every CPU. */
+#include <cblas.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -407,36 +412,109 @@ static void backward_groups(void *p, int64_t begin, int64_t end, int chunk) {
 #pragma clang attribute pop
 #endif
 
-static bool have_bf16(void) {
-    static int have = -1; /* benign race: every thread computes the same answer */
-    if (have < 0) have = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
-    return have;
+/* ---- emulation: the same roundings, fp32 products (no AVX512_BF16) -------- */
+
+/* dst (R, C), row stride C, = src (R, C) with row stride lds, each value
+ * rounded to the nearest bf16 (kept as fp32). */
+static void round_rows(float *dst, const float *src, int64_t lds, int R, int C) {
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            dst[(int64_t)r * C + c] = keel_bf16_to_float(keel_bf16_from_float(src[r * lds + c]));
 }
+
+static size_t emulated_bytes(int T, int HS) {
+    return sizeof(float) * ((size_t)4 * T * HS + (size_t)2 * ROW_BLOCK * T);
+}
+
+static void forward_heads_emulated(void *p, int64_t begin, int64_t end, int chunk) {
+    const attn_ctx *c = p;
+    int T = c->T, HS = c->HS, ldq = c->NH * HS, ldkv = c->NKV * HS, group = c->NH / c->NKV;
+    float *q16 = (float *)(c->scratch + (size_t)chunk * c->per_chunk);
+    float *k16 = q16 + (int64_t)T * HS, *v16 = k16 + (int64_t)T * HS, *p16 = v16 + (int64_t)T * HS;
+    float scale = 1.0f / sqrtf((float)HS);
+    for (int64_t bh = begin; bh < end; bh++) {
+        int b = (int)(bh / c->NH), h = (int)(bh % c->NH);
+        float *O = c->out + (int64_t)b * T * ldq + h * HS;
+        float *A = c->att + bh * T * T;
+        round_rows(q16, c->q + (int64_t)b * T * ldq + h * HS, ldq, T, HS);
+        round_rows(k16, c->k + (int64_t)b * T * ldkv + (h / group) * HS, ldkv, T, HS);
+        round_rows(v16, c->v + (int64_t)b * T * ldkv + (h / group) * HS, ldkv, T, HS);
+        for (int r0 = 0; r0 < T; r0 += ROW_BLOCK) {
+            int rows = T - r0 < ROW_BLOCK ? T - r0 : ROW_BLOCK, keys = r0 + rows;
+            float *S = A + (int64_t)r0 * T;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, HS, scale,
+                        q16 + (int64_t)r0 * HS, HS, k16, HS, 0.0f, S, T);
+            softmax_block(A, T, r0, rows);
+            round_rows(p16, S, T, rows, keys);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, HS, keys, 1.0f, p16, keys,
+                        v16, HS, 0.0f, O + (int64_t)r0 * ldq, ldq);
+        }
+    }
+}
+
+static void backward_groups_emulated(void *p, int64_t begin, int64_t end, int chunk) {
+    const attn_ctx *c = p;
+    int T = c->T, HS = c->HS, ldq = c->NH * HS, ldkv = c->NKV * HS, group = c->NH / c->NKV;
+    float *k16 = (float *)(c->scratch + (size_t)chunk * c->per_chunk);
+    float *v16 = k16 + (int64_t)T * HS, *q16 = v16 + (int64_t)T * HS, *do16 = q16 + (int64_t)T * HS;
+    float *p16 = do16 + (int64_t)T * HS, *ds16 = p16 + (int64_t)ROW_BLOCK * T;
+    float scale = 1.0f / sqrtf((float)HS);
+    for (int64_t bg = begin; bg < end; bg++) {
+        int b = (int)(bg / c->NKV), g = (int)(bg % c->NKV);
+        int64_t kvoff = (int64_t)b * T * ldkv + g * HS;
+        for (int t = 0; t < T; t++) {
+            memset(c->dk + kvoff + (int64_t)t * ldkv, 0, sizeof(float) * (size_t)HS);
+            memset(c->dv + kvoff + (int64_t)t * ldkv, 0, sizeof(float) * (size_t)HS);
+        }
+        round_rows(k16, c->k + kvoff, ldkv, T, HS);
+        round_rows(v16, c->v + kvoff, ldkv, T, HS);
+        for (int h = g * group; h < (g + 1) * group; h++) {
+            int64_t qoff = (int64_t)b * T * ldq + h * HS;
+            const float *A = c->att_in + ((int64_t)b * c->NH + h) * T * T;
+            float *dA = c->datt + ((int64_t)b * c->NH + h) * T * T;
+            round_rows(q16, c->q + qoff, ldq, T, HS);
+            round_rows(do16, c->dout + qoff, ldq, T, HS);
+            for (int r0 = 0; r0 < T; r0 += ROW_BLOCK) {
+                int rows = T - r0 < ROW_BLOCK ? T - r0 : ROW_BLOCK, keys = r0 + rows;
+                float *dS = dA + (int64_t)r0 * T;
+                /* dA = dO Vᵀ ; dV += Aᵀ dO */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, HS, 1.0f,
+                            do16 + (int64_t)r0 * HS, HS, v16, HS, 0.0f, dS, T);
+                round_rows(p16, A + (int64_t)r0 * T, T, rows, keys);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, HS, rows, 1.0f, p16, keys,
+                            do16 + (int64_t)r0 * HS, HS, 1.0f, c->dv + kvoff, ldkv);
+                softmax_backward_block(A, dA, T, r0, rows, scale);
+                /* dQ = dS K ; dK += dSᵀ Q */
+                round_rows(ds16, dS, T, rows, keys);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, HS, keys, 1.0f, ds16,
+                            keys, k16, HS, 0.0f, c->dq + qoff + (int64_t)r0 * ldq, ldq);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, HS, rows, 1.0f, ds16, keys,
+                            q16 + (int64_t)r0 * HS, HS, 1.0f, c->dk + kvoff, ldkv);
+            }
+        }
+    }
+}
+
+static bool have_bf16(void) { return keel_isa_active() >= KEEL_ISA_AVX512_BF16; }
 
 void keel_attention_forward_bf16(float *out, float *att, const float *q, const float *k,
                                  const float *v, int B, int T, int NH, int NKV, int HS) {
-    if (!have_bf16()) {
-        keel_attention_forward(out, att, q, k, v, B, T, NH, NKV, HS);
-        return;
-    }
-    size_t per = forward_bytes(T, HS);
+    bool native = have_bf16();
+    size_t per = native ? forward_bytes(T, HS) : emulated_bytes(T, HS);
     attn_ctx c = {.out = out, .att = att, .q = q, .k = k, .v = v, .B = B, .T = T, .NH = NH,
                   .NKV = NKV, .HS = HS, .per_chunk = per};
     c.scratch = scratch_for(per, keel_pool_threads());
-    keel_pool_for((int64_t)B * NH, 1, forward_heads, &c);
+    keel_pool_for((int64_t)B * NH, 1, native ? forward_heads : forward_heads_emulated, &c);
 }
 
 void keel_attention_backward_bf16(float *dq, float *dk, float *dv, float *datt, const float *dout,
                                   const float *q, const float *k, const float *v, const float *att,
                                   int B, int T, int NH, int NKV, int HS) {
-    if (!have_bf16()) {
-        keel_attention_backward(dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, NKV, HS);
-        return;
-    }
-    size_t per = backward_bytes(T, HS);
+    bool native = have_bf16();
+    size_t per = native ? backward_bytes(T, HS) : emulated_bytes(T, HS);
     attn_ctx c = {.dq = dq, .dk = dk, .dv = dv, .datt = datt, .dout = dout, .q = q, .k = k,
                   .v = v, .att_in = att, .B = B, .T = T, .NH = NH, .NKV = NKV, .HS = HS,
                   .per_chunk = per};
     c.scratch = scratch_for(per, keel_pool_threads());
-    keel_pool_for((int64_t)B * NKV, 1, backward_groups, &c);
+    keel_pool_for((int64_t)B * NKV, 1, native ? backward_groups : backward_groups_emulated, &c);
 }

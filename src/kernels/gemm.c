@@ -14,6 +14,7 @@ int keel_kernels_init(int threads) {
     if (threads < 1) threads = 1;
     if (threads > 64) threads = 64;
     openblas_set_num_threads(1);
+    keel_isa_active(); /* caps oneDNN (KEEL_MAX_ISA) before anything uses it */
     keel_pool_init(threads);
     return threads;
 }

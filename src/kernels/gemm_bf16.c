@@ -1,5 +1,7 @@
 /* kernels/gemm_bf16.c: bf16 GEMMs through oneDNN's matmul, fp32 accumulation
- * and output, and the fp32 <-> bf16 conversions around them.
+ * and output, and the fp32 <-> bf16 conversions around them. Where the
+ * active instruction set has no bf16 (isa.c), gemm_bf16_emulated.c runs
+ * instead: oneDNN 2.6 has no bf16 matmul below AVX512_BF16.
  *
  * As with OpenBLAS (gemm.c), keel's pool splits each GEMM into column blocks
  * and every pool thread runs a single-threaded oneDNN matmul on its block:
@@ -14,6 +16,7 @@
 #include <string.h>
 
 #include "keel/kernels.h"
+#include "kernels/gemm_bf16_emulated.h"
 
 #define DNNL_OK(call) KEEL_CHECK((call) == dnnl_success, "oneDNN: %s failed", #call)
 
@@ -56,14 +59,37 @@ static dnnl_engine_t engine(void) {
     return cache.engine;
 }
 
-bool keel_bf16_native(const char **isa) {
+static bool has(dnnl_cpu_isa_t got, dnnl_cpu_isa_t want) { return (got & want) == want; }
+
+/* Decided once: oneDNN where keel's active instruction set has bf16 and
+ * oneDNN (which may be capped on its own, ONEDNN_MAX_CPU_ISA) agrees. */
+static struct {
+    pthread_once_t once;
+    bool native;
+    const char *path;
+} choice = {.once = PTHREAD_ONCE_INIT};
+
+static void choose(void) {
+    keel_isa level = keel_isa_active(); /* first: it caps oneDNN before oneDNN's first use */
     dnnl_cpu_isa_t got = dnnl_get_effective_cpu_isa();
-    if (isa)
-        *isa = (got & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx ? "AMX"
-               : (got & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16
-                   ? "AVX512_BF16"
-                   : "no bf16 instructions";
-    return (got & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
+    choice.native = level >= KEEL_ISA_AVX512_BF16 && has(got, dnnl_cpu_isa_avx512_core_bf16);
+    if (choice.native)
+        choice.path = has(got, dnnl_cpu_isa_avx512_core_amx) ? "oneDNN AMX" : "oneDNN AVX512_BF16";
+    else if (level < KEEL_ISA_AVX512_BF16)
+        choice.path = keel_isa_cpu() < KEEL_ISA_AVX512_BF16
+                          ? "emulated (this CPU has no AVX512_BF16 or AMX: bf16 operands widened "
+                            "to fp32 for OpenBLAS sgemm)"
+                          : "emulated (KEEL_MAX_ISA is below avx512_bf16: bf16 operands widened "
+                            "to fp32 for OpenBLAS sgemm)";
+    else
+        choice.path = "emulated (oneDNN is capped below AVX512_BF16, ONEDNN_MAX_CPU_ISA: bf16 "
+                      "operands widened to fp32 for OpenBLAS sgemm)";
+}
+
+bool keel_bf16_native(const char **path) {
+    pthread_once(&choice.once, choose);
+    if (path) *path = choice.path;
+    return choice.native;
 }
 
 static dnnl_memory_desc_t desc(int rows, int cols, int64_t s0, int64_t s1, dnnl_data_type_t type) {
@@ -180,11 +206,16 @@ static void gemm_columns(void *p, int64_t begin, int64_t end, int chunk) {
 
 void keel_gemm_bf16(float *out, const keel_bf16 *a, bool a_t, const keel_bf16 *b, bool b_t, int M,
                     int N, int K, bool accumulate) {
+    if (!keel_bf16_native(NULL)) {
+        keel_gemm_bf16_emulated(out, a, a_t, b, b_t, M, N, K, accumulate);
+        return;
+    }
     gemm_ctx c = {out, a, b, M, N, K, a_t, b_t, accumulate};
     keel_pool_for(N, 64, gemm_columns, &c);
 }
 
 void keel_gemm_bf16_release(void) {
+    keel_gemm_bf16_emulated_release();
     pthread_mutex_lock(&cache.lock);
     for (int i = 0; i < cache.n; i++) {
         dnnl_primitive_destroy(cache.entries[i]->prim);

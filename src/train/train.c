@@ -38,27 +38,20 @@ static void restore_stop_signals(const struct sigaction old[3]) {
     for (int i = 0; i < 3; i++) sigaction(STOP_SIGNALS[i], &old[i], NULL);
 }
 
-double keel_peak_flops(bool bf16) {
-    const char *env = getenv("KEEL_PEAK_FLOPS");
-    if (env && atof(env) > 0) return atof(env);
-    return bf16 ? keel_measure_peak_flops_bf16() : keel_measure_peak_flops();
-}
-
-/* fsdp.mixed_precision bf16 runs bf16 GEMMs where oneDNN has bf16
- * instructions; elsewhere it says so and trains in fp32. */
+/* fsdp.mixed_precision bf16 runs bf16 GEMMs on bf16 instructions where the
+ * CPU has them and emulates them elsewhere (the same math, no faster than fp32). */
 static bool want_bf16(const keel_config *cfg) { return cfg->fsdp.mixed_precision == KEEL_DTYPE_BF16; }
 
 static bool bf16_usable(const keel_config *cfg) {
     if (!want_bf16(cfg)) return false;
-    const char *isa;
-    if (keel_bf16_native(&isa)) {
-        keel_log_info("fsdp.mixed_precision bf16: bf16 GEMMs through oneDNN (%s), fp32 master "
-                      "weights and optimizer", isa);
-        return true;
-    }
-    keel_log_warn("fsdp.mixed_precision bf16: this CPU has no bf16 instructions (oneDNN: %s; it "
-                  "needs AVX512_BF16 or AMX), so this run trains in fp32", isa);
-    return false;
+    const char *path;
+    if (keel_bf16_native(&path))
+        keel_log_info("fsdp.mixed_precision bf16: bf16 GEMMs through %s, fp32 master weights and "
+                      "optimizer", path);
+    else
+        keel_log_warn("fsdp.mixed_precision bf16: bf16 GEMMs %s, no faster than fp32; fp32 "
+                      "master weights and optimizer", path);
+    return true;
 }
 
 static double gib(int64_t bytes) { return (double)bytes / (1024.0 * 1024 * 1024); }
@@ -240,6 +233,7 @@ static void log_step(trainer *t, int step, double loss, double lr, double norm, 
     double tokens = (double)trainer_global_batch(t) * lay->T;
     double tps = tokens / step_s;
     t->step_tps[step] = tps;
+    t->peak_flops = keel_peak_revise(t->peak_flops, tps * t->flops_per_token, t->world_size, t->bf16);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "step", step + 1);
     cJSON_AddNumberToObject(o, "loss", loss);
@@ -551,7 +545,7 @@ keel_status keel_train_run(keel_config *cfg, const char *run_dir) {
 keel_status keel_train_worker(const char *run_dir) {
     struct sigaction old[3];
     catch_stop_signals(old);
-    keel_comm *world;
+    static keel_comm *world; /* static: a failed rank exits without finalizing (below) */
     keel_status st = keel_comm_init(&world);
     if (st != KEEL_OK) return st;
     trainer t = {.run_dir = run_dir, .world = world, .rank = keel_comm_rank(world),

@@ -1,23 +1,33 @@
 #!/usr/bin/env bash
-# fsdp.mixed_precision bf16 (oneDNN bf16 GEMMs, fp32 master weights):
+# fsdp.mixed_precision bf16 (bf16 GEMM inputs, fp32 master weights; the GEMMs
+# run on oneDNN where the CPU has bf16 instructions and are emulated with the
+# same math elsewhere, so every part below runs on every machine):
 # - on real text (Debian's license texts and copyright files, a 512-piece BPE
-#   tokenizer from spm_train) a bf16 run follows the fp32 run for 200 steps:
-#   every step's loss within 5% relative, every 20-step mean within 1%, the
-#   validation losses within 1%, while the losses are not bit-identical (it
-#   really ran bf16) and fall by more than 1.5 nats. bf16 rounding of the GEMM
-#   and attention inputs sends the run down its own path, so single steps
-#   drift most; measured (Release / the ASan build, whose code rounds a little
-#   differently): worst step 1.7e-2 / 2.8e-2, worst 20-step mean 2.2e-3 /
-#   4.1e-3, validation 1.8e-3 / 4.2e-3. The bounds are about twice that; a
-#   wrong kernel is far outside them (its exactness is test_attention_bf16's
-#   and test_gemm_bf16's job);
+#   tokenizer from spm_train) bf16 runs follow fp32 runs for 200 steps, for
+#   three seeds: the median over the seeds of the worst step's loss within 5%
+#   relative, of the worst 20-step mean within 1%, of the validation losses
+#   within 1%, while every run's losses are not bit-identical (it really ran
+#   bf16) and fall by more than 1.5 nats. bf16 rounding of the GEMM and
+#   attention inputs sends a run down its own path, and how far it strays
+#   depends on the trajectory, which depends on the CPU's arithmetic: one seed
+#   is no measure. Measured with seed 1337 (Release / the ASan build, whose
+#   code rounds a little differently): on Zen 4 (AVX512_BF16) worst step
+#   1.7e-2 / 2.8e-2, worst 20-step mean 2.2e-3 / 4.1e-3, validation 1.8e-3 /
+#   4.2e-3; on Zen 3 (AVX2, emulated) 3.2e-2 / 4.5e-2, 8.5e-3 / 3.9e-3,
+#   8.2e-3 / 1.1e-3, while seeds 1-4 there stayed below 4.4e-3, 1.6e-3 and
+#   5.6e-4. A wrong kernel is far outside the bounds (its exactness is
+#   test_attention_bf16's and test_gemm_bf16's job);
 # - under FSDP (full_shard on 2 ranks, no_shard on 2, shard_grad_op with
 #   accumulation on 3, full_shard with tied embeddings on 3, with
 #   fsdp.reduce_dtype fp32 and bf16) bf16 runs follow the
 #   one-process bf16 run within 1e-4 relative for 10 steps, and reduce_dtype
 #   bf16 changes the numbers (the bf16 reduction really ran);
-# - with oneDNN's bf16 instructions hidden (ONEDNN_MAX_CPU_ISA=AVX512_CORE) a
-#   bf16 run says so in one log line and trains exactly as fp32.
+# - capped at AVX2 (KEEL_MAX_ISA=avx2: no bf16 instructions) a bf16 run says
+#   in one log line that its GEMMs are emulated, is a bf16 run (summary.json,
+#   not fp32's numbers) and follows this machine's own bf16 run within 1e-3
+#   for 10 steps (bit for bit where that one is emulated too; a coarse bound,
+#   fp32 itself is ~3e-4 away there: the emulation's exactness is
+#   test_gemm_bf16_avx2's and test_attention_bf16_avx2's job).
 source "$KEEL_SRC/tests/lib.sh"
 mpi_env
 command -v spm_train >/dev/null || fail "spm_train not found (run scripts/install-deps.sh)"
@@ -42,27 +52,40 @@ cat >"$TMP/text.json" <<EOF
 }
 EOF
 
-# ---- 200 steps: bf16 follows fp32 ------------------------------------------------
-"$KEEL_BIN" train "$TMP/text.json" --run-dir "$TMP/fp32" >"$TMP/out" 2>&1 || { cat "$TMP/out"; fail "fp32 run"; }
-"$KEEL_BIN" train "$TMP/text.json" --set fsdp.mixed_precision=bf16 --run-dir "$TMP/bf16" >"$TMP/out" 2>&1 \
-    || { cat "$TMP/out"; fail "bf16 run"; }
-python3 - "$TMP/fp32" "$TMP/bf16" <<'PY' || fail "bf16 does not follow fp32 on real text"
+# ---- 200 steps: bf16 follows fp32 (three seeds) --------------------------------
+SEEDS="1337 1 2"
+for seed in $SEEDS; do
+  for mp in fp32 bf16; do
+    "$KEEL_BIN" train "$TMP/text.json" --set train.seed=$seed --set fsdp.mixed_precision=$mp \
+        --run-dir "$TMP/$mp-$seed" >"$TMP/out" 2>&1 || { cat "$TMP/out"; fail "$mp run, seed $seed"; }
+  done
+done
+python3 - "$TMP" $SEEDS <<'PY' || fail "bf16 does not follow fp32 on real text"
 import json, statistics, sys
-rows = [[json.loads(l) for l in open(f"{d}/metrics.jsonl")] for d in sys.argv[1:]]
-a, b = ([r["loss"] for r in x] for x in rows)
-assert len(a) == len(b) == 200, (len(a), len(b))
-assert [json.load(open(f"{d}/summary.json"))["mixed_precision"] for d in sys.argv[1:]] == ["fp32", "bf16"]
-assert a != b, "bf16 losses are bit-identical to fp32: bf16 GEMMs did not run"
-step = max(abs(x - y) / x for x, y in zip(a, b))
-window = max(abs(statistics.mean(a[i:i + 20]) - statistics.mean(b[i:i + 20])) / statistics.mean(a[i:i + 20])
-             for i in range(0, 200, 20))
-va, vb = ([r["val_loss"] for r in x if "val_loss" in r] for x in rows)
-val = max(abs(x - y) / x for x, y in zip(va, vb))
-drop = statistics.mean(a[:10]) - statistics.mean(a[-10:])
-print(f"ok   200 steps of real text: loss {a[0]:.3f} -> {a[-1]:.3f} (fp32), {b[-1]:.3f} (bf16); "
-      f"worst step rel {step:.2e}, worst 20-step mean rel {window:.2e}, val rel {val:.2e}")
-assert step <= 0.05 and window <= 0.01 and len(va) == 2 and val <= 0.01, (step, window, va, vb)
-assert drop > 1.5, f"the loss only fell by {drop:.2f}"
+tmp, seeds = sys.argv[1], sys.argv[2:]
+stats = []
+for seed in seeds:
+    dirs = [f"{tmp}/fp32-{seed}", f"{tmp}/bf16-{seed}"]
+    rows = [[json.loads(l) for l in open(f"{d}/metrics.jsonl")] for d in dirs]
+    a, b = ([r["loss"] for r in x] for x in rows)
+    assert len(a) == len(b) == 200, (len(a), len(b))
+    assert [json.load(open(f"{d}/summary.json"))["mixed_precision"] for d in dirs] == ["fp32", "bf16"]
+    assert a != b, f"seed {seed}: bf16 losses are bit-identical to fp32: bf16 GEMMs did not run"
+    step = max(abs(x - y) / x for x, y in zip(a, b))
+    window = max(abs(statistics.mean(a[i:i + 20]) - statistics.mean(b[i:i + 20])) / statistics.mean(a[i:i + 20])
+                 for i in range(0, 200, 20))
+    va, vb = ([r["val_loss"] for r in x if "val_loss" in r] for x in rows)
+    assert len(va) == len(vb) == 2, (va, vb)
+    val = max(abs(x - y) / x for x, y in zip(va, vb))
+    drop = statistics.mean(a[:10]) - statistics.mean(a[-10:])
+    print(f"     seed {seed}: loss {a[0]:.3f} -> {a[-1]:.3f} (fp32), {b[-1]:.3f} (bf16); worst step rel "
+          f"{step:.2e}, worst 20-step mean rel {window:.2e}, val rel {val:.2e}")
+    assert drop > 1.5, f"seed {seed}: the loss only fell by {drop:.2f}"
+    stats.append((step, window, val))
+step, window, val = (statistics.median(s[i] for s in stats) for i in range(3))
+print(f"ok   200 steps of real text, median over seeds {' '.join(seeds)}: worst step rel {step:.2e}, "
+      f"worst 20-step mean rel {window:.2e}, val rel {val:.2e}")
+assert step <= 0.05 and window <= 0.01 and val <= 0.01, (step, window, val)
 PY
 
 # ---- FSDP: bf16 on 2-3 ranks follows one bf16 process ----------------------------
@@ -92,13 +115,22 @@ cmp -s "$TMP/2-no_shard-fp32-false/metrics.jsonl" "$TMP/2-no_shard-bf16-false/me
     && fail "fsdp.reduce_dtype bf16 changed nothing"
 pass "fsdp.reduce_dtype bf16 changes the reduction"
 
-# ---- no bf16 instructions: a log line, then exactly fp32 --------------------------
-"$KEEL_BIN" train "$CFG" --set train.steps=5 --run-dir "$TMP/plain" >/dev/null 2>&1 || fail "fp32 run"
-ONEDNN_MAX_CPU_ISA=AVX512_CORE "$KEEL_BIN" train "$CFG" --set train.steps=5 --set fsdp.mixed_precision=bf16 \
-    --run-dir "$TMP/fallback" >"$TMP/out" 2>&1 || { cat "$TMP/out"; fail "fallback run"; }
-grep -q "fsdp.mixed_precision bf16: this CPU has no bf16 instructions.*trains in fp32" "$TMP/out" \
-    || { cat "$TMP/out"; fail "no fallback log line"; }
-[ "$(json "$TMP/fallback/summary.json" 'j["mixed_precision"]')" = fp32 ] || fail "fallback summary"
-diff <(json "$TMP/plain/summary.json" 'j["params_xxh3"]') <(json "$TMP/fallback/summary.json" 'j["params_xxh3"]') \
-    >/dev/null || fail "the fallback run is not the fp32 run"
-pass "without bf16 instructions: '$(grep -o 'fsdp.mixed_precision bf16: this CPU.*' "$TMP/out" | head -1)', fp32 bit for bit"
+# ---- no bf16 instructions: emulated, one log line, still bf16 ----------------------
+"$KEEL_BIN" train "$CFG" "${common[@]}" --set fsdp.mixed_precision=fp32 --set train.micro_batch_size=12 \
+    --run-dir "$TMP/plain" >/dev/null 2>&1 || fail "fp32 run"
+KEEL_MAX_ISA=avx2 OPENBLAS_CORETYPE=Haswell "$KEEL_BIN" train "$CFG" "${common[@]}" \
+    --set train.micro_batch_size=12 --run-dir "$TMP/emulated" >"$TMP/out" 2>&1 || { cat "$TMP/out"; fail "emulated run"; }
+[ "$(grep -c "fsdp.mixed_precision bf16: bf16 GEMMs emulated" "$TMP/out")" = 1 ] \
+    || { cat "$TMP/out"; fail "want one log line naming the emulation"; }
+python3 - "$TMP/plain" "$TMP/one-false" "$TMP/emulated" <<'PY' || fail "the emulated bf16 run"
+import json, sys
+fp32, native, emul = ([json.loads(l)["loss"] for l in open(f"{d}/metrics.jsonl")] for d in sys.argv[1:])
+assert json.load(open(f"{sys.argv[3]}/summary.json"))["mixed_precision"] == "bf16"
+assert emul != fp32, "the emulated bf16 run has fp32's losses: nothing was rounded"
+off_fp32 = max(abs(x - y) / x for x, y in zip(fp32, emul))
+off_native = max(abs(x - y) / x for x, y in zip(native, emul))
+print(f"ok   emulated bf16 (KEEL_MAX_ISA=avx2) follows this machine's bf16 run: loss rel {off_native:.2e} "
+      f"(fp32 is {off_fp32:.2e} away)")
+assert len(emul) == 10 and off_native <= 1e-3, off_native
+PY
+pass "without bf16 instructions: '$(grep -o 'fsdp.mixed_precision bf16: bf16 GEMMs emulated.*' "$TMP/out" | cut -c1-60)...'"

@@ -9,7 +9,10 @@
  * value (measured: <= 0.53%), where a wrong index or a missed tail would be
  * off by O(1). The probabilities come from fp32 scores of bf16 q and k, so
  * they get the same bound. The fp32 kernels are held to 1e-5 in
- * test_kernels_match_reference. */
+ * test_kernels_match_reference. The path is the machine's (the AVX512_BF16
+ * microkernel, or the emulation without it); ctest also runs this as
+ * test_attention_bf16_avx2 (KEEL_MAX_ISA=avx2), so the emulation is checked
+ * on every machine. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +81,12 @@ static void test_attention(int T, int NH, int NKV, int HS, float scale) {
 }
 
 int main(void) {
+    keel_kernels_init(1);
+    keel_isa level = keel_isa_active();
+    printf("bf16 attention at %s: %s\n", keel_isa_name(level),
+           level >= KEEL_ISA_AVX512_BF16 ? "AVX512_BF16 microkernel"
+                                         : "emulated (bf16-rounded operands, OpenBLAS sgemm)");
+    keel_kernels_shutdown();
     for (int threads = 1; threads <= 2; threads++) {
         keel_kernels_init(threads);
         test_attention(29, 4, 4, 12, 1.0f);   /* one odd block, HS below one vector */

@@ -1,7 +1,9 @@
 /* Activation checkpointing: the same loss and bit-identical gradients as
  * keeping every activation (with accumulation over micro-batches), in fp32 and
- * with bf16 GEMMs, with less activation memory. Under FSDP:
- * tests/fsdp/train_nproc.sh. */
+ * with bf16 GEMMs, with less activation memory. The bf16 GEMMs take the
+ * machine's path; ctest also runs this as test_activation_checkpointing_avx2
+ * (KEEL_MAX_ISA=avx2: emulated). Under FSDP: tests/fsdp/train_nproc.sh. */
+#include <stdio.h>
 #include <string.h>
 
 #include "keel/kernels.h"
@@ -47,6 +49,9 @@ static void check(bool bf16) {
 
 int main(void) {
     keel_kernels_init(2);
+    const char *path;
+    keel_bf16_native(&path);
+    printf("bf16 GEMMs at %s: %s\n", keel_isa_name(keel_isa_active()), path);
     check(false);
     check(true);
     keel_kernels_shutdown();

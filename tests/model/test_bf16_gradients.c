@@ -5,8 +5,11 @@
  * parameter in place (norm weights x4), as an optimizer step would, and
  * announces it with keel_model_params_changed: a stale bf16 copy would miss
  * the loss by far more than the tolerance.
- * Tied and untied heads. */
+ * Tied and untied heads. The bf16 GEMMs and attention take the machine's
+ * path; ctest also runs this as test_bf16_gradients_avx2 (KEEL_MAX_ISA=avx2:
+ * emulated). */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "keel/kernels.h"
@@ -68,6 +71,9 @@ static void check(bool tied) {
 
 int main(void) {
     keel_kernels_init(2);
+    const char *path;
+    keel_bf16_native(&path);
+    printf("bf16 GEMMs at %s: %s\n", keel_isa_name(keel_isa_active()), path);
     check(false);
     check(true);
     keel_kernels_shutdown();
