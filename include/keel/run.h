@@ -60,7 +60,9 @@ keel_status keel_run_write_file(const char *run_dir, const char *name, const cha
 /* ---- heartbeats: RUN/heartbeats/rank-R (heartbeat.c) -------------------------
  * Written by each rank (phase, steps done, time, pid, node), read by the
  * supervisor. Phases: "init" (started), "ready" (state loaded; step = the
- * checkpoint's step), "train" (step = steps done), "exit" (exit_code set).
+ * checkpoint's step), "train" (step = steps done), "finish" (the last save,
+ * final weights and summary: waits on disks, not on peers' steps), "exit"
+ * (exit_code set).
  * A step < 0 repeats the last one. */
 typedef struct keel_heartbeat keel_heartbeat;
 keel_heartbeat *keel_heartbeat_open(const char *run_dir, int rank); /* NULL: could not (warned) */

@@ -188,17 +188,19 @@ static bool detect_crash(launch *l, double now) {
  * blocked in a collective, or a rank that never started). */
 static bool detect_hang(launch *l, double now) {
     supervisor *sv = l->sv;
-    double limit = hang_limit(sv, l->have[0] && l->hb[0].first_step_unix_s > 0), oldest = 0;
+    double limit = hang_limit(sv, l->have[0] && l->hb[0].first_step_unix_s > 0), oldest = 0, stale_limit = 0;
     int stale = -1, stopped = -1;
     for (int r = 0; r < sv->nproc; r++) {
         double age = now - (l->have[r] ? fmax(l->hb[r].unix_s, l->launched_unix) : l->launched_unix);
-        if (age > limit && age > oldest) oldest = age, stale = r;
+        /* the end (last save, final weights) waits on disks like the start does */
+        double rank_limit = l->have[r] && !strcmp(l->hb[r].phase, "finish") ? hang_limit(sv, false) : limit;
+        if (age > rank_limit && age > oldest) oldest = age, stale = r, stale_limit = rank_limit;
         if (l->have[r] && l->hb[r].pid > 0 && !keel_launch_in_slurm() && keel_pid_state(l->hb[r].pid) == 'T')
             stopped = r;
     }
     if (stale < 0) return false;
     int n = snprintf(l->cause, sizeof l->cause, "no heartbeat from rank %d for %.1f s (hang timeout %.0f s)",
-                     stale, oldest, limit);
+                     stale, oldest, stale_limit);
     if (stopped >= 0)
         snprintf(l->cause + n, sizeof l->cause - (size_t)n, "; rank %d (pid %d) is stopped (SIGSTOP or a "
                  "debugger)", stopped, l->hb[stopped].pid);

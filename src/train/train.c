@@ -404,9 +404,11 @@ static keel_status train_loop(trainer *t) {
             last_val = val_loss = evaluate(t, &n);
         }
         /* every rank must stop at the same step: the boundary agrees on signals */
-        bool stop = g_stop_signal != 0;
-        trainer_ckpt_boundary(t, step + 1, step + 1 == cfg->train.steps, &stop);
-        keel_heartbeat_beat(t->heartbeat, "train", step + 1, 0);
+        bool stop = g_stop_signal != 0, last = step + 1 == cfg->train.steps;
+        /* the last step's save and the final weights wait on the slowest disk: not a hang */
+        if (last) keel_heartbeat_beat(t->heartbeat, "finish", step + 1, 0);
+        trainer_ckpt_boundary(t, step + 1, last, &stop);
+        keel_heartbeat_beat(t->heartbeat, last || stop ? "finish" : "train", step + 1, 0);
         double stall_s = trainer_ckpt_take_stall(t);
         if (t->leader) {
             log_step(t, step, loss, keel_lr_at(&cfg->train, step), norm, step_s, step_wait_s, stall_s,
