@@ -79,7 +79,7 @@ int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy
  *
  *     keel_fsdp *f;
  *     keel_fsdp_build(model, world, KEEL_FSDP_FULL_SHARD, 0, &f);  // installs the model hooks
- *     keel_fsdp_load_full(f, full_params);       // or fill keel_fsdp_master() yourself
+ *     keel_fsdp_fill(f, fill_fn, ctx);           // this rank's canonical ranges
  *     keel_fsdp_zero_grads(f);
  *     keel_model_forward(...); keel_model_backward(...);   // gathers, frees, reduce-scatters
  *     keel_fsdp_finish_grads(f);                 // wait for the last reduce-scatters
@@ -130,13 +130,11 @@ keel_status keel_fsdp_fill(keel_fsdp *f, keel_fsdp_fill_fn fill, void *ctx);
  * unit's canonical parameters) — one unit at a time, so saving the final
  * weights never needs the whole model in one process. */
 keel_status keel_fsdp_gather_unit(keel_fsdp *f, int u, float *out);
-/* Start an optimizer step: zero the gradient shard (and reduce every backward). */
+/* Start an optimizer step: zero the gradient shard. Every micro-batch's
+ * backward reduce-scatters its unit gradients into the shard, which sums
+ * them: accumulation costs no full-size gradient buffers (more reductions
+ * than PyTorch's no_sync, whose memory is one full gradient per unit). */
 void keel_fsdp_zero_grads(keel_fsdp *f);
-/* Before each micro-batch's backward: reduce_now false keeps the units' full
- * gradients summing locally; the backward with reduce_now true (the last
- * micro-batch) reduce-scatters the sums once. Costs one full-size gradient
- * per unit while accumulating, as PyTorch's no_sync does. */
-void keel_fsdp_set_reduce(keel_fsdp *f, bool reduce_now);
 /* The master shard changed (optimizer step, load): drop every gathered unit. */
 void keel_fsdp_invalidate(keel_fsdp *f);
 /* Wait for every outstanding reduce-scatter; then the grad shard is complete. */

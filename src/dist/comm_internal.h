@@ -80,10 +80,8 @@ void backend_stop(engine *eng);
 void ring_reduce_scatter(char *const scratch[2], MPI_Comm comm, int rank, int size,
                          const void *send, void *recv, size_t count, keel_comm_dtype dtype,
                          keel_comm_op op);
-/* recv (count) = op over the ranks of send (count); send == recv allowed.
- * type is the MPI type of one element. */
+/* recv (count) = op over the ranks of send (count); send == recv allowed. */
 void ring_allreduce(char *const scratch[2], MPI_Comm comm, int rank, int size, const void *send,
-                    void *recv, size_t count, keel_comm_dtype dtype, keel_comm_op op,
-                    MPI_Datatype type);
+                    void *recv, size_t count, keel_comm_dtype dtype, keel_comm_op op);
 
 #endif

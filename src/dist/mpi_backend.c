@@ -1,4 +1,6 @@
 /* dist/mpi_backend.c: runs queued operations with OpenMPI; comm thread only. */
+#include <limits.h>
+#include <stdlib.h>
 #include <sys/prctl.h>
 #include <time.h>
 
@@ -11,6 +13,18 @@
 #define PEER_SPIN_S 20e-6
 #define PEER_SLEEP_MIN_NS 10000L
 #define PEER_SLEEP_MAX_NS 100000L
+
+/* MPI counts are ints: a collective over more elements than this goes in
+ * pieces (KEEL_COMM_MAX_COUNT lowers it, so tests can take that path). */
+static size_t max_count(void) {
+    static size_t cached;
+    if (!cached) {
+        const char *env = getenv("KEEL_COMM_MAX_COUNT");
+        long long v = env ? atoll(env) : 0;
+        cached = v > 0 && v < INT_MAX ? (size_t)v : (size_t)INT_MAX;
+    }
+    return cached;
+}
 
 /* ---- start / stop ------------------------------------------------------------ */
 
@@ -76,27 +90,49 @@ static void await_peers(MPI_Comm comm, int size) {
     }
 }
 
+/* Every rank's `count` elements into recv, rank after rank, in pieces of at
+ * most max_count() elements: piece k of each rank's block lands at stride
+ * `count` through a datatype resized to that stride (MPI_Aint: 64-bit). */
+static void allgather(const keel_comm_req *req, MPI_Datatype type) {
+    keel_comm *c = req->comm;
+    size_t esize = keel_comm_dtype_size(req->dtype), count = req->count, piece_max = max_count();
+    const char *own = (const char *)req->recv + (size_t)c->rank * count * esize;
+    bool in_place = req->send == own;
+    for (size_t lo = 0; lo < count; lo += piece_max) {
+        int n = (int)(count - lo < piece_max ? count - lo : piece_max);
+        MPI_Datatype piece, strided;
+        MPI_Type_contiguous(n, type, &piece);
+        MPI_Type_create_resized(piece, 0, (MPI_Aint)(count * esize), &strided);
+        MPI_Type_commit(&strided);
+        const void *send = in_place ? MPI_IN_PLACE : (const char *)req->send + lo * esize;
+        MPI_Allgather(send, n, type, (char *)req->recv + lo * esize, 1, strided, c->mpi);
+        MPI_Type_free(&strided);
+        MPI_Type_free(&piece);
+    }
+}
+
+static void broadcast(const keel_comm_req *req, MPI_Datatype type) {
+    size_t esize = keel_comm_dtype_size(req->dtype), piece_max = max_count();
+    for (size_t lo = 0; lo < req->count; lo += piece_max) {
+        int n = (int)(req->count - lo < piece_max ? req->count - lo : piece_max);
+        MPI_Bcast((char *)req->recv + lo * esize, n, type, req->root, req->comm->mpi);
+    }
+}
+
 static void transfer(engine *eng, keel_comm_req *req) {
     keel_comm *c = req->comm;
     MPI_Datatype type = mpi_type(req->dtype);
-    int count = (int)req->count;
-    size_t chunk_bytes = req->count * keel_comm_dtype_size(req->dtype);
     switch (req->kind) {
-    case OP_ALLGATHER: {
-        const void *own = (const char *)req->recv + (size_t)c->rank * chunk_bytes;
-        const void *send = req->send == own ? MPI_IN_PLACE : req->send;
-        MPI_Allgather(send, count, type, req->recv, count, type, c->mpi);
-        break;
-    }
+    case OP_ALLGATHER: allgather(req, type); break;
     case OP_REDUCE_SCATTER: /* ring.c says why not MPI's */
         ring_reduce_scatter(eng->ring_scratch, c->mpi, c->rank, c->size, req->send, req->recv,
                             req->count, req->dtype, req->op);
         break;
     case OP_ALLREDUCE:
         ring_allreduce(eng->ring_scratch, c->mpi, c->rank, c->size, req->send, req->recv,
-                       req->count, req->dtype, req->op, type);
+                       req->count, req->dtype, req->op);
         break;
-    case OP_BROADCAST: MPI_Bcast(req->recv, count, type, req->root, c->mpi); break;
+    case OP_BROADCAST: broadcast(req, type); break;
     case OP_BARRIER: break; /* await_peers was the barrier */
     case OP_SPLIT:
     case OP_FREE: KEEL_CHECK(false, "group operation %d reached transfer()", (int)req->kind);

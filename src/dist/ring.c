@@ -123,24 +123,37 @@ void ring_reduce_scatter(char *const scratch[2], MPI_Comm comm, int rank, int si
     ring_run(&g);
 }
 
+/* The all-gather half of an all-reduce, in place around the ring: at step s
+ * this rank passes chunk r-s on to r+1 and takes chunk r-s-1 from r-1, in
+ * messages of at most a segment (sizes are size_t; an MPI count is an int). */
+static void ring_allgather(const ring *g, char *buf) {
+    int r = g->rank, p = g->size, next = (r + 1) % p, prev = (r + p - 1) % p;
+    /* every rank sends the same number of messages at every step (empty ones
+     * where its chunk is shorter), so sends and receives pair up */
+    size_t longest = (g->total + (size_t)p - 1) / (size_t)p * g->esize;
+    for (int s = 0; s < p - 1; s++) {
+        int c_send = ((r - s) % p + p) % p, c_recv = ((r - s - 1) % p + p) % p;
+        size_t send_len = (chunk_begin(g, c_send + 1) - chunk_begin(g, c_send)) * g->esize;
+        size_t recv_len = (chunk_begin(g, c_recv + 1) - chunk_begin(g, c_recv)) * g->esize;
+        char *send = buf + chunk_begin(g, c_send) * g->esize, *recv = buf + chunk_begin(g, c_recv) * g->esize;
+        for (size_t lo = 0; lo < longest; lo += SEGMENT_BYTES) {
+            int n_send = (int)(lo < send_len ? (send_len - lo < SEGMENT_BYTES ? send_len - lo : SEGMENT_BYTES) : 0);
+            int n_recv = (int)(lo < recv_len ? (recv_len - lo < SEGMENT_BYTES ? recv_len - lo : SEGMENT_BYTES) : 0);
+            MPI_Sendrecv(send + lo, n_send, MPI_BYTE, next, 1, recv + lo, n_recv, MPI_BYTE, prev, 1, g->comm,
+                         MPI_STATUS_IGNORE);
+        }
+    }
+}
+
 /* All-reduce = ring reduce-scatter into this rank's chunk of recv (in place
  * too: a rank writes its chunk only at the last step, after its last read of
- * it), then an all-gather of the chunks. */
+ * it), then a ring all-gather of the chunks. */
 void ring_allreduce(char *const scratch[2], MPI_Comm comm, int rank, int size, const void *send,
-                    void *recv, size_t count, keel_comm_dtype dtype, keel_comm_op op,
-                    MPI_Datatype type) {
+                    void *recv, size_t count, keel_comm_dtype dtype, keel_comm_op op) {
     ring g = {.comm = comm, .rank = rank, .size = size, .src = send, .total = count,
               .esize = keel_comm_dtype_size(dtype), .dtype = dtype, .op = op,
               .scratch = {scratch[0], scratch[1]}};
     g.dst = (char *)recv + chunk_begin(&g, rank) * g.esize;
     ring_run(&g);
-    if (size == 1) return;
-    int *counts = keel_xmalloc(2 * (size_t)size * sizeof *counts, "all-gather counts");
-    int *displs = counts + size;
-    for (int c = 0; c < size; c++) {
-        counts[c] = (int)(chunk_begin(&g, c + 1) - chunk_begin(&g, c));
-        displs[c] = (int)chunk_begin(&g, c);
-    }
-    MPI_Allgatherv(MPI_IN_PLACE, 0, type, recv, counts, displs, type, comm);
-    keel_free(counts);
+    if (size > 1) ring_allgather(&g, recv);
 }

@@ -50,13 +50,6 @@ struct keel_fsdp {
     keel_bf16 *gbuf16[GRAD_BUFFERS], *rs16[GRAD_BUFFERS];
     grad_buffer gstate[GRAD_BUFFERS];
     int next_gbuf;
-    /* Gradient accumulation: with reduce_now false, units' full gradients add
-     * up in acc[u] across micro-batches and are reduce-scattered once, in the
-     * backward of the last micro-batch (like PyTorch's no_sync). */
-    bool reduce_now;            /* this micro-batch's backward reduces */
-    bool accumulating;          /* this step keeps full unit gradients in acc */
-    float **acc;                /* (n_units) allocated on first use */
-    bool *acc_live;             /* (n_units) acc[u] holds this step's sums */
     double gather_wait_s, reduce_wait_s;
 };
 
@@ -140,16 +133,9 @@ static int claim_slot(keel_fsdp *f, int u) {
     return b;
 }
 
-/* Where unit u's backward writes its gradient: a zeroed unit buffer, or
- * while accumulating the unit's running sum (zeroed once per step). */
+/* Where unit u's backward writes its gradient: a zeroed unit buffer. */
 static float *grad_buffer_for(keel_fsdp *f, int u) {
     size_t bytes = sizeof(float) * (size_t)f->plan.units[u].padded;
-    if (f->accumulating) {
-        if (!f->acc[u]) f->acc[u] = keel_xmalloc(bytes, "fsdp accumulated unit grads");
-        if (!f->acc_live[u]) memset(f->acc[u], 0, bytes);
-        f->acc_live[u] = true;
-        return f->acc[u];
-    }
     int b = claim_slot(f, u);
     memset(f->gbuf[b], 0, bytes);
     return f->gbuf[b];
@@ -169,10 +155,6 @@ static void reduce_scatter(keel_fsdp *f, int u, int b, const float *src) {
 }
 
 static void start_reduce_scatter(keel_fsdp *f, int u) {
-    if (f->accumulating) {
-        reduce_scatter(f, u, claim_slot(f, u), f->acc[u]);
-        return;
-    }
     for (int b = 0; b < GRAD_BUFFERS; b++)
         if (f->gstate[b].unit == u && !f->gstate[b].req) {
             reduce_scatter(f, u, b, f->gbuf[b]);
@@ -210,15 +192,14 @@ static void before_backward(void *p, int u) {
     void *params = ready(f, u);
     if (u == f->plan.n_units - 1 && f->plan.tied) /* the head adds into unit 0's gradient */
         set_unit(f, 0, ready(f, 0), grad_buffer_for(f, 0));
-    float *grads = u != pinned_unit(f) || f->accumulating ? grad_buffer_for(f, u)
-                                                          : f->gbuf[GRAD_BUFFERS - 1];
+    float *grads = u != pinned_unit(f) ? grad_buffer_for(f, u) : f->gbuf[GRAD_BUFFERS - 1];
     set_unit(f, u, params, grads);
     if (f->prefetch && u > 0) start_gather(f, u - 1);
 }
 
 static void after_backward(void *p, int u) {
     keel_fsdp *f = p;
-    if (f->reduce_now) start_reduce_scatter(f, u);
+    start_reduce_scatter(f, u);
     release(f, u);
 }
 
@@ -290,10 +271,7 @@ keel_status keel_fsdp_build(keel_model *model, keel_comm *world, keel_fsdp_strat
     f->unit_slot = keel_xmalloc(sizeof(int) * (size_t)f->plan.n_units, "fsdp unit slots");
     for (int u = 0; u < f->plan.n_units; u++) f->unit_slot[u] = -1;
     f->gather_req = keel_xcalloc(sizeof(keel_comm_req *) * (size_t)f->plan.n_units, "fsdp reqs");
-    f->reduce_now = true;
     f->prefetch = true;
-    f->acc = keel_xcalloc(sizeof(float *) * (size_t)f->plan.n_units, "fsdp accumulation");
-    f->acc_live = keel_xcalloc(sizeof(bool) * (size_t)f->plan.n_units, "fsdp accumulation");
     keel_model_hooks hooks = {f, before_forward, after_forward, before_backward, after_backward};
     keel_model_set_hooks(model, &hooks);
     *out = f;
@@ -319,9 +297,6 @@ void keel_fsdp_free(keel_fsdp *f) {
     keel_free(f->grads);
     keel_free(f->unit_slot);
     keel_free(f->gather_req);
-    for (int u = 0; u < f->plan.n_units; u++) keel_free(f->acc[u]);
-    keel_free(f->acc);
-    keel_free(f->acc_live);
     keel_fsdp_plan_free(&f->plan);
     if (f->own_group) {
         keel_comm_free(f->group);
@@ -377,14 +352,6 @@ keel_status keel_fsdp_gather_unit(keel_fsdp *f, int u, float *out) {
 
 void keel_fsdp_zero_grads(keel_fsdp *f) {
     memset(f->grads, 0, sizeof(float) * (size_t)f->plan.shard_total);
-    f->accumulating = false;
-    f->reduce_now = true;
-    memset(f->acc_live, 0, sizeof(bool) * (size_t)f->plan.n_units);
-}
-
-void keel_fsdp_set_reduce(keel_fsdp *f, bool reduce_now) {
-    f->reduce_now = reduce_now;
-    if (!reduce_now) f->accumulating = true;
 }
 
 keel_status keel_fsdp_finish_grads(keel_fsdp *f) {

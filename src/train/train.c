@@ -98,7 +98,6 @@ static double train_step(trainer *t, int step, double *grad_norm_out) {
         uint64_t first = (uint64_t)t->rank * B * accum + (uint64_t)micro * B;
         keel_data_fetch(t->train, window, (uint64_t)G, first, B, t->tokens);
         loss_sum += keel_model_forward(t->model, t->tokens, B, grad_scale);
-        if (t->fsdp) keel_fsdp_set_reduce(t->fsdp, micro == accum - 1); /* reduce once per step */
         keel_model_backward(t->model);
         keel_heartbeat_beat(t->heartbeat, "train", step, 0);
     }
