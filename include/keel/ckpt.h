@@ -10,12 +10,11 @@
 #ifndef KEEL_CKPT_H
 #define KEEL_CKPT_H
 
-#include "keel/core.h"
+#include "keel/model.h"
 
-/* The types of peers and lower floors this header names only by pointer
- * (keel/fsdp.h, keel/model.h, keel/optim.h have them in full). */
+/* The types of peers this header names only by pointer (keel/fsdp.h and
+ * keel/optim.h have them in full). */
 typedef struct keel_fsdp_plan keel_fsdp_plan;
-typedef struct keel_model_layout keel_model_layout;
 typedef struct keel_param_range keel_param_range;
 
 #define KEEL_WEIGHTS_MAGIC "KEELWTS1"
@@ -67,6 +66,15 @@ typedef struct {
 keel_status keel_ckpt_write_shard(const char *dir, int rank, int ranks, int64_t step,
                                   const float *const arrays[KEEL_CKPT_ARRAYS], int64_t floats,
                                   keel_ckpt_file *file);
+/* The same file streamed: begin writes the header, append adds floats in file
+ * order (array after array, each in the plan's layout; values NULL appends
+ * zeros), finish fsyncs and closes it and fills *file. A failure anywhere is
+ * one line at finish; the writer is freed there. */
+typedef struct keel_ckpt_writer keel_ckpt_writer;
+keel_status keel_ckpt_shard_begin(const char *dir, int rank, int ranks, int64_t step, int64_t floats,
+                                  keel_ckpt_writer **out);
+keel_status keel_ckpt_shard_append(keel_ckpt_writer *w, const float *values, int64_t n);
+keel_status keel_ckpt_shard_finish(keel_ckpt_writer *w, keel_ckpt_file *file);
 /* What a manifest records besides the files. */
 typedef struct {
     int64_t step;             /* optimizer steps done: training resumes at this step */
@@ -88,6 +96,8 @@ void keel_ckpt_dir(char *out, size_t n, const char *run_dir, int64_t step, bool 
 keel_status keel_ckpt_commit(const char *run_dir, int64_t step, const char *manifest_json);
 /* The same for any directory: tmp (holding the shard files) becomes dir. */
 keel_status keel_ckpt_commit_dir(const char *tmp, const char *dir, const char *manifest_json);
+/* Remove a checkpoint directory: its files, then it (a missing one is no error). */
+void keel_ckpt_remove_tree(const char *dir);
 /* Remove every step_*.tmp directory (a save that never committed). */
 void keel_ckpt_clean_tmp(const char *run_dir);
 /* Delete the oldest committed checkpoints so that keep_last remain (0 keeps
@@ -147,10 +157,15 @@ keel_status keel_ckpt_load_config(const keel_ckpt *c, keel_config *cfg);
  * afterwards, also on failure), *params its canonical fp32 parameters
  * (keel_free; NULL on failure), *step (may be NULL) the step it was saved at. */
 keel_status keel_ckpt_load_model(const char *path, keel_config *cfg, float **params, int64_t *step);
-/* params (cfg's model, canonical order) as a committed one-file checkpoint at
- * out, a path that must not exist: step 0, AdamW moments zero, cfg in the
- * manifest — a checkpoint to start a run from with init_from. */
-keel_status keel_ckpt_write_params(const char *out, const keel_config *cfg, const float *params);
+/* An opened checkpoint as a parameter source (ckpt: the keel_ckpt *; its
+ * files are not verified here: keel_ckpt_verify_all first). */
+keel_status keel_ckpt_read_params(void *ckpt, int64_t begin, int64_t len, float *dst);
+/* cfg's model, read tensor by tensor from a source, as a committed one-file
+ * checkpoint at out, a path that must not exist: step 0, AdamW moments zero,
+ * cfg in the manifest — a checkpoint to start a run from with init_from. No
+ * more than one tensor is in memory at a time; on failure nothing is left at
+ * out or out.tmp. */
+keel_status keel_ckpt_write_model(const char *out, const keel_config *cfg, keel_param_source read, void *ctx);
 /* Bytes of one checkpoint of this model saved by world_size shard ranks. */
 int64_t keel_ckpt_bytes(const keel_model_config *model, int world_size);
 

@@ -119,12 +119,10 @@ const keel_fsdp_plan *keel_fsdp_get_plan(const keel_fsdp *f);
 /* This rank's fp32 master shard and gradient shard (plan.shard_total each). */
 float *keel_fsdp_master(keel_fsdp *f);
 float *keel_fsdp_grads(keel_fsdp *f);
-/* Fill this rank's master shard, range by range: fill(ctx, begin, len, dst)
- * writes canonical parameters [begin, begin + len) to dst; padding stays
- * zero. Initialisation and init_from fill only the shard, never a whole
- * model. Returns the first failing fill's status. */
-typedef keel_status (*keel_fsdp_fill_fn)(void *ctx, int64_t begin, int64_t len, float *dst);
-keel_status keel_fsdp_fill(keel_fsdp *f, keel_fsdp_fill_fn fill, void *ctx);
+/* Fill this rank's master shard from a source, range by range (padding
+ * stays zero): initialisation and init_from read only the shard, never a
+ * whole model. Returns the first failing read's status. */
+keel_status keel_fsdp_fill(keel_fsdp *f, keel_param_source read, void *ctx);
 /* Collective over the shard group: unit u's fp32 master parameters on every
  * rank, into out (plan.units[u].padded floats; the first .logical are the
  * unit's canonical parameters) — one unit at a time, so saving the final

@@ -1,12 +1,12 @@
 /* hf: Hugging Face checkpoints — keel parameters as a LlamaForCausalLM
  * directory (config.json + safetensors), and back.
  *
- *     keel_hf_export(&cfg.model, params, "tok.model", "out/hf", 0);  // one file
+ *     keel_hf_export(&cfg.model, keel_params_from_buffer, params, "tok.model", "out/hf", 0);
  *     keel_model_config mc;
- *     float *params;
- *     if (keel_hf_import("out/hf", &mc, &params) != KEEL_OK) return 2;
- *     ...
- *     keel_free(params);
+ *     keel_hf_reader *r;
+ *     if (keel_hf_open("out/hf", &mc, &r) != KEEL_OK) return 2;
+ *     keel_hf_read(r, begin, len, dst);     // a keel_param_source: tensor by tensor
+ *     keel_hf_close(r);
  *
  * Export writes, into out_dir:
  *   config.json             LlamaForCausalLM config (float32, silu, rope_theta,
@@ -24,8 +24,9 @@
  *                           vocabulary must match), + tokenizer_config.json
  * out_dir must not exist (it is then written as out_dir.tmp.PID and renamed
  * into place once every file is fsync'd) or be an empty directory (each file
- * is then written as tmp + fsync + rename). Tensor data is written straight
- * from `params`, never copied.
+ * is then written as tmp + fsync + rename). Tensors are read from the source
+ * one at a time and streamed into the files: the export never holds more
+ * than the largest tensor.
  *
  * Import reads config.json (model_type "llama"; rope_theta top-level or in
  * rope_parameters; rope scaling, biases, a head_dim other than
@@ -44,18 +45,28 @@
 #ifndef KEEL_HF_H
 #define KEEL_HF_H
 
-#include "keel/core.h"
+#include "keel/model.h"
 
-/* Export cfg's parameters (the canonical flat fp32 vector of keel/model.h,
- * keel_model_layout_init(cfg).n_params values) as a Hugging Face directory.
- * tokenizer_model_path may be NULL; max_shard_bytes 0 = one file. */
-keel_status keel_hf_export(const keel_model_config *cfg, const float *params,
-                           const char *tokenizer_model_path, const char *out_dir,
-                           int64_t max_shard_bytes);
+/* Export cfg's parameters, read tensor by tensor from a source (canonical
+ * order of keel/model.h), as a Hugging Face directory. tokenizer_model_path
+ * may be NULL; max_shard_bytes 0 = one file. */
+keel_status keel_hf_export(const keel_model_config *cfg, keel_param_source read, void *ctx,
+                           const char *tokenizer_model_path, const char *out_dir, int64_t max_shard_bytes);
 
-/* Import a Hugging Face LlamaForCausalLM directory: *cfg_out is a finalized
- * model config (it passes keel's config checks), *params_out a new canonical
- * fp32 vector (free with keel_free). On error both are left untouched. */
+/* A Hugging Face LlamaForCausalLM directory opened for reading: open checks
+ * config.json (*cfg_out becomes a finalized model config) and finds the
+ * safetensors files; keel_hf_read is a keel_param_source over it (ctx: the
+ * reader) that reads tensors as they are asked for — a range inside one
+ * tensor or a run of whole tensors — so nothing larger than a tensor is ever
+ * read at once. */
+typedef struct keel_hf_reader keel_hf_reader;
+keel_status keel_hf_open(const char *hf_dir, keel_model_config *cfg_out, keel_hf_reader **out);
+keel_status keel_hf_read(void *reader, int64_t begin, int64_t len, float *dst);
+void keel_hf_close(keel_hf_reader *r);
+
+/* The whole model in memory (tests, small models): open, every tensor into a
+ * new canonical fp32 vector (*params_out, keel_free), close. On error both
+ * outputs are left untouched. */
 keel_status keel_hf_import(const char *hf_dir, keel_model_config *cfg_out, float **params_out);
 
 /* The (multiple_of, ffn_dim_multiplier) keel uses for a Hugging Face

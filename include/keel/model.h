@@ -44,6 +44,14 @@ typedef struct keel_model_layout {
     int64_t n_params;
 } keel_model_layout;
 
+/* Where a parameter set comes from, range by range: writes canonical
+ * parameters [begin, begin + len) to dst (an initialisation, a checkpoint's
+ * files, a Hugging Face directory, a buffer). Streaming through one of these
+ * keeps a whole model out of memory. */
+typedef keel_status (*keel_param_source)(void *ctx, int64_t begin, int64_t len, float *dst);
+/* The source of a full canonical vector in memory (ctx: the const float *). */
+keel_status keel_params_from_buffer(void *params, int64_t begin, int64_t len, float *dst);
+
 /* Llama 2's SwiGLU hidden size for this config. */
 int keel_model_ffn_hidden(const keel_model_config *cfg);
 /* Build the layout of cfg (finalized config). Free with keel_model_layout_free. */

@@ -32,44 +32,87 @@ static void shard_name(char *out, size_t n, int rank, int ranks) {
     snprintf(out, n, "shard-%05d-of-%05d.bin", rank, ranks);
 }
 
-/* Hash what goes into the file as it is written; the write is quiet, the
- * caller words the error (errno kept). */
-static keel_status write_hashed(int fd, const void *data, size_t bytes, XXH3_state_t *h) {
-    XXH3_64bits_update(h, data, bytes);
-    return keel_write_all(fd, data, bytes, NULL);
+struct keel_ckpt_writer {
+    int fd;
+    char path[4200];
+    XXH3_state_t *hash;
+    int64_t floats_left;   /* of the KEEL_CKPT_ARRAYS arrays still to come */
+    int64_t bytes;         /* the whole file's */
+    keel_status st;        /* the first failure (reported at finish) */
+    int err;
+};
+
+/* Hash what goes into the file as it is written; the write is quiet (finish
+ * words the one error line, errno kept). */
+static void write_hashed(keel_ckpt_writer *w, const void *data, size_t bytes) {
+    if (w->st != KEEL_OK) return;
+    XXH3_64bits_update(w->hash, data, bytes);
+    if ((w->st = keel_write_all(w->fd, data, bytes, NULL)) != KEEL_OK) w->err = errno;
 }
 
-keel_status keel_ckpt_write_shard(const char *dir, int rank, int ranks, int64_t step,
-                                  const float *const arrays[KEEL_CKPT_ARRAYS], int64_t floats,
-                                  keel_ckpt_file *file) {
-    char name[64], path[4200];
+keel_status keel_ckpt_shard_begin(const char *dir, int rank, int ranks, int64_t step, int64_t floats,
+                                  keel_ckpt_writer **out) {
+    char name[64];
     shard_name(name, sizeof name, rank, ranks);
-    snprintf(path, sizeof path, "%s/%s", dir, name);
     keel_status st = keel_mkdirs(dir);
     if (st != KEEL_OK) return st;
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        keel_errorf("%s: cannot create: %s", path, strerror(errno));
+    keel_ckpt_writer *w = keel_xcalloc(sizeof *w, "checkpoint writer");
+    snprintf(w->path, sizeof w->path, "%s/%s", dir, name);
+    w->fd = open(w->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w->fd < 0) {
+        keel_errorf("%s: cannot create: %s", w->path, strerror(errno));
+        keel_free(w);
         return KEEL_ERR_IO;
     }
     shard_header hd = {.version = KEEL_CKPT_VERSION, .rank = (uint32_t)rank, .ranks = (uint32_t)ranks,
                        .arrays = KEEL_CKPT_ARRAYS, .step = (uint64_t)step, .floats = (uint64_t)floats};
     memcpy(hd.magic, KEEL_CKPT_MAGIC, 8);
-    XXH3_state_t *h = XXH3_createState();
-    XXH3_64bits_reset(h);
-    size_t bytes = sizeof(float) * (size_t)floats, payload = bytes * KEEL_CKPT_ARRAYS;
-    st = write_hashed(fd, &hd, sizeof hd, h);
-    for (int a = 0; a < KEEL_CKPT_ARRAYS && st == KEEL_OK; a++) st = write_hashed(fd, arrays[a], bytes, h);
-    int err = errno;
-    if (st == KEEL_OK && fsync(fd) != 0) st = KEEL_ERR_IO, err = errno;
-    if (close(fd) != 0 && st == KEEL_OK) st = KEEL_ERR_IO, err = errno;
-    file->xxh3 = XXH3_64bits_digest(h);
-    file->bytes = (int64_t)(sizeof hd + payload);
-    XXH3_freeState(h);
-    if (st != KEEL_OK)
+    w->hash = XXH3_createState();
+    KEEL_CHECK(w->hash && XXH3_64bits_reset(w->hash) == XXH_OK, "XXH3 state");
+    w->floats_left = floats * KEEL_CKPT_ARRAYS;
+    w->bytes = (int64_t)sizeof hd + (int64_t)sizeof(float) * w->floats_left;
+    write_hashed(w, &hd, sizeof hd);
+    *out = w;
+    return KEEL_OK;
+}
+
+keel_status keel_ckpt_shard_append(keel_ckpt_writer *w, const float *values, int64_t n) {
+    KEEL_CHECK(n <= w->floats_left, "%lld floats past the end of %s", (long long)n, w->path);
+    w->floats_left -= n;
+    if (values) {
+        write_hashed(w, values, sizeof(float) * (size_t)n);
+        return w->st;
+    }
+    static const float zeros[4096];
+    for (int64_t done = 0; done < n && w->st == KEEL_OK; done += 4096)
+        write_hashed(w, zeros, sizeof(float) * (size_t)(n - done < 4096 ? n - done : 4096));
+    return w->st;
+}
+
+keel_status keel_ckpt_shard_finish(keel_ckpt_writer *w, keel_ckpt_file *file) {
+    KEEL_CHECK(w->st != KEEL_OK || w->floats_left == 0, "%s: %lld floats never written", w->path,
+               (long long)w->floats_left);
+    if (w->st == KEEL_OK && fsync(w->fd) != 0) w->st = KEEL_ERR_IO, w->err = errno;
+    if (close(w->fd) != 0 && w->st == KEEL_OK) w->st = KEEL_ERR_IO, w->err = errno;
+    file->xxh3 = XXH3_64bits_digest(w->hash);
+    file->bytes = w->bytes;
+    if (w->st != KEEL_OK)
         keel_errorf("%s: checkpoint write failed: %s (%lld bytes needed; older checkpoints are "
-                    "untouched)", path, strerror(err), (long long)file->bytes);
+                    "untouched)", w->path, strerror(w->err), (long long)file->bytes);
+    keel_status st = w->st;
+    XXH3_freeState(w->hash);
+    keel_free(w);
     return st;
+}
+
+keel_status keel_ckpt_write_shard(const char *dir, int rank, int ranks, int64_t step,
+                                  const float *const arrays[KEEL_CKPT_ARRAYS], int64_t floats,
+                                  keel_ckpt_file *file) {
+    keel_ckpt_writer *w;
+    keel_status st = keel_ckpt_shard_begin(dir, rank, ranks, step, floats, &w);
+    if (st != KEEL_OK) return st;
+    for (int a = 0; a < KEEL_CKPT_ARRAYS; a++) keel_ckpt_shard_append(w, arrays[a], floats);
+    return keel_ckpt_shard_finish(w, file);
 }
 
 char *keel_ckpt_manifest_json(const keel_ckpt_meta *m) {
@@ -129,7 +172,7 @@ char *keel_ckpt_manifest_json(const keel_ckpt_meta *m) {
     return text;
 }
 
-static void remove_tree(const char *dir) {
+void keel_ckpt_remove_tree(const char *dir) {
     DIR *d = opendir(dir);
     if (!d) return;
     struct dirent *e;
@@ -151,7 +194,7 @@ keel_status keel_ckpt_commit_dir(const char *tmp, const char *dir, const char *m
     if (keel_path_exists(dir)) { /* an unusable one from before a resume: keep it aside */
         char aside[4200];
         snprintf(aside, sizeof aside, "%s.replaced", dir);
-        remove_tree(aside);
+        keel_ckpt_remove_tree(aside);
         if (rename(dir, aside) == 0) keel_log_warn("%s existed (not usable at resume); kept as %s", dir, aside);
     }
     return keel_commit_dir(tmp, dir);
@@ -213,7 +256,7 @@ void keel_ckpt_clean_tmp(const char *run_dir) {
     for (int i = 0; i < n; i++)
         if (tmps[i]) {
             keel_ckpt_dir(dir, sizeof dir, run_dir, steps[i], true);
-            remove_tree(dir);
+            keel_ckpt_remove_tree(dir);
         }
     keel_free(steps);
     keel_free(tmps);
@@ -264,7 +307,7 @@ void keel_ckpt_retain(const char *run_dir, int keep_last, int64_t keep) {
     for (int i = keep_last; i < n; i++)
         if (steps[i] != keep && steps[i] < keep) {
             keel_ckpt_dir(dir, sizeof dir, run_dir, steps[i], false);
-            remove_tree(dir);
+            keel_ckpt_remove_tree(dir);
         }
     keel_free(steps);
 }

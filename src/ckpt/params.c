@@ -91,7 +91,33 @@ keel_status keel_ckpt_load_model(const char *path, keel_config *cfg, float **par
     return st;
 }
 
-keel_status keel_ckpt_write_params(const char *out, const keel_config *cfg, const float *params) {
+keel_status keel_ckpt_read_params(void *ckpt, int64_t begin, int64_t len, float *dst) {
+    return keel_ckpt_read(ckpt, 0, begin, len, dst);
+}
+
+/* The parameters array of a one-rank plan, in file order: each unit's tensors
+ * read from the source through a buffer of the largest tensor, then the
+ * unit's padding. */
+static keel_status append_params(keel_ckpt_writer *w, const keel_model_layout *lay, const keel_fsdp_plan *plan,
+                                 keel_param_source read, void *ctx) {
+    int64_t largest = 0;
+    for (int i = 0; i < lay->n_tensors; i++)
+        if (lay->tensors[i].rows * lay->tensors[i].cols > largest) largest = lay->tensors[i].rows * lay->tensors[i].cols;
+    float *buf = keel_xmalloc(sizeof(float) * (size_t)largest, "tensor buffer");
+    keel_status st = KEEL_OK;
+    for (int u = 0, i = 0; u < plan->n_units && st == KEEL_OK; u++) {
+        for (; i < lay->n_tensors && lay->tensors[i].unit == u && st == KEEL_OK; i++) {
+            const keel_tensor_info *t = &lay->tensors[i];
+            st = read(ctx, t->offset, t->rows * t->cols, buf);
+            if (st == KEEL_OK) st = keel_ckpt_shard_append(w, buf, t->rows * t->cols);
+        }
+        if (st == KEEL_OK) st = keel_ckpt_shard_append(w, NULL, plan->units[u].shard - plan->units[u].logical);
+    }
+    keel_free(buf);
+    return st;
+}
+
+keel_status keel_ckpt_write_model(const char *out, const keel_config *cfg, keel_param_source read, void *ctx) {
     if (keel_path_exists(out)) {
         keel_errorf("%s already exists; pick a new --out (keel never overwrites a checkpoint)", out);
         return KEEL_ERR_INPUT;
@@ -101,16 +127,23 @@ keel_status keel_ckpt_write_params(const char *out, const keel_config *cfg, cons
     keel_model_layout_init(&lay, &cfg->model);
     keel_fsdp_plan plan;
     keel_fsdp_plan_init(&plan, &lay, 1);
-    float *packed = keel_xcalloc(sizeof(float) * (size_t)plan.shard_total, "checkpoint params");
-    float *zeros = keel_xcalloc(sizeof(float) * (size_t)plan.shard_total, "checkpoint moments");
-    for (int u = 0; u < lay.n_units; u++)
-        memcpy(packed + plan.units[u].shard_offset, params + lay.unit_offset[u],
-               sizeof(float) * (size_t)lay.unit_size[u]);
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", out);
-    const float *arrays[KEEL_CKPT_ARRAYS] = {packed, zeros, zeros};
+    keel_ckpt_writer *w;
     keel_ckpt_file file;
-    keel_status st = keel_ckpt_write_shard(tmp, 0, 1, 0, arrays, plan.shard_total, &file);
+    keel_status st = keel_ckpt_shard_begin(tmp, 0, 1, 0, plan.shard_total, &w);
+    if (st == KEEL_OK) {
+        keel_status wst = append_params(w, &lay, &plan, read, ctx);
+        for (int a = 1; a < KEEL_CKPT_ARRAYS && wst == KEEL_OK; a++) wst = keel_ckpt_shard_append(w, NULL, plan.shard_total);
+        if (wst != KEEL_OK) { /* a source's failure was reported by the source: no second line */
+            keel_error_capture(true);
+            keel_ckpt_shard_finish(w, &file);
+            keel_error_capture(false);
+            st = wst;
+        } else {
+            st = keel_ckpt_shard_finish(w, &file);
+        }
+    }
     if (st == KEEL_OK) {
         char *config = keel_config_to_json(cfg);
         keel_ckpt_meta meta = {.step = 0, .global_batch = 0, .world_size = 1, .strategy = "import",
@@ -121,8 +154,7 @@ keel_status keel_ckpt_write_params(const char *out, const keel_config *cfg, cons
         free(manifest);
         free(config);
     }
-    keel_free(packed);
-    keel_free(zeros);
+    if (st != KEEL_OK) keel_ckpt_remove_tree(tmp);
     keel_fsdp_plan_free(&plan);
     keel_model_layout_free(&lay);
     return st;

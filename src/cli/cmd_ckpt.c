@@ -128,19 +128,23 @@ static int export_hf(int argc, char **argv) {
                     "[--max-shard-mb N] (safetensors is the one format)");
         return 2;
     }
+    keel_ckpt ck;
     keel_config cfg;
-    float *params;
-    int64_t step;
-    keel_status st = keel_ckpt_load_model(argv[optind], &cfg, &params, &step);
+    keel_config_defaults(&cfg);
+    keel_status st = keel_ckpt_open_any(argv[optind], &ck);
+    bool opened = st == KEEL_OK;
+    if (st == KEEL_OK) st = keel_ckpt_verify_all(&ck);
+    if (st == KEEL_OK) keel_config_free(&cfg), st = keel_ckpt_load_config(&ck, &cfg);
     /* the run's tokenizer, unless given or gone */
     if (!tokenizer && cfg.data.tokenizer && access(cfg.data.tokenizer, R_OK) == 0) tokenizer = cfg.data.tokenizer;
     else if (!tokenizer && st == KEEL_OK)
         keel_log_warn("no tokenizer.model exported: the run's data.tokenizer (%s) is not readable here; "
                       "pass --tokenizer M", cfg.data.tokenizer ? cfg.data.tokenizer : "none");
-    if (st == KEEL_OK) st = keel_hf_export(&cfg.model, params, tokenizer, out, (int64_t)(max_mb * (1 << 20)));
     if (st == KEEL_OK)
-        printf("exported %s (step %lld) to %s as a LlamaForCausalLM directory\n", argv[optind], (long long)step, out);
-    keel_free(params);
+        st = keel_hf_export(&cfg.model, keel_ckpt_read_params, &ck, tokenizer, out, (int64_t)(max_mb * (1 << 20)));
+    if (st == KEEL_OK)
+        printf("exported %s (step %lld) to %s as a LlamaForCausalLM directory\n", ck.dir, (long long)ck.step, out);
+    if (opened) keel_ckpt_close(&ck);
     keel_config_free(&cfg);
     return keel_status_exit_code(st);
 }
@@ -163,10 +167,10 @@ static int import_hf(int argc, char **argv) {
     }
     keel_config cfg;
     keel_config_defaults(&cfg);
-    float *params = NULL;
-    keel_status st = keel_hf_import(from, &cfg.model, &params);
     cfg.data.synthetic = true; /* a manifest carries a complete config; an import has no data */
-    if (st == KEEL_OK) st = keel_ckpt_write_params(out, &cfg, params);
+    keel_hf_reader *hf = NULL;
+    keel_status st = keel_hf_open(from, &cfg.model, &hf);
+    if (st == KEEL_OK) st = keel_ckpt_write_model(out, &cfg, keel_hf_read, hf);
     if (st == KEEL_OK) {
         char *json = keel_config_to_json(&cfg);
         cJSON *all = cJSON_Parse(json);
@@ -177,7 +181,7 @@ static int import_hf(int argc, char **argv) {
         cJSON_Delete(all);
         free(json);
     }
-    keel_free(params);
+    keel_hf_close(hf);
     keel_config_free(&cfg);
     return keel_status_exit_code(st);
 }

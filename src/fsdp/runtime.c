@@ -323,7 +323,7 @@ const keel_fsdp_plan *keel_fsdp_get_plan(const keel_fsdp *f) { return &f->plan; 
 float *keel_fsdp_master(keel_fsdp *f) { return f->master; }
 float *keel_fsdp_grads(keel_fsdp *f) { return f->grads; }
 
-keel_status keel_fsdp_fill(keel_fsdp *f, keel_fsdp_fill_fn fill, void *ctx) {
+keel_status keel_fsdp_fill(keel_fsdp *f, keel_param_source fill, void *ctx) {
     memset(f->master, 0, sizeof(float) * (size_t)f->plan.shard_total);
     keel_status st = KEEL_OK;
     for (int u = 0; u < f->plan.n_units && st == KEEL_OK; u++) {

@@ -66,18 +66,21 @@ typedef struct {
     int n_files, cap_files;
 } export_ctx;
 
-static keel_status export_write(export_ctx *x, const char *name, const void *a, size_t a_bytes,
-                                const void *b, size_t b_bytes) {
-    char *path = keel_path_join(x->dir, name);
-    keel_status st = keel_write_file_atomic2(path, a, a_bytes, b, b_bytes);
-    keel_free(path);
-    if (st != KEEL_OK) return st;
+/* name is in x->dir now: remember it (removed if the export fails). */
+static void export_wrote(export_ctx *x, const char *name) {
     if (x->n_files == x->cap_files) {
         x->cap_files = x->cap_files * 2 + 8;
         x->files = keel_xrealloc(x->files, sizeof(char *) * (size_t)x->cap_files, "file list");
     }
     x->files[x->n_files++] = keel_xstrdup(name);
-    return KEEL_OK;
+}
+
+static keel_status export_write(export_ctx *x, const char *name, const void *data, size_t bytes) {
+    char *path = keel_path_join(x->dir, name);
+    keel_status st = keel_write_file_atomic(path, data, bytes);
+    keel_free(path);
+    if (st == KEEL_OK) export_wrote(x, name);
+    return st;
 }
 
 /* A layout tensor as Hugging Face stores it: norm weights (and other
@@ -87,15 +90,27 @@ static safetensors_tensor hf_tensor(const keel_tensor_info *t) {
     return (safetensors_tensor){.name = t->name, .ndim = vector ? 1 : 2, .shape = {t->rows, t->cols}};
 }
 
-/* One safetensors file holding tensors [first, last) of t, whose data is one
- * contiguous slice of params starting at `data`. */
-static keel_status write_shard(export_ctx *x, const char *name, const safetensors_tensor *t, int first,
-                               int last, const float *data) {
+/* One safetensors file holding tensors [first, last) of the layout, each read
+ * from the source into buf (room for the largest tensor) and streamed into a
+ * durable file. */
+static keel_status write_shard(export_ctx *x, const char *name, const keel_model_layout *lay,
+                               const safetensors_tensor *t, int first, int last, keel_param_source read,
+                               void *ctx, float *buf) {
     size_t head_bytes;
     uint8_t *head = safetensors_header(t + first, last - first, &head_bytes);
-    int64_t data_bytes = 0;
-    for (int i = first; i < last; i++) data_bytes += safetensors_f32_bytes(&t[i]);
-    keel_status st = export_write(x, name, head, head_bytes, data, (size_t)data_bytes);
+    char *path = keel_path_join(x->dir, name);
+    keel_atomic_file f;
+    keel_status st = keel_atomic_begin(&f, path);
+    if (st == KEEL_OK) st = keel_write_all(f.fd, head, head_bytes, path);
+    for (int i = first; i < last && st == KEEL_OK; i++) {
+        const keel_tensor_info *ti = &lay->tensors[i];
+        st = read(ctx, ti->offset, ti->rows * ti->cols, buf);
+        if (st == KEEL_OK) st = keel_write_all(f.fd, buf, (size_t)safetensors_f32_bytes(&t[i]), path);
+    }
+    if (st == KEEL_OK) st = keel_atomic_commit(&f);
+    else keel_atomic_abort(&f);
+    if (st == KEEL_OK) export_wrote(x, name);
+    keel_free(path);
     keel_free(head);
     return st;
 }
@@ -145,7 +160,7 @@ static keel_status write_config(export_ctx *x, const keel_model_layout *lay, int
     }
     json[n++] = '\n';
     free(text);
-    keel_status st = export_write(x, "config.json", json, n, NULL, 0);
+    keel_status st = export_write(x, "config.json", json, n);
     keel_free(json);
     return st;
 }
@@ -157,7 +172,7 @@ static keel_status copy_tokenizer(export_ctx *x, const char *src, const keel_mod
         keel_errorf("%s: cannot read tokenizer: %s", src, strerror(errno));
         return KEEL_ERR_INPUT;
     }
-    keel_status st = export_write(x, "tokenizer.model", data, bytes, NULL, 0);
+    keel_status st = export_write(x, "tokenizer.model", data, bytes);
     keel_free(data);
     if (st != KEEL_OK) return st;
     char json[256];
@@ -165,7 +180,7 @@ static keel_status copy_tokenizer(export_ctx *x, const char *src, const keel_mod
                      "{\n  \"tokenizer_class\": \"LlamaTokenizer\",\n  \"add_bos_token\": true,\n"
                      "  \"add_eos_token\": false,\n  \"model_max_length\": %d\n}\n",
                      lay->T);
-    return export_write(x, "tokenizer_config.json", json, (size_t)n, NULL, 0);
+    return export_write(x, "tokenizer_config.json", json, (size_t)n);
 }
 
 /* 0: absent, 1: an empty directory, -1: anything else (error printed). */
@@ -199,18 +214,17 @@ static int out_dir_state(const char *out_dir) {
 /* Every file of the export into x->dir: the safetensors file(s) (tensors in
  * canonical order, split by max_shard_bytes) and their index, the tokenizer,
  * config.json. *n_files counts the safetensors files. */
-static keel_status write_export(export_ctx *x, const keel_model_layout *lay, const float *params,
+static keel_status write_export(export_ctx *x, const keel_model_layout *lay, keel_param_source read, void *ctx,
                                 int64_t max_shard_bytes, const char *tokenizer_model_path, int bos,
                                 int eos, int *n_files) {
     safetensors_tensor *t = keel_xmalloc(sizeof *t * (size_t)lay->n_tensors, "tensor list");
     int *file_of = keel_xmalloc(sizeof(int) * (size_t)lay->n_tensors, "shard map");
+    int64_t largest = 0;
     for (int i = 0; i < lay->n_tensors; i++) {
         t[i] = hf_tensor(&lay->tensors[i]);
-        /* Each file's data is written straight from params as one slice. */
-        KEEL_CHECK(i == 0 || lay->tensors[i].offset ==
-                                 lay->tensors[i - 1].offset + safetensors_f32_bytes(&t[i - 1]) / 4,
-                   "tensors are not contiguous");
+        if (lay->tensors[i].rows * lay->tensors[i].cols > largest) largest = lay->tensors[i].rows * lay->tensors[i].cols;
     }
+    float *buf = keel_xmalloc(sizeof(float) * (size_t)largest, "tensor buffer");
     bool indexed;
     *n_files = safetensors_plan_files(t, lay->n_tensors, max_shard_bytes, file_of, &indexed);
     keel_status st = KEEL_OK;
@@ -219,25 +233,25 @@ static keel_status write_export(export_ctx *x, const keel_model_layout *lay, con
         while (last < lay->n_tensors && file_of[last] == f) last++;
         char name[64];
         safetensors_file_name(name, f, *n_files, indexed);
-        st = write_shard(x, name, t, first, last, params + lay->tensors[first].offset);
+        st = write_shard(x, name, lay, t, first, last, read, ctx, buf);
         first = last;
     }
     if (st == KEEL_OK && indexed) {
         size_t len;
         char *index = safetensors_index_json(t, lay->n_tensors, file_of, *n_files, &len);
-        st = export_write(x, SAFETENSORS_INDEX, index, len, NULL, 0);
+        st = export_write(x, SAFETENSORS_INDEX, index, len);
         keel_free(index);
     }
     if (st == KEEL_OK && tokenizer_model_path) st = copy_tokenizer(x, tokenizer_model_path, lay);
     if (st == KEEL_OK) st = write_config(x, lay, bos, eos);
+    keel_free(buf);
     keel_free(file_of);
     keel_free(t);
     return st;
 }
 
-keel_status keel_hf_export(const keel_model_config *cfg, const float *params,
-                           const char *tokenizer_model_path, const char *out_dir,
-                           int64_t max_shard_bytes) {
+keel_status keel_hf_export(const keel_model_config *cfg, keel_param_source read, void *ctx,
+                           const char *tokenizer_model_path, const char *out_dir, int64_t max_shard_bytes) {
     if (max_shard_bytes < 0) {
         keel_errorf("%s: max shard size %lld must be >= 0 (0 = one file)", out_dir,
                     (long long)max_shard_bytes);
@@ -292,7 +306,7 @@ keel_status keel_hf_export(const keel_model_config *cfg, const float *params,
     }
 
     int n_files = 0;
-    keel_status st = write_export(&x, &lay, params, max_shard_bytes, tokenizer_model_path, bos, eos,
+    keel_status st = write_export(&x, &lay, read, ctx, max_shard_bytes, tokenizer_model_path, bos, eos,
                                   &n_files);
     /* Every file is durable in x.dir; a staged export then moves into place. */
     if (st == KEEL_OK) st = staged ? keel_commit_dir(x.dir, out) : keel_fsync_dir(x.dir);
@@ -507,31 +521,76 @@ done:
 
 /* ---- import: safetensors ---------------------------------------------------- */
 
-static keel_status import_weights(const char *hf_dir, const keel_model_layout *lay, float *params) {
-    safetensors_dir *d;
-    keel_status st = safetensors_open_dir(hf_dir, &d);
-    for (int i = 0; st == KEEL_OK && i < lay->n_tensors; i++) {
-        safetensors_tensor t = hf_tensor(&lay->tensors[i]);
-        st = safetensors_read(d, &t, params + lay->tensors[i].offset);
+struct keel_hf_reader {
+    safetensors_dir *dir;
+    keel_model_layout lay;
+    float *scratch;     /* a tensor asked for in part; allocated on first need */
+};
+
+keel_status keel_hf_open(const char *hf_dir, keel_model_config *cfg_out, keel_hf_reader **out) {
+    keel_model_config cfg;
+    keel_status st = import_config(hf_dir, &cfg);
+    safetensors_dir *d = NULL;
+    if (st == KEEL_OK) st = safetensors_open_dir(hf_dir, &d);
+    if (st != KEEL_OK) return st;
+    keel_hf_reader *r = keel_xcalloc(sizeof *r, "hf reader");
+    r->dir = d;
+    keel_model_layout_init(&r->lay, &cfg);
+    *cfg_out = cfg;
+    *out = r;
+    return KEEL_OK;
+}
+
+void keel_hf_close(keel_hf_reader *r) {
+    if (!r) return;
+    safetensors_close_dir(r->dir);
+    keel_model_layout_free(&r->lay);
+    keel_free(r->scratch);
+    keel_free(r);
+}
+
+keel_status keel_hf_read(void *reader, int64_t begin, int64_t len, float *dst) {
+    keel_hf_reader *r = reader;
+    const keel_model_layout *lay = &r->lay;
+    int i = 0;
+    while (i + 1 < lay->n_tensors && lay->tensors[i + 1].offset <= begin) i++;
+    keel_status st = KEEL_OK;
+    for (int64_t done = 0; done < len && st == KEEL_OK; i++) {
+        const keel_tensor_info *ti = &lay->tensors[i];
+        int64_t size = ti->rows * ti->cols, from = begin + done - ti->offset;
+        int64_t take = size - from < len - done ? size - from : len - done;
+        safetensors_tensor t = hf_tensor(ti);
+        if (from == 0 && take == size) { /* a whole tensor: straight into dst */
+            st = safetensors_read(r->dir, &t, dst + done);
+        } else {
+            if (!r->scratch) {
+                int64_t largest = 0;
+                for (int k = 0; k < lay->n_tensors; k++)
+                    if (lay->tensors[k].rows * lay->tensors[k].cols > largest)
+                        largest = lay->tensors[k].rows * lay->tensors[k].cols;
+                r->scratch = keel_xmalloc(sizeof(float) * (size_t)largest, "tensor buffer");
+            }
+            st = safetensors_read(r->dir, &t, r->scratch);
+            if (st == KEEL_OK) memcpy(dst + done, r->scratch + from, sizeof(float) * (size_t)take);
+        }
+        done += take;
     }
-    safetensors_close_dir(d);
     return st;
 }
 
 keel_status keel_hf_import(const char *hf_dir, keel_model_config *cfg_out, float **params_out) {
     keel_model_config cfg;
-    keel_status st = import_config(hf_dir, &cfg);
+    keel_hf_reader *r;
+    keel_status st = keel_hf_open(hf_dir, &cfg, &r);
     if (st != KEEL_OK) return st;
-    keel_model_layout lay;
-    keel_model_layout_init(&lay, &cfg);
-    float *params = keel_xmalloc(sizeof(float) * (size_t)lay.n_params, "imported parameters");
-    st = import_weights(hf_dir, &lay, params);
+    float *params = keel_xmalloc(sizeof(float) * (size_t)r->lay.n_params, "imported parameters");
+    st = keel_hf_read(r, 0, r->lay.n_params, params);
     if (st == KEEL_OK) {
         *cfg_out = cfg;
         *params_out = params;
     } else {
         keel_free(params);
     }
-    keel_model_layout_free(&lay);
+    keel_hf_close(r);
     return st;
 }

@@ -4,6 +4,11 @@
 
 #include "keel/model.h"
 
+keel_status keel_params_from_buffer(void *params, int64_t begin, int64_t len, float *dst) {
+    memcpy(dst, (const float *)params + begin, sizeof(float) * (size_t)len);
+    return KEEL_OK;
+}
+
 int keel_model_ffn_hidden(const keel_model_config *cfg) {
     int64_t hidden = 2 * (4 * (int64_t)cfg->dim) / 3;
     if (cfg->ffn_dim_multiplier > 0) hidden = (int64_t)(cfg->ffn_dim_multiplier * (double)hidden);

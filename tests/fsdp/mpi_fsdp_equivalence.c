@@ -47,11 +47,6 @@ static double step_sharded(keel_model *m, keel_fsdp *f, keel_optim *opt, keel_co
     return loss / (G * T);
 }
 
-static keel_status copy_from_full(void *full, int64_t begin, int64_t len, float *dst) {
-    memcpy(dst, (const float *)full + begin, sizeof(float) * (size_t)len);
-    return KEEL_OK;
-}
-
 int main(int argc, char **argv) {
     int steps = argc > 1 ? atoi(argv[1]) : 10;
     bool tied = argc > 2 && atoi(argv[2]) != 0;
@@ -89,7 +84,7 @@ int main(int argc, char **argv) {
     keel_model_build_with(&cfg.model, B, &opts, &m);
     keel_fsdp *f;
     if (keel_fsdp_build(m, world, strategy, group_size, &f) != KEEL_OK) return 2;
-    keel_fsdp_fill(f, copy_from_full, keel_model_params(full));
+    keel_fsdp_fill(f, keel_params_from_buffer, keel_model_params(full));
     const keel_fsdp_plan *plan = keel_fsdp_get_plan(f);
     keel_param_range *ranges;
     int nr = keel_fsdp_param_ranges(plan, keel_fsdp_shard_rank(f), &ranges);

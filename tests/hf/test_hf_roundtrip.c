@@ -274,7 +274,7 @@ static void test_roundtrip(const char *name, const keel_model_config *cfg) {
     char dname[64];
     snprintf(dname, sizeof dname, "%s_one", name);
     const char *one = new_dir(dname);
-    EXPECT(keel_hf_export(cfg, params, NULL, one, 0) == KEEL_OK, "%s: export to a new directory", name);
+    EXPECT(keel_hf_export(cfg, keel_params_from_buffer, (void *)params, NULL, one, 0) == KEEL_OK, "%s: export to a new directory", name);
     EXPECT(count_entries(one, "") == 2 && count_entries(root, dname) == 1,
            "%s: exactly config.json + model.safetensors, no staging directory left", name);
     expect_import_equal(name, one, cfg, params, n);
@@ -346,7 +346,7 @@ static void test_roundtrip(const char *name, const keel_model_config *cfg) {
     for (int i = 0; i < lay.n_tensors; i++)
         if (lay.tensors[i].rows * lay.tensors[i].cols > biggest) biggest = lay.tensors[i].rows * lay.tensors[i].cols;
     int64_t max_shard = 4 * biggest + 8; /* many files; the embedding fits one by itself */
-    EXPECT(keel_hf_export(cfg, params, NULL, split, max_shard) == KEEL_OK, "%s: split export (%lld bytes max)",
+    EXPECT(keel_hf_export(cfg, keel_params_from_buffer, (void *)params, NULL, split, max_shard) == KEEL_OK, "%s: split export (%lld bytes max)",
            name, (long long)max_shard);
     int shards = count_entries(split, "model-");
     char first[64];
@@ -370,7 +370,7 @@ static void test_roundtrip(const char *name, const keel_model_config *cfg) {
     /* A shard file gone; then a truncated shard. */
     snprintf(dname, sizeof dname, "%s_split2", name);
     const char *split2 = new_dir(dname);
-    keel_hf_export(cfg, params, NULL, split2, max_shard);
+    keel_hf_export(cfg, keel_params_from_buffer, (void *)params, NULL, split2, max_shard);
     char second[64];
     snprintf(second, sizeof second, "model-00002-of-%05d.safetensors", shards);
     remove(path_in(split2, second));
@@ -627,7 +627,7 @@ static void test_tokenizer_and_dirs(const keel_model_config *cfg) {
     write_tokenizer(tok, cfg->vocab_size);
     const char *d = new_dir("with_tok");
     mkdir(d, 0755); /* an existing empty directory is fine */
-    EXPECT(keel_hf_export(cfg, params, tok, d, 0) == KEEL_OK, "export with tokenizer into an empty directory");
+    EXPECT(keel_hf_export(cfg, keel_params_from_buffer, (void *)params, tok, d, 0) == KEEL_OK, "export with tokenizer into an empty directory");
     size_t a, b;
     char *orig = slurp(tok, &a), *copy = slurp(path_in(d, "tokenizer.model"), &b);
     EXPECT(copy && a == b && memcmp(orig, copy, a) == 0, "tokenizer.model copied byte for byte (%zu bytes)", a);
@@ -643,16 +643,65 @@ static void test_tokenizer_and_dirs(const keel_model_config *cfg) {
            "tokenizer_config.json (no tmp files)");
     expect_import_equal("with tokenizer", d, cfg, params, n);
 
-    EXPECT_ERROR("export into a non-empty directory", keel_hf_export(cfg, params, NULL, d, 0), d, "not empty");
+    EXPECT_ERROR("export into a non-empty directory", keel_hf_export(cfg, keel_params_from_buffer, (void *)params, NULL, d, 0), d, "not empty");
     const char *f = path_in(d, "config.json");
-    EXPECT_ERROR("export onto a file", keel_hf_export(cfg, params, NULL, f, 0), f, "not a directory");
+    EXPECT_ERROR("export onto a file", keel_hf_export(cfg, keel_params_from_buffer, (void *)params, NULL, f, 0), f, "not a directory");
     const char *tok2 = new_dir("tok2.model");
     write_tokenizer(tok2, cfg->vocab_size + 1);
     const char *d2 = new_dir("tok_mismatch");
-    EXPECT_ERROR("tokenizer of another vocabulary", keel_hf_export(cfg, params, tok2, d2, 0), tok2,
+    EXPECT_ERROR("tokenizer of another vocabulary", keel_hf_export(cfg, keel_params_from_buffer, (void *)params, tok2, d2, 0), tok2,
                  "vocab_size");
     EXPECT(count_entries(root, "tok_mismatch") == 0, "nothing created after a failed export");
     free(params);
+}
+
+/* The streaming paths: the reader serves any range (inside a tensor, across
+ * tensors) as the whole import has it; an export whose source fails midway
+ * leaves nothing behind and says why once. */
+typedef struct {
+    const float *params;
+    int64_t fail_at; /* a read touching this parameter fails */
+} failing_source;
+
+static keel_status read_failing(void *ctx, int64_t begin, int64_t len, float *dst) {
+    failing_source *f = ctx;
+    if (f->fail_at >= begin && f->fail_at < begin + len) {
+        keel_errorf("source: parameter %lld is unreadable", (long long)f->fail_at);
+        return KEEL_ERR_IO;
+    }
+    memcpy(dst, f->params + begin, sizeof(float) * (size_t)len);
+    return KEEL_OK;
+}
+
+static void test_streaming(const keel_model_config *cfg, const char *dir) {
+    printf("== streaming\n");
+    keel_model_config got;
+    float *whole;
+    EXPECT(keel_hf_import(dir, &got, &whole) == KEEL_OK, "whole import");
+    keel_hf_reader *r;
+    EXPECT(keel_hf_open(dir, &got, &r) == KEEL_OK, "open a reader");
+    keel_model_layout lay;
+    keel_model_layout_init(&lay, cfg);
+    float *part = keel_xmalloc(sizeof(float) * (size_t)lay.n_params, "part");
+    int64_t t1 = lay.tensors[1].offset, t3 = lay.tensors[3].offset;
+    int64_t ranges[][2] = {{t1 + 5, 7}, {t1 + 3, t3 - t1 + 9}, {0, lay.n_params}, {lay.n_params - 1, 1}};
+    bool same = true;
+    for (size_t i = 0; i < sizeof ranges / sizeof *ranges; i++) {
+        same &= keel_hf_read(r, ranges[i][0], ranges[i][1], part) == KEEL_OK &&
+                !memcmp(part, whole + ranges[i][0], sizeof(float) * (size_t)ranges[i][1]);
+    }
+    EXPECT(same, "ranges inside one tensor, across tensors, all, the last: as the whole import has them");
+    keel_hf_close(r);
+    failing_source src = {whole, t3 + 1};
+    const char *out = path_in(root, "failing_export");
+    capture_begin();
+    keel_status st = keel_hf_export(cfg, read_failing, &src, NULL, out, 0);
+    const char *err = capture_end();
+    EXPECT(st == KEEL_ERR_IO && count_lines(err) == 1 && strstr(err, "unreadable") && count_entries(root, "failing_export") == 0,
+           "a source failing midway: one line (%s), nothing left behind", err);
+    keel_free(part);
+    keel_free(whole);
+    keel_model_layout_free(&lay);
 }
 
 int main(void) {
@@ -671,6 +720,7 @@ int main(void) {
     test_bad_weights(&untied, ref);
     test_bad_config(ref);
     test_tokenizer_and_dirs(&untied);
+    test_streaming(&untied, ref);
     remove_tree(root);
     return test_summary("test_hf_roundtrip");
 }
