@@ -403,12 +403,11 @@ static bool check_this_machine(supervisor *sv, unsigned checks, char *node, size
  * node that stopped answering would wait for good); a failing node is
  * drained with its reason and excluded. */
 static bool check_slurm_node(supervisor *sv, int i, unsigned checks, char *failed, size_t n) {
-    char names[128], ckpt_dir[4200], config[4200], ranks[16], timeout[16];
+    char names[128], ckpt_dir[4200], config[4200], ranks[16];
     keel_health_checks_format(checks, names, sizeof names);
     keel_run_path(ckpt_dir, sizeof ckpt_dir, sv->run_dir, "checkpoints");
     keel_run_path(config, sizeof config, sv->run_dir, KEEL_RUN_CONFIG);
     snprintf(ranks, sizeof ranks, "%d", sv->nproc / sv->active);
-    snprintf(timeout, sizeof timeout, "%d", NODE_HEALTH_TIMEOUT_S);
     char *argv[] = {"srun", "-N1", "-n1", "-w", sv->nodes[i], sv->self, "health", "--json", "--checks", names,
                     "--dir", ckpt_dir, "--config", config, "--nproc", ranks, NULL};
     char out[16384];
