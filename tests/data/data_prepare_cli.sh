@@ -105,8 +105,11 @@ cat "$work/out2.txt"
 train=$(count_line train "$work/out2.txt")
 val=$(count_line val "$work/out2.txt")
 (( train + val == expected_tokens )) || fail "train $train + val $val != $expected_tokens"
-(( val * 100 >= expected_tokens * 8 && val * 100 <= expected_tokens * 12 )) \
-    || fail "val has $val of $expected_tokens tokens, not about 10%"
+# Each document goes to val with chance 0.1 (a hash of its text), so val's
+# share is a sample: over these ~300 documents its standard deviation is about
+# 2.5 points. data_split_by_hash.sh checks the split itself on a big corpus.
+(( val * 100 >= expected_tokens * 4 && val * 100 <= expected_tokens * 20 )) \
+    || fail "val has $val of $expected_tokens tokens, not 4-20% (--val-fraction 0.1)"
 sum_train=0; n_train=0; sum_val=0; n_val=0
 for f in "$work"/d2/*.bin; do
     n=$(shard_n_tokens "$f")
