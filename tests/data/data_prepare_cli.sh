@@ -175,9 +175,16 @@ expect_usage_error "zero shard tokens" prepare --model "$model" --input "${input
 expect_usage_error "no --out" prepare --model "$model" --input "${inputs[0]}"
 expect_usage_error "no --input" prepare --model "$model" --out "$work/e8"
 expect_usage_error "unknown option" prepare --model "$model" --input "${inputs[0]}" --out "$work/e9" --bogus
+expect_usage_error "zero threads" prepare --model "$model" --input "${inputs[0]}" --out "$work/e10" --threads 0
+expect_usage_error "too many threads" prepare --model "$model" --input "${inputs[0]}" --out "$work/e11" --threads 257
+expect_usage_error "threads not a number" prepare --model "$model" --input "${inputs[0]}" --out "$work/e12" --threads 2x
+expect_usage_error "negative seed" prepare --model "$model" --input "${inputs[0]}" --out "$work/e13" --split-seed -1
+expect_usage_error "seed not a number" prepare --model "$model" --input "${inputs[0]}" --out "$work/e14" --split-seed abc
 expect_usage_error "unknown subcommand" frobnicate
-for d in e1 e2 e3 e4 e5 e6 e7 e8 e9; do
+for d in e1 e2 e3 e4 e5 e6 e7 e8 e9 e10 e11 e12 e13 e14; do
     [[ ! -e "$work/$d" ]] || [[ -z $(ls "$work/$d") ]] || fail "failed prepare left files in $d"
 done
-"$KEEL_BIN" data prepare --help | grep -q -- "--val-fraction" || fail "--help"
+for opt in --val-fraction --split-seed --threads; do
+    "$KEEL_BIN" data prepare --help | grep -q -- "$opt" || fail "--help lacks $opt"
+done
 echo "data_prepare_cli: ok"
