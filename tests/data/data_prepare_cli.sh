@@ -81,6 +81,20 @@ n_first=$(printf '%s\n' "$first_doc" | wc -l)
 diff <(printf '1\n%s\n2\n' "$first_doc") <(head -n $((n_first + 2)) "$work/ids1.txt") > /dev/null \
     || fail "first document's ids differ from BOS + spm_encode + EOS"
 
+# ---- a line longer than a read block (256 KiB) is never cut ----------------
+# One document of two lines, over 65536 tokens: two chunks, one BOS, one EOS.
+for _ in $(seq 10); do tr '\n' ' ' < "${inputs[0]}"; done > "$work/long-line.txt"
+printf '\nthe same document goes on\n' >> "$work/long-line.txt"
+(( $(stat -c %s "$work/long-line.txt") > 262144 )) || fail "long-line.txt is too short"
+long_expected=$(( $(spm_encode --model="$model" --output_format=id < "$work/long-line.txt" | wc -w) + 2 ))
+"$KEEL_BIN" data prepare --model "$model" --input "$work/long-line.txt" --out "$work/dl" \
+    > "$work/outl.txt" || fail "prepare of a long line failed"
+grep -q "^train: $long_expected tokens in 1 file$" "$work/outl.txt" \
+    || fail "long line: $(head -1 "$work/outl.txt"), expected $long_expected tokens"
+grep -q "^split: 0 of 2 document chunks to val" "$work/outl.txt" || fail "long line: $(grep split: "$work/outl.txt")"
+shard_ids "$work/dl/train-00000.bin" > "$work/idsl.txt"
+[[ $(grep -cx 1 "$work/idsl.txt") == 1 && $(grep -cx 2 "$work/idsl.txt") == 1 ]] || fail "long line: BOS/EOS"
+
 # ---- the prepared data trains, and a vocabulary mismatch is one line --------
 tiny="${KEEL_SRC:-$(dirname "$0")/../..}/configs/tiny.json"
 if [[ -f $tiny ]]; then
