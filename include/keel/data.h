@@ -84,24 +84,41 @@ void keel_data_fetch(keel_data *d, uint64_t step, uint64_t global_batch, uint64_
                      int n, int32_t *out);
 
 /* `keel data prepare`: tokenize text files into DIR/train-NNNNN.bin and
- * DIR/val-NNNNN.bin and print the token counts of each split.
+ * DIR/val-NNNNN.bin and print the token counts of each split, the split and
+ * the speed (MB/s of text).
  *
  * A document is a block of non-blank lines (blank = empty or only spaces,
  * tabs, CRs); each file ends a document. Each line is encoded on its own (as
  * `spm_encode` does) and a document's tokens are BOS + lines + EOS, where BOS
- * and EOS are added only if the tokenizer defines them. Documents longer than
- * 65536 tokens are cut at line ends into chunks; each document-chunk goes
- * whole to train or val, to whichever keeps val's share of the tokens so far
- * closest to val_fraction (deterministic; val_fraction 0 = no val files).
+ * and EOS are added only if the tokenizer defines them. A document is cut
+ * into chunks at line ends: a chunk ends after the line that brings it to
+ * 65536 tokens or more (BOS in the first chunk, EOS in the last), so a
+ * shorter document is one chunk.
+ *
+ * Split: each chunk goes whole to val when XXH3-64, seeded with split_seed,
+ * of its text — its lines without their line ends, each followed by "\n" —
+ * read as a fraction of 2^64 is below val_fraction, else to train
+ * (val_fraction 0 = no val files). The coin depends on the chunk's text
+ * alone: not on the order or the file layout of the inputs, nor on the
+ * thread count, so val documents are an unbiased sample (val's token share
+ * is val_fraction in expectation), identical documents share a split, and a
+ * chunk's cut points depend only on its document and the tokenizer. Each
+ * split's stream keeps the input order.
+ *
+ * threads encode lines in blocks in parallel while the caller's thread
+ * writes; the files are bit-identical for any thread count.
  * Refuses an out_dir that already holds shards unless force; with force the
  * old shards of both splits are replaced. */
+#define KEEL_PREPARE_MAX_THREADS 256
 typedef struct {
     const char *model_path;
     const char *const *inputs;
     int n_inputs;
     const char *out_dir;
     double val_fraction;      /* in [0, 1) */
+    uint64_t split_seed;      /* seeds the split's hash; 0 by default */
     uint64_t shard_tokens;    /* at most this many tokens per file; 0 = 64 Mi */
+    int threads;              /* in [0, KEEL_PREPARE_MAX_THREADS]; 0 = one per online CPU */
     bool force;               /* replace existing shards in out_dir */
 } keel_prepare_args;
 keel_status keel_data_prepare(const keel_prepare_args *args);

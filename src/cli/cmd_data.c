@@ -11,7 +11,8 @@
 
 static const char data_usage[] =
     "usage: keel data prepare --model TOKENIZER.model --input FILE [FILE ...] --out DIR\n"
-    "                         [--val-fraction F] [--shard-tokens N] [--force]\n"
+    "                         [--val-fraction F] [--split-seed S] [--shard-tokens N]\n"
+    "                         [--threads N] [--force]\n"
     "\n"
     "Tokenize text files into token shards for `data.path`: DIR/train-00000.bin, ...\n"
     "and, with --val-fraction, DIR/val-00000.bin, ...\n"
@@ -19,18 +20,25 @@ static const char data_usage[] =
     "A document is a block of non-blank lines; a blank line or the end of a file\n"
     "ends it. Each line is encoded as spm_encode would, and each document becomes\n"
     "BOS + its lines' tokens + EOS (BOS/EOS only if the tokenizer defines them).\n"
+    "Prints the tokens of each split, the split with its seed, and MB/s of text.\n"
     "\n"
     "  --model PATH        SentencePiece model (from spm_train)\n"
     "  --input FILE ...    text files, read in order (repeatable)\n"
     "  --out DIR           output directory; created if missing\n"
-    "  --val-fraction F    share of tokens for the val split, in [0, 1) (default 0: none);\n"
-    "                      whole documents (cut every 65536 tokens) go to val\n"
+    "  --val-fraction F    chance that a document goes to val, in [0, 1) (default 0: no\n"
+    "                      val); decided by a seeded hash of the document's text, so the\n"
+    "                      same for any order or layout of the inputs (a document is cut\n"
+    "                      at line ends every ~65536 tokens, each piece decided alone)\n"
+    "  --split-seed S      seed of that hash, an integer >= 0 (default 0); another seed\n"
+    "                      draws another val set\n"
     "  --shard-tokens N    at most N tokens per file (default 67108864)\n"
+    "  --threads N         threads that encode text (default: one per CPU); the files\n"
+    "                      are the same for any N\n"
     "  --force             replace the shards already in DIR (default: refuse)\n"
     "  --help              show this text\n";
 
 enum { OPT_MODEL = 256, OPT_INPUT, OPT_OUT, OPT_VAL_FRACTION, OPT_SHARD_TOKENS, OPT_FORCE,
-       OPT_HELP };
+       OPT_HELP, OPT_SPLIT_SEED, OPT_THREADS };
 
 static const struct option prepare_options[] = {
     {"model", required_argument, NULL, OPT_MODEL},
@@ -38,6 +46,8 @@ static const struct option prepare_options[] = {
     {"out", required_argument, NULL, OPT_OUT},
     {"val-fraction", required_argument, NULL, OPT_VAL_FRACTION},
     {"shard-tokens", required_argument, NULL, OPT_SHARD_TOKENS},
+    {"split-seed", required_argument, NULL, OPT_SPLIT_SEED},
+    {"threads", required_argument, NULL, OPT_THREADS},
     {"force", no_argument, NULL, OPT_FORCE},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
@@ -55,14 +65,17 @@ static bool parse_fraction(const char *text, double *out) {
     return errno == 0 && end != text && *end == '\0' && isfinite(*out);
 }
 
-static bool parse_count(const char *text, uint64_t *out) {
+/* A whole decimal integer >= 0 (strtoull alone would take "-1" and " 7"). */
+static bool parse_u64(const char *text, uint64_t *out) {
     char *end;
     errno = 0;
     unsigned long long value = strtoull(text, &end, 10);
-    if (errno != 0 || end == text || *end != '\0' || text[0] == '-' || value == 0) return false;
+    if (errno != 0 || end == text || *end != '\0' || text[0] < '0' || text[0] > '9') return false;
     *out = value;
     return true;
 }
+
+static bool parse_count(const char *text, uint64_t *out) { return parse_u64(text, out) && *out > 0; }
 
 static int cmd_prepare(int argc, char **argv) {
     keel_prepare_args args = {0};
@@ -86,6 +99,22 @@ static int cmd_prepare(int argc, char **argv) {
             if (!parse_count(arg, &args.shard_tokens))
                 exit_code = usage_error("--shard-tokens needs a positive integer, not", arg);
             break;
+        case OPT_SPLIT_SEED:
+            if (!parse_u64(arg, &args.split_seed))
+                exit_code = usage_error("--split-seed needs an integer >= 0, not", arg);
+            break;
+        case OPT_THREADS: {
+            uint64_t threads;
+            if (parse_count(arg, &threads) && threads <= KEEL_PREPARE_MAX_THREADS) {
+                args.threads = (int)threads;
+                break;
+            }
+            char what[64];
+            snprintf(what, sizeof what, "--threads needs an integer from 1 to %d, not",
+                     KEEL_PREPARE_MAX_THREADS);
+            exit_code = usage_error(what, arg);
+            break;
+        }
         case OPT_FORCE: args.force = true; break;
         case OPT_HELP:
             fputs(data_usage, stdout);

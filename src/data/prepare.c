@@ -6,16 +6,19 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
+
+#include "data/textblocks.h"
 
 #define DEFAULT_SHARD_TOKENS (64ull << 20)
-/* Documents are cut into chunks of about this many tokens (at line ends) so
- * that one huge document cannot swing the val share. */
+/* Documents are cut into chunks of about this many tokens (at line ends),
+ * each hashed for its split on its own, so that one huge document (a novel
+ * without blank lines) cannot swing the val share. */
 #define CHUNK_MAX_TOKENS 65536
 
 typedef struct {
@@ -24,6 +27,7 @@ typedef struct {
 } tokbuf;
 
 static void tokbuf_append(tokbuf *b, const int32_t *src, size_t n) {
+    if (n == 0) return;
     if (b->n + n > b->cap) {
         size_t cap = b->cap ? b->cap : 4096;
         while (cap < b->n + n) cap *= 2;
@@ -87,76 +91,83 @@ static void remove_written(const split_writer *w) {
     }
 }
 
+/* The state of the serial pass over the encoded lines, in input order. */
 typedef struct {
     const keel_tokenizer *tok;
     int32_t bos_id, eos_id; /* -1 = none */
     double val_fraction;
+    uint64_t split_seed;
     split_writer train, val;
-    tokbuf chunk;       /* the document-chunk being gathered */
-    keel_ids line;      /* ids of one line */
-    uint64_t n_documents;
+    tokbuf chunk;          /* the document-chunk being gathered */
+    XXH3_state_t *hash;    /* of the chunk's text, seeded with split_seed */
+    bool in_document;
+    uint64_t n_documents, n_chunks, n_val_chunks;
 } preparer;
 
-/* Send the gathered chunk to the split that leaves val's share of all tokens
- * so far closest to val_fraction (ties go to train). */
+/* A chunk goes to val when its hash, as a fraction of 2^64, is below
+ * val_fraction: a coin that depends on the text alone, so neither the order
+ * of the inputs nor what came before can bias which documents land in val
+ * (filling a token quota sent short documents there). */
+static bool chunk_goes_to_val(const preparer *p) {
+    uint64_t h = XXH3_64bits_digest(p->hash);
+    return (double)(h >> 11) * 0x1.0p-53 < p->val_fraction;
+}
+
 static keel_status end_chunk(preparer *p) {
-    if (p->chunk.n == 0) return KEEL_OK;
-    double n = (double)p->chunk.n;
-    double target = p->val_fraction * ((double)(p->train.n_tokens + p->val.n_tokens) + n);
-    double val_now = (double)p->val.n_tokens;
-    split_writer *w = fabs(val_now + n - target) < fabs(val_now - target) ? &p->val : &p->train;
-    keel_status st = split_append(w, p->chunk.v, p->chunk.n);
+    keel_status st = KEEL_OK;
+    if (p->chunk.n > 0) {
+        bool val = chunk_goes_to_val(p);
+        p->n_chunks++;
+        p->n_val_chunks += val;
+        st = split_append(val ? &p->val : &p->train, p->chunk.v, p->chunk.n);
+    }
     p->chunk.n = 0;
+    XXH3_64bits_reset_withSeed(p->hash, p->split_seed);
     return st;
 }
 
 static keel_status end_document(preparer *p) {
+    p->in_document = false;
     if (p->eos_id >= 0) tokbuf_append(&p->chunk, &p->eos_id, 1);
     return end_chunk(p);
 }
 
-static bool is_blank(const char *s, size_t len) {
-    for (size_t i = 0; i < len; i++)
-        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r') return false;
-    return true;
+/* One line of the input: a blank line ends a document, any other joins it.
+ * A chunk is cut before the line after the one that brought it to
+ * CHUNK_MAX_TOKENS, never at the document's end: EOS never makes a chunk of
+ * its own. */
+static keel_status add_line(preparer *p, const text_block *b, const text_line *l) {
+    if (l->blank) return p->in_document ? end_document(p) : KEEL_OK;
+    if (!p->in_document) {
+        p->in_document = true;
+        p->n_documents++;
+        if (p->bos_id >= 0) tokbuf_append(&p->chunk, &p->bos_id, 1);
+    } else if (p->chunk.n >= CHUNK_MAX_TOKENS) {
+        keel_status st = end_chunk(p);
+        if (st != KEEL_OK) return st;
+    }
+    tokbuf_append(&p->chunk, b->ids + l->first_id, l->n_ids);
+    /* The text as the tokenizer saw it, line ends made "\n": a CRLF copy of
+     * a document hashes as its LF original. */
+    XXH3_64bits_update(p->hash, b->text + l->start, l->len);
+    XXH3_64bits_update(p->hash, "\n", 1);
+    return KEEL_OK;
 }
 
-static keel_status tokenize_file(preparer *p, const char *input) {
-    FILE *f = fopen(input, "r");
-    if (!f) {
-        keel_errorf("cannot read input %s: %s", input, strerror(errno));
-        return KEEL_ERR_INPUT;
-    }
-    char *line = NULL;
-    size_t line_cap = 0;
-    ssize_t got;
-    bool in_document = false;
-    keel_status st = KEEL_OK;
-    while (st == KEEL_OK && (got = getline(&line, &line_cap, f)) >= 0) {
-        size_t len = (size_t)got;
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) len--;
-        if (is_blank(line, len)) {
-            if (in_document) st = end_document(p);
-            in_document = false;
-            continue;
-        }
-        if (!in_document) {
-            in_document = true;
-            p->n_documents++;
-            if (p->bos_id >= 0) tokbuf_append(&p->chunk, &p->bos_id, 1);
-        }
-        st = keel_tokenizer_encode(p->tok, line, len, &p->line);
+/* Every input, in order, through add_line; the end of a file ends a document. */
+static keel_status add_inputs(preparer *p, const keel_prepare_args *a, int threads,
+                              uint64_t *text_bytes) {
+    textblocks *tb;
+    keel_status st = textblocks_open(p->tok, a->inputs, a->n_inputs, threads, &tb);
+    if (st != KEEL_OK) return st;
+    const text_block *b;
+    while ((st = textblocks_next(tb, &b)) == KEEL_OK && b) {
+        for (size_t i = 0; i < b->n_lines && st == KEEL_OK; i++) st = add_line(p, b, &b->lines[i]);
+        if (st == KEEL_OK && b->ends_input && p->in_document) st = end_document(p);
         if (st != KEEL_OK) break;
-        tokbuf_append(&p->chunk, p->line.ids, p->line.n);
-        if (p->chunk.n >= CHUNK_MAX_TOKENS) st = end_chunk(p);
     }
-    if (st == KEEL_OK && ferror(f)) {
-        keel_errorf("cannot read input %s: %s", input, strerror(errno));
-        st = KEEL_ERR_IO;
-    }
-    if (st == KEEL_OK && in_document) st = end_document(p); /* a file ends a document */
-    free(line);
-    fclose(f);
+    *text_bytes = textblocks_bytes_read(tb);
+    textblocks_close(tb);
     return st;
 }
 
@@ -252,6 +263,11 @@ static keel_status check_args(const keel_prepare_args *a) {
         keel_errorf("data prepare: give at least one text file with --input");
         return KEEL_ERR_INPUT;
     }
+    if (a->threads < 0 || a->threads > KEEL_PREPARE_MAX_THREADS) {
+        keel_errorf("data prepare: --threads %d is out of range; it must be in [1, %d]",
+                    a->threads, KEEL_PREPARE_MAX_THREADS);
+        return KEEL_ERR_INPUT;
+    }
     if (!(a->val_fraction >= 0.0 && a->val_fraction < 1.0)) {
         keel_errorf("data prepare: --val-fraction %g is out of range; it must be in [0, 1)",
                     a->val_fraction);
@@ -276,24 +292,48 @@ static void print_split(const split_writer *w) {
            w->n_files == 1 ? "" : "s");
 }
 
-static keel_status run(preparer *p, const keel_prepare_args *a) {
-    for (int i = 0; i < a->n_inputs; i++) {
-        keel_status st = tokenize_file(p, a->inputs[i]);
-        if (st != KEEL_OK) return st;
-    }
-    keel_status st = flush_file(&p->train);
+static void print_summary(const preparer *p, const keel_prepare_args *a, int threads,
+                          uint64_t text_bytes, double seconds) {
+    print_split(&p->train);
+    print_split(&p->val);
+    printf("total: %" PRIu64 " tokens from %" PRIu64 " documents in %s\n",
+           p->train.n_tokens + p->val.n_tokens, p->n_documents, a->out_dir);
+    printf("split: %" PRIu64 " of %" PRIu64 " document chunks to val (--val-fraction %g, "
+           "--split-seed %" PRIu64 ")\n",
+           p->n_val_chunks, p->n_chunks, a->val_fraction, a->split_seed);
+    double mb = (double)text_bytes / 1e6;
+    printf("text: %.2f MB in %.2f s: %.2f MB/s on %d thread%s\n", mb, seconds,
+           seconds > 0 ? mb / seconds : 0.0, threads, threads == 1 ? "" : "s");
+    if (a->val_fraction > 0 && p->val.n_tokens == 0)
+        keel_log_warn("--val-fraction %g gave no val tokens: the inputs hold too few "
+                      "documents (blocks separated by blank lines)",
+                      a->val_fraction);
+}
+
+/* Tokenize every input into the splits and write the last files. */
+static keel_status run(preparer *p, const keel_prepare_args *a, int threads,
+                       uint64_t *text_bytes) {
+    keel_status st = add_inputs(p, a, threads, text_bytes);
+    if (st == KEEL_OK) st = flush_file(&p->train);
     if (st == KEEL_OK) st = flush_file(&p->val);
     if (st != KEEL_OK) return st;
     if (p->train.n_tokens == 0) {
         if (p->val.n_tokens == 0)
             keel_errorf("data prepare: the inputs hold no text; nothing written");
         else
-            keel_errorf("data prepare: all %" PRIu64 " tokens went to val; lower --val-fraction "
-                        "or give more documents (blank-line separated)",
+            keel_errorf("data prepare: all %" PRIu64 " tokens went to val; lower --val-fraction, "
+                        "change --split-seed or give more documents (blank-line separated)",
                         p->val.n_tokens);
         return KEEL_ERR_INPUT;
     }
     return KEEL_OK;
+}
+
+/* --threads 0: one thread per online CPU. */
+static int resolve_threads(int threads) {
+    if (threads > 0) return threads;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    return cpus < 1 ? 1 : cpus > KEEL_PREPARE_MAX_THREADS ? KEEL_PREPARE_MAX_THREADS : (int)cpus;
 }
 
 keel_status keel_data_prepare(const keel_prepare_args *a) {
@@ -316,23 +356,24 @@ keel_status keel_data_prepare(const keel_prepare_args *a) {
         .bos_id = keel_tokenizer_bos_id(tok),
         .eos_id = keel_tokenizer_eos_id(tok),
         .val_fraction = a->val_fraction,
+        .split_seed = a->split_seed,
         .train = {.name = "train", .dir = a->out_dir, .vocab_size = vocab_size,
                   .shard_tokens = shard_tokens},
         .val = {.name = "val", .dir = a->out_dir, .vocab_size = vocab_size,
                 .shard_tokens = shard_tokens},
+        .hash = XXH3_createState(),
     };
-    st = run(&p, a);
+    KEEL_CHECK(p.hash != NULL, "out of memory for the XXH3 state");
+    XXH3_64bits_reset_withSeed(p.hash, p.split_seed);
+    int threads = resolve_threads(a->threads);
+    uint64_t text_bytes = 0;
+    double t0 = keel_now_s();
+    st = run(&p, a, threads, &text_bytes);
+    double seconds = keel_now_s() - t0;
     if (st == KEEL_OK && a->force)
         st = scan_old_shards(a->out_dir, true, p.train.n_files, p.val.n_files);
     if (st == KEEL_OK) {
-        print_split(&p.train);
-        print_split(&p.val);
-        printf("total: %" PRIu64 " tokens from %" PRIu64 " documents in %s\n",
-               p.train.n_tokens + p.val.n_tokens, p.n_documents, a->out_dir);
-        if (a->val_fraction > 0 && p.val.n_tokens == 0)
-            keel_log_warn("--val-fraction %g gave no val tokens: the inputs hold too few "
-                          "documents (blocks separated by blank lines)",
-                          a->val_fraction);
+        print_summary(&p, a, threads, text_bytes, seconds);
     } else {
         remove_written(&p.train);
         remove_written(&p.val);
@@ -340,7 +381,7 @@ keel_status keel_data_prepare(const keel_prepare_args *a) {
     keel_free(p.train.pending.v);
     keel_free(p.val.pending.v);
     keel_free(p.chunk.v);
-    keel_ids_free(&p.line);
+    XXH3_freeState(p.hash);
     keel_tokenizer_free(tok);
     return st;
 }
