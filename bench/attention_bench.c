@@ -52,31 +52,30 @@ static double median(double *x, int n) {
     return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
-/* ---- the attention under test: the (B, NH, T, T) probabilities ----------- */
+/* ---- the attention under test: flash, the log-sum-exp kept --------------- */
 typedef struct {
-    float *att;  /* (B, NH, T, T) kept for backward */
-    float *datt; /* (B, NH, T, T) backward scratch (the model's, one per model) */
+    float *lse; /* (B, NH, T) kept for backward */
     int64_t kept_bytes, scratch_bytes;
 } saved;
 
-static void saved_init(saved *s, int B, int T, int NH) {
-    int64_t na = (int64_t)B * NH * T * T;
-    s->att = rand_vec(na), s->datt = rand_vec(na);
-    s->kept_bytes = s->scratch_bytes = na * (int64_t)sizeof(float);
+static void saved_init(saved *s, int B, int T, int NH, int HS, bool bf16) {
+    int64_t nl = (int64_t)B * NH * T;
+    s->lse = rand_vec(nl);
+    s->kept_bytes = nl * (int64_t)sizeof(float);
+    s->scratch_bytes = keel_attention_workspace_bytes(HS, keel_pool_threads(), bf16);
 }
-static void saved_free(saved *s) { keel_free(s->att), keel_free(s->datt); }
+static void saved_free(saved *s) { keel_free(s->lse); }
 
 static void forward(bool bf16, saved *s, float *out, const float *q, const float *k, const float *v,
                     int B, int T, int NH, int NKV, int HS) {
-    (bf16 ? keel_attention_forward_bf16 : keel_attention_forward)(out, s->att, q, k, v, B, T, NH,
+    (bf16 ? keel_attention_forward_bf16 : keel_attention_forward)(out, s->lse, q, k, v, B, T, NH,
                                                                    NKV, HS);
 }
 static void backward(bool bf16, saved *s, float *dq, float *dk, float *dv, const float *dout,
                      const float *out, const float *q, const float *k, const float *v, int B, int T,
                      int NH, int NKV, int HS) {
-    (void)out;
-    (bf16 ? keel_attention_backward_bf16 : keel_attention_backward)(dq, dk, dv, s->datt, dout, q, k,
-                                                                     v, s->att, B, T, NH, NKV, HS);
+    (bf16 ? keel_attention_backward_bf16 : keel_attention_backward)(dq, dk, dv, dout, out, s->lse, q,
+                                                                     k, v, B, T, NH, NKV, HS);
 }
 /* -------------------------------------------------------------------------- */
 
@@ -95,7 +94,7 @@ int main(int argc, char **argv) {
     float *out = rand_vec(nq), *dq = rand_vec(nq), *dk = rand_vec(nkv), *dv = rand_vec(nkv);
     uint64_t base_rss = rss_bytes(); /* inputs and outputs, touched */
     saved s;
-    saved_init(&s, B, T, NH);
+    saved_init(&s, B, T, NH, HS, bf16);
     double *fwd = keel_xmalloc(sizeof(double) * (size_t)reps, "times");
     double *bwd = keel_xmalloc(sizeof(double) * (size_t)reps, "times");
     double *tot = keel_xmalloc(sizeof(double) * (size_t)reps, "times");
