@@ -62,7 +62,7 @@ static void saved_init(saved *s, int B, int T, int NH, int HS, bool bf16) {
     int64_t nl = (int64_t)B * NH * T;
     s->lse = rand_vec(nl);
     s->kept_bytes = nl * (int64_t)sizeof(float);
-    s->scratch_bytes = keel_attention_workspace_bytes(HS, keel_pool_threads(), bf16);
+    s->scratch_bytes = keel_attention_workspace_bytes(T, HS, keel_pool_threads(), bf16);
 }
 static void saved_free(saved *s) { keel_free(s->lse); }
 

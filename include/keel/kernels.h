@@ -141,9 +141,9 @@ void keel_attention_forward_bf16(float *out, float *lse, const float *q, const f
 void keel_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout,
                                   const float *out, const float *lse, const float *q, const float *k,
                                   const float *v, int B, int T, int NH, int NKV, int HS);
-/* Bytes of scratch the attention keeps for `threads` pool threads at head
- * size HS (independent of B, T and the heads). */
-int64_t keel_attention_workspace_bytes(int HS, int threads, bool bf16);
+/* Bytes of scratch the attention keeps for `threads` pool threads: tiles
+ * and one kv head's K and V, (T, HS) each, per thread. */
+int64_t keel_attention_workspace_bytes(int T, int HS, int threads, bool bf16);
 /* Free the attention's scratch (keel_kernels_shutdown). */
 void keel_attention_release(void);
 /* The plain O(T²) reference: att (B,NH,T,T) gets the probabilities (0 above

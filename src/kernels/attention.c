@@ -1,13 +1,14 @@
 /* kernels/attention.c: flash-style causal attention with grouped-query heads,
  * fp32 and bf16 (FlashAttention-2, Dao 2023).
  *
- * Scores are computed a tile at a time, BLOCK queries x BLOCK keys, and never
+ * Scores are computed a tile at a time, QB queries x KB keys, and never
  * stored: forward keeps a running max and sum per query (online softmax) and
  * saves only the output and each query's log-sum-exp; backward recomputes
  * each tile's probabilities from q, k and the log-sum-exp. Memory is
- * O(B·NH·T) for the log-sum-exp plus a few tiles of scratch per thread, where
- * the (B, NH, T, T) probabilities were 2 GiB per layer per sequence at T=4096
- * (Llama 2 7B). Key blocks wholly above the diagonal are never visited.
+ * O(B·NH·T) for the log-sum-exp plus, per thread, a few tiles and backward's
+ * contiguous copy of one kv head (2·T·HS floats), where the (B, NH, T, T)
+ * probabilities were 2 GiB per layer per sequence at T=4096 (Llama 2 7B).
+ * Keys above a query block's last query are never visited.
  *
  * The tiles' products go through tile_product_fn (attention_tiles.h):
  * OpenBLAS sgemm for fp32 (single-threaded: the parallelism is keel's pool,
@@ -21,12 +22,18 @@
 #include "kernels/attention_tiles.h"
 #include "kernels/softmax.h"
 
-/* Queries and keys per tile. 128: sgemm is within a few percent of its large
- * shapes' speed at 128 x 128 x 128, and a thread's tiles stay in L2. */
-#define BLOCK 128
+/* Queries and keys per tile. Measured on the AVX2 machine (one 7B layer, fp32,
+ * CPU time at T = 512 / 2048): 128 x 128 tiles 201 / 2716 ms, 128 x 256
+ * 179 / 2428, 256 x 256 180 / 2435, 128 x 512 178 / 2501, 64 x 256
+ * 184 / 2817 — sgemm runs ~20% slower on 128-wide products than on large
+ * ones, and a thread's tiles stay in L2 at 128 x 256. KB is a multiple of QB,
+ * so every row sees a key of every tile it visits. */
+#define QB 128
+#define KB 256
 
 static int max_int(int a, int b) { return a > b ? a : b; }
-static int blocks(int T) { return (T + BLOCK - 1) / BLOCK; }
+static int min_int(int a, int b) { return a < b ? a : b; }
+static int query_blocks(int T) { return (T + QB - 1) / QB; }
 
 /* ---- per-thread scratch ----------------------------------------------------
  * One slice per pool chunk, grown (never per call once large enough) by the
@@ -46,28 +53,40 @@ void keel_attention_release(void) {
 
 static size_t aligned(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
 
-/* A thread's tiles: S and dP (BLOCK, BLOCK), the output accumulator
- * (BLOCK, HS), four row vectors, then the product's own scratch. */
+/* A thread's tiles, backward's copy of one kv head, then the product's own
+ * scratch. Backward reads a kv head's K twice and V once for every query
+ * block of every head in its group; a contiguous copy (rounded once in a bf16
+ * run) instead of the (B, T, NKV*HS) rows took a 7B layer's bf16 backward at
+ * T=2048 from 3049 to 2604 ms (CPU, emulated) and fp32 from 2213 to 2183. */
 typedef struct {
-    float *S, *dP, *acc;    /* (BLOCK, BLOCK), (BLOCK, BLOCK), (BLOCK, HS) */
-    float *m, *l, *corr, *D; /* (BLOCK) each */
+    float *S, *dP;           /* (QB, KB) scores, then P; dP, then dS */
+    float *q, *dO, *acc;     /* (QB, HS) the query block's Q and dO, the output accumulator */
+    float *m, *l, *corr, *D; /* (QB) each */
+    float *k, *v;            /* (T, HS) backward's kv head, contiguous */
     char *product;
 } tiles;
 
-static size_t tiles_bytes(int HS, tile_scratch_fn product_scratch) {
-    return 2 * aligned(sizeof(float) * BLOCK * BLOCK) + aligned(sizeof(float) * BLOCK * (size_t)HS) +
-           4 * aligned(sizeof(float) * BLOCK) + product_scratch(max_int(BLOCK, HS));
+static size_t tiles_bytes(int T, int HS, tile_scratch_fn product_scratch) {
+    return 2 * aligned(sizeof(float) * QB * KB) + 3 * aligned(sizeof(float) * QB * (size_t)HS) +
+           4 * aligned(sizeof(float) * QB) + 2 * aligned(sizeof(float) * (size_t)T * HS) +
+           product_scratch(max_int(KB, HS));
 }
 
-static tiles tiles_at(char *at, int HS) {
+static tiles tiles_at(char *at, int T, int HS) {
     tiles t;
-    t.S = (float *)at, at += aligned(sizeof(float) * BLOCK * BLOCK);
-    t.dP = (float *)at, at += aligned(sizeof(float) * BLOCK * BLOCK);
-    t.acc = (float *)at, at += aligned(sizeof(float) * BLOCK * (size_t)HS);
-    t.m = (float *)at, at += aligned(sizeof(float) * BLOCK);
-    t.l = (float *)at, at += aligned(sizeof(float) * BLOCK);
-    t.corr = (float *)at, at += aligned(sizeof(float) * BLOCK);
-    t.D = (float *)at, at += aligned(sizeof(float) * BLOCK);
+    size_t big = aligned(sizeof(float) * QB * KB), head = aligned(sizeof(float) * QB * (size_t)HS);
+    size_t row = aligned(sizeof(float) * QB), kv = aligned(sizeof(float) * (size_t)T * HS);
+    t.S = (float *)at, at += big;
+    t.dP = (float *)at, at += big;
+    t.q = (float *)at, at += head;
+    t.dO = (float *)at, at += head;
+    t.acc = (float *)at, at += head;
+    t.m = (float *)at, at += row;
+    t.l = (float *)at, at += row;
+    t.corr = (float *)at, at += row;
+    t.D = (float *)at, at += row;
+    t.k = (float *)at, at += kv;
+    t.v = (float *)at, at += kv;
     t.product = at;
     return t;
 }
@@ -98,8 +117,23 @@ static precision precision_of(bool bf16) {
     return (precision){tile_product_bf16_emulated, tile_scratch_bf16_emulated, true};
 }
 
-int64_t keel_attention_workspace_bytes(int HS, int threads, bool bf16) {
-    return (int64_t)tiles_bytes(HS, precision_of(bf16).scratch) * threads;
+int64_t keel_attention_workspace_bytes(int T, int HS, int threads, bool bf16) {
+    return (int64_t)aligned(tiles_bytes(T, HS, precision_of(bf16).scratch)) * threads;
+}
+
+/* dst (rows, cols) with row stride ldd = src (row stride lds; may be dst),
+ * rounded to bf16 values when round: an operand that several products read
+ * is rounded once (the products are told, so an emulated one does not round
+ * it again). */
+static void copy_rows(float *dst, int64_t ldd, const float *src, int64_t lds, int rows, int cols,
+                      bool round) {
+    for (int r = 0; r < rows; r++) {
+        float *d = dst + r * ldd;
+        const float *s = src + r * lds;
+        if (!round) memmove(d, s, sizeof(float) * (size_t)cols);
+        for (int i = 0; round && i < cols; i++)
+            d[i] = keel_bf16_to_float(keel_bf16_from_float(s[i]));
+    }
 }
 
 /* ---- one (batch, head) ----------------------------------------------------- */
@@ -125,29 +159,33 @@ static head_at head_of(const attn_ctx *c, int b, int h) {
                      .lseoff = ((int64_t)b * c->NH + h) * c->T};
 }
 
-/* Forward of query block i: for each key block j <= i,
- *   S = scale Q_i K_jᵀ;  m, l, P = online softmax;  acc = acc · corr + P V_j
+/* Forward of query block i: for each key tile [k0, k0 + keys) it sees,
+ *   S = scale Q_i K_tileᵀ;  m, l, P = online softmax;  acc = acc · corr + P V_tile
  * then O_i = acc / l and lse_i = m + log l. */
 static void forward_block(const attn_ctx *c, const tiles *t, int b, int h, int i) {
-    int T = c->T, HS = c->HS, r0 = i * BLOCK, rows = T - r0 < BLOCK ? T - r0 : BLOCK;
+    int T = c->T, HS = c->HS, r0 = i * QB, rows = min_int(QB, T - r0);
     head_at at = head_of(c, b, h);
-    const float *Q = c->q + at.qoff + r0 * at.ldq;            /* (rows, HS) */
     const float *K = c->k + at.kvoff, *V = c->v + at.kvoff; /* (T, HS) */
     float scale = 1.0f / sqrtf((float)HS);
-    for (int j = 0; j <= i; j++) {
-        int keys = j < i ? BLOCK : rows;
-        const float *Kj = K + (int64_t)j * BLOCK * at.ldkv, *Vj = V + (int64_t)j * BLOCK * at.ldkv;
-        c->prec.product(&(tile_product){.a = Q, .lda = at.ldq, .b = Kj, .ldb = at.ldkv, .b_t = true,
-                                        .c = t->S, .ldc = BLOCK, .M = rows, .N = keys, .K = HS,
+    bool bf16 = c->prec.bf16;
+    copy_rows(t->q, HS, c->q + at.qoff + r0 * at.ldq, at.ldq, rows, HS, bf16);
+    for (int k0 = 0; k0 < r0 + rows; k0 += KB) {
+        int keys = min_int(KB, r0 + rows - k0);
+        const float *Kt = K + k0 * at.ldkv, *Vt = V + k0 * at.ldkv; /* (keys, HS) */
+        /* S = scale Q_i K_tileᵀ; P = exp(S - m), with m and l moved on */
+        c->prec.product(&(tile_product){.a = t->q, .lda = HS, .a_bf16 = bf16,
+                                        .b = Kt, .ldb = at.ldkv, .b_t = true,
+                                        .c = t->S, .ldc = KB, .M = rows, .N = keys, .K = HS,
                                         .alpha = scale},
                         t->product);
-        online_softmax_tile(t->S, BLOCK, rows, keys, j == i, j == 0, t->m, t->l, t->corr);
-        if (j > 0)
+        online_softmax_tile(t->S, KB, rows, keys, r0 - k0, k0 == 0, t->m, t->l, t->corr);
+        /* acc = acc · corr + P V_tile */
+        if (k0 > 0)
             for (int r = 0; r < rows; r++)
                 for (int d = 0; d < HS; d++) t->acc[r * HS + d] *= t->corr[r];
-        c->prec.product(&(tile_product){.a = t->S, .lda = BLOCK, .b = Vj, .ldb = at.ldkv, .c = t->acc,
-                                        .ldc = HS, .M = rows, .N = HS, .K = keys, .alpha = 1.0f,
-                                        .accumulate = j > 0},
+        c->prec.product(&(tile_product){.a = t->S, .lda = KB, .b = Vt, .ldb = at.ldkv,
+                                        .c = t->acc, .ldc = HS, .M = rows, .N = HS, .K = keys,
+                                        .alpha = 1.0f, .accumulate = k0 > 0},
                         t->product);
     }
     float *O = c->out + at.qoff + r0 * at.ldq, *lse = c->lse + at.lseoff + r0;
@@ -159,12 +197,12 @@ static void forward_block(const attn_ctx *c, const tiles *t, int b, int h, int i
 }
 
 /* Tasks are (b, h, p): query blocks p and n-1-p of one head, one from each end
- * of the causal triangle, so every task has the same work (n+1 key blocks)
- * and the pool's equal contiguous ranges of tasks are balanced. */
+ * of the causal triangle, so every task has the same work and the pool's
+ * equal contiguous ranges of tasks are balanced. */
 static void forward_tasks(void *p, int64_t begin, int64_t end, int chunk) {
     const attn_ctx *c = p;
-    tiles t = tiles_at(scratch.mem + (size_t)chunk * c->per_chunk, c->HS);
-    int n = blocks(c->T), pairs = (n + 1) / 2;
+    tiles t = tiles_at(scratch.mem + (size_t)chunk * c->per_chunk, c->T, c->HS);
+    int n = query_blocks(c->T), pairs = (n + 1) / 2;
     for (int64_t task = begin; task < end; task++) {
         int64_t bh = task / pairs;
         int pair = (int)(task % pairs), b = (int)(bh / c->NH), h = (int)(bh % c->NH);
@@ -173,58 +211,60 @@ static void forward_tasks(void *p, int64_t begin, int64_t end, int chunk) {
     }
 }
 
-/* D (rows) = rowsum(dO ∘ O) = Σ_keys P ∘ dP. The products compute dP from dO
- * rounded to bf16 in a bf16 run; D then takes the same dO, or dP - D, which
- * cancels, would carry dO's rounding (test_attention_bf16's worst gradient
- * error: 0.64% with fp32 dO, 0.53% with the rounded one, as the T x T path). */
-static void rowsum_dO_O(float *D, const float *dO, const float *O, int64_t ld, int rows, int HS,
-                        bool bf16) {
-    for (int r = 0; r < rows; r++) {
-        const float *d = dO + r * ld, *o = O + r * ld;
-        float s = 0;
-        if (!bf16) s = keel_dot(d, o, HS);
-        for (int i = 0; bf16 && i < HS; i++) s += keel_bf16_to_float(keel_bf16_from_float(d[i])) * o[i];
-        D[r] = s;
-    }
-}
-
 /* Backward of query block i (FlashAttention-2): D = rowsum(dO_i ∘ O_i), then
- * for each key block j <= i, with P recomputed from the saved lse:
- *   S = scale Q_i K_jᵀ;  P = exp(S - lse);  dV_j += Pᵀ dO_i;  dP = dO_i V_jᵀ;
- *   dS = scale P ∘ (dP - D);  dQ_i += dS K_j;  dK_j += dSᵀ Q_i */
+ * for each key tile, with P recomputed from the saved lse:
+ *   S = scale Q_i K_tileᵀ;  P = exp(S - lse);  dV_tile += Pᵀ dO_i;  dP = dO_i V_tileᵀ;
+ *   dS = scale P ∘ (dP - D);  dQ_i += dS K_tile;  dK_tile += dSᵀ Q_i
+ * With bf16 products D takes dO rounded as they do: dP - D cancels, and would
+ * otherwise carry dO's rounding (test_attention_bf16's worst gradient error:
+ * 0.64% with fp32 dO, 0.53% with the rounded one). */
 static void backward_block(const attn_ctx *c, const tiles *t, int b, int h, int i) {
-    int T = c->T, HS = c->HS, r0 = i * BLOCK, rows = T - r0 < BLOCK ? T - r0 : BLOCK;
+    int T = c->T, HS = c->HS, r0 = i * QB, rows = min_int(QB, T - r0);
     head_at at = head_of(c, b, h);
     int64_t qi = at.qoff + r0 * at.ldq;
-    const float *Q = c->q + qi, *dO = c->dout + qi, *O = c->out_in + qi; /* (rows, HS) */
-    const float *lse = c->lse_in + at.lseoff + r0;
-    float *dQ = c->dq + qi, *D = t->D, scale = 1.0f / sqrtf((float)HS);
-    rowsum_dO_O(D, dO, O, at.ldq, rows, HS, c->prec.bf16);
-    for (int j = 0; j <= i; j++) {
-        int keys = j < i ? BLOCK : rows;
-        int64_t kj = at.kvoff + (int64_t)j * BLOCK * at.ldkv;
-        const float *Kj = c->k + kj, *Vj = c->v + kj; /* (keys, HS) */
-        float *dKj = c->dk + kj, *dVj = c->dv + kj;
-        tile_product_fn product = c->prec.product;
-        product(&(tile_product){.a = Q, .lda = at.ldq, .b = Kj, .ldb = at.ldkv, .b_t = true, .c = t->S,
-                                .ldc = BLOCK, .M = rows, .N = keys, .K = HS, .alpha = scale},
+    const float *O = c->out_in + qi, *lse = c->lse_in + at.lseoff + r0;
+    float *dQ = c->dq + qi, scale = 1.0f / sqrtf((float)HS);
+    bool bf16 = c->prec.bf16;
+    tile_product_fn product = c->prec.product;
+    copy_rows(t->q, HS, c->q + qi, at.ldq, rows, HS, bf16);
+    copy_rows(t->dO, HS, c->dout + qi, at.ldq, rows, HS, bf16);
+    for (int r = 0; r < rows; r++) t->D[r] = keel_dot(t->dO + r * HS, O + r * at.ldq, HS); /* D */
+    for (int k0 = 0; k0 < r0 + rows; k0 += KB) {
+        int keys = min_int(KB, r0 + rows - k0);
+        const float *Kt = t->k + k0 * HS, *Vt = t->v + k0 * HS; /* (keys, HS) */
+        float *dKt = c->dk + at.kvoff + k0 * at.ldkv, *dVt = c->dv + at.kvoff + k0 * at.ldkv;
+        /* S = scale Q_i K_tileᵀ; P = exp(S - lse) */
+        product(&(tile_product){.a = t->q, .lda = HS, .a_bf16 = bf16,
+                                .b = Kt, .ldb = HS, .b_t = true, .b_bf16 = bf16,
+                                .c = t->S, .ldc = KB, .M = rows, .N = keys, .K = HS,
+                                .alpha = scale},
                 t->product);
-        softmax_recompute_tile(t->S, BLOCK, rows, keys, j == i, lse);
-        product(&(tile_product){.a = t->S, .lda = BLOCK, .a_t = true, .b = dO, .ldb = at.ldq, .c = dVj,
-                                .ldc = at.ldkv, .M = keys, .N = HS, .K = rows, .alpha = 1.0f,
-                                .accumulate = true},
+        softmax_recompute_tile(t->S, KB, rows, keys, r0 - k0, lse);
+        /* dV_tile += Pᵀ dO_i */
+        product(&(tile_product){.a = t->S, .lda = KB, .a_t = true,
+                                .b = t->dO, .ldb = HS, .b_bf16 = bf16,
+                                .c = dVt, .ldc = at.ldkv, .M = keys, .N = HS, .K = rows,
+                                .alpha = 1.0f, .accumulate = true},
                 t->product);
-        product(&(tile_product){.a = dO, .lda = at.ldq, .b = Vj, .ldb = at.ldkv, .b_t = true,
-                                .c = t->dP, .ldc = BLOCK, .M = rows, .N = keys, .K = HS, .alpha = 1.0f},
+        /* dP = dO_i V_tileᵀ; dS = scale P ∘ (dP - D), rounded once for its two products */
+        product(&(tile_product){.a = t->dO, .lda = HS, .a_bf16 = bf16,
+                                .b = Vt, .ldb = HS, .b_t = true, .b_bf16 = bf16,
+                                .c = t->dP, .ldc = KB, .M = rows, .N = keys, .K = HS,
+                                .alpha = 1.0f},
                 t->product);
-        softmax_backward_tile(t->dP, t->S, BLOCK, rows, keys, D, scale);
-        product(&(tile_product){.a = t->dP, .lda = BLOCK, .b = Kj, .ldb = at.ldkv, .c = dQ,
-                                .ldc = at.ldq, .M = rows, .N = HS, .K = keys, .alpha = 1.0f,
-                                .accumulate = j > 0},
+        softmax_backward_tile(t->dP, t->S, KB, rows, keys, t->D, scale);
+        if (bf16) copy_rows(t->dP, KB, t->dP, KB, rows, keys, true);
+        /* dQ_i += dS K_tile */
+        product(&(tile_product){.a = t->dP, .lda = KB, .a_bf16 = bf16,
+                                .b = Kt, .ldb = HS, .b_bf16 = bf16,
+                                .c = dQ, .ldc = at.ldq, .M = rows, .N = HS, .K = keys,
+                                .alpha = 1.0f, .accumulate = k0 > 0},
                 t->product);
-        product(&(tile_product){.a = t->dP, .lda = BLOCK, .a_t = true, .b = Q, .ldb = at.ldq, .c = dKj,
-                                .ldc = at.ldkv, .M = keys, .N = HS, .K = rows, .alpha = 1.0f,
-                                .accumulate = true},
+        /* dK_tile += dSᵀ Q_i */
+        product(&(tile_product){.a = t->dP, .lda = KB, .a_t = true, .a_bf16 = bf16,
+                                .b = t->q, .ldb = HS, .b_bf16 = bf16,
+                                .c = dKt, .ldc = at.ldkv, .M = keys, .N = HS, .K = rows,
+                                .alpha = 1.0f, .accumulate = true},
                 t->product);
     }
 }
@@ -235,8 +275,8 @@ static void backward_block(const attn_ctx *c, const tiles *t, int b, int h, int 
  * does one or the other). B·NKV tasks of equal work. */
 static void backward_tasks(void *p, int64_t begin, int64_t end, int chunk) {
     const attn_ctx *c = p;
-    tiles t = tiles_at(scratch.mem + (size_t)chunk * c->per_chunk, c->HS);
-    int group = c->NH / c->NKV, n = blocks(c->T);
+    tiles t = tiles_at(scratch.mem + (size_t)chunk * c->per_chunk, c->T, c->HS);
+    int group = c->NH / c->NKV, n = query_blocks(c->T);
     for (int64_t bg = begin; bg < end; bg++) {
         int b = (int)(bg / c->NKV), g = (int)(bg % c->NKV);
         head_at at = head_of(c, b, g * group);
@@ -244,6 +284,8 @@ static void backward_tasks(void *p, int64_t begin, int64_t end, int chunk) {
             memset(c->dk + at.kvoff + row * at.ldkv, 0, sizeof(float) * (size_t)c->HS);
             memset(c->dv + at.kvoff + row * at.ldkv, 0, sizeof(float) * (size_t)c->HS);
         }
+        copy_rows(t.k, c->HS, c->k + at.kvoff, at.ldkv, c->T, c->HS, c->prec.bf16);
+        copy_rows(t.v, c->HS, c->v + at.kvoff, at.ldkv, c->T, c->HS, c->prec.bf16);
         for (int h = g * group; h < (g + 1) * group; h++)
             for (int i = 0; i < n; i++) backward_block(c, &t, b, h, i);
     }
@@ -252,7 +294,7 @@ static void backward_tasks(void *p, int64_t begin, int64_t end, int chunk) {
 /* ---- entry points -------------------------------------------------------- */
 
 static void run(attn_ctx *c, int64_t tasks, keel_pool_fn fn) {
-    c->per_chunk = aligned(tiles_bytes(c->HS, c->prec.scratch));
+    c->per_chunk = aligned(tiles_bytes(c->T, c->HS, c->prec.scratch));
     size_t want = c->per_chunk * (size_t)keel_pool_threads();
     if (want > scratch.bytes) {
         keel_free(scratch.mem);
@@ -266,7 +308,7 @@ static void forward(bool bf16, float *out, float *lse, const float *q, const flo
                     const float *v, int B, int T, int NH, int NKV, int HS) {
     attn_ctx c = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .B = B, .T = T, .NH = NH,
                   .NKV = NKV, .HS = HS, .prec = precision_of(bf16)};
-    run(&c, (int64_t)B * NH * ((blocks(T) + 1) / 2), forward_tasks);
+    run(&c, (int64_t)B * NH * ((query_blocks(T) + 1) / 2), forward_tasks);
 }
 
 static void backward(bool bf16, float *dq, float *dk, float *dv, const float *dout,

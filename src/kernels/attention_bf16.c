@@ -238,15 +238,27 @@ static void round_rows(float *dst, const float *src, int64_t lds, int R, int C) 
             dst[(int64_t)r * C + c] = keel_bf16_to_float(keel_bf16_from_float(src[r * lds + c]));
 }
 
-size_t tile_scratch_bf16_emulated(int max_dim) { return 2 * sizeof(float) * (size_t)max_dim * max_dim; }
+size_t tile_scratch_bf16_emulated(int max_dim) {
+    return 2 * sizeof(float) * (size_t)max_dim * max_dim;
+}
+
+/* X as stored (rows, cols), rounded into dst unless its values are bf16's
+ * already; returns where the product reads it and sets *ld. */
+static const float *rounded(float *dst, const float *x, int64_t ldx, bool is_bf16, int rows,
+                            int cols, int64_t *ld) {
+    if (is_bf16) return *ld = ldx, x;
+    round_rows(dst, x, ldx, rows, cols);
+    return *ld = cols, dst;
+}
 
 void tile_product_bf16_emulated(const tile_product *g, char *scratch) {
-    float *a = (float *)scratch, *b = a + (int64_t)g->M * g->K;
-    int a_rows = g->a_t ? g->K : g->M, a_cols = g->a_t ? g->M : g->K; /* as stored */
-    int b_rows = g->b_t ? g->N : g->K, b_cols = g->b_t ? g->K : g->N;
-    round_rows(a, g->a, g->lda, a_rows, a_cols);
-    round_rows(b, g->b, g->ldb, b_rows, b_cols);
+    float *a16 = (float *)scratch, *b16 = a16 + (int64_t)g->M * g->K;
+    int64_t lda, ldb;
+    const float *a = g->a_t ? rounded(a16, g->a, g->lda, g->a_bf16, g->K, g->M, &lda)
+                            : rounded(a16, g->a, g->lda, g->a_bf16, g->M, g->K, &lda);
+    const float *b = g->b_t ? rounded(b16, g->b, g->ldb, g->b_bf16, g->N, g->K, &ldb)
+                            : rounded(b16, g->b, g->ldb, g->b_bf16, g->K, g->N, &ldb);
     cblas_sgemm(CblasRowMajor, g->a_t ? CblasTrans : CblasNoTrans, g->b_t ? CblasTrans : CblasNoTrans,
-                g->M, g->N, g->K, g->alpha, a, a_cols, b, b_cols, g->accumulate ? 1.0f : 0.0f, g->c,
-                (int)g->ldc);
+                g->M, g->N, g->K, g->alpha, a, (int)lda, b, (int)ldb, g->accumulate ? 1.0f : 0.0f,
+                g->c, (int)g->ldc);
 }

@@ -20,9 +20,11 @@ typedef struct {
     const float *a; /* (M, K), or stored (K, M) when a_t */
     int64_t lda;
     bool a_t;
+    bool a_bf16;    /* A's values are bf16 values already: need no rounding */
     const float *b; /* (K, N), or stored (N, K) when b_t */
     int64_t ldb;
     bool b_t;
+    bool b_bf16;
     float *c; /* (M, N) */
     int64_t ldc;
     int M, N, K;

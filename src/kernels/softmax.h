@@ -5,12 +5,45 @@
 #ifndef KEEL_KERNELS_SOFTMAX_H
 #define KEEL_KERNELS_SOFTMAX_H
 
-#include <math.h>
+#include <immintrin.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "kernels/simd.h"
+
+/* keel_expf's steps on 8 lanes of AVX2 + FMA (keel's baseline): GCC keeps
+ * every loop that calls keel_expf scalar under its default -ftrapping-math
+ * (the clamp's compares feed arithmetic), and exp is most of the softmax's
+ * time (measured: ~20% of flash attention's, scalar). The clamp's operand
+ * order lets a NaN through, as keel_expf does. */
+static inline __m256 expf8(__m256 x) {
+    x = _mm256_min_ps(_mm256_set1_ps(88.3f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x));
+    const __m256 magic = _mm256_set1_ps(12582912.0f); /* 1.5 * 2^23: rounds to integers */
+    __m256 y = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), magic);
+    __m256 n = _mm256_sub_ps(y, magic);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f),
+                               _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x));
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+    /* n sits in y's low mantissa bits (|n| <= 128): 2^n through the exponent */
+    __m256i e = _mm256_sub_epi32(_mm256_castps_si256(y), _mm256_castps_si256(magic));
+    e = _mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* x[c] = exp(x[c] - sub) for c in [0, n). */
+static inline void exp_minus(float *x, int n, float sub) {
+    int c = 0;
+    for (; c + 8 <= n; c += 8)
+        _mm256_storeu_ps(x + c, expf8(_mm256_sub_ps(_mm256_loadu_ps(x + c), _mm256_set1_ps(sub))));
+    for (; c < n; c++) x[c] = keel_expf(x[c] - sub);
+}
 
 /* max and sum of x[0, n) over 16 lanes: GCC keeps a serial float reduction
  * scalar (without -ffast-math it may not reorder it), so lanes it is. */
@@ -33,25 +66,27 @@ static inline float lanes_sum(const float *x, int n) {
     return s;
 }
 
-/* Keys that row r of a tile sees: all `keys`, or on the diagonal tile (query
- * block == key block) only keys c <= r, the causal mask. */
-static inline int keys_seen(int r, int keys, bool diagonal) { return diagonal && r + 1 < keys ? r + 1 : keys; }
+/* Keys that row r of a tile sees (the causal mask): the tile's first query is
+ * `lead` positions past its first key, so row r sees keys c <= lead + r. */
+static inline int keys_seen(int r, int keys, int lead) {
+    return lead + r + 1 < keys ? lead + r + 1 : keys;
+}
 
-/* One key block of the online softmax of a query block. S (rows, keys),
- * row stride lds, holds scaled scores; on return P = exp(S - m_new), exactly
- * 0 where masked. m, l (rows) are each row's running max and sum of
- * exp(score - m) over the key blocks so far, corr (rows) gets exp(m_old -
- * m_new), the factor for what was summed against m_old. first: the block
- * with key 0, which every row sees (m and l start here, so no -inf ever
- * reaches keel_expf, which clamps). */
-static inline void online_softmax_tile(float *S, int64_t lds, int rows, int keys, bool diagonal,
+/* One key tile of the online softmax of a query block. S (rows, keys), row
+ * stride lds, holds scaled scores; on return P = exp(S - m_new), exactly 0
+ * where masked (every row sees at least one key of every tile). m, l (rows)
+ * are each row's running max and sum of exp(score - m) over the tiles so
+ * far; corr (rows) gets exp(m_old - m_new), the factor for what was summed
+ * against m_old. first: the tile with key 0, which every row sees (m and l
+ * start there, so no -inf ever reaches keel_expf, which clamps). */
+static inline void online_softmax_tile(float *S, int64_t lds, int rows, int keys, int lead,
                                        bool first, float *m, float *l, float *corr) {
     for (int r = 0; r < rows; r++) {
         float *s = S + r * lds;
-        int n = keys_seen(r, keys, diagonal);
+        int n = keys_seen(r, keys, lead);
         float mx = lanes_max(s, n);
         if (!first && m[r] > mx) mx = m[r];
-        for (int c = 0; c < n; c++) s[c] = keel_expf(s[c] - mx);
+        exp_minus(s, n, mx);
         memset(s + n, 0, sizeof(float) * (size_t)(keys - n));
         corr[r] = first ? 0.0f : keel_expf(m[r] - mx);
         l[r] = (first ? 0.0f : l[r] * corr[r]) + lanes_sum(s, n);
@@ -62,12 +97,12 @@ static inline void online_softmax_tile(float *S, int64_t lds, int rows, int keys
 /* Backward's P = exp(S - lse) for a tile of scores, in place, exactly 0
  * where masked: lse (rows) is each query's log-sum-exp from forward, so P is
  * the normalised probability without a second pass over the keys. */
-static inline void softmax_recompute_tile(float *S, int64_t lds, int rows, int keys, bool diagonal,
+static inline void softmax_recompute_tile(float *S, int64_t lds, int rows, int keys, int lead,
                                           const float *lse) {
     for (int r = 0; r < rows; r++) {
         float *s = S + r * lds;
-        int n = keys_seen(r, keys, diagonal);
-        for (int c = 0; c < n; c++) s[c] = keel_expf(s[c] - lse[r]);
+        int n = keys_seen(r, keys, lead);
+        exp_minus(s, n, lse[r]);
         memset(s + n, 0, sizeof(float) * (size_t)(keys - n));
     }
 }
