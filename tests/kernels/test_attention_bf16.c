@@ -1,7 +1,7 @@
 /* bf16 flash attention (keel_attention_*_bf16) against the double-precision
  * O(T²) reference, forward (output and log-sum-exp) and backward, on ragged
  * shapes (T and HS not multiples of the 16-lane vectors, the 6-row
- * microkernel tiles or the 128-query attention tiles, odd T, grouped-query
+ * microkernel tiles or the 128 x 256 attention tiles, odd T, grouped-query
  * heads), the small config's and Llama 2's head shapes, 1 and 2 threads.
  *
  * Tolerance: every product input is rounded to bf16 (relative error <= 2^-9)
@@ -92,7 +92,7 @@ int main(void) {
         test_attention(300, 4, 2, 20, 1.0f);  /* several row blocks, ragged last, HS past 16 */
         test_attention(131, 3, 1, 64, 2.0f);  /* odd T past one block, sharper softmax */
         test_attention(512, 2, 2, 64, 1.0f);  /* the small config's head shape */
-        test_attention(128, 2, 1, 16, 1.0f);  /* exactly one tile */
+        test_attention(256, 2, 1, 16, 1.0f);  /* exactly one key tile, two query blocks */
         test_attention(777, 4, 1, 32, 1.0f);  /* 7 query blocks, ragged last, group of 4 */
         test_attention(300, 2, 1, 128, 1.0f); /* a Llama 2 head: HS past the tile's width */
         keel_kernels_shutdown();

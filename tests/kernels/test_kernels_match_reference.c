@@ -65,7 +65,7 @@ static void test_rope(void) {
     free(x); free(a); free(b); free(cs);
 }
 
-/* Flash attention (tiles of 128 queries x 128 keys, online softmax) against
+/* Flash attention (tiles of 128 queries x 256 keys, online softmax) against
  * the O(T²) reference: T below, at and past one tile, ragged last tiles,
  * grouped-query heads. Backward reads forward's own out and lse, as the
  * model does, and must overwrite dq, dk, dv (they start as garbage). */
@@ -170,10 +170,11 @@ int main(void) {
         test_attention(2, 2, 1);    /* two queries (one alone has no softmax gradient) */
         test_attention(29, 4, 4);   /* inside one tile */
         test_attention(29, 6, 2);
-        test_attention(128, 2, 1);  /* exactly one tile */
-        test_attention(129, 4, 2);  /* a second tile of one row */
+        test_attention(128, 2, 1);  /* exactly one query block */
+        test_attention(129, 4, 2);  /* a second query block of one row */
+        test_attention(256, 2, 2);  /* exactly one key tile */
         test_attention(300, 4, 2);  /* several tiles, ragged last */
-        test_attention(1000, 8, 2); /* 8 query blocks, 36 tiles a head, ragged last, group of 4 */
+        test_attention(1000, 8, 2); /* 8 query blocks, 4 key tiles, ragged last, group of 4 */
         test_swiglu();
         test_xent();
         test_adamw();
