@@ -222,6 +222,7 @@ void tile_product_bf16(const tile_product *g, char *scratch) {
     p.b = b;
     run_product(&p);
 }
+
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
 #elif defined(__clang__)
