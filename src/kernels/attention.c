@@ -5,10 +5,10 @@
  * stored: forward keeps a running max and sum per query (online softmax) and
  * saves only the output and each query's log-sum-exp; backward recomputes
  * each tile's probabilities from q, k and the log-sum-exp. Memory is
- * O(B·NH·T) for the log-sum-exp plus, per thread, a few tiles and backward's
- * contiguous copy of one kv head (2·T·HS floats), where the (B, NH, T, T)
- * probabilities were 2 GiB per layer per sequence at T=4096 (Llama 2 7B).
- * Keys above a query block's last query are never visited.
+ * O(B·NH·T) for the log-sum-exp plus, per thread, a few tiles and a
+ * contiguous copy of one kv head's K and V (2·T·HS floats), where the
+ * (B, NH, T, T) probabilities were 2 GiB per layer per sequence at T=4096
+ * (Llama 2 7B). Keys above a query block's last query are never visited.
  *
  * The tiles' products go through tile_product_fn (attention_tiles.h):
  * OpenBLAS sgemm for fp32 (single-threaded: the parallelism is keel's pool,
@@ -53,16 +53,18 @@ void keel_attention_release(void) {
 
 static size_t aligned(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
 
-/* A thread's tiles, backward's copy of one kv head, then the product's own
- * scratch. Backward reads a kv head's K twice and V once for every query
- * block of every head in its group; a contiguous copy (rounded once in a bf16
- * run) instead of the (B, T, NKV*HS) rows took a 7B layer's bf16 backward at
- * T=2048 from 3049 to 2604 ms (CPU, emulated) and fp32 from 2213 to 2183. */
+/* A thread's tiles, a copy of one kv head, then the product's own scratch.
+ * Backward reads a kv head's K twice and V once for every query block of
+ * every head in its group, forward K and V once for each of a task's two
+ * query blocks; a contiguous copy (rounded once in a bf16 run) instead of the
+ * (B, T, NKV*HS) rows took a 7B layer's bf16 attention at T=2048 from 3049
+ * to 2512 ms (CPU, emulated; backward's copy first, then forward's); fp32
+ * moved within the machine's noise (2213, 2184, 2101-2388 ms). */
 typedef struct {
     float *S, *dP;           /* (QB, KB) scores, then P; dP, then dS */
     float *q, *dO, *acc;     /* (QB, HS) the query block's Q and dO, the output accumulator */
     float *m, *l, *corr, *D; /* (QB) each */
-    float *k, *v;            /* (T, HS) backward's kv head, contiguous */
+    float *k, *v;            /* (T, HS) a kv head's keys and values, contiguous */
     char *product;
 } tiles;
 
@@ -165,16 +167,15 @@ static head_at head_of(const attn_ctx *c, int b, int h) {
 static void forward_block(const attn_ctx *c, const tiles *t, int b, int h, int i) {
     int T = c->T, HS = c->HS, r0 = i * QB, rows = min_int(QB, T - r0);
     head_at at = head_of(c, b, h);
-    const float *K = c->k + at.kvoff, *V = c->v + at.kvoff; /* (T, HS) */
     float scale = 1.0f / sqrtf((float)HS);
     bool bf16 = c->prec.bf16;
     copy_rows(t->q, HS, c->q + at.qoff + r0 * at.ldq, at.ldq, rows, HS, bf16);
     for (int k0 = 0; k0 < r0 + rows; k0 += KB) {
         int keys = min_int(KB, r0 + rows - k0);
-        const float *Kt = K + k0 * at.ldkv, *Vt = V + k0 * at.ldkv; /* (keys, HS) */
+        const float *Kt = t->k + k0 * HS, *Vt = t->v + k0 * HS; /* (keys, HS) */
         /* S = scale Q_i K_tileᵀ; P = exp(S - m), with m and l moved on */
         c->prec.product(&(tile_product){.a = t->q, .lda = HS, .a_bf16 = bf16,
-                                        .b = Kt, .ldb = at.ldkv, .b_t = true,
+                                        .b = Kt, .ldb = HS, .b_t = true, .b_bf16 = bf16,
                                         .c = t->S, .ldc = KB, .M = rows, .N = keys, .K = HS,
                                         .alpha = scale},
                         t->product);
@@ -183,7 +184,7 @@ static void forward_block(const attn_ctx *c, const tiles *t, int b, int h, int i
         if (k0 > 0)
             for (int r = 0; r < rows; r++)
                 for (int d = 0; d < HS; d++) t->acc[r * HS + d] *= t->corr[r];
-        c->prec.product(&(tile_product){.a = t->S, .lda = KB, .b = Vt, .ldb = at.ldkv,
+        c->prec.product(&(tile_product){.a = t->S, .lda = KB, .b = Vt, .ldb = HS, .b_bf16 = bf16,
                                         .c = t->acc, .ldc = HS, .M = rows, .N = HS, .K = keys,
                                         .alpha = 1.0f, .accumulate = k0 > 0},
                         t->product);
@@ -198,7 +199,8 @@ static void forward_block(const attn_ctx *c, const tiles *t, int b, int h, int i
 
 /* Tasks are (b, h, p): query blocks p and n-1-p of one head, one from each end
  * of the causal triangle, so every task has the same work and the pool's
- * equal contiguous ranges of tasks are balanced. */
+ * equal contiguous ranges of tasks are balanced. The keys both blocks see
+ * are copied (rounded, in a bf16 run) once for the two. */
 static void forward_tasks(void *p, int64_t begin, int64_t end, int chunk) {
     const attn_ctx *c = p;
     tiles t = tiles_at(scratch.mem + (size_t)chunk * c->per_chunk, c->T, c->HS);
@@ -206,6 +208,10 @@ static void forward_tasks(void *p, int64_t begin, int64_t end, int chunk) {
     for (int64_t task = begin; task < end; task++) {
         int64_t bh = task / pairs;
         int pair = (int)(task % pairs), b = (int)(bh / c->NH), h = (int)(bh % c->NH);
+        head_at at = head_of(c, b, h);
+        int keys = min_int(c->T, (n - pair) * QB); /* up to the later block's last query */
+        copy_rows(t.k, c->HS, c->k + at.kvoff, at.ldkv, keys, c->HS, c->prec.bf16);
+        copy_rows(t.v, c->HS, c->v + at.kvoff, at.ldkv, keys, c->HS, c->prec.bf16);
         forward_block(c, &t, b, h, pair);
         if (n - 1 - pair != pair) forward_block(c, &t, b, h, n - 1 - pair);
     }
