@@ -7,8 +7,8 @@
  * caller's scratch and sum in fp32: the AVX512_BF16 microkernel, or where
  * the active instruction set lacks it the same roundings multiplied by
  * OpenBLAS sgemm (bf16 products are exact in fp32, so the sums are fp32 sums
- * of the same products). Every operand of flash attention is a tile of at
- * most TILE_DIM x TILE_DIM (TILE_DIM = max(block, HS)). */
+ * of the same products). M, N and K are each at most the max_dim the
+ * scratch was sized for (attention.c: max(key tile, HS)). */
 #ifndef KEEL_KERNELS_ATTENTION_TILES_H
 #define KEEL_KERNELS_ATTENTION_TILES_H
 
