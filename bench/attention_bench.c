@@ -1,10 +1,18 @@
-/* attention_bench.c: one thread's causal attention forward and backward, fp32
- * (OpenBLAS sgemm) against bf16 (AVX512_BF16 products), at one layer of a
- * config's shape (default the small config: B=1, T=512, 12 heads of 64).
- * Best of `reps` runs; GF/s counts the products' FLOPs as computed (query
- * blocks against the keys they see). Run by bench/attention.sh. */
+/* attention_bench.c: one layer of causal attention, forward + backward, at one
+ * shape and precision: time (median of `reps` runs after one warm-up) and
+ * memory (what forward keeps for backward, the backward's own scratch, and
+ * the process's peak RSS above its inputs and outputs). Time is wall clock
+ * and the process's CPU time: on a machine shared with other work the CPU
+ * time of a 1-thread run moves far less than the wall clock. One configuration a
+ * process, so that peak RSS belongs to it. Run by bench/attention.sh, which
+ * prints the table; the output is one line of key=value pairs.
+ *
+ *   attention_bench T fp32|bf16 [reps [threads [B NH NKV HS]]]
+ *   (defaults: 5 reps, 1 thread, B=1, a Llama 2 7B layer: 32 heads of 128) */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 #include "keel/kernels.h"
 
@@ -18,42 +26,99 @@ static float *rand_vec(int64_t n) {
     return x;
 }
 
+/* VmRSS of this process in bytes. */
+static uint64_t rss_bytes(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    uint64_t kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmRSS:", 6)) kb = strtoull(line + 6, NULL, 10);
+    if (f) fclose(f);
+    return kb * 1024;
+}
+
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+static double median(double *x, int n) {
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+/* ---- the attention under test: flash, the log-sum-exp kept --------------- */
+typedef struct {
+    float *lse; /* (B, NH, T) kept for backward */
+    int64_t kept_bytes, scratch_bytes;
+} saved;
+
+static void saved_init(saved *s, int B, int T, int NH, int HS, bool bf16) {
+    int64_t nl = (int64_t)B * NH * T;
+    s->lse = rand_vec(nl);
+    s->kept_bytes = nl * (int64_t)sizeof(float);
+    s->scratch_bytes = keel_attention_workspace_bytes(T, HS, keel_pool_threads(), bf16);
+}
+static void saved_free(saved *s) { keel_free(s->lse); }
+
+static void forward(bool bf16, saved *s, float *out, const float *q, const float *k, const float *v,
+                    int B, int T, int NH, int NKV, int HS) {
+    (bf16 ? keel_attention_forward_bf16 : keel_attention_forward)(out, s->lse, q, k, v, B, T, NH,
+                                                                   NKV, HS);
+}
+static void backward(bool bf16, saved *s, float *dq, float *dk, float *dv, const float *dout,
+                     const float *out, const float *q, const float *k, const float *v, int B, int T,
+                     int NH, int NKV, int HS) {
+    (bf16 ? keel_attention_backward_bf16 : keel_attention_backward)(dq, dk, dv, dout, out, s->lse, q,
+                                                                     k, v, B, T, NH, NKV, HS);
+}
+/* -------------------------------------------------------------------------- */
+
 int main(int argc, char **argv) {
-    int B = 1, T = 512, NH = 12, NKV = 12, HS = 64, reps = 20;
-    if (argc == 7) B = atoi(argv[1]), T = atoi(argv[2]), NH = atoi(argv[3]), NKV = atoi(argv[4]),
-                   HS = atoi(argv[5]), reps = atoi(argv[6]);
-    keel_kernels_init(1);
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s T fp32|bf16 [reps [threads [B NH NKV HS]]]\n", argv[0]);
+        return 2;
+    }
+    int T = atoi(argv[1]), reps = argc > 3 ? atoi(argv[3]) : 5, threads = argc > 4 ? atoi(argv[4]) : 1;
+    bool bf16 = !strcmp(argv[2], "bf16");
+    int B = 1, NH = 32, NKV = 32, HS = 128;
+    if (argc == 9) B = atoi(argv[5]), NH = atoi(argv[6]), NKV = atoi(argv[7]), HS = atoi(argv[8]);
+    keel_kernels_init(threads);
     int64_t nq = (int64_t)B * T * NH * HS, nkv = (int64_t)B * T * NKV * HS;
-    int64_t na = (int64_t)B * NH * T * T;
     float *q = rand_vec(nq), *k = rand_vec(nkv), *v = rand_vec(nkv), *dout = rand_vec(nq);
-    float *out = rand_vec(nq), *att = rand_vec(na), *datt = rand_vec(na);
-    float *dq = rand_vec(nq), *dk = rand_vec(nkv), *dv = rand_vec(nkv);
-    double flops = 0; /* one product: blocks of 128 query rows x keys seen x HS */
-    for (int r0 = 0; r0 < T; r0 += 128) {
-        int rows = T - r0 < 128 ? T - r0 : 128;
-        flops += 2.0 * rows * (r0 + rows) * HS;
+    float *out = rand_vec(nq), *dq = rand_vec(nq), *dk = rand_vec(nkv), *dv = rand_vec(nkv);
+    uint64_t base_rss = rss_bytes(); /* inputs and outputs, touched */
+    saved s;
+    saved_init(&s, B, T, NH, HS, bf16);
+    double *fwd = keel_xmalloc(sizeof(double) * (size_t)reps, "times");
+    double *bwd = keel_xmalloc(sizeof(double) * (size_t)reps, "times");
+    double *tot = keel_xmalloc(sizeof(double) * (size_t)reps, "times");
+    double *cpu = keel_xmalloc(sizeof(double) * (size_t)reps, "times");
+    for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
+        double c0 = cpu_s(), t0 = keel_now_s();
+        forward(bf16, &s, out, q, k, v, B, T, NH, NKV, HS);
+        double t1 = keel_now_s();
+        backward(bf16, &s, dq, dk, dv, dout, out, q, k, v, B, T, NH, NKV, HS);
+        double t2 = keel_now_s(), c2 = cpu_s();
+        if (r >= 0) fwd[r] = t1 - t0, bwd[r] = t2 - t1, tot[r] = t2 - t0, cpu[r] = c2 - c0;
     }
-    flops *= (double)B * NH;
-    printf("attention B=%d T=%d NH=%d NKV=%d HS=%d, 1 thread, best of %d\n", B, T, NH, NKV, HS, reps);
-    for (int bf16 = 0; bf16 < 2; bf16++) {
-        double fwd = 1e30, bwd = 1e30;
-        for (int r = 0; r < reps; r++) {
-            double t0 = keel_now_s();
-            (bf16 ? keel_attention_forward_bf16 : keel_attention_forward)(out, att, q, k, v, B, T,
-                                                                           NH, NKV, HS);
-            double t1 = keel_now_s();
-            (bf16 ? keel_attention_backward_bf16 : keel_attention_backward)(
-                dq, dk, dv, datt, dout, q, k, v, att, B, T, NH, NKV, HS);
-            double t2 = keel_now_s();
-            fwd = t1 - t0 < fwd ? t1 - t0 : fwd;
-            bwd = t2 - t1 < bwd ? t2 - t1 : bwd;
-        }
-        printf("%s: forward %6.2f ms (%3.0f GF/s)  backward %6.2f ms (%3.0f GF/s)  total %6.2f ms\n",
-               bf16 ? "bf16" : "fp32", 1e3 * fwd, 2 * flops / fwd / 1e9, 1e3 * bwd,
-               4 * flops / bwd / 1e9, 1e3 * (fwd + bwd));
-    }
-    keel_free(q), keel_free(k), keel_free(v), keel_free(dout), keel_free(out), keel_free(att);
-    keel_free(datt), keel_free(dq), keel_free(dk), keel_free(dv);
+    uint64_t peak = keel_peak_rss_bytes();
+    printf("T=%d dtype=%s B=%d NH=%d NKV=%d HS=%d threads=%d reps=%d fwd_ms=%.1f bwd_ms=%.1f "
+           "total_ms=%.1f cpu_ms=%.1f kept_bytes=%lld scratch_bytes=%lld peak_rss_bytes=%llu "
+           "peak_above_io_bytes=%llu\n",
+           T, bf16 ? "bf16" : "fp32", B, NH, NKV, HS, keel_pool_threads(), reps,
+           1e3 * median(fwd, reps), 1e3 * median(bwd, reps), 1e3 * median(tot, reps), 1e3 * median(cpu, reps),
+           (long long)s.kept_bytes, (long long)s.scratch_bytes, (unsigned long long)peak,
+           (unsigned long long)(peak > base_rss ? peak - base_rss : 0));
+    saved_free(&s);
+    keel_free(q), keel_free(k), keel_free(v), keel_free(dout), keel_free(out);
+    keel_free(dq), keel_free(dk), keel_free(dv), keel_free(fwd), keel_free(bwd), keel_free(tot);
+    keel_free(cpu);
     keel_kernels_shutdown();
     return 0;
 }

@@ -80,7 +80,10 @@ typedef struct {
      * parameters keeps a bf16 copy of them (keel_model_params_changed). */
     bool bf16;
 } keel_model_options;
-/* Activation bytes (and bf16 GEMM scratch) for a micro-batch of B sequences. */
+/* Activation bytes (and bf16 GEMM scratch) for a micro-batch of B sequences:
+ * exactly what keel_model_build_with allocates for them. Attention keeps its
+ * log-sum-exp (B, NH, T) per layer here, not the (T, T) probabilities; its
+ * per-thread tiles are the kernels' own (keel_attention_workspace_bytes). */
 int64_t keel_model_activation_bytes(const keel_model_layout *lay, int B,
                                     const keel_model_options *opts);
 keel_status keel_model_build_with(const keel_model_config *cfg, int B,

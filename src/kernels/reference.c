@@ -43,7 +43,7 @@ void keel_ref_rope_forward(float *x, int B, int T, int H, int HS, double theta) 
             }
 }
 
-void keel_ref_attention_forward(float *out, float *att, const float *q, const float *k,
+void keel_ref_attention_forward(float *out, float *att, float *lse, const float *q, const float *k,
                                 const float *v, int B, int T, int NH, int NKV, int HS) {
     int group = NH / NKV;
     double scale = 1.0 / sqrt(HS);
@@ -63,6 +63,7 @@ void keel_ref_attention_forward(float *out, float *att, const float *q, const fl
                 }
                 for (int j = 0; j <= t; j++) sum += exp(a[j] - mx);
                 for (int j = 0; j <= t; j++) a[j] = (float)(exp(a[j] - mx) / sum);
+                lse[((int64_t)b * NH + h) * T + t] = (float)(mx + log(sum));
                 float *o = out + ((int64_t)b * T + t) * NH * HS + h * HS;
                 for (int i = 0; i < HS; i++) {
                     double acc = 0;

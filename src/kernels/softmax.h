@@ -1,34 +1,121 @@
-/* kernels/softmax.h: the fp32 masked softmax of causal attention and its
- * backward over blocks of query rows, shared by the fp32 (attention.c) and
- * bf16 (attention_bf16.c) attention so both keep the same fp32 softmax. */
+/* kernels/softmax.h: the fp32 softmax of flash attention (attention.c), one
+ * (query block x key block) tile of scores at a time: the online softmax of
+ * forward and its recomputation and gradient in backward (FlashAttention-2,
+ * Dao 2023). Every path, fp32 and bf16, runs these same fp32 loops. */
 #ifndef KEEL_KERNELS_SOFTMAX_H
 #define KEEL_KERNELS_SOFTMAX_H
 
+#include <immintrin.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "kernels/simd.h"
 
-/* Masked softmax of rows [r0, r0 + rows) of one head's (T, T) score matrix. */
-static inline void softmax_block(float *A, int T, int r0, int rows) {
-    for (int t = r0; t < r0 + rows; t++) {
-        float *a = A + (int64_t)t * T;
-        float mx = keel_max(a, t + 1), sum = 0;
-        for (int j = 0; j <= t; j++) sum += (a[j] = keel_expf(a[j] - mx));
-        float inv = 1.0f / sum;
-        for (int j = 0; j <= t; j++) a[j] *= inv;
-        memset(a + t + 1, 0, sizeof(float) * (size_t)(T - t - 1));
+/* keel_expf's steps on 8 lanes of AVX2 + FMA (keel's baseline): GCC keeps
+ * every loop that calls keel_expf scalar under its default -ftrapping-math
+ * (the clamp's compares feed arithmetic), and exp is most of the softmax's
+ * time (measured: ~20% of flash attention's, scalar). The clamp's operand
+ * order lets a NaN through, as keel_expf does. */
+static inline __m256 expf8(__m256 x) {
+    x = _mm256_min_ps(_mm256_set1_ps(88.3f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x));
+    const __m256 magic = _mm256_set1_ps(12582912.0f); /* 1.5 * 2^23: rounds to integers */
+    __m256 y = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), magic);
+    __m256 n = _mm256_sub_ps(y, magic);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f),
+                               _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x));
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+    /* n sits in y's low mantissa bits (|n| <= 128): 2^n through the exponent */
+    __m256i e = _mm256_sub_epi32(_mm256_castps_si256(y), _mm256_castps_si256(magic));
+    e = _mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* x[c] = exp(x[c] - sub) for c in [0, n). */
+static inline void exp_minus(float *x, int n, float sub) {
+    int c = 0;
+    for (; c + 8 <= n; c += 8)
+        _mm256_storeu_ps(x + c, expf8(_mm256_sub_ps(_mm256_loadu_ps(x + c), _mm256_set1_ps(sub))));
+    for (; c < n; c++) x[c] = keel_expf(x[c] - sub);
+}
+
+/* max and sum of x[0, n) over 16 lanes: GCC keeps a serial float reduction
+ * scalar (without -ffast-math it may not reorder it), so lanes it is. */
+static inline float lanes_max(const float *x, int n) {
+    float mx[KEEL_LANES];
+    int i = 0;
+    for (int j = 0; j < KEEL_LANES; j++) mx[j] = x[0];
+    for (; i + KEEL_LANES <= n; i += KEEL_LANES)
+        for (int j = 0; j < KEEL_LANES; j++) mx[j] = x[i + j] > mx[j] ? x[i + j] : mx[j];
+    for (; i < n; i++) mx[0] = x[i] > mx[0] ? x[i] : mx[0];
+    return keel_max(mx, KEEL_LANES);
+}
+static inline float lanes_sum(const float *x, int n) {
+    float acc[KEEL_LANES] = {0}, s = 0;
+    int i = 0;
+    for (; i + KEEL_LANES <= n; i += KEEL_LANES)
+        for (int j = 0; j < KEEL_LANES; j++) acc[j] += x[i + j];
+    for (int j = 0; j < KEEL_LANES; j++) s += acc[j];
+    for (; i < n; i++) s += x[i];
+    return s;
+}
+
+/* Keys that row r of a tile sees (the causal mask): the tile's first query is
+ * `lead` positions past its first key, so row r sees keys c <= lead + r. */
+static inline int keys_seen(int r, int keys, int lead) {
+    return lead + r + 1 < keys ? lead + r + 1 : keys;
+}
+
+/* One key tile of the online softmax of a query block. S (rows, keys), row
+ * stride lds, holds scaled scores; on return P = exp(S - m_new), exactly 0
+ * where masked (every row sees at least one key of every tile). m, l (rows)
+ * are each row's running max and sum of exp(score - m) over the tiles so
+ * far; corr (rows) gets exp(m_old - m_new), the factor for what was summed
+ * against m_old. first: the tile with key 0, which every row sees (m and l
+ * start there, so no -inf ever reaches keel_expf, which clamps). */
+static inline void online_softmax_tile(float *S, int64_t lds, int rows, int keys, int lead,
+                                       bool first, float *m, float *l, float *corr) {
+    for (int r = 0; r < rows; r++) {
+        float *s = S + r * lds;
+        int n = keys_seen(r, keys, lead);
+        float mx = lanes_max(s, n);
+        if (!first && m[r] > mx) mx = m[r];
+        exp_minus(s, n, mx);
+        memset(s + n, 0, sizeof(float) * (size_t)(keys - n));
+        corr[r] = first ? 0.0f : keel_expf(m[r] - mx);
+        l[r] = (first ? 0.0f : l[r] * corr[r]) + lanes_sum(s, n);
+        m[r] = mx;
     }
 }
 
-/* dS_j = scale * A_j (dA_j - Σ_k A_k dA_k) for rows [r0, r0 + rows), in place over dA. */
-static inline void softmax_backward_block(const float *A, float *dA, int T, int r0, int rows, float scale) {
-    for (int t = r0; t < r0 + rows; t++) {
-        const float *a = A + (int64_t)t * T;
-        float *d = dA + (int64_t)t * T;
-        float s = keel_dot(a, d, t + 1);
-        for (int j = 0; j <= t; j++) d[j] = scale * a[j] * (d[j] - s);
-        memset(d + t + 1, 0, sizeof(float) * (size_t)(T - t - 1));
+/* Backward's P = exp(S - lse) for a tile of scores, in place, exactly 0
+ * where masked: lse (rows) is each query's log-sum-exp from forward, so P is
+ * the normalised probability without a second pass over the keys. */
+static inline void softmax_recompute_tile(float *S, int64_t lds, int rows, int keys, int lead,
+                                          const float *lse) {
+    for (int r = 0; r < rows; r++) {
+        float *s = S + r * lds;
+        int n = keys_seen(r, keys, lead);
+        exp_minus(s, n, lse[r]);
+        memset(s + n, 0, sizeof(float) * (size_t)(keys - n));
+    }
+}
+
+/* dS = scale · P ∘ (dP - D), in place over dP (rows, keys): D (rows) is
+ * rowsum(dO ∘ O) = Σ_keys P ∘ dP over all key blocks, so one tile needs no
+ * other. Masked entries stay 0 because P is 0 there. */
+static inline void softmax_backward_tile(float *dP, const float *P, int64_t ld, int rows, int keys,
+                                         const float *D, float scale) {
+    for (int r = 0; r < rows; r++) {
+        float *d = dP + r * ld;
+        const float *p = P + r * ld;
+        for (int c = 0; c < keys; c++) d[c] = scale * p[c] * (d[c] - D[r]);
     }
 }
 

@@ -23,7 +23,7 @@ typedef struct {
     float *res;          /* (N, C) block input */
     float *n1, *rstd1;   /* (N, C), (N) */
     float *q, *k, *v;    /* (N, NH*HS), (N, NKV*HS), (N, NKV*HS); q, k after RoPE */
-    float *att;          /* (B, NH, T, T) softmax probabilities */
+    float *lse;          /* (B, NH, T) each query's log-sum-exp: attention's backward state */
     float *ao;           /* (N, NH*HS) attention output before o_proj */
     float *mid;          /* (N, C) res + attention */
     float *n2, *rstd2;   /* (N, C), (N) */
@@ -61,7 +61,6 @@ struct keel_model {
     float *dres;          /* (N, C) */
     float *dn;            /* (N, C) */
     float *dq, *dk, *dv;  /* (N, NH*HS), (N, NKV*HS), (N, NKV*HS) */
-    float *datt;          /* (B, NH, T, T) */
     float *dao;           /* (N, NH*HS) */
     float *dgate, *dup, *dh; /* (N, F) */
     float *rope;          /* (T, HS/2, 2) */
@@ -83,7 +82,7 @@ static int act_table(keel_model *m, const keel_model_layout *lay, int B,
     bool checkpointing = opts->checkpoint_activations;
     int64_t N = (int64_t)B * lay->T, C = lay->C, F = lay->F, V = lay->V;
     int64_t QD = (int64_t)lay->NH * lay->HS, KVD = (int64_t)lay->NKV * lay->HS;
-    int64_t ATT = (int64_t)B * lay->NH * lay->T * lay->T;
+    int64_t LSE = (int64_t)B * lay->NH * lay->T;
     int n = 0;
 #define ACT(p, size) tab[n++] = (act_entry){(m ? (float **)&(p) : NULL), (size)}
     for (int l = 0; l < lay->L; l++) {
@@ -94,7 +93,7 @@ static int act_table(keel_model *m, const keel_model_layout *lay, int B,
         if (checkpointing && l > 0) continue; /* shares layer 0's buffers */
         ACT(a->n1, N * C); ACT(a->rstd1, N);
         ACT(a->q, N * QD); ACT(a->k, N * KVD); ACT(a->v, N * KVD);
-        ACT(a->att, ATT); ACT(a->ao, N * QD); ACT(a->mid, N * C);
+        ACT(a->lse, LSE); ACT(a->ao, N * QD); ACT(a->mid, N * C);
         ACT(a->n2, N * C); ACT(a->rstd2, N);
         ACT(a->gate, N * F); ACT(a->up, N * F); ACT(a->h, N * F);
     }
@@ -103,7 +102,7 @@ static int act_table(keel_model *m, const keel_model_layout *lay, int B,
     ACT(mm->res_final, N * C); ACT(mm->nf, N * C); ACT(mm->rstdf, N); ACT(mm->logits, N * V);
     ACT(mm->inputs, N); ACT(mm->targets, N); /* int32 is float-sized */
     ACT(mm->dres, N * C); ACT(mm->dn, N * C); ACT(mm->dq, N * QD); ACT(mm->dk, N * KVD);
-    ACT(mm->dv, N * KVD); ACT(mm->datt, ATT); ACT(mm->dao, N * QD);
+    ACT(mm->dv, N * KVD); ACT(mm->dao, N * QD);
     ACT(mm->dgate, N * F); ACT(mm->dup, N * F); ACT(mm->dh, N * F);
     ACT(mm->rope, (int64_t)lay->T * lay->HS);
     if (opts->bf16) { /* bf16 scratch, counted in floats (two per float) */
@@ -117,7 +116,7 @@ static int act_table(keel_model *m, const keel_model_layout *lay, int B,
     return n;
 }
 
-static int act_table_len(const keel_model_layout *lay) { return lay->L * 14 + 21; }
+static int act_table_len(const keel_model_layout *lay) { return lay->L * 14 + 20; }
 
 int64_t keel_model_activation_bytes(const keel_model_layout *lay, int B,
                                     const keel_model_options *opts) {
@@ -367,7 +366,7 @@ static void block_forward(keel_model *m, int l, float *out) {
     linear_forward(m, a->v, a->n1, x16, W(wv), N, KVD, C, false);
     keel_rope_forward(a->q, m->rope, B, T, lay->NH, lay->HS);
     keel_rope_forward(a->k, m->rope, B, T, lay->NKV, lay->HS);
-    (m->bf16 ? keel_attention_forward_bf16 : keel_attention_forward)(a->ao, a->att, a->q, a->k, a->v,
+    (m->bf16 ? keel_attention_forward_bf16 : keel_attention_forward)(a->ao, a->lse, a->q, a->k, a->v,
                                                                      B, T, lay->NH, lay->NKV, lay->HS);
     memcpy(a->mid, a->res, sizeof(float) * (size_t)N * C);
     linear_forward(m, a->mid, a->ao, input_bf16(m, a->ao, (int64_t)N * QD), W(wo), N, C, QD, true);
@@ -446,7 +445,7 @@ static void block_backward(keel_model *m, int l) {
     linear_backward(m, m->dao, m->dres, dy16, a->ao, input_bf16(m, a->ao, (int64_t)N * QD), W(wo),
                     N, C, QD, false);
     (m->bf16 ? keel_attention_backward_bf16 : keel_attention_backward)(
-        m->dq, m->dk, m->dv, m->datt, m->dao, a->q, a->k, a->v, a->att, B, T, lay->NH, lay->NKV,
+        m->dq, m->dk, m->dv, m->dao, a->ao, a->lse, a->q, a->k, a->v, B, T, lay->NH, lay->NKV,
         lay->HS);
     keel_rope_backward(m->dq, m->rope, B, T, lay->NH, lay->HS);
     keel_rope_backward(m->dk, m->rope, B, T, lay->NKV, lay->HS);

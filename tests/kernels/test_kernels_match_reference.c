@@ -65,26 +65,32 @@ static void test_rope(void) {
     free(x); free(a); free(b); free(cs);
 }
 
+/* Flash attention (tiles of 128 queries x 256 keys, online softmax) against
+ * the O(T²) reference: T below, at and past one tile, ragged last tiles,
+ * grouped-query heads. Backward reads forward's own out and lse, as the
+ * model does, and must overwrite dq, dk, dv (they start as garbage). */
 static void test_attention(int T, int NH, int NKV) {
     int B = 2, HS = 12;
     int64_t nq = (int64_t)B * T * NH * HS, nkv = (int64_t)B * T * NKV * HS, na = (int64_t)B * NH * T * T;
+    int64_t nl = (int64_t)B * NH * T;
     float *q = rand_vec(nq, 1), *k = rand_vec(nkv, 1), *v = rand_vec(nkv, 1), *dout = rand_vec(nq, 1);
-    float *o1 = calloc(nq, 4), *o2 = calloc(nq, 4), *a1 = calloc(na, 4), *a2 = calloc(na, 4);
-    keel_attention_forward(o1, a1, q, k, v, B, T, NH, NKV, HS);
-    keel_ref_attention_forward(o2, a2, q, k, v, B, T, NH, NKV, HS);
+    float *o1 = calloc(nq, 4), *o2 = calloc(nq, 4), *att = calloc(na, 4);
+    float *l1 = calloc(nl, 4), *l2 = calloc(nl, 4);
+    keel_attention_forward(o1, l1, q, k, v, B, T, NH, NKV, HS);
+    keel_ref_attention_forward(o2, att, l2, q, k, v, B, T, NH, NKV, HS);
     char what[64];
     snprintf(what, sizeof what, "attention fwd T=%d NH=%d NKV=%d", T, NH, NKV);
     compare(what, o1, o2, nq, 1e-5);
-    compare("attention probabilities", a1, a2, na, 1e-5);
-    float *dq1 = calloc(nq, 4), *dq2 = calloc(nq, 4), *dk1 = calloc(nkv, 4), *dk2 = calloc(nkv, 4);
-    float *dv1 = calloc(nkv, 4), *dv2 = calloc(nkv, 4), *datt = calloc(na, 4);
-    keel_attention_backward(dq1, dk1, dv1, datt, dout, q, k, v, a2, B, T, NH, NKV, HS);
-    keel_ref_attention_backward(dq2, dk2, dv2, dout, q, k, v, a2, B, T, NH, NKV, HS);
+    compare("attention log-sum-exp", l1, l2, nl, 1e-5);
+    float *dq1 = rand_vec(nq, 9), *dq2 = calloc(nq, 4), *dk1 = rand_vec(nkv, 9), *dk2 = calloc(nkv, 4);
+    float *dv1 = rand_vec(nkv, 9), *dv2 = calloc(nkv, 4);
+    keel_attention_backward(dq1, dk1, dv1, dout, o1, l1, q, k, v, B, T, NH, NKV, HS);
+    keel_ref_attention_backward(dq2, dk2, dv2, dout, q, k, v, att, B, T, NH, NKV, HS);
     compare("attention backward dq", dq1, dq2, nq, 1e-5);
     compare("attention backward dk", dk1, dk2, nkv, 1e-5);
     compare("attention backward dv", dv1, dv2, nkv, 1e-5);
-    free(q); free(k); free(v); free(dout); free(o1); free(o2); free(a1); free(a2);
-    free(dq1); free(dq2); free(dk1); free(dk2); free(dv1); free(dv2); free(datt);
+    free(q); free(k); free(v); free(dout); free(o1); free(o2); free(att); free(l1); free(l2);
+    free(dq1); free(dq2); free(dk1); free(dk2); free(dv1); free(dv2);
 }
 
 static void test_swiglu(void) {
@@ -161,9 +167,14 @@ int main(void) {
         printf("-- %d thread(s)\n", threads);
         test_rmsnorm();
         test_rope();
-        test_attention(29, 4, 4);
+        test_attention(2, 2, 1);    /* two queries (one alone has no softmax gradient) */
+        test_attention(29, 4, 4);   /* inside one tile */
         test_attention(29, 6, 2);
-        test_attention(300, 4, 2); /* several query-row blocks, ragged last */
+        test_attention(128, 2, 1);  /* exactly one query block */
+        test_attention(129, 4, 2);  /* a second query block of one row */
+        test_attention(256, 2, 2);  /* exactly one key tile */
+        test_attention(300, 4, 2);  /* several tiles, ragged last */
+        test_attention(1000, 8, 2); /* 8 query blocks, 4 key tiles, ragged last, group of 4 */
         test_swiglu();
         test_xent();
         test_adamw();

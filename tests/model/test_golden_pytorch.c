@@ -159,7 +159,7 @@ static void keel_logits(const keel_model_layout *lay, const float *params, const
     float *rstd = malloc(sizeof(float) * (size_t)N), *ao = malloc(sizeof(float) * (size_t)N * QD);
     float *q = malloc(sizeof(float) * (size_t)N * QD), *k = malloc(sizeof(float) * (size_t)N * KVD);
     float *v = malloc(sizeof(float) * (size_t)N * KVD);
-    float *att = malloc(sizeof(float) * (size_t)B * NH * T * T);
+    float *lse = malloc(sizeof(float) * (size_t)B * NH * T);
     float *gate = malloc(sizeof(float) * (size_t)N * F), *up = malloc(sizeof(float) * (size_t)N * F);
     float *h = malloc(sizeof(float) * (size_t)N * F), *rope = malloc(sizeof(float) * (size_t)T * HS);
     keel_rope_table(rope, T, HS, lay->cfg.rope_theta);
@@ -178,7 +178,7 @@ static void keel_logits(const keel_model_layout *lay, const float *params, const
         keel_matmul_forward(v, xn, wv, N, KVD, C, false);
         keel_rope_forward(q, rope, B, T, NH, HS);
         keel_rope_forward(k, rope, B, T, NKV, HS);
-        keel_attention_forward(ao, att, q, k, v, B, T, NH, NKV, HS);
+        keel_attention_forward(ao, lse, q, k, v, B, T, NH, NKV, HS);
         keel_matmul_forward(x, ao, wo, N, C, QD, true);
         keel_rmsnorm_forward(xn, rstd, x, norm2, N, C, eps);
         keel_matmul_forward(gate, xn, wgate, N, F, C, false);
@@ -190,7 +190,7 @@ static void keel_logits(const keel_model_layout *lay, const float *params, const
     const float *head = lay->cfg.tie_embeddings ? params : normf + C;
     keel_rmsnorm_forward(xn, rstd, x, normf, N, C, eps);
     keel_matmul_forward(logits, xn, head, N, lay->V, C, false);
-    free(x); free(xn); free(rstd); free(ao); free(q); free(k); free(v); free(att);
+    free(x); free(xn); free(rstd); free(ao); free(q); free(k); free(v); free(lse);
     free(gate); free(up); free(h); free(rope);
 }
 
