@@ -44,6 +44,7 @@ typedef struct {
     const char *mfu_source;    /* "--mfu", "preset", "measured ..." */
     const char *intra_source;  /* "--intra", "preset", "measured ..." */
     char detail[256];          /* how the cpu numbers were measured */
+    double measured_share;     /* cpu: the share of its cores the measuring process got (a busy machine: < 1) */
 } keel_device;
 
 /* A device preset by name: h100 (SXM), h200, a100 (SXM 80 GB), or cpu (this
@@ -57,12 +58,13 @@ void keel_plan_device_set_net(keel_device *d, double gbps);
 /* --intra, or a measured bandwidth: what a rank moves inside a node, Gbit/s
  * (line rate: 80% of it; measured: as measured, efficiency = 1). */
 void keel_plan_device_set_intra(keel_device *d, double gbps, double efficiency, const char *source);
-/* cpu: time keel's own forward + backward of one and of two blocks with the
- * head at cfg's shapes (sequence and micro-batch shortened to keep it under
- * a few seconds) on the threads a rank of per_node ranks gets, AdamW and a
- * streaming pass over a few million parameters; sets dev->mfu (unless
- * mfu_given), dev->adamw_params_per_s and dev->mem_bw. */
-keel_status keel_plan_measure_cpu(const keel_config *cfg, int per_node, bool mfu_given, keel_device *dev);
+/* cpu: time keel's own forward + backward of a one-block slice of cfg's
+ * model (micro-batch, then sequence shortened to keep it near a second) on
+ * all the node's cores, with the block timed apart from the rest, and
+ * AdamW and a streaming pass over a few million parameters; sets dev->mfu
+ * (unless mfu_given: the node's rate, which its ranks share),
+ * dev->adamw_params_per_s and dev->mem_bw. */
+keel_status keel_plan_measure_cpu(const keel_config *cfg, bool mfu_given, keel_device *dev);
 
 typedef struct {
     int nodes, per_node;

@@ -112,16 +112,17 @@ static void shard_rates(double *adamw_params_per_s, double *stream_bw) {
     *stream_bw = 16.0 * (double)ADAMW_FLOATS / stream;
 }
 
-/* The compute a rank of per_node gets: the node's peak shared by its ranks
- * at the efficiency a slice of the model reaches on the rank's threads. */
-static double measure_mfu(const keel_config *cfg, int per_node, const keel_device *dev, char *detail,
-                          size_t n) {
+/* The compute a node's ranks share: the efficiency a slice of the model
+ * reaches on all the node's cores, so that cores taken by other work show
+ * (a shared machine) as they will in the run; each of per_node ranks gets
+ * its share of it (train.c gives a rank cores / ranks threads; ranks past
+ * the cores take turns). */
+static double measure_mfu(const keel_config *cfg, keel_device *dev) {
     bool bf16 = cfg->fsdp.mixed_precision == KEEL_DTYPE_BF16;
-    int threads = dev->cores / per_node > 1 ? dev->cores / per_node : 1; /* as train.c picks them */
-    keel_kernels_init(threads);
-    double peak_threads = keel_peak_flops(bf16);
+    int threads = keel_kernels_init(dev->cores);
+    double peak = keel_peak_flops(bf16);
     int B = cfg->train.micro_batch_size, T = cfg->model.max_seq_len;
-    while (slice_flops(&cfg->model, 1, B, T) / (0.5 * peak_threads) > SLICE_BUDGET_S && (B > 1 || T > 64)) {
+    while (slice_flops(&cfg->model, 1, B, T) / (0.5 * peak) > SLICE_BUDGET_S && (B > 1 || T > 64)) {
         if (B > 1) B /= 2;
         else T /= 2;
     }
@@ -131,20 +132,17 @@ static double measure_mfu(const keel_config *cfg, int per_node, const keel_devic
     double block = st.block_s, head = fmax(0, st.total_s - st.block_s);
     double full_s = head + cfg->model.n_layers * block;
     double rate = slice_flops(&cfg->model, cfg->model.n_layers, B, T) / full_s;
-    /* more threads than cores: the ranks take turns */
-    double share = fmin(1.0, (double)dev->cores / ((double)per_node * threads));
-    double peak_rank = (bf16 ? dev->peak_flops_bf16 : dev->peak_flops_fp32) / per_node;
-    double mfu = fmin(1.0, rate * share / peak_rank);
-    snprintf(detail, n, "%d thread(s) per rank: a block %.1f ms, the head %.1f ms at micro-batch %d, "
+    dev->measured_share = st.cpu_s / st.wall_s / threads;
+    snprintf(dev->detail, sizeof dev->detail, "%d cores: a block %.1f ms, the rest %.1f ms at micro-batch %d, "
              "seq %d (%.1f GF/s; the process got %.1f of %d cores while measuring)", threads, 1e3 * block,
              1e3 * head, B, T, rate / 1e9, st.cpu_s / st.wall_s, threads);
-    return mfu;
+    return fmin(1.0, rate / (bf16 ? dev->peak_flops_bf16 : dev->peak_flops_fp32));
 }
 
-keel_status keel_plan_measure_cpu(const keel_config *cfg, int per_node, bool mfu_given, keel_device *dev) {
+keel_status keel_plan_measure_cpu(const keel_config *cfg, bool mfu_given, keel_device *dev) {
     keel_kernels_init(dev->cores);
     shard_rates(&dev->adamw_params_per_s, &dev->mem_bw);
     keel_kernels_shutdown();
-    if (!mfu_given) dev->mfu = measure_mfu(cfg, per_node, dev, dev->detail, sizeof dev->detail);
+    if (!mfu_given) dev->mfu = measure_mfu(cfg, dev);
     return KEEL_OK;
 }

@@ -94,23 +94,24 @@ static void print_memory(FILE *out, const keel_plan *p) {
             e->activations_without / unit, e->activations_with / unit, e->micro_batch);
 }
 
+/* The time rows, top to bottom: what each is. */
+static const struct {
+    const char *label;
+    entry_value value;
+} TIME_ROWS[] = {
+    {"compute (forward + backward)", v_compute}, {"recompute (checkpointing)", v_recompute},
+    {"optimizer and shard passes", v_optimizer}, {"communication, all of it", v_comm},
+    {"exposed: first gather", v_first},          {"  comm outran compute", v_steady},
+    {"  last reduce-scatters", v_last},          {"  all-reduce over replicas", v_replicas},
+    {"  loss and norm", v_scalars},              {"hidden behind compute", v_hidden},
+    {"  what hiding costs", v_overlap},          {"step", v_step},
+};
+
 static void print_time(FILE *out, const keel_plan *p) {
     bool ms = p->strategies[0].step_s < 10;
-    double scale = ms ? 1e3 : 1;
-    const char *f = ms ? "%15.1f" : "%15.3f";
     fprintf(out, "\ntime per optimizer step (%s)\n", ms ? "ms" : "s");
-    row(out, "compute (forward + backward)", p, scale, f, v_compute);
-    row(out, "recompute (checkpointing)", p, scale, f, v_recompute);
-    row(out, "optimizer and shard passes", p, scale, f, v_optimizer);
-    row(out, "communication, all of it", p, scale, f, v_comm);
-    row(out, "exposed: first gather", p, scale, f, v_first);
-    row(out, "  comm outran compute", p, scale, f, v_steady);
-    row(out, "  last reduce-scatters", p, scale, f, v_last);
-    row(out, "  all-reduce over replicas", p, scale, f, v_replicas);
-    row(out, "  loss and norm", p, scale, f, v_scalars);
-    row(out, "hidden behind compute", p, scale, f, v_hidden);
-    row(out, "  what hiding costs", p, scale, f, v_overlap);
-    row(out, "step", p, scale, f, v_step);
+    for (size_t i = 0; i < sizeof TIME_ROWS / sizeof TIME_ROWS[0]; i++)
+        row(out, TIME_ROWS[i].label, p, ms ? 1e3 : 1, ms ? "%15.1f" : "%15.3f", TIME_ROWS[i].value);
     fprintf(out, "  %-28s", "tokens/s (all ranks)");
     for (int s = 0; s < KEEL_PLAN_STRATEGIES; s++) fprintf(out, "%15.0f", p->strategies[s].tokens_per_s);
     fprintf(out, "\n  %-28s", "scaling efficiency");
@@ -135,15 +136,18 @@ void keel_plan_print(FILE *out, const keel_plan *p) {
                 b->peak_bytes / GIB, b->budget_bytes / GIB);
         return;
     }
-    fprintf(out, "\nrecommended: %s (shard group %d x %d replicas%s), activation checkpointing %s, micro-batch %d: "
-            "%.2f GiB of %.2f per rank, %.3f s per step, %.0f tokens/s, scaling efficiency %.3f\n",
+    fprintf(out, "\nrecommended: %s (shard group %d x %d replicas%s), activation checkpointing %s, micro-batch %d x %d: "
+            "%.2f GiB of %.2f per rank, %.4g s per step, %.0f tokens/s, scaling efficiency %.3f\n",
             keel_strategy_name(b->strategy), b->shard_group, b->replicas,
             b->strategy == KEEL_FSDP_HYBRID_SHARD ? ", a node each" : "", b->checkpointing ? "on" : "off",
-            b->micro_batch, b->peak_bytes / GIB, b->budget_bytes / GIB, b->step_s, b->tokens_per_s,
+            b->micro_batch, b->grad_accum, b->peak_bytes / GIB, b->budget_bytes / GIB, b->step_s, b->tokens_per_s,
             b->scaling_efficiency);
-    fprintf(out, "  --set fsdp.strategy=%s --set fsdp.activation_checkpointing=%s --set train.micro_batch_size=%d%s\n",
-            keel_strategy_name(b->strategy), b->checkpointing ? "true" : "false", b->micro_batch,
-            b->strategy == KEEL_FSDP_HYBRID_SHARD ? " --set fsdp.shard_group_size=<ranks per node>" : "");
+    fprintf(out, "  --set fsdp.strategy=%s --set fsdp.activation_checkpointing=%s --set train.micro_batch_size=%d "
+            "--set train.grad_accum_steps=%d%s", keel_strategy_name(b->strategy), b->checkpointing ? "true" : "false",
+            b->micro_batch, b->grad_accum,
+            b->strategy == KEEL_FSDP_HYBRID_SHARD ? " --set fsdp.shard_group_size=" : "");
+    if (b->strategy == KEEL_FSDP_HYBRID_SHARD) fprintf(out, "%d", b->shard_group);
+    fprintf(out, "\n");
 }
 
 /* ---- JSON ------------------------------------------------------------------ */
@@ -209,6 +213,7 @@ static cJSON *cluster_json(const keel_plan *p) {
     cJSON_AddNumberToObject(o, "net_latency_s", d->net_latency_s);
     cJSON_AddNumberToObject(o, "overlap_cost", d->overlap_cost);
     if (d->detail[0]) cJSON_AddStringToObject(o, "measured", d->detail);
+    if (d->measured_share > 0) cJSON_AddNumberToObject(o, "measured_cpu_share", d->measured_share);
     return o;
 }
 
