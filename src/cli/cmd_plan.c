@@ -60,6 +60,11 @@ static keel_status make_device(const keel_config *cfg, const plan_args *a, keel_
     if (a->intra_gbps > 0) keel_plan_device_set_intra(dev, a->intra_gbps, 0.8, "--intra");
     if (a->mfu > 0) dev->mfu = a->mfu, dev->mfu_source = "--mfu";
     if (dev->kind != KEEL_DEVICE_CPU) return KEEL_OK;
+    if (a->intra_gbps == 0 && a->per_node > 4 * dev->cores) { /* mpirun would start them all here */
+        keel_errorf("--per-node %d: more than 4 ranks per core of this machine (%d cores) to measure MPI between; "
+                    "pass --intra GBPS", a->per_node, dev->cores);
+        return KEEL_ERR_INPUT;
+    }
     if (a->intra_gbps == 0 && a->per_node > 1 && (st = measure_intra(a->per_node, dev)) != KEEL_OK) return st;
     return keel_plan_measure_cpu(cfg, a->mfu > 0, dev);
 }

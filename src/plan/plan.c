@@ -72,6 +72,20 @@ static void await(timeline *tl, double done, keel_plan_wait why) {
     tl->t = done;
 }
 
+/* Micro-batches after the first few repeat the last one's pattern: the
+ * rest of a long accumulation is that pattern `more` times over. */
+#define REPLAYED_MICRO_BATCHES 4
+static void steady_state(timeline *tl, const timeline *before, double rs[2], int64_t more) {
+    if (more <= 0) return;
+    double k = (double)more, dt = tl->t - before->t;
+    for (int w = 0; w < KEEL_WAITS; w++) tl->waits[w] += k * (tl->waits[w] - before->waits[w]);
+    tl->comm_busy += k * (tl->comm_busy - before->comm_busy);
+    tl->t += k * dt;
+    tl->comm_free += k * dt;
+    rs[0] += k * dt;
+    rs[1] += k * dt;
+}
+
 /* One micro-batch's forward and backward, as fsdp/runtime.c's hooks run it.
  * done[u] is when unit u's gather ends (-1: not started); rs[2] the two
  * gradient buffers' reduce-scatters. */
@@ -177,12 +191,15 @@ static void step_time(const keel_config *cfg, const keel_cluster *cl, keel_plan_
         c.gather[u] = ring_s(d, mem_bw, &shard, elem * (double)plan.units[u].padded, false);
         c.reduce[u] = ring_s(d, mem_bw, &shard, grad_elem * (double)plan.units[u].padded, false);
     }
-    timeline tl = {0};
+    timeline tl = {0}, before = {0};
     double rs[2] = {0, 0};
-    int next_buffer = 0;
-    for (int m = 0; m < accum; m++)
+    int next_buffer = 0, replayed = accum < REPLAYED_MICRO_BATCHES ? accum : REPLAYED_MICRO_BATCHES;
+    for (int m = 0; m < replayed; m++) {
+        before = tl;
         micro_batch(&tl, &c, cfg->fsdp.prefetch, e->strategy == KEEL_FSDP_SHARD_GRAD_OP, lay.cfg.tie_embeddings,
                     done, rs, &next_buffer);
+    }
+    steady_state(&tl, &before, rs, accum - replayed);
     await(&tl, fmax(rs[0], rs[1]), KEEL_WAIT_LAST_REDUCE);
     if (replica.n > 1)
         await(&tl, issue(&tl, ring_s(d, mem_bw, &replica, grad_elem * (double)plan.shard_total, true)),
@@ -229,6 +246,8 @@ static bool better(const keel_plan_entry *a, const keel_plan_entry *b) {
     return a->peak_bytes < b->peak_bytes;
 }
 
+#define MAX_MICRO_BATCH 65536
+
 /* The fastest plan that fits over strategies, checkpointing and
  * micro-batches — the config's sequences per rank and optimizer step
  * (micro_batch_size x grad_accum_steps) split into micro-batches of every
@@ -237,16 +256,16 @@ static bool better(const keel_plan_entry *a, const keel_plan_entry *b) {
  * says by how much). */
 static void search(const keel_config *cfg, const keel_cluster *cl, keel_plan *p) {
     bool any = false;
-    int per_rank = cfg->train.micro_batch_size * cfg->train.grad_accum_steps;
+    int64_t per_rank = (int64_t)cfg->train.micro_batch_size * cfg->train.grad_accum_steps;
     for (int s = 0; s < KEEL_PLAN_STRATEGIES; s++)
         for (int ac = 0; ac < 2; ac++)
-            for (int B = 1; B <= per_rank; B++) {
-                if (per_rank % B) continue;
+            for (int B = 1; B <= per_rank && B <= MAX_MICRO_BATCH; B++) {
+                if (per_rank % B || per_rank / B > INT32_MAX) continue;
                 keel_config c = *cfg;
                 c.fsdp.strategy = STRATEGIES[s];
                 c.fsdp.activation_checkpointing = ac;
                 c.train.micro_batch_size = B;
-                c.train.grad_accum_steps = per_rank / B;
+                c.train.grad_accum_steps = (int)(per_rank / B);
                 keel_plan_entry e;
                 keel_plan_entry_make(&c, cl, &e);
                 bool take = !any || (e.fits && (!p->best.fits || better(&e, &p->best))) ||

@@ -131,6 +131,12 @@ static void check_checkpointing_and_accumulation(const keel_config *cfg) {
                fabs(acc.comm_s - 4 * (off.comm_s - off.waits_s[KEEL_WAIT_SCALARS]) - off.waits_s[KEEL_WAIT_SCALARS]) <
                    1e-6 * acc.comm_s,
            "4 micro-batches: 4x the compute and the per-micro-batch gathers and reduce-scatters");
+    c.train.grad_accum_steps = 100000; /* past the replayed micro-batches: the same per micro-batch */
+    entry(&c, KEEL_FSDP_FULL_SHARD, &cl, &acc);
+    double scalars = off.waits_s[KEEL_WAIT_SCALARS];
+    EXPECT(fabs(acc.comm_s - scalars - 1e5 * (off.comm_s - scalars)) < 1e-6 * acc.comm_s &&
+               fabs(acc.compute_s - 1e5 * off.compute_s) < 1e-9 * acc.compute_s && acc.step_s > 1e5 * off.compute_s,
+           "100000 micro-batches: 1e5 x the compute and communication (step %.1f s)", acc.step_s);
 }
 
 /* The recommendation against every candidate it could have picked. */
