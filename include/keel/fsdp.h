@@ -59,14 +59,36 @@ int64_t keel_fsdp_persistent_bytes(const keel_fsdp_plan *plan);
 /* ---- memory (memory.c) ------------------------------------------------------
  * One rank's bytes for a config on world_size ranks, by category, computed
  * before anything is allocated: `keel train --dry-run`, the memory check
- * before a run starts, and `keel health`'s memory check. */
+ * before a run starts, `keel health`'s memory check and `keel plan`. The
+ * categories add up to the rank's peak: everything below lives from the
+ * first step to the end of the run (the final weights' unit buffer comes on
+ * top of the rest at the end). */
 typedef struct {
     int64_t params, grads, optimizer; /* persistent fp32 state (sharded under FSDP) */
     int64_t gathered;                 /* compute copies: gathered units, unit gradients, bf16 copies */
     int64_t activations;              /* one micro-batch's, as the model keeps them */
+    int64_t checkpoint_buffer;        /* the async save's host buffer (on a rank that writes a file) */
+    int64_t accumulation;             /* gradient accumulation buffers (none: see memory.c) */
+    int64_t workspaces;               /* token batch, the final weights' unit buffer, bf16 all-reduce copy */
+    int64_t runtime;                  /* fixed cost of a process: libraries, OpenMPI, kernel scratch, data */
 } keel_fsdp_memory;
 void keel_fsdp_memory_plan(const keel_config *cfg, int world_size, keel_fsdp_memory *out);
+/* The same, saying how the model runs: distributed (a rank of `keel train
+ * --nproc N`, FSDP even when N is 1) or not (one process, `keel train`
+ * without --nproc; world_size 1). keel_fsdp_memory_plan is this with
+ * distributed = world_size > 1. */
+void keel_fsdp_memory_plan_run(const keel_config *cfg, int world_size, bool distributed,
+                               keel_fsdp_memory *out);
 int64_t keel_fsdp_memory_total(const keel_fsdp_memory *m);
+/* The categories in one fixed order, for everything that prints them:
+ * name (a JSON key), what (a short label) and bytes. */
+#define KEEL_FSDP_MEMORY_CATEGORIES 9
+typedef struct {
+    const char *name, *what;
+    int64_t bytes;
+} keel_fsdp_memory_item;
+void keel_fsdp_memory_items(const keel_fsdp_memory *m,
+                            keel_fsdp_memory_item out[KEEL_FSDP_MEMORY_CATEGORIES]);
 
 /* Bytes of the runtime's unit-sized buffers: gathered parameters (bf16 with
  * bf16_params, plus a bf16 send buffer of one shard per slot) and unit gradients

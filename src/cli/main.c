@@ -19,6 +19,7 @@ static const command COMMANDS[] = {
     {"ckpt", keel_cmd_ckpt, "checkpoints: keel ckpt list RUN_DIR | keel ckpt verify PATH"},
     {"config", keel_cmd_config, "config keys and resolved configs: keel config keys | keel config show CONFIG"},
     {"health", keel_cmd_health, "is this node fit to train: keel health [--json] [--dir PATH] [--config CONFIG]"},
+    {"plan", keel_cmd_plan, "memory and step time before a run: keel plan CONFIG [--nodes N] [--per-node G] [--device D]"},
     {"worker", keel_cmd_worker, "one rank of a distributed run (started by keel train --nproc)"},
 };
 

@@ -11,6 +11,7 @@ static struct {
     pthread_mutex_t mu;
     pthread_cond_t work_cv, done_cv;
     uint64_t generation; /* bumped for each job; workers wait for a new one */
+    uint64_t start;      /* the generation when the workers started: jobs before it are not theirs */
     int pending;         /* workers still running the current job */
     bool stop;
     keel_pool_fn fn;
@@ -26,8 +27,11 @@ static void chunk(int64_t n, int parts, int i, int64_t *begin, int64_t *end) {
 
 static void *worker(void *arg) {
     int id = (int)(intptr_t)arg; /* 1..threads-1; the caller is chunk 0 */
-    uint64_t seen = 0;
     pthread_mutex_lock(&pool.mu);
+    /* Not pool.generation now: a job posted between pthread_create and this
+     * lock is this worker's. Not 0: a pool started again after jobs would
+     * run the last one's function on a context long gone. */
+    uint64_t seen = pool.start;
     for (;;) {
         while (!pool.stop && pool.generation == seen) pthread_cond_wait(&pool.work_cv, &pool.mu);
         if (pool.stop) break;
@@ -50,6 +54,7 @@ void keel_pool_init(int threads) {
     KEEL_CHECK(threads >= 1 && threads <= KEEL_POOL_MAX, "threads=%d", threads);
     pool.threads = threads;
     pool.stop = false;
+    pool.start = pool.generation;
     for (int i = 1; i < threads; i++)
         KEEL_CHECK(pthread_create(&pool.tids[i], NULL, worker, (void *)(intptr_t)i) == 0,
                    "cannot start pool thread %d", i);

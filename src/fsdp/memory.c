@@ -1,34 +1,117 @@
 /* fsdp/memory.c: what one rank holds for a config on W ranks, by category,
  * before anything is allocated — persistent state per strategy, the
- * runtime's unit buffers, activations (DESIGN §3). */
+ * runtime's unit buffers, activations, the checkpoint buffer, workspaces and
+ * the process's fixed cost (DESIGN §3). The one source of these numbers:
+ * `keel train --dry-run`, the memory check before a run, `keel health` and
+ * `keel plan` all read them from here. */
 #include "keel/fsdp.h"
 
-void keel_fsdp_memory_plan(const keel_config *cfg, int world_size, keel_fsdp_memory *out) {
+/* The fixed cost of a process beyond everything below: the binary and its
+ * libraries (OpenBLAS with its buffers, oneDNN, cJSON, glibc), the thread
+ * pool's stacks, kernel scratch (bf16 GEMM panels and attention tiles, a few
+ * MB per thread), the synthetic data table — and for a rank, OpenMPI (its
+ * shared-memory segments, the comm thread, the ring all-reduce's two 1 MiB
+ * segments). Measured as peak RSS minus the categories of real runs of a
+ * Release build (bench/plan.sh: tiny and small, 1-4 ranks; see the README's
+ * `keel plan` section). Sanitizer builds cost more (ASan's shadow and
+ * allocator): tests/plan measures that in their own build. Token shards of
+ * data.path are mapped files: the pages a run has read count in its RSS but
+ * are page cache the kernel can drop, and are not counted here. */
+#define RUNTIME_PROCESS_BYTES ((int64_t)14 << 20)
+#define RUNTIME_RANK_BYTES ((int64_t)23 << 20)
+
+/* The async checkpoint's host buffer (train/checkpointing.c): parameters,
+ * AdamW m and v of the rank's shard buffer, on a rank that writes a file —
+ * one process always packs into it; under FSDP only with checkpoint.async.
+ * Rank 0 always writes, so this is the largest rank's. */
+static int64_t checkpoint_buffer_bytes(const keel_config *cfg, bool distributed, int64_t shard_floats) {
+    const keel_checkpoint_config *c = &cfg->checkpoint;
+    bool enabled = c->every_steps > 0 || c->every_seconds > 0;
+    if (!enabled || (distributed && !c->async)) return 0;
+    return 3 * 4 * shard_floats;
+}
+
+/* One process: the whole model, no FSDP. */
+static void one_process(const keel_model_layout *lay, bool bf16, keel_fsdp_memory *m) {
+    m->params = m->grads = 4 * lay->n_params;
+    m->gathered = bf16 ? 2 * lay->n_params : 0; /* the bf16 copy */
+    m->runtime = RUNTIME_PROCESS_BYTES;
+}
+
+/* A rank under FSDP: shards of the shard group's plan, the runtime's unit
+ * buffers, and the larger of two workspaces: the buffer of the largest unit
+ * the final weights are gathered through, one unit at a time (train.c), and
+ * NO_SHARD/HYBRID's bf16 copy of the gradient shard for its all-reduce
+ * across replicas (runtime.c, keel_fsdp_finish_grads). Returns the shard's
+ * floats. */
+static int64_t one_rank(const keel_config *cfg, const keel_model_layout *lay, int world_size, bool bf16,
+                        keel_fsdp_memory *m) {
+    keel_fsdp_strategy strategy = cfg->fsdp.strategy;
+    int K = cfg->fsdp.shard_group_size ? cfg->fsdp.shard_group_size : 2;
+    int shard_ranks = strategy == KEEL_FSDP_NO_SHARD       ? 1
+                      : strategy == KEEL_FSDP_HYBRID_SHARD ? K
+                                                           : world_size;
+    bool bf16_reduce = cfg->fsdp.reduce_dtype == KEEL_DTYPE_BF16;
+    keel_fsdp_plan plan;
+    keel_fsdp_plan_init(&plan, lay, shard_ranks);
+    m->params = m->grads = 4 * plan.shard_total;
+    m->gathered = keel_fsdp_transient_bytes(&plan, strategy, bf16, bf16_reduce);
+    /* the two are never live together: the copy is freed within each step */
+    int64_t final_unit = 4 * plan.max_padded;
+    int64_t allreduce16 = world_size > shard_ranks && bf16_reduce ? 2 * plan.shard_total : 0;
+    m->workspaces += final_unit > allreduce16 ? final_unit : allreduce16;
+    m->runtime = RUNTIME_RANK_BYTES;
+    int64_t shard = plan.shard_total;
+    keel_fsdp_plan_free(&plan);
+    return shard;
+}
+
+void keel_fsdp_memory_plan_run(const keel_config *cfg, int world_size, bool distributed,
+                               keel_fsdp_memory *out) {
     keel_model_layout lay;
     keel_model_layout_init(&lay, &cfg->model);
     bool bf16 = cfg->fsdp.mixed_precision == KEEL_DTYPE_BF16;
+    int B = cfg->train.micro_batch_size;
     keel_model_options opts = {.checkpoint_activations = cfg->fsdp.activation_checkpointing, .bf16 = bf16};
-    keel_fsdp_memory m = {.activations = keel_model_activation_bytes(&lay, cfg->train.micro_batch_size, &opts)};
-    if (world_size == 1) { /* one process: the whole model, no FSDP */
-        m.params = m.grads = 4 * lay.n_params;
-        m.gathered = bf16 ? 2 * lay.n_params : 0; /* the bf16 copy */
-    } else {
-        keel_fsdp_strategy strategy = cfg->fsdp.strategy;
-        int K = cfg->fsdp.shard_group_size ? cfg->fsdp.shard_group_size : 2;
-        int shard_ranks = strategy == KEEL_FSDP_NO_SHARD       ? 1
-                          : strategy == KEEL_FSDP_HYBRID_SHARD ? K
-                                                               : world_size;
-        keel_fsdp_plan plan;
-        keel_fsdp_plan_init(&plan, &lay, shard_ranks);
-        m.params = m.grads = 4 * plan.shard_total;
-        m.gathered = keel_fsdp_transient_bytes(&plan, strategy, bf16, cfg->fsdp.reduce_dtype == KEEL_DTYPE_BF16);
-        keel_fsdp_plan_free(&plan);
-    }
+    keel_fsdp_memory m = {.activations = keel_model_activation_bytes(&lay, B, &opts)};
+    m.workspaces = 4 * (int64_t)B * (lay.T + 1); /* the micro-batch's tokens (train.c) */
+    int64_t shard = lay.n_params;
+    if (distributed) shard = one_rank(cfg, &lay, world_size, bf16, &m);
+    else one_process(&lay, bf16, &m);
     m.optimizer = 2 * m.params; /* AdamW m and v */
+    m.checkpoint_buffer = checkpoint_buffer_bytes(cfg, distributed, shard);
+    /* Accumulation needs no buffer of its own: under FSDP every micro-batch
+     * reduce-scatters into the gradient shard (keel_fsdp_zero_grads), and one
+     * process adds into its full gradient, which it holds anyway. */
+    m.accumulation = 0;
     keel_model_layout_free(&lay);
     *out = m;
 }
 
+void keel_fsdp_memory_plan(const keel_config *cfg, int world_size, keel_fsdp_memory *out) {
+    keel_fsdp_memory_plan_run(cfg, world_size, world_size > 1, out);
+}
+
+void keel_fsdp_memory_items(const keel_fsdp_memory *m,
+                            keel_fsdp_memory_item out[KEEL_FSDP_MEMORY_CATEGORIES]) {
+    const keel_fsdp_memory_item items[KEEL_FSDP_MEMORY_CATEGORIES] = {
+        {"params", "parameters", m->params},
+        {"grads", "gradients", m->grads},
+        {"optimizer", "AdamW m+v", m->optimizer},
+        {"gathered", "compute copies", m->gathered},
+        {"activations", "activations", m->activations},
+        {"checkpoint_buffer", "checkpoint buffer", m->checkpoint_buffer},
+        {"accumulation", "accumulation", m->accumulation},
+        {"workspaces", "workspaces", m->workspaces},
+        {"runtime", "runtime (fixed)", m->runtime},
+    };
+    for (int i = 0; i < KEEL_FSDP_MEMORY_CATEGORIES; i++) out[i] = items[i];
+}
+
 int64_t keel_fsdp_memory_total(const keel_fsdp_memory *m) {
-    return m->params + m->grads + m->optimizer + m->gathered + m->activations;
+    keel_fsdp_memory_item items[KEEL_FSDP_MEMORY_CATEGORIES];
+    keel_fsdp_memory_items(m, items);
+    int64_t total = 0;
+    for (int i = 0; i < KEEL_FSDP_MEMORY_CATEGORIES; i++) total += items[i].bytes;
+    return total;
 }

@@ -67,10 +67,11 @@ keel_status keel_train_dry_run(const keel_config *cfg, int world_size) {
     printf("training FLOPs per token: %.3e\n", keel_model_flops_per_token(&lay));
     printf("memory per rank (%s GEMMs, %s, micro-batch %d):\n", keel_dtype_name(cfg->fsdp.mixed_precision),
            world_size == 1 ? "one process" : keel_strategy_name(cfg->fsdp.strategy), cfg->train.micro_batch_size);
-    printf("  parameters      %10.3f GiB\n  gradients       %10.3f GiB\n  AdamW m+v       %10.3f GiB\n"
-           "  compute copies  %10.3f GiB\n  activations     %10.3f GiB\n  total           %10.3f GiB "
-           "x %d rank(s) (this machine has %.1f GiB available)\n",
-           gib(m.params), gib(m.grads), gib(m.optimizer), gib(m.gathered), gib(m.activations),
+    keel_fsdp_memory_item items[KEEL_FSDP_MEMORY_CATEGORIES];
+    keel_fsdp_memory_items(&m, items);
+    for (int i = 0; i < KEEL_FSDP_MEMORY_CATEGORIES; i++)
+        printf("  %-18s %10.3f GiB\n", items[i].what, gib(items[i].bytes));
+    printf("  %-18s %10.3f GiB x %d rank(s) (this machine has %.1f GiB available)\n", "total",
            gib(keel_fsdp_memory_total(&m)), world_size, gib((int64_t)keel_mem_available_bytes()));
     keel_model_layout_free(&lay);
     return KEEL_OK;

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# keel plan from the outside: bad input is one line naming the option or the
+# file, exit 2; --json has the README's schema (per strategy and for the
+# recommendation: bytes by category adding up to peak_bytes, fits,
+# scaling_efficiency in (0, 1]); a plan that cannot fit says so and exits 1;
+# more ranks shrink the sharded state and a slower network costs scaling
+# efficiency; the plan's memory on this machine is `keel train --dry-run`'s
+# (one source); the shipped Llama 2 configs have Llama 2's published
+# parameter counts; and the on-paper plan for Llama 2 7B on 16 nodes x 8 H100
+# lands in the band of the published 87% (README, `keel plan`).
+source "$KEEL_SRC/tests/lib.sh"
+K=$KEEL_BIN
+CFG=$KEEL_SRC/configs/tiny.json
+plan() { "$K" plan "$@"; }
+
+# --- bad input ----------------------------------------------------------------
+expect_input_error "unknown device" "error: --device 'tpu': unknown device" plan "$CFG" --device tpu
+expect_input_error "no nodes" "error: --nodes '0': expected a whole number" plan "$CFG" --nodes 0
+expect_input_error "ranks per node not a number" "error: --per-node '8x'" plan "$CFG" --per-node 8x
+expect_input_error "negative network" "error: --net '-5'" plan "$CFG" --device h100 --net -5
+expect_input_error "MFU above 1" "error: --mfu '1.5'" plan "$CFG" --device h100 --mfu 1.5
+echo "hello" >"$TMP/notes.json"
+expect_input_error "a file that is not a config" "notes.json: invalid JSON" plan "$TMP/notes.json" --device h100
+echo '[1, 2]' >"$TMP/list.json"
+expect_input_error "JSON that is not a config" "list.json: the config must be a JSON object" plan "$TMP/list.json"
+echo '{"model": {"dim": 66, "n_heads": 4}, "data": {"synthetic": {}}}' >"$TMP/shape.json"
+expect_input_error "a model that cannot be" "shape.json: model.dim 66 is not divisible" plan "$TMP/shape.json" --device h100
+expect_input_error "missing config" "nope.json: cannot open config" plan "$TMP/nope.json" --device h100
+expect_input_error "bad --set" "unknown config key 'model.dimm'" plan "$CFG" --device h100 --set model.dimm=3
+
+# --- the JSON schema, on a preset (nothing measured) ------------------------------
+plan "$KEEL_SRC/configs/llama2-7b.json" --device h100 --nodes 2 --set fsdp.mixed_precision=bf16 --json >"$TMP/7b.json" ||
+  fail "llama2-7b on 2 x 8 h100 should fit"
+python3 - "$TMP/7b.json" <<'PY' || fail "schema"
+import json, sys
+p = json.load(open(sys.argv[1]))
+cats = ["params", "grads", "optimizer", "gathered", "activations", "checkpoint_buffer", "accumulation",
+        "workspaces", "runtime"]
+assert p["cluster"]["ranks"] == 16 and p["cluster"]["device"] == "h100", p["cluster"]
+assert [e["strategy"] for e in p["strategies"]] == ["full_shard", "shard_grad_op", "no_shard", "hybrid_shard"]
+for e in p["strategies"] + [p["recommendation"]]:
+    assert sorted(e["memory"]) == sorted(cats), e["memory"]
+    assert sum(e["memory"].values()) == e["peak_bytes"], (e["strategy"], e["peak_bytes"])
+    assert e["fits"] == (e["peak_bytes"] <= e["budget_bytes"]), e["strategy"]
+    assert isinstance(e["fits"], bool) and 0 < e["scaling_efficiency"] <= 1, e
+    t = e["time"]
+    assert abs(t["exposed_s"] - sum(t["exposed"].values())) < 1e-9 * t["step_s"], t
+    assert t["step_s"] >= t["compute_s"] + t["recompute_s"] + t["optimizer_s"], t
+r = p["recommendation"]
+assert p["fits"] is True and r["fits"] is True
+assert r["micro_batch"] * r["grad_accum"] == 1, "the config's batch is kept"
+hy = p["strategies"][3]
+assert hy["shard_group"] == 8 and hy["replicas"] == 2, "hybrid_shard's group is a node"
+print(f"ok   schema: 4 strategies + recommendation ({r['strategy']}, checkpointing {r['activation_checkpointing']}, "
+      f"{r['peak_bytes'] / 2**30:.1f} GiB, efficiency {r['scaling_efficiency']:.3f})")
+PY
+
+# --- cannot fit: exit 1, and says so ------------------------------------------------
+rc=0
+plan "$KEEL_SRC/configs/llama2-70b.json" --device a100 --per-node 1 --json >"$TMP/70b.json" || rc=$?
+[ "$rc" = 1 ] || fail "llama2-70b on one a100: exit $rc, want 1"
+[ "$(json "$TMP/70b.json" 'j["fits"] is False and not j["recommendation"]["fits"] and j["recommendation"]["peak_bytes"] > j["recommendation"]["budget_bytes"]')" = True ] ||
+  fail "llama2-70b on one a100 must say it does not fit"
+rc=0
+plan "$KEEL_SRC/configs/llama2-70b.json" --device a100 --per-node 1 >"$TMP/70b.txt" || rc=$?
+[ "$rc" = 1 ] && grep -q "NO PLAN FITS" "$TMP/70b.txt" || fail "the text plan must say nothing fits (exit $rc)"
+pass "llama2-70b on one a100: fits false, exit 1, in JSON and text"
+
+# --- more ranks, slower network ---------------------------------------------------
+per_rank() { plan "$KEEL_SRC/configs/llama2-13b.json" --device h100 "$@" --json |
+  python3 -c "import json,sys; e=json.load(sys.stdin)['strategies'][0]; print(e['memory']['params'], e['scaling_efficiency'])"; }
+read -r p2 e_fast <<<"$(per_rank --nodes 2)"
+read -r p8 _ <<<"$(per_rank --nodes 8)"
+read -r _ e_slow <<<"$(per_rank --nodes 2 --net 100)"
+python3 -c "import sys; p2, p8, f, s = map(float, sys.argv[1:]); assert 3.9 < p2 / p8 < 4.1 and s < f, (p2, p8, f, s)" \
+  "$p2" "$p8" "$e_fast" "$e_slow" || fail "13b: params per rank $p2 -> $p8 (2 -> 8 nodes); efficiency $e_fast at 3200 Gbit/s, $e_slow at 100"
+pass "13b full_shard: 4x the ranks, 1/4 the parameters per rank; 100 Gbit/s costs efficiency ($e_fast -> $e_slow)"
+
+# --- Llama 2's shapes ----------------------------------------------------------------
+for m in 7b:6738415616 13b:13015864320 70b:68976648192; do
+  n=$(plan "$KEEL_SRC/configs/llama2-${m%%:*}.json" --device h100 --nodes 16 --json | python3 -c "import json,sys; print(json.load(sys.stdin)['model']['n_params'])") || true
+  [ "$n" = "${m##*:}" ] || fail "llama2-${m%%:*}: $n parameters, Llama 2 has ${m##*:}"
+done
+pass "llama2-7b/13b/70b have Llama 2's published parameter counts"
+
+# --- one source: the plan's memory is keel train --dry-run's ------------------------
+for s in full_shard no_shard; do
+  want=$("$K" train "$CFG" --set fsdp.strategy=$s --set checkpoint.every_steps=5 --dry-run --nproc 2 | awk '/^  total/ {print $2}')
+  got=$(plan "$CFG" --set checkpoint.every_steps=5 --per-node 2 --mfu 0.5 --intra 10 --json |
+    python3 -c "import json,sys; print('%.3f' % (next(e for e in json.load(sys.stdin)['strategies'] if e['strategy'] == '$s')['peak_bytes'] / 2**30))")
+  [ "$got" = "$want" ] || fail "$s on 2 ranks: plan $got GiB, dry-run $want GiB"
+done
+pass "the cpu plan's peak per rank is keel train --dry-run's (full_shard, no_shard, with a checkpoint buffer)"
+
+# --- on paper: Llama 2 7B on 16 nodes x 8 H100 --------------------------------------
+eff=$(plan "$KEEL_SRC/configs/llama2-7b.json" --device h100 --nodes 16 --set fsdp.mixed_precision=bf16 --json |
+  python3 -c "import json,sys; print('%.3f' % json.load(sys.stdin)['recommendation']['scaling_efficiency'])")
+python3 -c "import sys; assert 0.80 <= float(sys.argv[1]) <= 0.95" "$eff" ||
+  fail "llama2-7b on 16 x 8 h100: scaling efficiency $eff, outside the published 87%'s band [0.80, 0.95]"
+pass "llama2-7b on 16 x 8 h100: scaling efficiency $eff (published: 87%)"

@@ -1,0 +1,195 @@
+/* keel plan's model on made-up clusters, where the answer is known without
+ * the model: memory is fsdp's plan of the code's allocations; free
+ * communication costs nothing and scales perfectly; slow communication
+ * bounds the step; bandwidth scales transfer time; prefetch hides gathers;
+ * replicas all-reduce after backward (exposed) and only with replicas;
+ * checkpointing trades activations for recompute; accumulation repeats the
+ * per-micro-batch work; the recommendation is the fastest plan that fits,
+ * and when nothing fits it is the smallest plan, marked so. */
+#include <math.h>
+
+#include "keel/plan.h"
+#include "../testlib.h"
+
+static const char *MODEL =
+    "{\"model\": {\"dim\": 256, \"n_layers\": 4, \"n_heads\": 4, \"vocab_size\": 4096, \"max_seq_len\": 128},"
+    " \"train\": {\"micro_batch_size\": 4}, \"data\": {\"synthetic\": {}}}";
+
+static keel_cluster cluster(int nodes, int per_node) {
+    keel_cluster cl = {.nodes = nodes, .per_node = per_node};
+    keel_plan_device("h100", &cl.device); /* a preset: nothing measured */
+    cl.device.peak_flops_fp32 = 1e12;     /* slow compute, so communication can hide */
+    return cl;
+}
+
+static void entry(const keel_config *cfg, keel_fsdp_strategy s, const keel_cluster *cl, keel_plan_entry *e) {
+    keel_config c = *cfg;
+    c.fsdp.strategy = s;
+    keel_plan_entry_make(&c, cl, e);
+}
+
+static void check_memory(const keel_config *cfg) {
+    keel_cluster cl = cluster(2, 4);
+    keel_plan_entry e;
+    entry(cfg, KEEL_FSDP_FULL_SHARD, &cl, &e);
+    keel_fsdp_memory m;
+    keel_fsdp_memory_plan_run(cfg, 8, true, &m);
+    keel_fsdp_memory_item items[KEEL_FSDP_MEMORY_CATEGORIES];
+    keel_fsdp_memory_items(&e.memory, items);
+    int64_t sum = 0;
+    for (int i = 0; i < KEEL_FSDP_MEMORY_CATEGORIES; i++) sum += items[i].bytes;
+    EXPECT(e.memory.params == m.params && e.memory.gathered == m.gathered && e.memory.activations == m.activations &&
+               e.memory.workspaces == m.workspaces,
+           "the plan's categories are fsdp's memory plan (params %lld)", (long long)e.memory.params);
+    EXPECT(sum == e.peak_bytes, "peak_bytes is the sum of the categories (%lld)", (long long)sum);
+    EXPECT(e.memory.runtime == (int64_t)cl.device.runtime_bytes, "a GPU rank's fixed cost is the device's");
+    keel_plan_entry ns;
+    entry(cfg, KEEL_FSDP_NO_SHARD, &cl, &ns);
+    EXPECT(ns.memory.params > 7 * e.memory.params && ns.shard_group == 1 && ns.replicas == 8,
+           "no_shard holds all parameters (%lld vs %lld sharded 8 ways)", (long long)ns.memory.params,
+           (long long)e.memory.params);
+}
+
+static void check_free_and_slow_comm(const keel_config *cfg) {
+    keel_cluster cl = cluster(2, 4);
+    cl.device.intra_bw = cl.device.net_bw = 1e30;
+    cl.device.intra_latency_s = cl.device.net_latency_s = 0;
+    keel_plan_entry e;
+    entry(cfg, KEEL_FSDP_FULL_SHARD, &cl, &e);
+    EXPECT(e.exposed_s < 1e-12 && e.scaling_efficiency > 0.999999,
+           "free communication: nothing exposed (%g s), scaling efficiency %.6f", e.exposed_s, e.scaling_efficiency);
+    EXPECT(fabs(e.step_s - (e.compute_s + e.optimizer_s)) < 1e-9 * e.step_s,
+           "free communication: step = compute + optimizer");
+
+    cl = cluster(2, 4);
+    cl.device.intra_bw = cl.device.net_bw = 1e6; /* 1 MB/s */
+    entry(cfg, KEEL_FSDP_FULL_SHARD, &cl, &e);
+    EXPECT(e.step_s >= e.comm_s && e.exposed_s >= e.comm_s - e.compute_s - 1e-9 && e.scaling_efficiency < 0.1,
+           "communication 1000x compute: the step is at least all of it (step %.2f s, comm %.2f s, efficiency %.3f)",
+           e.step_s, e.comm_s, e.scaling_efficiency);
+    EXPECT(e.waits_s[KEEL_WAIT_STEADY] > 0.5 * e.exposed_s, "and most of the wait is compute outrunning it");
+}
+
+static void check_bandwidth_and_prefetch(const keel_config *cfg) {
+    keel_cluster cl = cluster(1, 8);
+    cl.device.intra_latency_s = 0;
+    keel_plan_entry a, b;
+    entry(cfg, KEEL_FSDP_FULL_SHARD, &cl, &a);
+    cl.device.intra_bw *= 2;
+    entry(cfg, KEEL_FSDP_FULL_SHARD, &cl, &b);
+    double ratio = b.waits_s[KEEL_WAIT_FIRST_GATHER] / a.waits_s[KEEL_WAIT_FIRST_GATHER];
+    EXPECT(fabs(ratio - 0.5) < 1e-9 && fabs(b.comm_s / a.comm_s - 0.5) < 1e-9,
+           "twice the bandwidth, no latency: the first gather and all transfers take half (%.6f)", ratio);
+    keel_config c = *cfg;
+    c.fsdp.prefetch = false;
+    keel_plan_entry off;
+    entry(&c, KEEL_FSDP_FULL_SHARD, &cl, &off);
+    EXPECT(off.exposed_s > 2 * b.exposed_s && fabs(off.comm_s - b.comm_s) < 1e-12,
+           "without prefetch every gather is waited for (exposed %.3g s vs %.3g s with)", off.exposed_s, b.exposed_s);
+    keel_plan_entry sgo;
+    entry(cfg, KEEL_FSDP_SHARD_GRAD_OP, &cl, &sgo);
+    EXPECT(sgo.comm_s < b.comm_s && sgo.memory.gathered > b.memory.gathered,
+           "shard_grad_op gathers less (%.3g < %.3g s) and holds more (%lld > %lld bytes)", sgo.comm_s, b.comm_s,
+           (long long)sgo.memory.gathered, (long long)b.memory.gathered);
+}
+
+static void check_replicas(const keel_config *cfg) {
+    keel_cluster cl = cluster(4, 2);
+    keel_plan_entry fs, ns, hy;
+    entry(cfg, KEEL_FSDP_FULL_SHARD, &cl, &fs);
+    entry(cfg, KEEL_FSDP_NO_SHARD, &cl, &ns);
+    entry(cfg, KEEL_FSDP_HYBRID_SHARD, &cl, &hy);
+    EXPECT(fs.waits_s[KEEL_WAIT_REPLICAS] == 0 && ns.waits_s[KEEL_WAIT_REPLICAS] > 0 &&
+               hy.waits_s[KEEL_WAIT_REPLICAS] > 0,
+           "replicas all-reduce after backward: no_shard %.3g s, hybrid %.3g s, full_shard none",
+           ns.waits_s[KEEL_WAIT_REPLICAS], hy.waits_s[KEEL_WAIT_REPLICAS]);
+    EXPECT(hy.shard_group == 2 && hy.replicas == 4, "hybrid_shard's shard group is a node (%d x %d)", hy.shard_group,
+           hy.replicas);
+    cl = cluster(1, 8);
+    entry(cfg, KEEL_FSDP_HYBRID_SHARD, &cl, &hy);
+    EXPECT(hy.replicas == 1 && hy.waits_s[KEEL_WAIT_REPLICAS] == 0, "one node: hybrid has no replicas to reduce");
+}
+
+static void check_checkpointing_and_accumulation(const keel_config *cfg) {
+    keel_cluster cl = cluster(1, 8);
+    keel_config c = *cfg;
+    c.fsdp.activation_checkpointing = true;
+    keel_plan_entry on, off;
+    entry(&c, KEEL_FSDP_FULL_SHARD, &cl, &on);
+    entry(cfg, KEEL_FSDP_FULL_SHARD, &cl, &off);
+    EXPECT(on.recompute_s > 0 && on.recompute_s < on.compute_s / 3 && off.recompute_s == 0,
+           "checkpointing recomputes the blocks' forward (%.3g s of %.3g)", on.recompute_s, on.compute_s);
+    EXPECT(on.memory.activations == on.activations_with && off.memory.activations == off.activations_without &&
+               on.activations_with < on.activations_without && on.activations_without == off.activations_without,
+           "activations with checkpointing %lld < without %lld", (long long)on.activations_with,
+           (long long)on.activations_without);
+    c = *cfg;
+    c.train.grad_accum_steps = 4;
+    keel_plan_entry acc;
+    entry(&c, KEEL_FSDP_FULL_SHARD, &cl, &acc);
+    EXPECT(fabs(acc.compute_s - 4 * off.compute_s) < 1e-9 * acc.compute_s &&
+               fabs(acc.comm_s - 4 * (off.comm_s - off.waits_s[KEEL_WAIT_SCALARS]) - off.waits_s[KEEL_WAIT_SCALARS]) <
+                   1e-6 * acc.comm_s,
+           "4 micro-batches: 4x the compute and the per-micro-batch gathers and reduce-scatters");
+    c.train.grad_accum_steps = 100000; /* past the replayed micro-batches: the same per micro-batch */
+    entry(&c, KEEL_FSDP_FULL_SHARD, &cl, &acc);
+    double scalars = off.waits_s[KEEL_WAIT_SCALARS];
+    EXPECT(fabs(acc.comm_s - scalars - 1e5 * (off.comm_s - scalars)) < 1e-6 * acc.comm_s &&
+               fabs(acc.compute_s - 1e5 * off.compute_s) < 1e-9 * acc.compute_s && acc.step_s > 1e5 * off.compute_s,
+           "100000 micro-batches: 1e5 x the compute and communication (step %.1f s)", acc.step_s);
+}
+
+/* The recommendation against every candidate it could have picked. */
+static void check_recommendation(const keel_config *cfg) {
+    keel_cluster cl = cluster(2, 8);
+    keel_config c = *cfg;
+    c.train.micro_batch_size = 8;
+    keel_plan p;
+    keel_plan_make(&c, &cl, &p);
+    bool beaten = false;
+    for (int s = 0; s < 4; s++)
+        for (int ac = 0; ac < 2; ac++)
+            for (int B = 1; B <= 8; B *= 2) {
+                keel_config x = c;
+                x.fsdp.strategy = (keel_fsdp_strategy)s;
+                x.fsdp.activation_checkpointing = ac;
+                x.train.micro_batch_size = B;
+                x.train.grad_accum_steps = 8 / B;
+                keel_plan_entry e;
+                keel_plan_entry_make(&x, &cl, &e);
+                beaten |= e.fits && e.tokens_per_s > 1.01 * p.best.tokens_per_s;
+            }
+    EXPECT(p.best.fits && !beaten && p.best.micro_batch * p.best.grad_accum == 8,
+           "the recommendation (%s, micro-batch %d x %d) fits, keeps the batch, and nothing that fits is faster",
+           keel_strategy_name(p.best.strategy), p.best.micro_batch, p.best.grad_accum);
+    cl.device.memory_bytes = 1 << 20; /* 1 MiB: nothing fits */
+    keel_plan_make(&c, &cl, &p);
+    bool smaller = false;
+    for (int s = 0; s < 4; s++) {
+        keel_config x = c;
+        x.fsdp.strategy = (keel_fsdp_strategy)s;
+        x.fsdp.activation_checkpointing = true;
+        x.train.micro_batch_size = 1;
+        x.train.grad_accum_steps = 8;
+        keel_plan_entry e;
+        keel_plan_entry_make(&x, &cl, &e);
+        smaller |= e.peak_bytes < p.best.peak_bytes;
+    }
+    EXPECT(!p.best.fits && !smaller && p.best.peak_bytes > p.best.budget_bytes,
+           "nothing fits in 1 MiB: the recommendation is the smallest plan, marked as not fitting (%lld bytes)",
+           (long long)p.best.peak_bytes);
+}
+
+int main(void) {
+    keel_config cfg;
+    keel_config_defaults(&cfg);
+    if (keel_config_load_string(&cfg, MODEL, "test") != KEEL_OK || keel_config_finalize(&cfg) != KEEL_OK) return 1;
+    check_memory(&cfg);
+    check_free_and_slow_comm(&cfg);
+    check_bandwidth_and_prefetch(&cfg);
+    check_replicas(&cfg);
+    check_checkpointing_and_accumulation(&cfg);
+    check_recommendation(&cfg);
+    keel_config_free(&cfg);
+    return test_summary("test_plan_model");
+}
