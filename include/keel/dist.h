@@ -126,7 +126,8 @@ keel_status keel_comm_iallgather(keel_comm *c, const void *send, void *recv, siz
                                  keel_comm_dtype dtype, keel_comm_req **req);
 
 /* recv (count) = op over all ranks of their send[rank*count .. (rank+1)*count)
- * (send holds size*count). send and recv must not overlap. */
+ * (send holds size*count). In place: recv == send + rank*count elements (the
+ * rank's own slice; FSDP's unit gradients); any other overlap is an error. */
 keel_status keel_comm_reduce_scatter(keel_comm *c, const void *send, void *recv, size_t count,
                                      keel_comm_dtype dtype, keel_comm_op op);
 keel_status keel_comm_ireduce_scatter(keel_comm *c, const void *send, void *recv, size_t count,

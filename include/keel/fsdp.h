@@ -61,15 +61,15 @@ int64_t keel_fsdp_persistent_bytes(const keel_fsdp_plan *plan);
  * before anything is allocated: `keel train --dry-run`, the memory check
  * before a run starts, `keel health`'s memory check and `keel plan`. The
  * categories add up to the rank's peak: everything below lives from the
- * first step to the end of the run (the final weights' unit buffer comes on
- * top of the rest at the end). */
+ * first step to the end of the run (the final weights are gathered through
+ * the runtime's own unit-gradient buffer). */
 typedef struct {
     int64_t params, grads, optimizer; /* persistent fp32 state (sharded under FSDP) */
     int64_t gathered;                 /* compute copies: gathered units, unit gradients, bf16 copies */
     int64_t activations;              /* one micro-batch's, as the model keeps them */
     int64_t checkpoint_buffer;        /* the async save's host buffer (on a rank that writes a file) */
     int64_t accumulation;             /* gradient accumulation buffers (none: see memory.c) */
-    int64_t workspaces;               /* token batch, the final weights' unit buffer, bf16 all-reduce copy */
+    int64_t workspaces;               /* token batch, NO_SHARD/HYBRID's bf16 all-reduce copy */
     int64_t runtime;                  /* fixed cost of a process: libraries, OpenMPI, kernel scratch, data */
 } keel_fsdp_memory;
 void keel_fsdp_memory_plan(const keel_config *cfg, int world_size, keel_fsdp_memory *out);
@@ -146,10 +146,12 @@ float *keel_fsdp_grads(keel_fsdp *f);
  * whole model. Returns the first failing read's status. */
 keel_status keel_fsdp_fill(keel_fsdp *f, keel_param_source read, void *ctx);
 /* Collective over the shard group: unit u's fp32 master parameters on every
- * rank, into out (plan.units[u].padded floats; the first .logical are the
+ * rank, in *out (plan.units[u].padded floats; the first .logical are the
  * unit's canonical parameters) — one unit at a time, so saving the final
- * weights never needs the whole model in one process. */
-keel_status keel_fsdp_gather_unit(keel_fsdp *f, int u, float *out);
+ * weights never needs the whole model in one process. *out is the runtime's
+ * first unit-gradient buffer (outstanding reduce-scatters are finished
+ * first): valid until the next gather_unit or backward; no memory of its own. */
+keel_status keel_fsdp_gather_unit(keel_fsdp *f, int u, const float **out);
 /* Start an optimizer step: zero the gradient shard. Every micro-batch's
  * backward reduce-scatters its unit gradients into the shard, which sums
  * them: accumulation costs no full-size gradient buffers (more reductions

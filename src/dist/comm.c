@@ -249,8 +249,9 @@ static keel_comm_req reduce_scatter_req(keel_comm *c, const void *send, void *re
     check_dtype_op(dtype, op);
     check_count(count);
     size_t chunk_bytes = count * keel_comm_dtype_size(dtype);
-    KEEL_CHECK(!overlap(send, chunk_bytes * (size_t)c->size, recv, chunk_bytes),
-               "reduce-scatter send and recv overlap");
+    bool in_place = (const char *)recv == (const char *)send + chunk_bytes * (size_t)c->rank;
+    KEEL_CHECK(in_place || !overlap(send, chunk_bytes * (size_t)c->size, recv, chunk_bytes),
+               "reduce-scatter send and recv overlap (in place is recv = send + rank * count)");
     return (keel_comm_req){.kind = OP_REDUCE_SCATTER, .comm = c, .send = send, .recv = recv,
                            .count = count, .dtype = dtype, .op = op};
 }

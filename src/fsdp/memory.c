@@ -39,11 +39,9 @@ static void one_process(const keel_model_layout *lay, bool bf16, keel_fsdp_memor
 }
 
 /* A rank under FSDP: shards of the shard group's plan, the runtime's unit
- * buffers, and the larger of two workspaces: the buffer of the largest unit
- * the final weights are gathered through, one unit at a time (train.c), and
- * NO_SHARD/HYBRID's bf16 copy of the gradient shard for its all-reduce
- * across replicas (runtime.c, keel_fsdp_finish_grads). Returns the shard's
- * floats. */
+ * buffers (the final weights are gathered through one of them, train.c) and
+ * NO_SHARD/HYBRID's bf16 copy of the gradient shard for its all-reduce across
+ * replicas (runtime.c, keel_fsdp_finish_grads). Returns the shard's floats. */
 static int64_t one_rank(const keel_config *cfg, const keel_model_layout *lay, int world_size, bool bf16,
                         keel_fsdp_memory *m) {
     keel_fsdp_strategy strategy = cfg->fsdp.strategy;
@@ -56,10 +54,7 @@ static int64_t one_rank(const keel_config *cfg, const keel_model_layout *lay, in
     keel_fsdp_plan_init(&plan, lay, shard_ranks);
     m->params = m->grads = 4 * plan.shard_total;
     m->gathered = keel_fsdp_transient_bytes(&plan, strategy, bf16, bf16_reduce);
-    /* the two are never live together: the copy is freed within each step */
-    int64_t final_unit = 4 * plan.max_padded;
-    int64_t allreduce16 = world_size > shard_ranks && bf16_reduce ? 2 * plan.shard_total : 0;
-    m->workspaces += final_unit > allreduce16 ? final_unit : allreduce16;
+    if (world_size > shard_ranks && bf16_reduce) m->workspaces += 2 * plan.shard_total;
     m->runtime = RUNTIME_RANK_BYTES;
     int64_t shard = plan.shard_total;
     keel_fsdp_plan_free(&plan);

@@ -43,11 +43,11 @@ struct keel_fsdp {
     int *unit_slot;             /* (n_units) slot of each unit, -1 if not gathered */
     keel_comm_req **gather_req; /* (n_units) outstanding gather of each unit */
     float *gbuf[GRAD_BUFFERS];  /* (max_padded) full unit gradients */
-    float *rs_out[GRAD_BUFFERS];/* (max shard) reduce-scatter results */
     /* reduce_dtype bf16: unit gradients are rounded to bf16 before their
-     * reduce-scatter (gbuf16) and arrive in bf16 (rs16). */
+     * reduce-scatter (gbuf16). Reduce-scatters run in place: this rank's
+     * result is its own shard's slice of the buffer it was sent from. */
     bool reduce_bf16;
-    keel_bf16 *gbuf16[GRAD_BUFFERS], *rs16[GRAD_BUFFERS];
+    keel_bf16 *gbuf16[GRAD_BUFFERS];
     grad_buffer gstate[GRAD_BUFFERS];
     int next_gbuf;
     double gather_wait_s, reduce_wait_s;
@@ -113,10 +113,11 @@ static void drain(keel_fsdp *f, int b) {
     }
     const keel_fsdp_unit *x = &f->plan.units[g->unit];
     float *dst = f->grads + x->shard_offset;
+    int64_t own = (int64_t)f->rank * x->shard;
     if (f->reduce_bf16)
-        for (int64_t i = 0; i < x->shard; i++) dst[i] += keel_bf16_to_float(f->rs16[b][i]);
+        for (int64_t i = 0; i < x->shard; i++) dst[i] += keel_bf16_to_float(f->gbuf16[b][own + i]);
     else
-        for (int64_t i = 0; i < x->shard; i++) dst[i] += f->rs_out[b][i];
+        for (int64_t i = 0; i < x->shard; i++) dst[i] += f->gbuf[b][own + i];
     g->unit = -1;
 }
 
@@ -141,23 +142,23 @@ static float *grad_buffer_for(keel_fsdp *f, int u) {
     return f->gbuf[b];
 }
 
-/* Reduce-scatter unit u's full gradient src through gradient buffer b. */
-static void reduce_scatter(keel_fsdp *f, int u, int b, const float *src) {
-    size_t shard = (size_t)f->plan.units[u].shard;
+/* Reduce-scatter unit u's full gradient in gradient buffer b, in place. */
+static void reduce_scatter(keel_fsdp *f, int u, int b) {
+    size_t shard = (size_t)f->plan.units[u].shard, own = (size_t)f->rank * shard;
     if (f->reduce_bf16) {
-        keel_f32_to_bf16(f->gbuf16[b], src, f->plan.units[u].padded);
-        keel_comm_ireduce_scatter(f->group, f->gbuf16[b], f->rs16[b], shard, KEEL_COMM_BF16,
+        keel_f32_to_bf16(f->gbuf16[b], f->gbuf[b], f->plan.units[u].padded);
+        keel_comm_ireduce_scatter(f->group, f->gbuf16[b], f->gbuf16[b] + own, shard, KEEL_COMM_BF16,
                                   KEEL_COMM_SUM, &f->gstate[b].req);
     } else {
-        keel_comm_ireduce_scatter(f->group, src, f->rs_out[b], shard, KEEL_COMM_F32, KEEL_COMM_SUM,
-                                  &f->gstate[b].req);
+        keel_comm_ireduce_scatter(f->group, f->gbuf[b], f->gbuf[b] + own, shard, KEEL_COMM_F32,
+                                  KEEL_COMM_SUM, &f->gstate[b].req);
     }
 }
 
 static void start_reduce_scatter(keel_fsdp *f, int u) {
     for (int b = 0; b < GRAD_BUFFERS; b++)
         if (f->gstate[b].unit == u && !f->gstate[b].req) {
-            reduce_scatter(f, u, b, f->gbuf[b]);
+            reduce_scatter(f, u, b);
             return;
         }
     KEEL_CHECK(false, "unit %d has no gradient buffer to reduce-scatter", u);
@@ -266,7 +267,6 @@ keel_status keel_fsdp_build(keel_model *model, keel_comm *world, keel_fsdp_strat
         f->gstate[b].unit = -1;
         if (b >= buffers_needed(f->plan.tied)) continue; /* the pinned unit's, only when tied */
         f->gbuf[b] = keel_xcalloc(sizeof(float) * (size_t)f->plan.max_padded, "fsdp unit grads");
-        f->rs_out[b] = keel_xcalloc(sizeof(float) * (size_t)max_shard(&f->plan), "fsdp reduce-scatter");
     }
     f->unit_slot = keel_xmalloc(sizeof(int) * (size_t)f->plan.n_units, "fsdp unit slots");
     for (int u = 0; u < f->plan.n_units; u++) f->unit_slot[u] = -1;
@@ -289,9 +289,7 @@ void keel_fsdp_free(keel_fsdp *f) {
     keel_free(f->slot_unit);
     for (int b = 0; b < GRAD_BUFFERS; b++) {
         keel_free(f->gbuf[b]);
-        keel_free(f->rs_out[b]);
         keel_free(f->gbuf16[b]);
-        keel_free(f->rs16[b]);
     }
     keel_free(f->master);
     keel_free(f->grads);
@@ -315,7 +313,6 @@ void keel_fsdp_set_reduce_bf16(keel_fsdp *f, bool bf16) {
     for (int b = 0; b < GRAD_BUFFERS && bf16; b++)
         if (f->gbuf[b] && !f->gbuf16[b]) {
             f->gbuf16[b] = keel_xmalloc(sizeof(keel_bf16) * (size_t)f->plan.max_padded, "fsdp bf16 grads");
-            f->rs16[b] = keel_xmalloc(sizeof(keel_bf16) * (size_t)max_shard(&f->plan), "fsdp bf16 grads");
         }
 }
 
@@ -345,9 +342,12 @@ void keel_fsdp_invalidate(keel_fsdp *f) {
     for (int u = 0; u < f->plan.n_units; u++) f->unit_slot[u] = -1;
 }
 
-keel_status keel_fsdp_gather_unit(keel_fsdp *f, int u, float *out) {
+keel_status keel_fsdp_gather_unit(keel_fsdp *f, int u, const float **out) {
+    for (int b = 0; b < GRAD_BUFFERS; b++) drain(f, b); /* gradient buffer 0 is free */
     const keel_fsdp_unit *x = &f->plan.units[u];
-    return keel_comm_allgather(f->group, f->master + x->shard_offset, out, (size_t)x->shard, KEEL_COMM_F32);
+    *out = f->gbuf[0];
+    return keel_comm_allgather(f->group, f->master + x->shard_offset, f->gbuf[0], (size_t)x->shard,
+                               KEEL_COMM_F32);
 }
 
 void keel_fsdp_zero_grads(keel_fsdp *f) {
@@ -386,7 +386,7 @@ static void transient_parts(const keel_fsdp_plan *plan, keel_fsdp_strategy strat
         sends = plan->shard_total;
     }
     *gathered = bf16_params ? 2 * (slots + sends) : 4 * slots;
-    *unit_grads = (bf16_reduce ? 6 : 4) * n * (plan->max_padded + max_shard(plan));
+    *unit_grads = (bf16_reduce ? 6 : 4) * n * plan->max_padded; /* results in place */
 }
 
 int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy,

@@ -332,13 +332,12 @@ static keel_status save_weights(trainer *t, char xxh3[17]) {
     if (!t->fsdp && st == KEEL_OK) st = keel_weights_append(w, keel_model_params(t->model), lay->n_params);
     if (t->fsdp) {
         const keel_fsdp_plan *plan = keel_fsdp_get_plan(t->fsdp);
-        float *unit = keel_xmalloc(sizeof(float) * (size_t)plan->max_padded, "gathered unit");
         for (int u = 0; u < plan->n_units; u++) { /* every rank gathers every unit, whatever the leader's state */
-            keel_status gathered = keel_fsdp_gather_unit(t->fsdp, u, unit);
+            const float *unit;
+            keel_status gathered = keel_fsdp_gather_unit(t->fsdp, u, &unit);
             if (t->leader && st == KEEL_OK)
                 st = gathered != KEEL_OK ? gathered : keel_weights_append(w, unit, plan->units[u].logical);
         }
-        keel_free(unit);
     }
     if (!t->leader) return KEEL_OK;
     if (st == KEEL_OK) return keel_weights_commit(w, xxh3);

@@ -130,21 +130,23 @@ static void check_reduce_scatter(keel_comm *c, const char *group, keel_comm_dtyp
     int rank = keel_comm_rank(c), size = keel_comm_size(c);
     size_t esize = keel_comm_dtype_size(dt);
     char *send = malloc((size_t)size * count * esize), *recv = malloc(count * esize);
-    for (size_t j = 0; j < (size_t)size * count; j++) put(send, dt, j, reduce_value(rank, j, 1));
-    for (int blocking = 0; blocking < 2; blocking++) {
+    /* blocking, non-blocking, and in place (the result in the rank's own slice of send) */
+    for (int variant = 0; variant < 3; variant++) {
+        for (size_t j = 0; j < (size_t)size * count; j++) put(send, dt, j, reduce_value(rank, j, 1));
         memset(recv, 0xAB, count * esize);
-        if (blocking) {
-            OK(keel_comm_reduce_scatter(c, send, recv, count, dt, op));
+        char *out = variant == 2 ? send + (size_t)rank * count * esize : recv;
+        if (variant == 0) {
+            OK(keel_comm_reduce_scatter(c, send, out, count, dt, op));
         } else {
             keel_comm_req *req;
-            OK(keel_comm_ireduce_scatter(c, send, recv, count, dt, op, &req));
+            OK(keel_comm_ireduce_scatter(c, send, out, count, dt, op, &req));
             OK(keel_comm_wait(req));
         }
         int bad = 0;
         for (size_t i = 0; i < count; i++)
-            bad += get(recv, dt, i) != fold(op, size, (size_t)rank * count + i, 1);
-        EXPECT(bad == 0, "%s reduce-scatter %s %s: %d wrong of %zu", group, dtype_name(dt),
-               op == KEEL_COMM_SUM ? "sum" : "max", bad, count);
+            bad += get(out, dt, i) != fold(op, size, (size_t)rank * count + i, 1);
+        EXPECT(bad == 0, "%s reduce-scatter %s %s%s: %d wrong of %zu", group, dtype_name(dt),
+               op == KEEL_COMM_SUM ? "sum" : "max", variant == 2 ? " in place" : "", bad, count);
     }
     free(send);
     free(recv);
