@@ -67,6 +67,11 @@ keel_status keel_run_write_file(const char *run_dir, const char *name, const cha
 typedef struct keel_heartbeat keel_heartbeat;
 keel_heartbeat *keel_heartbeat_open(const char *run_dir, int rank); /* NULL: could not (warned) */
 void keel_heartbeat_beat(keel_heartbeat *hb, const char *phase, int64_t step, int exit_code);
+/* Work goes on inside a step (a unit's forward or backward is done): the last
+ * phase and step again with the time now, at most once a second. A step of a
+ * large model takes minutes; its units take seconds each, and a rank stuck in
+ * one stops beating. */
+void keel_heartbeat_progress(keel_heartbeat *hb);
 void keel_heartbeat_close(keel_heartbeat *hb);
 
 typedef struct {

@@ -51,6 +51,8 @@ struct keel_model {
     keel_bf16 *dyb;       /* bf16 copy of a GEMM's output gradient */
     float *normw;         /* (C) a norm weight converted from bf16 */
     keel_model_hooks hooks;
+    keel_model_progress_fn progress;
+    void *progress_ctx;
     float *acts_mem;      /* every activation and scratch buffer, one allocation */
     block_acts *acts;     /* (L) */
     float *res_final;     /* (N, C) output of the last block */
@@ -218,8 +220,23 @@ void keel_model_set_hooks(keel_model *m, const keel_model_hooks *hooks) {
     m->hooks = hooks ? *hooks : (keel_model_hooks){0};
 }
 
+void keel_model_set_progress(keel_model *m, keel_model_progress_fn fn, void *ctx) {
+    m->progress = fn;
+    m->progress_ctx = ctx;
+}
+
 static void hook(const keel_model *m, keel_model_hook_fn fn, int unit) {
     if (fn) fn(m->hooks.ctx, unit);
+}
+
+static void progress(const keel_model *m) {
+    if (m->progress) m->progress(m->progress_ctx);
+}
+
+/* A unit's forward or backward is done: its after-hook, then progress. */
+static void unit_done(const keel_model *m, keel_model_hook_fn fn, int unit) {
+    hook(m, fn, unit);
+    progress(m);
 }
 
 void keel_model_zero_grads(keel_model *m) {
@@ -401,11 +418,11 @@ double keel_model_forward(keel_model *m, const int32_t *tokens, int n_seqs, floa
         if (m->bf16) keel_bf16_to_f32(row, m->unit_params16[0] + at, C);
         else memcpy(row, m->unit_params[0] + at, sizeof(float) * (size_t)C);
     }
-    hook(m, m->hooks.after_forward, 0);
+    unit_done(m, m->hooks.after_forward, 0);
     for (int l = 0; l < lay->L; l++) {
         hook(m, m->hooks.before_forward, 1 + l);
         block_forward(m, l, l + 1 < lay->L ? m->acts[l + 1].res : m->res_final);
-        hook(m, m->hooks.after_forward, 1 + l);
+        unit_done(m, m->hooks.after_forward, 1 + l);
     }
     int head = lay->L + 1;
     hook(m, m->hooks.before_forward, head);
@@ -413,7 +430,7 @@ double keel_model_forward(keel_model *m, const int32_t *tokens, int n_seqs, floa
                          (float)lay->cfg.norm_eps);
     linear_forward(m, m->logits, m->nf, input_bf16(m, m->nf, (int64_t)N * C), head_matrix(lay), N,
                    V, C, false);
-    hook(m, m->hooks.after_forward, head);
+    unit_done(m, m->hooks.after_forward, head);
     m->have_dlogits = grad_scale != 0.0f;
     return keel_xent_forward_backward(m->logits, m->targets, N, V, grad_scale);
 }
@@ -473,14 +490,17 @@ void keel_model_backward(keel_model *m) {
     memset(m->dres, 0, sizeof(float) * (size_t)N * C);
     keel_rmsnorm_backward(m->dres, m->unit_grads[head], m->dn, m->res_final, norm_weight(m, head, 0),
                           m->rstdf, N, C);
-    hook(m, m->hooks.after_backward, head);
+    unit_done(m, m->hooks.after_backward, head);
     for (int l = lay->L - 1; l >= 0; l--) {
         hook(m, m->hooks.before_backward, 1 + l);
         /* Recompute the block's activations from its saved input; the output
          * goes to res_final, which nothing needs after the head's backward. */
-        if (m->checkpointing) block_forward(m, l, m->res_final);
+        if (m->checkpointing) {
+            block_forward(m, l, m->res_final);
+            progress(m);
+        }
         block_backward(m, l);
-        hook(m, m->hooks.after_backward, 1 + l);
+        unit_done(m, m->hooks.after_backward, 1 + l);
     }
 
     hook(m, m->hooks.before_backward, 0);
@@ -490,6 +510,6 @@ void keel_model_backward(keel_model *m) {
         const float *d = m->dres + (int64_t)i * C;
         for (int j = 0; j < C; j++) row[j] += d[j];
     }
-    hook(m, m->hooks.after_backward, 0);
+    unit_done(m, m->hooks.after_backward, 0);
     m->have_dlogits = false;
 }

@@ -23,6 +23,8 @@ struct keel_heartbeat {
     int pid;
     double first_step_unix_s;
     int64_t start_step, last_step;
+    double last_beat_unix_s;
+    char phase[16];
     char node[64], slurm_step[32];
 };
 
@@ -61,6 +63,8 @@ void keel_heartbeat_beat(keel_heartbeat *hb, const char *phase, int64_t step, in
     double now = keel_unix_s();
     if (step < 0) step = hb->last_step;
     hb->last_step = step;
+    hb->last_beat_unix_s = now;
+    snprintf(hb->phase, sizeof hb->phase, "%s", phase);
     if (!strcmp(phase, "ready")) hb->start_step = step;
     if (hb->first_step_unix_s == 0 && hb->start_step >= 0 && step > hb->start_step)
         hb->first_step_unix_s = now;
@@ -73,6 +77,13 @@ void keel_heartbeat_beat(keel_heartbeat *hb, const char *phase, int64_t step, in
     memset(line + n, ' ', (size_t)(LINE_BYTES - 1 - n));
     line[LINE_BYTES - 1] = '\n';
     keel_pwrite_all(hb->fd, line, LINE_BYTES, 0, NULL); /* failing: nothing to do but go on */
+}
+
+void keel_heartbeat_progress(keel_heartbeat *hb) {
+    if (!hb || !hb->phase[0] || keel_unix_s() - hb->last_beat_unix_s < 1.0) return;
+    char phase[sizeof hb->phase];
+    memcpy(phase, hb->phase, sizeof phase);
+    keel_heartbeat_beat(hb, phase, -1, 0);
 }
 
 void keel_heartbeat_close(keel_heartbeat *hb) {

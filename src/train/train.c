@@ -376,6 +376,10 @@ static void report_divergence(trainer *t, int step, double loss, double norm, do
                                                              : "not finite");
 }
 
+/* A unit's forward or backward is done: the heartbeat stays fresh through
+ * steps that take minutes (a 7B-width layer at T = 4096 on a CPU). */
+static void beat_within_step(void *heartbeat) { keel_heartbeat_progress(heartbeat); }
+
 static keel_status train_loop(trainer *t) {
     const keel_config *cfg = t->cfg;
     const keel_model_layout *lay = keel_model_get_layout(t->model);
@@ -510,6 +514,7 @@ static keel_status run(trainer *t) {
     /* A file-size limit (RLIMIT_FSIZE) makes a write fail with EFBIG, which a
      * checkpoint reports, instead of killing the process. */
     signal(SIGXFSZ, SIG_IGN);
+    keel_model_set_progress(t->model, beat_within_step, t->heartbeat);
     keel_heartbeat_beat(t->heartbeat, "ready", t->start_step, 0);
     return train_loop(t);
 }

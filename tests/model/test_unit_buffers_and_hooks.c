@@ -1,7 +1,8 @@
 /* The FSDP contract of the model: units can live in separate buffers, the
  * hooks run in the documented order, and a unit's parameters are read only
  * between its before_* and after_* hooks — poisoning them outside that window
- * (what FULL_SHARD's free does) leaves loss and gradients bit-identical. */
+ * (what FULL_SHARD's free does) leaves loss and gradients bit-identical;
+ * progress (the trainer's heartbeat) follows every unit's forward and backward. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +34,7 @@ static void before_forward(void *p, int u) { record(p, "f+", u), restore(p, u); 
 static void after_forward(void *p, int u) { record(p, "f-", u), poison(p, u); }
 static void before_backward(void *p, int u) { record(p, "b+", u), restore(p, u); }
 static void after_backward(void *p, int u) { record(p, "b-", u), poison(p, u); }
+static void count(void *p) { ++*(int *)p; }
 
 int main(void) {
     keel_kernels_init(2);
@@ -67,6 +69,8 @@ int main(void) {
     }
     keel_model_hooks hooks = {&h, before_forward, after_forward, before_backward, after_backward};
     keel_model_set_hooks(m, &hooks);
+    int progress = 0;
+    keel_model_set_progress(m, count, &progress);
     keel_model_zero_grads(m);
     double loss = keel_model_forward(m, tokens, B, 1.0f / (float)(B * T));
     keel_model_backward(m);
@@ -96,6 +100,8 @@ int main(void) {
     bool order_ok = n == h.n;
     for (int i = 0; order_ok && i < n; i++) order_ok = !strcmp(want[i], h.order[i]);
     EXPECT(order_ok, "hooks run in compute order (%d calls, want %d)", h.n, n);
+    EXPECT(progress == 2 * lay->n_units, "progress after each unit's forward and backward: %d calls, want %d",
+           progress, 2 * lay->n_units);
 
     for (int u = 0; u < lay->n_units; u++) free(h.live[u]), free(h.saved[u]), free(grads[u]);
     free(h.live), free(h.saved), free(grads);

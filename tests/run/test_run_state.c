@@ -2,7 +2,8 @@
  * steps kept ascending without duplicates, excluded nodes), a damaged one is
  * one error line naming the file, a run without one has the empty state;
  * the data window a step trains on skips exactly the skipped steps' windows;
- * heartbeats written by a rank read back field by field. */
+ * heartbeats written by a rank read back field by field, and progress beats
+ * inside a step refresh the time at most once a second. */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -68,6 +69,16 @@ static void test_heartbeat(const char *dir) {
                info.start_step == 40 && info.pid == (int)getpid() && info.first_step_unix_s > 0 && info.node[0],
            "beat reads back: phase %s step %lld start %lld pid %d node %s", info.phase, (long long)info.step,
            (long long)info.start_step, info.pid, info.node);
+    /* progress inside a step: the same phase and step, a fresh time, at most once a second */
+    double t0 = info.unix_s;
+    keel_heartbeat_progress(hb);
+    keel_heartbeat_info again;
+    EXPECT(keel_heartbeat_read(dir, 1, &again) && again.unix_s == t0, "progress within a second of a beat writes nothing");
+    usleep(1100 * 1000);
+    keel_heartbeat_progress(hb);
+    EXPECT(keel_heartbeat_read(dir, 1, &again) && again.unix_s >= t0 + 1.0 && !strcmp(again.phase, "train") &&
+               again.step == 41 && again.start_step == 40, "progress after a second: phase %s step %lld, %.2f s newer",
+           again.phase, (long long)again.step, again.unix_s - t0);
     keel_heartbeat_beat(hb, "exit", -1, 76);
     EXPECT(keel_heartbeat_read(dir, 1, &info) && !strcmp(info.phase, "exit") && info.exit_code == 76 &&
                info.step == 41, "exit beat carries the exit code");
