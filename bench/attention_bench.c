@@ -37,21 +37,6 @@ static uint64_t rss_bytes(void) {
     return kb * 1024;
 }
 
-static double cpu_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-static double median(double *x, int n) {
-    qsort(x, (size_t)n, sizeof *x, cmp_double);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
-
 /* ---- the attention under test: flash, the log-sum-exp kept --------------- */
 typedef struct {
     float *lse; /* (B, NH, T) kept for backward */
@@ -100,11 +85,11 @@ int main(int argc, char **argv) {
     double *tot = keel_xmalloc(sizeof(double) * (size_t)reps, "times");
     double *cpu = keel_xmalloc(sizeof(double) * (size_t)reps, "times");
     for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
-        double c0 = cpu_s(), t0 = keel_now_s();
+        double c0 = keel_cpu_s(), t0 = keel_now_s();
         forward(bf16, &s, out, q, k, v, B, T, NH, NKV, HS);
         double t1 = keel_now_s();
         backward(bf16, &s, dq, dk, dv, dout, out, q, k, v, B, T, NH, NKV, HS);
-        double t2 = keel_now_s(), c2 = cpu_s();
+        double t2 = keel_now_s(), c2 = keel_cpu_s();
         if (r >= 0) fwd[r] = t1 - t0, bwd[r] = t2 - t1, tot[r] = t2 - t0, cpu[r] = c2 - c0;
     }
     uint64_t peak = keel_peak_rss_bytes();
@@ -112,7 +97,7 @@ int main(int argc, char **argv) {
            "total_ms=%.1f cpu_ms=%.1f kept_bytes=%lld scratch_bytes=%lld peak_rss_bytes=%llu "
            "peak_above_io_bytes=%llu\n",
            T, bf16 ? "bf16" : "fp32", B, NH, NKV, HS, keel_pool_threads(), reps,
-           1e3 * median(fwd, reps), 1e3 * median(bwd, reps), 1e3 * median(tot, reps), 1e3 * median(cpu, reps),
+           1e3 * keel_median(fwd, reps), 1e3 * keel_median(bwd, reps), 1e3 * keel_median(tot, reps), 1e3 * keel_median(cpu, reps),
            (long long)s.kept_bytes, (long long)s.scratch_bytes, (unsigned long long)peak,
            (unsigned long long)(peak > base_rss ? peak - base_rss : 0));
     saved_free(&s);

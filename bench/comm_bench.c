@@ -50,11 +50,6 @@ static double max_over_ranks(double v) {
     return v;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Median over iterations of the slowest rank's time. */
 static double time_coll(coll kind, void *send, void *recv, size_t total, keel_comm_dtype dt,
                         int iters) {
@@ -66,8 +61,7 @@ static double time_coll(coll kind, void *send, void *recv, size_t total, keel_co
         run(kind, send, recv, total, dt);
         t[i] = max_over_ranks(keel_now_s() - t0);
     }
-    qsort(t, (size_t)iters, sizeof *t, cmp_double);
-    double median = t[iters / 2];
+    double median = keel_median(t, iters);
     free(t);
     return median;
 }
@@ -116,7 +110,7 @@ static void latency(void) {
         else keel_comm_allreduce_scalar(g_world, &v, KEEL_COMM_SUM);
         t[i] = keel_now_s() - t0;
     }
-    qsort(t, 200, sizeof *t, cmp_double);
+    keel_median(t, 200); /* sorts */
     if (g_rank == 0) printf("scalar all-reduce latency: median %.1f µs, p90 %.1f µs\n",
                             t[100] * 1e6, t[180] * 1e6);
     free(t);

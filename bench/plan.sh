@@ -15,8 +15,8 @@
 #   bash bench/plan.sh
 #   BENCH_CASES="tiny:2:full_shard small:2:no_shard:fsdp.mixed_precision=bf16" bash bench/plan.sh
 #   BENCH_CASES="path/to/any.json:2:full_shard:train.steps=3" bash bench/plan.sh   # any config
-# (CONFIG is a name under configs/ or a path; the 7B-width slice of issue 12
-# item 7 goes here once flash attention lands.)
+#   BENCH_CASES="llama2-7b-slice:2:full_shard" BENCH_STEPS=1 bash bench/plan.sh   # 7B-width layer, ~4 min
+# (CONFIG is a name under configs/ or a path.)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 small="model.max_seq_len=128,train.steps=6"

@@ -95,6 +95,11 @@ uint64_t keel_mem_available_bytes(void);
 double keel_now_s(void);
 /* Wall-clock time in seconds since the epoch (timestamps other processes read). */
 double keel_unix_s(void);
+/* CPU seconds this process has used, all its threads together. */
+double keel_cpu_s(void);
+/* Sorts x (n > 0) ascending in place and returns x[n / 2]: the median of an
+ * odd count, the upper of the middle two of an even one. */
+double keel_median(double *x, int64_t n);
 void keel_sleep_s(double s);
 /* Cores online, and cores this process may run on (its affinity mask: fewer
  * when a launcher bound it to its share). */

@@ -26,22 +26,6 @@ static double slice_flops(const keel_model_config *mc, int layers, int B, int T)
     return flops;
 }
 
-static double cpu_now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *x, int n) {
-    qsort(x, (size_t)n, sizeof(double), cmp_double);
-    return x[n / 2];
-}
-
 /* The block's (unit 1) forward and backward, timed from the model's hooks. */
 typedef struct {
     double started, block_s;
@@ -78,17 +62,17 @@ static void time_slice(const keel_config *cfg, int B, int T, bool bf16, slice_ti
     *out = (slice_times){0};
     for (int rep = 0; rep < SLICE_REPS; rep++) {
         clock.block_s = 0;
-        double t0 = keel_now_s(), c0 = cpu_now_s();
+        double t0 = keel_now_s(), c0 = keel_cpu_s();
         keel_model_forward(m, tokens, B, 1.0f / (float)(B * T));
         keel_model_backward(m);
         total[rep] = keel_now_s() - t0;
         block[rep] = clock.block_s;
-        if (rep > 0) out->wall_s += total[rep], out->cpu_s += cpu_now_s() - c0;
+        if (rep > 0) out->wall_s += total[rep], out->cpu_s += keel_cpu_s() - c0;
     }
     keel_free(tokens);
     keel_model_free(m);
-    out->total_s = median(total + 1, SLICE_REPS - 1);
-    out->block_s = median(block + 1, SLICE_REPS - 1);
+    out->total_s = keel_median(total + 1, SLICE_REPS - 1);
+    out->block_s = keel_median(block + 1, SLICE_REPS - 1);
 }
 
 /* Parameters/s keel's AdamW updates on all threads, and bytes/s a plain

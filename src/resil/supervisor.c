@@ -494,11 +494,6 @@ static bool check_nodes(supervisor *sv, char *why, size_t why_n) {
 
 /* ---- the end: summary.json ----------------------------------------------------------- */
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Productive step time: the step_s of the last metrics line of each step past
  * from_step (steps redone after a failure count once). */
 static double productive_s(const char *run_dir, int64_t from_step, int64_t to_step) {
@@ -551,8 +546,7 @@ static void write_summary(supervisor *sv, const char *status, const char *reason
     if (sv->n_recovery > 0) {
         double sorted[MAX_RECOVERIES];
         memcpy(sorted, sv->recovery, sizeof(double) * (size_t)sv->n_recovery);
-        qsort(sorted, (size_t)sv->n_recovery, sizeof(double), cmp_double);
-        cJSON_AddNumberToObject(rec, "median", sorted[sv->n_recovery / 2]);
+        cJSON_AddNumberToObject(rec, "median", keel_median(sorted, sv->n_recovery));
         cJSON_AddNumberToObject(rec, "max", sorted[sv->n_recovery - 1]);
     }
     double productive = productive_s(sv->run_dir, sv->first_resumed > 0 ? sv->first_resumed : 0, steps);

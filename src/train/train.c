@@ -146,11 +146,6 @@ static double evaluate(trainer *t, uint64_t *tokens_out) {
     return loss / (double)*tokens_out;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* What each rank holds, by category (summary.json "ranks"). */
 enum { MEM_PARAMS, MEM_GRADS, MEM_OPTIMIZER, MEM_COMPUTE, MEM_ACTIVATIONS, MEM_CKPT, MEM_PEAK_RSS,
        MEM_FIELDS };
@@ -184,8 +179,7 @@ static keel_status write_summary(trainer *t, const char *xxh, const double *memo
     double median_tps = 0;
     int timed = steps_done - t->start_step; /* steps this process ran */
     if (timed > 0) {
-        qsort(t->step_tps + t->start_step, (size_t)timed, sizeof(double), cmp_double);
-        median_tps = t->step_tps[t->start_step + timed / 2];
+        median_tps = keel_median(t->step_tps + t->start_step, timed);
     }
     cJSON *s = cJSON_CreateObject();
     cJSON_AddStringToObject(s, "status", status);
