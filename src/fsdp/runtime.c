@@ -343,7 +343,10 @@ void keel_fsdp_invalidate(keel_fsdp *f) {
 }
 
 keel_status keel_fsdp_gather_unit(keel_fsdp *f, int u, const float **out) {
-    for (int b = 0; b < GRAD_BUFFERS; b++) drain(f, b); /* gradient buffer 0 is free */
+    for (int b = 0; b < GRAD_BUFFERS; b++) { /* between steps: every gradient sent; then buffer 0 is free */
+        KEEL_CHECK(f->gstate[b].unit < 0 || f->gstate[b].req, "gather_unit inside a backward");
+        drain(f, b);
+    }
     const keel_fsdp_unit *x = &f->plan.units[u];
     *out = f->gbuf[0];
     return keel_comm_allgather(f->group, f->master + x->shard_offset, f->gbuf[0], (size_t)x->shard,
