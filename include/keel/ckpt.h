@@ -127,10 +127,11 @@ keel_status keel_ckpt_open(const char *dir, keel_ckpt *out);
 void keel_ckpt_close(keel_ckpt *c);
 /* XXH3 of shard file j against the manifest. */
 keel_status keel_ckpt_verify_file(const keel_ckpt *c, int j);
-/* The model the checkpoint was saved from matches lay (unit sizes). */
+/* The model the checkpoint was saved from has lay's parameters (its units
+ * may be blocks or matrices, whichever fsdp.unit saved it). */
 keel_status keel_ckpt_check_layout(const keel_ckpt *c, const keel_model_layout *lay);
 /* Read canonical values [begin, begin + len) of array a (0 parameters, 1 m,
- * 2 v) into dst, from whichever files hold them. The range lies in one unit. */
+ * 2 v) into dst, from whichever files and units hold them. */
 keel_status keel_ckpt_read(const keel_ckpt *c, int a, int64_t begin, int64_t len, float *dst);
 /* Every parameter (canonical order) after verifying every file; the
  * checkpoint must hold the model of lay. */

@@ -251,6 +251,10 @@ typedef enum {                   /* fsdp.strategy, DESIGN §3 */
     KEEL_FSDP_HYBRID_SHARD = 3,  /* FULL_SHARD within groups of K ranks, replicas across groups */
 } keel_fsdp_strategy;
 typedef enum { KEEL_DTYPE_FP32 = 0, KEEL_DTYPE_BF16 = 1 } keel_dtype;
+typedef enum {                   /* fsdp.unit: what one gather holds */
+    KEEL_UNIT_BLOCK = 0,         /* a transformer block (PyTorch's per-block wrap) */
+    KEEL_UNIT_MATRIX = 1,        /* a block's weight matrices, norms with their neighbour */
+} keel_unit_kind;
 typedef enum {                   /* resilience.health_checks, keel health --checks */
     KEEL_CHECK_GEMM = 0,
     KEEL_CHECK_MEMORY = 1,
@@ -262,6 +266,7 @@ typedef enum {                   /* resilience.health_checks, keel health --chec
 /* "full_shard", "bf16", "checkpoint_dir", ...: the names config files use. */
 const char *keel_strategy_name(keel_fsdp_strategy s);
 const char *keel_dtype_name(keel_dtype d);
+const char *keel_unit_kind_name(keel_unit_kind k);
 const char *keel_health_check_name(keel_health_check c);
 /* A comma-separated list of check names as a mask of (1u << check); an
  * unknown name is one error line naming origin and the choices. */
@@ -316,6 +321,7 @@ typedef struct {
     bool prefetch;        /* start the next unit's all-gather before computing this one */
     keel_dtype mixed_precision; /* GEMM weights and inputs */
     keel_dtype reduce_dtype;    /* gradient reductions */
+    keel_unit_kind unit;        /* what one gather holds */
 } keel_fsdp_config;
 
 typedef struct {

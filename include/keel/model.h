@@ -16,7 +16,10 @@
  *               post_attention_layernorm (C), mlp.gate_proj (F, C), mlp.up_proj (F, C),
  *               mlp.down_proj (C, F)}            for l = 0 .. L-1
  *   unit L+1    model.norm.weight (C), lm_head.weight (V, C) (absent when tied)
- * Names are Hugging Face LlamaForCausalLM's.
+ * Names are Hugging Face LlamaForCausalLM's. With matrix units (fsdp.unit)
+ * each block is 5 units instead: {input_layernorm, q, k, v}, {o,
+ * post_attention_layernorm}, {gate}, {up}, {down}; the head is unit
+ * n_units - 1. The canonical order is the same either way.
  */
 #ifndef KEEL_MODEL_H
 #define KEEL_MODEL_H
@@ -25,20 +28,22 @@
 
 typedef struct {
     char name[64];   /* Hugging Face parameter name */
-    int unit;        /* 0 embedding, 1..L blocks, L+1 head */
+    int unit;        /* 0 embedding, then the blocks' units, n_units - 1 head */
     int64_t offset;  /* in the flat parameter vector */
     int64_t rows, cols; /* (rows, cols) matrix, or (rows, 1) vector */
     bool is_norm_or_embedding; /* excluded from weight decay by default */
 } keel_tensor_info;
 
 #define KEEL_BLOCK_TENSORS 9
+#define KEEL_BLOCK_MATRIX_UNITS 5
 
 typedef struct keel_model_layout {
     keel_model_config cfg;
     int C, L, NH, NKV, HS, F, V, T;
     int n_tensors;
     keel_tensor_info *tensors;
-    int n_units;           /* L + 2 */
+    int units_per_block;   /* 1, or KEEL_BLOCK_MATRIX_UNITS with matrix units */
+    int n_units;           /* L * units_per_block + 2 */
     int64_t *unit_offset;  /* (n_units) */
     int64_t *unit_size;    /* (n_units) parameters in each unit */
     int64_t n_params;
@@ -56,6 +61,13 @@ keel_status keel_params_from_buffer(void *params, int64_t begin, int64_t len, fl
 int keel_model_ffn_hidden(const keel_model_config *cfg);
 /* Build the layout of cfg (finalized config). Free with keel_model_layout_free. */
 void keel_model_layout_init(keel_model_layout *lay, const keel_model_config *cfg);
+/* The same with a unit granularity: blocks (keel_model_layout_init) or
+ * matrices. Tensors, offsets and names do not change, only units. */
+void keel_model_layout_init_units(keel_model_layout *lay, const keel_model_config *cfg, keel_unit_kind kind);
+/* Block l's first unit. */
+static inline int keel_model_block_unit(const keel_model_layout *lay, int l) {
+    return 1 + l * lay->units_per_block;
+}
 void keel_model_layout_free(keel_model_layout *lay);
 /* Training FLOPs per token (forward + backward): 6 × matmul params +
  * 12 × L × C × T for attention (PaLM's convention, no causal discount). */
@@ -79,6 +91,8 @@ typedef struct {
      * are then set with keel_model_set_unit_bf16; a model with its own
      * parameters keeps a bf16 copy of them (keel_model_params_changed). */
     bool bf16;
+    /* What one FSDP unit holds (fsdp.unit): a block, or one of its matrices. */
+    keel_unit_kind unit;
 } keel_model_options;
 /* Activation bytes (and bf16 GEMM scratch) for a micro-batch of B sequences:
  * exactly what keel_model_build_with allocates for them. Attention keeps its
@@ -116,12 +130,16 @@ bool keel_model_is_bf16(const keel_model *m);
  * the next forward refreshes their bf16 copy. */
 void keel_model_params_changed(keel_model *m);
 
-/* Called around each unit in compute order — forward: 0, 1..L, L+1;
- * backward: L+1, L..1, 0 — so FSDP can gather a unit before it is used,
- * prefetch the next, free it after, and reduce-scatter its gradients as soon
- * as they exist. Any callback may be NULL. With tied embeddings the head also
- * reads unit 0's parameters and adds to unit 0's gradients. */
-typedef void (*keel_model_hook_fn)(void *ctx, int unit);
+/* Called around each unit in compute order — forward: 0, 1, ..., head;
+ * backward: head, ..., 1, 0, and with checkpoint_activations each block's
+ * units run forward again (before_forward/after_forward) just before their
+ * backward — so FSDP can gather a unit before it is used, prefetch, free it
+ * after, and reduce-scatter its gradients as soon as they exist. `next` is
+ * the next unit other than `unit` the model will use (-1: none), except in
+ * after_forward, where next == unit says that unit's backward follows at
+ * once (keep it). Any callback may be NULL. With tied embeddings the head
+ * also reads unit 0's parameters and adds to unit 0's gradients. */
+typedef void (*keel_model_hook_fn)(void *ctx, int unit, int next);
 typedef struct {
     void *ctx;
     keel_model_hook_fn before_forward, after_forward, before_backward, after_backward;

@@ -81,11 +81,12 @@ typedef enum {
     KEEL_WAITS
 } keel_plan_wait;
 
-/* One plan: a strategy with its shard group, checkpointing and micro-batch. */
+/* One plan: a strategy with its shard group, units, checkpointing and micro-batch. */
 typedef struct {
     keel_fsdp_strategy strategy;
     int shard_group;           /* ranks a unit is split over */
     int replicas;              /* ranks holding the same shard */
+    keel_unit_kind unit;       /* fsdp.unit */
     bool checkpointing;
     int micro_batch, grad_accum;
     keel_fsdp_memory memory;   /* per rank, by category */

@@ -455,32 +455,34 @@ keel_status keel_ckpt_verify_file(const keel_ckpt *c, int j) {
     return KEEL_OK;
 }
 
+/* The units may differ from the layout's (fsdp.unit block or matrix): reads
+ * cross saved units, so only the parameter count and the unit ranges' tiling
+ * of the canonical vector must hold. */
 keel_status keel_ckpt_check_layout(const keel_ckpt *c, const keel_model_layout *lay) {
-    bool ok = c->plan->n_units == lay->n_units;
-    for (int u = 0; ok && u < lay->n_units; u++)
-        ok = c->plan->units[u].offset == lay->unit_offset[u] && c->plan->units[u].logical == lay->unit_size[u];
-    if (!ok) {
-        int64_t saved = 0;
-        for (int u = 0; u < c->plan->n_units; u++) saved += c->plan->units[u].logical;
-        keel_errorf("%s: holds a model of %lld parameters in %d units, the config's model has %lld in "
-                    "%d; set the model keys to the checkpoint's (its manifest.json \"config\")",
-                    c->dir, (long long)saved, c->plan->n_units, (long long)lay->n_params, lay->n_units);
+    int64_t saved = 0;
+    bool ok = true;
+    for (int u = 0; u < c->plan->n_units; u++) {
+        ok = ok && c->plan->units[u].offset == saved;
+        saved += c->plan->units[u].logical;
     }
-    return ok ? KEEL_OK : KEEL_ERR_INPUT;
+    if (!ok || saved != lay->n_params) {
+        keel_errorf("%s: holds a model of %lld parameters in %d units, the config's model has %lld; "
+                    "set the model keys to the checkpoint's (its manifest.json \"config\")",
+                    c->dir, (long long)saved, c->plan->n_units, (long long)lay->n_params);
+        return KEEL_ERR_INPUT;
+    }
+    return KEEL_OK;
 }
 
-/* The unit holding canonical index i. */
+/* The saved unit holding canonical index i. */
 static int unit_of(const keel_ckpt *c, int64_t i) {
     for (int u = 0; u < c->plan->n_units; u++)
         if (i >= c->plan->units[u].offset && i < c->plan->units[u].offset + c->plan->units[u].logical) return u;
     return -1;
 }
 
-keel_status keel_ckpt_read(const keel_ckpt *c, int a, int64_t begin, int64_t len, float *dst) {
-    if (len <= 0) return KEEL_OK;
-    int u = unit_of(c, begin);
-    KEEL_CHECK(u >= 0 && begin + len <= c->plan->units[u].offset + c->plan->units[u].logical,
-               "checkpoint read [%lld, +%lld) is not inside one unit", (long long)begin, (long long)len);
+/* [begin, begin + len) inside saved unit u. */
+static keel_status read_in_unit(const keel_ckpt *c, int a, int u, int64_t begin, int64_t len, float *dst) {
     const keel_fsdp_unit *x = &c->plan->units[u];
     int64_t pos = begin - x->offset; /* in the unit's padded vector */
     while (len > 0) {
@@ -504,17 +506,31 @@ keel_status keel_ckpt_read(const keel_ckpt *c, int a, int64_t begin, int64_t len
     return KEEL_OK;
 }
 
+keel_status keel_ckpt_read(const keel_ckpt *c, int a, int64_t begin, int64_t len, float *dst) {
+    while (len > 0) {
+        int u = unit_of(c, begin);
+        KEEL_CHECK(u >= 0, "checkpoint read at %lld is past the model", (long long)begin);
+        const keel_fsdp_unit *x = &c->plan->units[u];
+        int64_t n = x->offset + x->logical - begin < len ? x->offset + x->logical - begin : len;
+        keel_status st = read_in_unit(c, a, u, begin, n, dst);
+        if (st != KEEL_OK) return st;
+        begin += n, len -= n, dst += n;
+    }
+    return KEEL_OK;
+}
+
 void keel_ckpt_files_for(const keel_ckpt *c, const keel_param_range *ranges, int n, bool *used) {
     memset(used, 0, sizeof(bool) * (size_t)c->shard_ranks);
-    for (int r = 0; r < n; r++) {
-        if (ranges[r].len <= 0) continue;
-        int u = unit_of(c, ranges[r].begin);
-        if (u < 0) continue;
-        const keel_fsdp_unit *x = &c->plan->units[u];
-        int64_t first = (ranges[r].begin - x->offset) / x->shard;
-        int64_t last = (ranges[r].begin + ranges[r].len - 1 - x->offset) / x->shard;
-        for (int64_t j = first; j <= last && j < c->shard_ranks; j++) used[j] = true;
-    }
+    for (int r = 0; r < n; r++)
+        for (int u = 0; u < c->plan->n_units; u++) { /* every saved unit the range overlaps */
+            const keel_fsdp_unit *x = &c->plan->units[u];
+            int64_t lo = ranges[r].begin > x->offset ? ranges[r].begin : x->offset;
+            int64_t hi = ranges[r].begin + ranges[r].len, end = x->offset + x->logical;
+            if (hi > end) hi = end;
+            if (lo >= hi) continue;
+            for (int64_t j = (lo - x->offset) / x->shard; j <= (hi - 1 - x->offset) / x->shard && j < c->shard_ranks; j++)
+                used[j] = true;
+        }
 }
 
 char *keel_ckpt_config_json(const keel_ckpt *c) {

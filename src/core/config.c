@@ -26,10 +26,12 @@ typedef struct {
 /* The one table of each name list (enums in keel/core.h follow their order). */
 static const char *const STRATEGY_NAMES[] = {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", NULL};
 static const char *const DTYPE_NAMES[] = {"fp32", "bf16", NULL};
+static const char *const UNIT_NAMES[] = {"block", "matrix", NULL};
 static const char *const CHECK_NAMES[] = {"gemm", "memory", "checkpoint_dir", "mpi", "gpu", NULL};
 
 const char *keel_strategy_name(keel_fsdp_strategy s) { return STRATEGY_NAMES[s]; }
 const char *keel_dtype_name(keel_dtype d) { return DTYPE_NAMES[d]; }
+const char *keel_unit_kind_name(keel_unit_kind k) { return UNIT_NAMES[k]; }
 const char *keel_health_check_name(keel_health_check c) { return CHECK_NAMES[c]; }
 
 #define OFF(field) offsetof(keel_config, field)
@@ -103,6 +105,9 @@ static const key_spec KEYS[] = {
      "optimizer and accumulation (any run; emulated on CPUs without bf16 instructions)", DTYPE_NAMES},
     {"fsdp.reduce_dtype", K_ENUM, OFF(fsdp.reduce_dtype), 0, 0,
      "fp32 or bf16: element type of the gradient reduce-scatter and all-reduce", DTYPE_NAMES},
+    {"fsdp.unit", K_ENUM, OFF(fsdp.unit), 0, 0,
+     "block or matrix: what one all-gather holds — a whole transformer block, or one weight "
+     "matrix of it (5 units a block: less memory for wide layers, more collectives)", UNIT_NAMES},
     {"fsdp.activation_checkpointing", K_BOOL, OFF(fsdp.activation_checkpointing), 0, 0,
      "recompute each block's forward in backward (less memory, same gradients; any run)", NULL},
 

@@ -64,7 +64,7 @@ static int64_t one_rank(const keel_config *cfg, const keel_model_layout *lay, in
 void keel_fsdp_memory_plan_run(const keel_config *cfg, int world_size, bool distributed,
                                keel_fsdp_memory *out) {
     keel_model_layout lay;
-    keel_model_layout_init(&lay, &cfg->model);
+    keel_model_layout_init_units(&lay, &cfg->model, cfg->fsdp.unit);
     bool bf16 = cfg->fsdp.mixed_precision == KEEL_DTYPE_BF16;
     int B = cfg->train.micro_batch_size;
     keel_model_options opts = {.checkpoint_activations = cfg->fsdp.activation_checkpointing, .bf16 = bf16};

@@ -170,36 +170,54 @@ static void set_unit(keel_fsdp *f, int u, void *params, float *grads) {
     else keel_model_set_unit_buffers(f->model, u, params, grads);
 }
 
-static void before_forward(void *p, int u) {
+/* A forward starts with nothing gathered but the pinned unit: an evaluation
+ * pass, or a training forward whose backward did not come, may have left
+ * units (and a prefetch) behind. */
+static void release_all(keel_fsdp *f) {
+    for (int u = 0; u < f->plan.n_units; u++) {
+        if (f->unit_slot[u] < 0 || u == pinned_unit(f)) continue;
+        if (f->gather_req[u]) {
+            keel_comm_wait(f->gather_req[u]);
+            f->gather_req[u] = NULL;
+        }
+        release(f, u);
+    }
+}
+
+/* The model's next unit: gather it while this one computes. */
+static void prefetch(keel_fsdp *f, int next) {
+    if (f->prefetch && next >= 0) start_gather(f, next);
+}
+
+static void before_forward(void *p, int u, int next) {
     keel_fsdp *f = p;
-    /* A forward-only pass (evaluation) left the head gathered for a backward
-     * that did not come: its slot is needed now. */
-    if (u == 0 && f->strategy != KEEL_FSDP_SHARD_GRAD_OP) release(f, f->plan.n_units - 1);
+    if (u == 0 && f->strategy != KEEL_FSDP_SHARD_GRAD_OP) release_all(f);
     set_unit(f, u, ready(f, u), NULL);
     if (f->plan.tied && u == f->plan.n_units - 1) /* the head reads the embedding */
         set_unit(f, 0, ready(f, 0), NULL);
-    if (f->prefetch && u + 1 < f->plan.n_units) start_gather(f, u + 1);
+    prefetch(f, next);
 }
 
-static void after_forward(void *p, int u) {
+static void after_forward(void *p, int u, int next) {
     keel_fsdp *f = p;
-    /* SHARD_GRAD_OP keeps every unit until its backward; the head is the
-     * first unit of backward in any case. */
-    if (f->strategy != KEEL_FSDP_SHARD_GRAD_OP && u + 1 < f->plan.n_units) release(f, u);
+    /* SHARD_GRAD_OP keeps every unit until its backward; a unit whose
+     * backward follows at once (the head, a recomputed block's last) stays. */
+    if (f->strategy != KEEL_FSDP_SHARD_GRAD_OP && next != u) release(f, u);
 }
 
-static void before_backward(void *p, int u) {
+static void before_backward(void *p, int u, int next) {
     keel_fsdp *f = p;
     void *params = ready(f, u);
     if (u == f->plan.n_units - 1 && f->plan.tied) /* the head adds into unit 0's gradient */
         set_unit(f, 0, ready(f, 0), grad_buffer_for(f, 0));
     float *grads = u != pinned_unit(f) ? grad_buffer_for(f, u) : f->gbuf[GRAD_BUFFERS - 1];
     set_unit(f, u, params, grads);
-    if (f->prefetch && u > 0) start_gather(f, u - 1);
+    prefetch(f, next);
 }
 
-static void after_backward(void *p, int u) {
+static void after_backward(void *p, int u, int next) {
     keel_fsdp *f = p;
+    (void)next;
     start_reduce_scatter(f, u);
     release(f, u);
 }

@@ -29,6 +29,22 @@ static void add(keel_model_layout *lay, int unit, const char *name, int64_t rows
 }
 
 void keel_model_layout_init(keel_model_layout *lay, const keel_model_config *cfg) {
+    keel_model_layout_init_units(lay, cfg, KEEL_UNIT_BLOCK);
+}
+
+/* A block's tensors in order, and with matrix units the unit (from the
+ * block's first) each joins: every unit is used without a break in forward
+ * (0..4) and in backward (4..0), norms travelling with their neighbour. */
+static const struct {
+    const char *suffix;
+    int sub_unit;
+} BLOCK_TENSORS[KEEL_BLOCK_TENSORS] = {
+    {"input_layernorm.weight", 0},  {"self_attn.q_proj.weight", 0}, {"self_attn.k_proj.weight", 0},
+    {"self_attn.v_proj.weight", 0}, {"self_attn.o_proj.weight", 1}, {"post_attention_layernorm.weight", 1},
+    {"mlp.gate_proj.weight", 2},    {"mlp.up_proj.weight", 3},      {"mlp.down_proj.weight", 4},
+};
+
+void keel_model_layout_init_units(keel_model_layout *lay, const keel_model_config *cfg, keel_unit_kind kind) {
     memset(lay, 0, sizeof *lay);
     lay->cfg = *cfg;
     lay->C = cfg->dim;
@@ -39,7 +55,8 @@ void keel_model_layout_init(keel_model_layout *lay, const keel_model_config *cfg
     lay->F = keel_model_ffn_hidden(cfg);
     lay->V = cfg->vocab_size;
     lay->T = cfg->max_seq_len;
-    lay->n_units = lay->L + 2;
+    lay->units_per_block = kind == KEEL_UNIT_MATRIX ? KEEL_BLOCK_MATRIX_UNITS : 1;
+    lay->n_units = lay->L * lay->units_per_block + 2;
     lay->tensors = keel_xcalloc(sizeof(keel_tensor_info) * (size_t)(lay->L * KEEL_BLOCK_TENSORS + 3),
                                 "tensor table");
     lay->unit_offset = keel_xcalloc(sizeof(int64_t) * (size_t)lay->n_units, "unit offsets");
@@ -47,26 +64,17 @@ void keel_model_layout_init(keel_model_layout *lay, const keel_model_config *cfg
     int C = lay->C, F = lay->F, QD = lay->NH * lay->HS, KVD = lay->NKV * lay->HS;
 
     add(lay, 0, "model.embed_tokens.weight", lay->V, C, true);
-    for (int l = 0; l < lay->L; l++) {
-        int u = 1 + l;
-        char name[64];
-        lay->unit_offset[u] = lay->n_params;
-#define BLOCK(suffix, rows, cols, norm)                                \
-    snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);      \
-    add(lay, u, name, rows, cols, norm)
-        /* The order here is the order of block_at() in model.c. */
-        BLOCK("input_layernorm.weight", C, 1, true);
-        BLOCK("self_attn.q_proj.weight", QD, C, false);
-        BLOCK("self_attn.k_proj.weight", KVD, C, false);
-        BLOCK("self_attn.v_proj.weight", KVD, C, false);
-        BLOCK("self_attn.o_proj.weight", C, QD, false);
-        BLOCK("post_attention_layernorm.weight", C, 1, true);
-        BLOCK("mlp.gate_proj.weight", F, C, false);
-        BLOCK("mlp.up_proj.weight", F, C, false);
-        BLOCK("mlp.down_proj.weight", C, F, false);
-#undef BLOCK
-    }
-    int head = lay->L + 1;
+    int64_t rows[KEEL_BLOCK_TENSORS] = {C, QD, KVD, KVD, C, C, F, F, C};
+    int64_t cols[KEEL_BLOCK_TENSORS] = {1, C, C, C, QD, 1, C, C, F};
+    for (int l = 0; l < lay->L; l++)
+        for (int k = 0; k < KEEL_BLOCK_TENSORS; k++) {
+            int u = keel_model_block_unit(lay, l) + (lay->units_per_block > 1 ? BLOCK_TENSORS[k].sub_unit : 0);
+            if (lay->unit_size[u] == 0) lay->unit_offset[u] = lay->n_params;
+            char name[64];
+            snprintf(name, sizeof name, "model.layers.%d.%s", l, BLOCK_TENSORS[k].suffix);
+            add(lay, u, name, rows[k], cols[k], cols[k] == 1);
+        }
+    int head = lay->n_units - 1;
     lay->unit_offset[head] = lay->n_params;
     add(lay, head, "model.norm.weight", C, 1, true);
     if (!cfg->tie_embeddings) add(lay, head, "lm_head.weight", lay->V, C, false);

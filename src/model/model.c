@@ -5,18 +5,24 @@
 #include "keel/kernels.h"
 #include "keel/model.h"
 
-/* Where one block's tensors start within its unit, in the order of layout.c. */
+/* A weight: its unit and where it starts within the unit. */
 typedef struct {
-    int64_t norm1;  /* (C) */
-    int64_t wq;     /* (NH*HS, C) */
-    int64_t wk;     /* (NKV*HS, C) */
-    int64_t wv;     /* (NKV*HS, C) */
-    int64_t wo;     /* (C, NH*HS) */
-    int64_t norm2;  /* (C) */
-    int64_t wgate;  /* (F, C) */
-    int64_t wup;    /* (F, C) */
-    int64_t wdown;  /* (C, F) */
-} block_offsets;
+    int unit;
+    int64_t offset;
+} weight_at;
+
+/* One block's tensors, in the order of layout.c. */
+typedef struct {
+    weight_at norm1;  /* (C) */
+    weight_at wq;     /* (NH*HS, C) */
+    weight_at wk;     /* (NKV*HS, C) */
+    weight_at wv;     /* (NKV*HS, C) */
+    weight_at wo;     /* (C, NH*HS) */
+    weight_at norm2;  /* (C) */
+    weight_at wgate;  /* (F, C) */
+    weight_at wup;    /* (F, C) */
+    weight_at wdown;  /* (C, F) */
+} block_weights;
 
 /* Saved activations of one block for a micro-batch (N = B*T rows). */
 typedef struct {
@@ -134,7 +140,7 @@ keel_status keel_model_build_with(const keel_model_config *cfg, int B,
                                   const keel_model_options *opts, keel_model **out) {
     bool own_params = opts->own_params;
     keel_model *m = keel_xcalloc(sizeof *m, "model");
-    keel_model_layout_init(&m->lay, cfg);
+    keel_model_layout_init_units(&m->lay, cfg, opts->unit);
     m->B_max = m->B = B;
     m->checkpointing = opts->checkpoint_activations;
     m->bf16 = opts->bf16;
@@ -225,18 +231,72 @@ void keel_model_set_progress(keel_model *m, keel_model_progress_fn fn, void *ctx
     m->progress_ctx = ctx;
 }
 
-static void hook(const keel_model *m, keel_model_hook_fn fn, int unit) {
-    if (fn) fn(m->hooks.ctx, unit);
-}
+static int head_unit(const keel_model_layout *lay) { return lay->n_units - 1; }
 
 static void progress(const keel_model *m) {
     if (m->progress) m->progress(m->progress_ctx);
 }
 
-/* A unit's forward or backward is done: its after-hook, then progress. */
-static void unit_done(const keel_model *m, keel_model_hook_fn fn, int unit) {
-    hook(m, fn, unit);
+/* ---- the unit schedule -------------------------------------------------
+ * Forward uses units 0, 1, ..., head; backward head, ..., 0, and with
+ * checkpointing each block's units run forward once more (recomputation)
+ * just before their backward. Each hook is told the next unit other than
+ * its own that the model will use, for FSDP to prefetch. */
+
+static bool last_of_block(const keel_model_layout *lay, int u) {
+    return u >= 1 && u < head_unit(lay) && (u - 1) % lay->units_per_block == lay->units_per_block - 1;
+}
+
+static int next_backward(const keel_model *m, int u) {
+    if (u == 0) return -1;
+    int v = u - 1, P = m->lay.units_per_block;
+    if (m->checkpointing && last_of_block(&m->lay, v)) return 1 + (v - 1) / P * P; /* its recomputation */
+    return v;
+}
+
+/* recompute: a block's forward inside backward, whose last unit's backward follows at once. */
+static int next_forward(const keel_model *m, int u, bool recompute) {
+    if (recompute && last_of_block(&m->lay, u)) return next_backward(m, u);
+    if (u < head_unit(&m->lay)) return u + 1;
+    return m->have_dlogits ? next_backward(m, u) : -1;
+}
+
+static void begin_forward(const keel_model *m, int u, bool recompute) {
+    if (m->hooks.before_forward) m->hooks.before_forward(m->hooks.ctx, u, next_forward(m, u, recompute));
+}
+
+/* after_forward is told u itself when u's backward comes next (keep it). */
+static void end_forward(const keel_model *m, int u, bool recompute) {
+    bool backward_next = (recompute && last_of_block(&m->lay, u)) ||
+                         (u == head_unit(&m->lay) && m->have_dlogits);
+    if (m->hooks.after_forward)
+        m->hooks.after_forward(m->hooks.ctx, u, backward_next ? u : next_forward(m, u, recompute));
     progress(m);
+}
+
+static void begin_backward(const keel_model *m, int u) {
+    if (m->hooks.before_backward) m->hooks.before_backward(m->hooks.ctx, u, next_backward(m, u));
+}
+
+static void end_backward(const keel_model *m, int u) {
+    if (m->hooks.after_backward) m->hooks.after_backward(m->hooks.ctx, u, next_backward(m, u));
+    progress(m);
+}
+
+/* Inside a block: the weights about to be used are in unit u; *cur is the
+ * unit in use so far (-1 before the first). */
+static void use_forward(const keel_model *m, int *cur, int u, bool recompute) {
+    if (*cur == u) return;
+    if (*cur >= 0) end_forward(m, *cur, recompute);
+    begin_forward(m, u, recompute);
+    *cur = u;
+}
+
+static void use_backward(const keel_model *m, int *cur, int u) {
+    if (*cur == u) return;
+    if (*cur >= 0) end_backward(m, *cur);
+    begin_backward(m, u);
+    *cur = u;
 }
 
 void keel_model_zero_grads(keel_model *m) {
@@ -294,36 +354,28 @@ void keel_model_init_params(const keel_model_layout *lay, uint64_t seed, float *
     keel_model_init_range(lay, seed, 0, lay->n_params, params);
 }
 
-static block_offsets block_at(const keel_model_layout *lay) {
-    int64_t C = lay->C, F = lay->F, QD = (int64_t)lay->NH * lay->HS, KVD = (int64_t)lay->NKV * lay->HS;
-    block_offsets b;
-    int64_t p = 0;
-    b.norm1 = p; p += C;
-    b.wq = p; p += QD * C;
-    b.wk = p; p += KVD * C;
-    b.wv = p; p += KVD * C;
-    b.wo = p; p += C * QD;
-    b.norm2 = p; p += C;
-    b.wgate = p; p += F * C;
-    b.wup = p; p += F * C;
-    b.wdown = p;
-    return b;
+static weight_at weight(const keel_model_layout *lay, int tensor) {
+    const keel_tensor_info *t = &lay->tensors[tensor];
+    return (weight_at){t->unit, t->offset - lay->unit_offset[t->unit]};
+}
+
+static block_weights block_at(const keel_model_layout *lay, int l) {
+    int t = 1 + l * KEEL_BLOCK_TENSORS; /* after the embedding */
+    return (block_weights){weight(lay, t), weight(lay, t + 1), weight(lay, t + 2),
+                           weight(lay, t + 3), weight(lay, t + 4), weight(lay, t + 5),
+                           weight(lay, t + 6), weight(lay, t + 7), weight(lay, t + 8)};
 }
 
 /* The output head: lm_head after the final norm in the head unit, or the
  * embedding when tied. */
-typedef struct {
-    int unit;
-    int64_t offset;
-} weight_at;
 static weight_at head_matrix(const keel_model_layout *lay) {
-    return lay->cfg.tie_embeddings ? (weight_at){0, 0} : (weight_at){lay->L + 1, lay->C};
+    return lay->cfg.tie_embeddings ? (weight_at){0, 0} : (weight_at){head_unit(lay), lay->C};
 }
 
 /* A norm weight (C) in fp32: in place, or converted from bf16. */
-static const float *norm_weight(keel_model *m, int unit, int64_t offset) {
-    if (!m->bf16) return m->unit_params[unit] + offset;
-    keel_bf16_to_f32(m->normw, m->unit_params16[unit] + offset, m->lay.C);
+static const float *norm_weight(keel_model *m, weight_at w) {
+    if (!m->bf16) return m->unit_params[w.unit] + w.offset;
+    keel_bf16_to_f32(m->normw, m->unit_params16[w.unit] + w.offset, m->lay.C);
     return m->normw;
 }
 
@@ -365,36 +417,37 @@ static void linear_backward(keel_model *m, float *dx, const float *dy, const kee
     keel_gemm_bf16(dw, dy16, true, x16, false, O, I, N, true);
 }
 
-/* A block's weight by name, in block_forward and block_backward. */
-#define W(name) ((weight_at){u, o.name})
 
-static void block_forward(keel_model *m, int l, float *out) {
+static void block_forward(keel_model *m, int l, float *out, bool recompute) {
     const keel_model_layout *lay = &m->lay;
     int B = m->B, T = lay->T, N = B * T, C = lay->C, F = lay->F;
-    int QD = lay->NH * lay->HS, KVD = lay->NKV * lay->HS, u = 1 + l;
-    block_offsets o = block_at(lay);
+    int QD = lay->NH * lay->HS, KVD = lay->NKV * lay->HS, cur = -1;
+    block_weights o = block_at(lay, l);
     block_acts *a = &m->acts[l];
     float eps = (float)lay->cfg.norm_eps;
+#define USE(w) (use_forward(m, &cur, o.w.unit, recompute), o.w)
 
-    keel_rmsnorm_forward(a->n1, a->rstd1, a->res, norm_weight(m, u, o.norm1), N, C, eps);
+    keel_rmsnorm_forward(a->n1, a->rstd1, a->res, norm_weight(m, USE(norm1)), N, C, eps);
     const keel_bf16 *x16 = input_bf16(m, a->n1, (int64_t)N * C);
-    linear_forward(m, a->q, a->n1, x16, W(wq), N, QD, C, false);
-    linear_forward(m, a->k, a->n1, x16, W(wk), N, KVD, C, false);
-    linear_forward(m, a->v, a->n1, x16, W(wv), N, KVD, C, false);
+    linear_forward(m, a->q, a->n1, x16, USE(wq), N, QD, C, false);
+    linear_forward(m, a->k, a->n1, x16, USE(wk), N, KVD, C, false);
+    linear_forward(m, a->v, a->n1, x16, USE(wv), N, KVD, C, false);
     keel_rope_forward(a->q, m->rope, B, T, lay->NH, lay->HS);
     keel_rope_forward(a->k, m->rope, B, T, lay->NKV, lay->HS);
     (m->bf16 ? keel_attention_forward_bf16 : keel_attention_forward)(a->ao, a->lse, a->q, a->k, a->v,
                                                                      B, T, lay->NH, lay->NKV, lay->HS);
     memcpy(a->mid, a->res, sizeof(float) * (size_t)N * C);
-    linear_forward(m, a->mid, a->ao, input_bf16(m, a->ao, (int64_t)N * QD), W(wo), N, C, QD, true);
+    linear_forward(m, a->mid, a->ao, input_bf16(m, a->ao, (int64_t)N * QD), USE(wo), N, C, QD, true);
 
-    keel_rmsnorm_forward(a->n2, a->rstd2, a->mid, norm_weight(m, u, o.norm2), N, C, eps);
+    keel_rmsnorm_forward(a->n2, a->rstd2, a->mid, norm_weight(m, USE(norm2)), N, C, eps);
     x16 = input_bf16(m, a->n2, (int64_t)N * C);
-    linear_forward(m, a->gate, a->n2, x16, W(wgate), N, F, C, false);
-    linear_forward(m, a->up, a->n2, x16, W(wup), N, F, C, false);
+    linear_forward(m, a->gate, a->n2, x16, USE(wgate), N, F, C, false);
+    linear_forward(m, a->up, a->n2, x16, USE(wup), N, F, C, false);
     keel_swiglu_forward(a->h, a->gate, a->up, (int64_t)N * F);
     memcpy(out, a->mid, sizeof(float) * (size_t)N * C);
-    linear_forward(m, out, a->h, input_bf16(m, a->h, (int64_t)N * F), W(wdown), N, C, F, true);
+    linear_forward(m, out, a->h, input_bf16(m, a->h, (int64_t)N * F), USE(wdown), N, C, F, true);
+#undef USE
+    end_forward(m, cur, recompute);
 }
 
 double keel_model_forward(keel_model *m, const int32_t *tokens, int n_seqs, float grad_scale) {
@@ -411,27 +464,23 @@ double keel_model_forward(keel_model *m, const int32_t *tokens, int n_seqs, floa
             m->inputs[b * T + t] = tokens[(int64_t)b * (T + 1) + t];
             m->targets[b * T + t] = tokens[(int64_t)b * (T + 1) + t + 1];
         }
-    hook(m, m->hooks.before_forward, 0);
+    m->have_dlogits = grad_scale != 0.0f; /* a backward follows */
+    begin_forward(m, 0, false);
     for (int i = 0; i < N; i++) {
         float *row = m->acts[0].res + (int64_t)i * C;
         int64_t at = (int64_t)m->inputs[i] * C;
         if (m->bf16) keel_bf16_to_f32(row, m->unit_params16[0] + at, C);
         else memcpy(row, m->unit_params[0] + at, sizeof(float) * (size_t)C);
     }
-    unit_done(m, m->hooks.after_forward, 0);
-    for (int l = 0; l < lay->L; l++) {
-        hook(m, m->hooks.before_forward, 1 + l);
-        block_forward(m, l, l + 1 < lay->L ? m->acts[l + 1].res : m->res_final);
-        unit_done(m, m->hooks.after_forward, 1 + l);
-    }
-    int head = lay->L + 1;
-    hook(m, m->hooks.before_forward, head);
-    keel_rmsnorm_forward(m->nf, m->rstdf, m->res_final, norm_weight(m, head, 0), N, C,
+    end_forward(m, 0, false);
+    for (int l = 0; l < lay->L; l++) block_forward(m, l, l + 1 < lay->L ? m->acts[l + 1].res : m->res_final, false);
+    int head = head_unit(lay);
+    begin_forward(m, head, false);
+    keel_rmsnorm_forward(m->nf, m->rstdf, m->res_final, norm_weight(m, (weight_at){head, 0}), N, C,
                          (float)lay->cfg.norm_eps);
     linear_forward(m, m->logits, m->nf, input_bf16(m, m->nf, (int64_t)N * C), head_matrix(lay), N,
                    V, C, false);
-    unit_done(m, m->hooks.after_forward, head);
-    m->have_dlogits = grad_scale != 0.0f;
+    end_forward(m, head, false);
     return keel_xent_forward_backward(m->logits, m->targets, N, V, grad_scale);
 }
 
@@ -439,27 +488,29 @@ double keel_model_forward(keel_model *m, const int32_t *tokens, int n_seqs, floa
 static void block_backward(keel_model *m, int l) {
     const keel_model_layout *lay = &m->lay;
     int B = m->B, T = lay->T, N = B * T, C = lay->C, F = lay->F;
-    int QD = lay->NH * lay->HS, KVD = lay->NKV * lay->HS, u = 1 + l;
-    block_offsets o = block_at(lay);
-    float *g = m->unit_grads[u];
+    int QD = lay->NH * lay->HS, KVD = lay->NKV * lay->HS, cur = -1;
+    block_weights o = block_at(lay, l);
     block_acts *a = &m->acts[l];
     const keel_bf16 *x16, *dy16;
+#define USE(w) (use_backward(m, &cur, o.w.unit), o.w)
+#define GRAD(w) (m->unit_grads[o.w.unit] + o.w.offset)
 
     /* out = mid + h W_downᵀ */
     linear_backward(m, m->dh, m->dres, grad_bf16(m, m->dres, (int64_t)N * C), a->h,
-                    input_bf16(m, a->h, (int64_t)N * F), W(wdown), N, C, F, false);
+                    input_bf16(m, a->h, (int64_t)N * F), USE(wdown), N, C, F, false);
     keel_swiglu_backward(m->dgate, m->dup, m->dh, a->gate, a->up, (int64_t)N * F);
     x16 = input_bf16(m, a->n2, (int64_t)N * C);
+    /* up before gate: every unit's backward in reverse forward order */
+    linear_backward(m, m->dn, m->dup, grad_bf16(m, m->dup, (int64_t)N * F), a->n2, x16, USE(wup), N,
+                    F, C, false);
     linear_backward(m, m->dn, m->dgate, grad_bf16(m, m->dgate, (int64_t)N * F), a->n2, x16,
-                    W(wgate), N, F, C, false);
-    linear_backward(m, m->dn, m->dup, grad_bf16(m, m->dup, (int64_t)N * F), a->n2, x16, W(wup), N,
-                    F, C, true);
-    keel_rmsnorm_backward(m->dres, g + o.norm2, m->dn, a->mid, norm_weight(m, u, o.norm2), a->rstd2,
-                          N, C);
+                    USE(wgate), N, F, C, true);
+    const float *w_norm2 = norm_weight(m, USE(norm2));
+    keel_rmsnorm_backward(m->dres, GRAD(norm2), m->dn, a->mid, w_norm2, a->rstd2, N, C);
 
     /* mid = res + ao W_oᵀ */
     dy16 = grad_bf16(m, m->dres, (int64_t)N * C);
-    linear_backward(m, m->dao, m->dres, dy16, a->ao, input_bf16(m, a->ao, (int64_t)N * QD), W(wo),
+    linear_backward(m, m->dao, m->dres, dy16, a->ao, input_bf16(m, a->ao, (int64_t)N * QD), USE(wo),
                     N, C, QD, false);
     (m->bf16 ? keel_attention_backward_bf16 : keel_attention_backward)(
         m->dq, m->dk, m->dv, m->dao, a->ao, a->lse, a->q, a->k, a->v, B, T, lay->NH, lay->NKV,
@@ -467,49 +518,46 @@ static void block_backward(keel_model *m, int l) {
     keel_rope_backward(m->dq, m->rope, B, T, lay->NH, lay->HS);
     keel_rope_backward(m->dk, m->rope, B, T, lay->NKV, lay->HS);
     x16 = input_bf16(m, a->n1, (int64_t)N * C);
-    linear_backward(m, m->dn, m->dq, grad_bf16(m, m->dq, (int64_t)N * QD), a->n1, x16, W(wq), N, QD,
+    linear_backward(m, m->dn, m->dq, grad_bf16(m, m->dq, (int64_t)N * QD), a->n1, x16, USE(wq), N, QD,
                     C, false);
-    linear_backward(m, m->dn, m->dk, grad_bf16(m, m->dk, (int64_t)N * KVD), a->n1, x16, W(wk), N,
+    linear_backward(m, m->dn, m->dk, grad_bf16(m, m->dk, (int64_t)N * KVD), a->n1, x16, USE(wk), N,
                     KVD, C, true);
-    linear_backward(m, m->dn, m->dv, grad_bf16(m, m->dv, (int64_t)N * KVD), a->n1, x16, W(wv), N,
+    linear_backward(m, m->dn, m->dv, grad_bf16(m, m->dv, (int64_t)N * KVD), a->n1, x16, USE(wv), N,
                     KVD, C, true);
-    keel_rmsnorm_backward(m->dres, g + o.norm1, m->dn, a->res, norm_weight(m, u, o.norm1), a->rstd1,
-                          N, C);
+    const float *w_norm1 = norm_weight(m, USE(norm1));
+    keel_rmsnorm_backward(m->dres, GRAD(norm1), m->dn, a->res, w_norm1, a->rstd1, N, C);
+#undef GRAD
+#undef USE
+    end_backward(m, cur);
 }
-#undef W
 
 void keel_model_backward(keel_model *m) {
     KEEL_CHECK(m->have_dlogits, "keel_model_backward needs a forward with grad_scale != 0");
     const keel_model_layout *lay = &m->lay;
-    int N = m->B * lay->T, C = lay->C, V = lay->V, head = lay->L + 1;
+    int N = m->B * lay->T, C = lay->C, V = lay->V, head = head_unit(lay);
 
     /* logits = nf W_headᵀ; nf = rmsnorm(res_final) */
-    hook(m, m->hooks.before_backward, head);
+    begin_backward(m, head);
     linear_backward(m, m->dn, m->logits, grad_bf16(m, m->logits, (int64_t)N * V), m->nf,
                     input_bf16(m, m->nf, (int64_t)N * C), head_matrix(lay), N, V, C, false);
     memset(m->dres, 0, sizeof(float) * (size_t)N * C);
-    keel_rmsnorm_backward(m->dres, m->unit_grads[head], m->dn, m->res_final, norm_weight(m, head, 0),
-                          m->rstdf, N, C);
-    unit_done(m, m->hooks.after_backward, head);
+    keel_rmsnorm_backward(m->dres, m->unit_grads[head], m->dn, m->res_final,
+                          norm_weight(m, (weight_at){head, 0}), m->rstdf, N, C);
+    end_backward(m, head);
     for (int l = lay->L - 1; l >= 0; l--) {
-        hook(m, m->hooks.before_backward, 1 + l);
         /* Recompute the block's activations from its saved input; the output
          * goes to res_final, which nothing needs after the head's backward. */
-        if (m->checkpointing) {
-            block_forward(m, l, m->res_final);
-            progress(m);
-        }
+        if (m->checkpointing) block_forward(m, l, m->res_final, true);
         block_backward(m, l);
-        unit_done(m, m->hooks.after_backward, 1 + l);
     }
 
-    hook(m, m->hooks.before_backward, 0);
+    begin_backward(m, 0);
     float *dembed = m->unit_grads[0]; /* sequential so repeated tokens add in a fixed order */
     for (int i = 0; i < N; i++) {
         float *row = dembed + (int64_t)m->inputs[i] * C;
         const float *d = m->dres + (int64_t)i * C;
         for (int j = 0; j < C; j++) row[j] += d[j];
     }
-    unit_done(m, m->hooks.after_backward, 0);
+    end_backward(m, 0);
     m->have_dlogits = false;
 }

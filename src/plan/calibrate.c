@@ -30,10 +30,12 @@ static double slice_flops(const keel_model_config *mc, int layers, int B, int T)
 typedef struct {
     double started, block_s;
 } block_clock;
-static void block_begin(void *p, int unit) {
+static void block_begin(void *p, int unit, int next) {
+    (void)next;
     if (unit == 1) ((block_clock *)p)->started = keel_now_s();
 }
-static void block_end(void *p, int unit) {
+static void block_end(void *p, int unit, int next) {
+    (void)next;
     block_clock *c = p;
     if (unit == 1) c->block_s += keel_now_s() - c->started;
 }

@@ -51,6 +51,7 @@ static double ring_s(const keel_device *d, double mem_bw, const group *g, double
 typedef struct {
     int n;
     double *fwd, *bwd, *gather, *reduce;
+    double *bwd_gather; /* backward's gathers: with matrix units and checkpointing also the recomputation's */
 } unit_costs;
 
 /* The comm engine and the compute thread. */
@@ -103,12 +104,12 @@ static void micro_batch(timeline *tl, const unit_costs *c, bool prefetch, bool k
      * tied embeddings keep unit 0 */
     for (int u = 0; u < n; u++) done[u] = keep_gathered || u == n - 1 || (tied && u == 0) ? 0 : -1;
     for (int u = n - 1; u >= 0; u--) {
-        if (done[u] < 0) done[u] = issue(tl, c->gather[u]);
+        if (done[u] < 0) done[u] = issue(tl, c->bwd_gather[u]);
         await(tl, done[u], KEEL_WAIT_STEADY);
         int b = *next_buffer;
         *next_buffer ^= 1;
         await(tl, rs[b], KEEL_WAIT_STEADY);
-        if (prefetch && u > 0 && done[u - 1] < 0) done[u - 1] = issue(tl, c->gather[u - 1]);
+        if (prefetch && u > 0 && done[u - 1] < 0) done[u - 1] = issue(tl, c->bwd_gather[u - 1]);
         tl->t += c->bwd[u];
         rs[b] = issue(tl, c->reduce[u]);
     }
@@ -133,7 +134,7 @@ static void unit_flops(const keel_model_layout *lay, double *fwd) {
         if (t->cols > 1 && t->unit != 0) fwd[t->unit] += 2.0 * (double)t->rows * t->cols;
     }
     if (lay->cfg.tie_embeddings) fwd[lay->n_units - 1] += 2.0 * lay->V * lay->C;
-    for (int l = 1; l <= lay->L; l++) fwd[l] += 4.0 * lay->C * lay->T; /* attention */
+    for (int l = 0; l < lay->L; l++) fwd[keel_model_block_unit(lay, l)] += 4.0 * lay->C * lay->T; /* attention */
 }
 
 static int shard_ranks_of(const keel_config *cfg, int W) {
@@ -168,15 +169,15 @@ static void step_time(const keel_config *cfg, const keel_cluster *cl, keel_plan_
     double mem_bw = d->mem_bw / (cpu ? cl->per_node : 1);
     double adamw_rate = d->adamw_params_per_s / (cpu ? cl->per_node : 1);
     keel_model_layout lay;
-    keel_model_layout_init(&lay, &cfg->model);
+    keel_model_layout_init_units(&lay, &cfg->model, cfg->fsdp.unit);
     keel_fsdp_plan plan;
     keel_fsdp_plan_init(&plan, &lay, e->shard_group);
     group shard, replica, world = {W, cl->per_node < W ? cl->per_node : W, 1};
     groups(cl, e->shard_group, &shard, &replica);
     int n = lay.n_units;
-    double *mem = keel_xcalloc(sizeof(double) * 5 * (size_t)n, "plan unit costs");
-    unit_costs c = {n, mem, mem + n, mem + 2 * n, mem + 3 * n};
-    double *done = mem + 4 * n, tokens = (double)B * lay.T;
+    double *mem = keel_xcalloc(sizeof(double) * 6 * (size_t)n, "plan unit costs");
+    unit_costs c = {n, mem, mem + n, mem + 2 * n, mem + 3 * n, mem + 4 * n};
+    double *done = mem + 5 * n, tokens = (double)B * lay.T;
     unit_flops(&lay, c.fwd);
     double elem = bf16 ? 2 : 4, grad_elem = cfg->fsdp.reduce_dtype == KEEL_DTYPE_BF16 ? 2 : 4;
     e->compute_s = e->recompute_s = 0;
@@ -184,11 +185,17 @@ static void step_time(const keel_config *cfg, const keel_cluster *cl, keel_plan_
         c.fwd[u] *= tokens / rate;
         c.bwd[u] = 2 * c.fwd[u];
         e->compute_s += accum * 3 * c.fwd[u];
-        if (e->checkpointing && u >= 1 && u <= lay.L) { /* blocks recompute their forward */
+        bool block = u >= 1 && u < n - 1;
+        if (e->checkpointing && block) { /* blocks recompute their forward */
             c.bwd[u] += c.fwd[u];
             e->recompute_s += accum * c.fwd[u];
         }
         c.gather[u] = ring_s(d, mem_bw, &shard, elem * (double)plan.units[u].padded, false);
+        /* a block of several units gathers each again for its recomputation
+         * (all but its last, kept for backward: counted for every one) */
+        bool regather = e->checkpointing && block && lay.units_per_block > 1 &&
+                        e->strategy != KEEL_FSDP_SHARD_GRAD_OP;
+        c.bwd_gather[u] = (regather ? 2 : 1) * c.gather[u];
         c.reduce[u] = ring_s(d, mem_bw, &shard, grad_elem * (double)plan.units[u].padded, false);
     }
     timeline tl = {0}, before = {0};
@@ -228,6 +235,7 @@ void keel_plan_entry_make(const keel_config *cfg, const keel_cluster *cl, keel_p
     if (c.fsdp.strategy == KEEL_FSDP_HYBRID_SHARD) c.fsdp.shard_group_size = cl->per_node;
     *e = (keel_plan_entry){.strategy = c.fsdp.strategy,
                            .shard_group = shard_ranks_of(&c, W),
+                           .unit = c.fsdp.unit,
                            .checkpointing = c.fsdp.activation_checkpointing,
                            .micro_batch = c.train.micro_batch_size,
                            .grad_accum = c.train.grad_accum_steps};
@@ -252,10 +260,19 @@ static bool better(const keel_plan_entry *a, const keel_plan_entry *b) {
  * micro-batches — the config's sequences per rank and optimizer step
  * (micro_batch_size x grad_accum_steps) split into micro-batches of every
  * divisor, so the global batch stays the config's — each up to the first
- * micro-batch that does not fit; when none fits, the smallest plan (which
- * says by how much). */
+ * micro-batch that does not fit; block units, and matrix units only when no
+ * plan with blocks fits (they cost 5x the collectives); when none fits, the
+ * smallest plan (which says by how much). */
+static void search_units(const keel_config *cfg, const keel_cluster *cl, keel_unit_kind unit, keel_plan *p,
+                         bool *any);
 static void search(const keel_config *cfg, const keel_cluster *cl, keel_plan *p) {
     bool any = false;
+    search_units(cfg, cl, KEEL_UNIT_BLOCK, p, &any);
+    if (!p->best.fits) search_units(cfg, cl, KEEL_UNIT_MATRIX, p, &any);
+}
+
+static void search_units(const keel_config *cfg, const keel_cluster *cl, keel_unit_kind unit, keel_plan *p,
+                         bool *any) {
     int64_t per_rank = (int64_t)cfg->train.micro_batch_size * cfg->train.grad_accum_steps;
     for (int s = 0; s < KEEL_PLAN_STRATEGIES; s++)
         for (int ac = 0; ac < 2; ac++)
@@ -263,14 +280,15 @@ static void search(const keel_config *cfg, const keel_cluster *cl, keel_plan *p)
                 if (per_rank % B || per_rank / B > INT32_MAX) continue;
                 keel_config c = *cfg;
                 c.fsdp.strategy = STRATEGIES[s];
+                c.fsdp.unit = unit;
                 c.fsdp.activation_checkpointing = ac;
                 c.train.micro_batch_size = B;
                 c.train.grad_accum_steps = (int)(per_rank / B);
                 keel_plan_entry e;
                 keel_plan_entry_make(&c, cl, &e);
-                bool take = !any || (e.fits && (!p->best.fits || better(&e, &p->best))) ||
+                bool take = !*any || (e.fits && (!p->best.fits || better(&e, &p->best))) ||
                             (!e.fits && !p->best.fits && e.peak_bytes < p->best.peak_bytes);
-                if (take) p->best = e, any = true;
+                if (take) p->best = e, *any = true;
                 if (!e.fits) break; /* memory grows with the micro-batch */
             }
 }

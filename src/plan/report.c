@@ -130,20 +130,23 @@ void keel_plan_print(FILE *out, const keel_plan *p) {
     print_time(out, p);
     const keel_plan_entry *b = &p->best;
     if (!b->fits) {
-        fprintf(out, "\nNO PLAN FITS: the smallest, %s with activation checkpointing %s at micro-batch %d, needs "
-                "%.2f GiB per rank and a rank has %.2f; add ranks or use a device with more memory\n",
-                keel_strategy_name(b->strategy), b->checkpointing ? "on" : "off", b->micro_batch,
+        fprintf(out, "\nNO PLAN FITS: the smallest, %s with %s units and activation checkpointing %s at micro-batch "
+                "%d, needs %.2f GiB per rank and a rank has %.2f; add ranks or use a device with more memory\n",
+                keel_strategy_name(b->strategy), keel_unit_kind_name(b->unit), b->checkpointing ? "on" : "off",
+                b->micro_batch,
                 b->peak_bytes / GIB, b->budget_bytes / GIB);
         return;
     }
-    fprintf(out, "\nrecommended: %s (shard group %d x %d replicas%s), activation checkpointing %s, micro-batch %d x %d: "
-            "%.2f GiB of %.2f per rank, %.4g s per step, %.0f tokens/s, scaling efficiency %.3f\n",
+    fprintf(out, "\nrecommended: %s (shard group %d x %d replicas%s), %s units, activation checkpointing %s, "
+            "micro-batch %d x %d: %.2f GiB of %.2f per rank, %.4g s per step, %.0f tokens/s, scaling efficiency %.3f\n",
             keel_strategy_name(b->strategy), b->shard_group, b->replicas,
-            b->strategy == KEEL_FSDP_HYBRID_SHARD ? ", a node each" : "", b->checkpointing ? "on" : "off",
+            b->strategy == KEEL_FSDP_HYBRID_SHARD ? ", a node each" : "", keel_unit_kind_name(b->unit),
+            b->checkpointing ? "on" : "off",
             b->micro_batch, b->grad_accum, b->peak_bytes / GIB, b->budget_bytes / GIB, b->step_s, b->tokens_per_s,
             b->scaling_efficiency);
-    fprintf(out, "  --set fsdp.strategy=%s --set fsdp.activation_checkpointing=%s --set train.micro_batch_size=%d "
-            "--set train.grad_accum_steps=%d%s", keel_strategy_name(b->strategy), b->checkpointing ? "true" : "false",
+    fprintf(out, "  --set fsdp.strategy=%s --set fsdp.unit=%s --set fsdp.activation_checkpointing=%s "
+            "--set train.micro_batch_size=%d --set train.grad_accum_steps=%d%s", keel_strategy_name(b->strategy),
+            keel_unit_kind_name(b->unit), b->checkpointing ? "true" : "false",
             b->micro_batch, b->grad_accum,
             b->strategy == KEEL_FSDP_HYBRID_SHARD ? " --set fsdp.shard_group_size=" : "");
     if (b->strategy == KEEL_FSDP_HYBRID_SHARD) fprintf(out, "%d", b->shard_group);
@@ -157,6 +160,7 @@ static cJSON *entry_json(const keel_plan_entry *e) {
     cJSON_AddStringToObject(o, "strategy", keel_strategy_name(e->strategy));
     cJSON_AddNumberToObject(o, "shard_group", e->shard_group);
     cJSON_AddNumberToObject(o, "replicas", e->replicas);
+    cJSON_AddStringToObject(o, "unit", keel_unit_kind_name(e->unit));
     cJSON_AddBoolToObject(o, "activation_checkpointing", e->checkpointing);
     cJSON_AddNumberToObject(o, "micro_batch", e->micro_batch);
     cJSON_AddNumberToObject(o, "grad_accum", e->grad_accum);

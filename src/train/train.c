@@ -442,7 +442,8 @@ static keel_status build_state(trainer *t) {
     int B = cfg->train.micro_batch_size;
     keel_model_options opts = {.own_params = !t->world,
                                .checkpoint_activations = cfg->fsdp.activation_checkpointing,
-                               .bf16 = t->bf16};
+                               .bf16 = t->bf16,
+                               .unit = cfg->fsdp.unit};
     keel_model_build_with(&cfg->model, B, &opts, &t->model);
     /* A run directory with checkpoints resumes from one of them (or stops when
      * none is usable): initializing the parameters first would be wasted time

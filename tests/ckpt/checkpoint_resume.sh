@@ -7,7 +7,8 @@
 # - resharded resumes from a real mid-run checkpoint (step 4 of 12) — 2 -> 1,
 #   2 -> 3 and 4 -> 2 ranks, full_shard -> no_shard — keep the global batch
 #   (accumulation is adjusted when needed) and follow the uninterrupted run
-#   within 1e-5 relative loss;
+#   within 1e-5 relative loss; so do resumes across fsdp.unit (a checkpoint
+#   saved with block units read into matrix units and the reverse);
 # - resuming with a different model is refused with one line naming the key.
 source "$KEEL_SRC/tests/lib.sh"
 mpi_env
@@ -56,12 +57,14 @@ PY
 # ---- resharded resumes ---------------------------------------------------------------
 CFG=$KEEL_SRC/tests/train/micro.json
 common=(--set train.steps=12 --set train.threads=1 --set checkpoint.every_steps=4 --set checkpoint.keep_last=0)
-run() { # NAME W B STRATEGY [RUN_DIR]
+run() { # NAME W B STRATEGY [RUN_DIR [UNIT]]
   timeout 300 "$KEEL_BIN" train "$CFG" "${common[@]}" --nproc "$2" --set train.micro_batch_size="$3" \
-    --set fsdp.strategy="$4" --run-dir "${5:-$TMP/$1}" >"$TMP/out" 2>&1 || { cat "$TMP/out"; fail "$1"; }
+    --set fsdp.strategy="$4" --set fsdp.unit="${6:-block}" --run-dir "${5:-$TMP/$1}" >"$TMP/out" 2>&1 ||
+    { cat "$TMP/out"; fail "$1"; }
 }
 run ref2 2 6 full_shard
 run ref4 4 3 full_shard
+run ref2m 2 6 full_shard "$TMP/ref2m" matrix
 # from step 4 of a reference: copy the run as it stood after that commit
 from_step4() { # SRC DST
   mkdir -p "$2/checkpoints"
@@ -69,11 +72,12 @@ from_step4() { # SRC DST
   cp -r "$1/checkpoints/step_00000004" "$2/checkpoints/"
   echo step_00000004 >"$2/checkpoints/LATEST"
 }
-for spec in ref2:1:12:full_shard ref2:3:4:full_shard ref4:2:6:full_shard ref2:2:6:no_shard ref2:1:6:full_shard; do
-  IFS=: read -r src W B strategy <<<"$spec"
-  dst="$TMP/$src-to-$W-$B-$strategy"
+for spec in ref2:1:12:full_shard ref2:3:4:full_shard ref4:2:6:full_shard ref2:2:6:no_shard \
+            ref2:3:4:full_shard:matrix ref2m:2:6:full_shard:block ref2:1:6:full_shard; do
+  IFS=: read -r src W B strategy unit <<<"$spec"
+  dst="$TMP/$src-to-$W-$B-$strategy-${unit:-block}"
   from_step4 "$TMP/$src" "$dst"
-  run "$spec" "$W" "$B" "$strategy" "$dst"
+  run "$spec" "$W" "$B" "$strategy" "$dst" "${unit:-block}"
   grep -q "resuming from .*step_00000004" "$TMP/out" || { cat "$TMP/out"; fail "$spec did not resume from step 4"; }
   python3 - "$TMP/$src" "$dst" "$spec" <<'PY' || fail "$spec differs from the uninterrupted run"
 import json, sys
@@ -82,7 +86,7 @@ a = {r["step"]: r["loss"] for r in map(json.loads, open(f"{ref}/metrics.jsonl"))
 b = {r["step"]: r["loss"] for r in map(json.loads, open(f"{run}/metrics.jsonl"))}
 assert sorted(b) == list(range(5, 13)), sorted(b)
 worst = max(abs(a[s] - b[s]) / a[s] for s in b)
-print(f"ok   resharded {spec} (source:ranks:micro-batch:strategy) from step 4: steps 5-12 loss rel {worst:.1e}")
+print(f"ok   resharded {spec} (source:ranks:micro-batch:strategy[:unit]) from step 4: steps 5-12 loss rel {worst:.1e}")
 assert worst <= 1e-5, worst
 PY
 done

@@ -4,15 +4,17 @@
 # |dp|/|p| <= 1e-5; each rank's persistent state is exactly 16 bytes x padded
 # params / (ranks in its shard group) — W for FULL_SHARD. Odd shapes make every
 # unit need padding; tied heads run on 3 ranks. HYBRID_SHARD: groups of 2.
+# Matrix units (fsdp.unit matrix: 5 per block), with and without activation
+# checkpointing (whose recomputation gathers a block's units again), follow too.
 source "$KEEL_SRC/tests/lib.sh"
 prog=$KEEL_BUILD/tests/mpi_fsdp_equivalence
 [ -x "$prog" ] || fail "$prog not built"
 mpi_env
-run() { # W TIED STRATEGY [GROUP]
-  timeout 300 mpirun --allow-run-as-root --oversubscribe -np "$1" "$prog" 10 "$2" "$3" "${4:-0}" \
-    >"$TMP/out" 2>&1 || { cat "$TMP/out"; fail "W=$1 tied=$2 $3"; }
-  grep -q "^PASSED" "$TMP/out" || { cat "$TMP/out"; fail "W=$1 tied=$2 $3: no PASSED line"; }
-  pass "$(grep "^W=$1 tied=$2" "$TMP/out")"
+run() { # W TIED STRATEGY [GROUP [KEY=VALUE...]]
+  timeout 300 mpirun --allow-run-as-root --oversubscribe -np "$1" "$prog" 10 "$2" "$3" "${4:-0}" "${@:5}" \
+    >"$TMP/out" 2>&1 || { cat "$TMP/out"; fail "W=$1 tied=$2 $3 ${*:5}"; }
+  grep -q "^PASSED" "$TMP/out" || { cat "$TMP/out"; fail "W=$1 tied=$2 $3 ${*:5}: no PASSED line"; }
+  pass "$(grep "^W=$1 tied=$2" "$TMP/out") ${*:5}"
 }
 for strategy in full_shard shard_grad_op no_shard; do
   for W in 1 2 3 4; do run "$W" 0 "$strategy"; done
@@ -21,3 +23,10 @@ done
 run 2 0 hybrid_shard 2
 run 4 0 hybrid_shard 2
 run 4 1 hybrid_shard 2
+for ac in false true; do
+  run 2 0 full_shard 0 fsdp.unit=matrix fsdp.activation_checkpointing=$ac
+  run 3 1 full_shard 0 fsdp.unit=matrix fsdp.activation_checkpointing=$ac
+  run 2 0 shard_grad_op 0 fsdp.unit=matrix fsdp.activation_checkpointing=$ac
+  run 4 0 hybrid_shard 2 fsdp.unit=matrix fsdp.activation_checkpointing=$ac
+done
+run 2 0 full_shard 0 fsdp.activation_checkpointing=true

@@ -61,6 +61,8 @@ int main(int argc, char **argv) {
     char assignment[64];
     snprintf(assignment, sizeof assignment, "fsdp.strategy=%s", argc > 3 ? argv[3] : "full_shard");
     if (keel_config_set(&cfg, assignment) != KEEL_OK) return 2;
+    for (int i = 5; i < argc; i++) /* more KEY=VALUE: fsdp.unit, fsdp.activation_checkpointing */
+        if (keel_config_set(&cfg, argv[i]) != KEEL_OK) return 2;
     keel_fsdp_strategy strategy = cfg.fsdp.strategy;
     cfg.model = (keel_model_config){.dim = 48, .n_layers = 3, .n_heads = 6, .n_kv_heads = 2,
                                     .vocab_size = 97, .multiple_of = 7, .norm_eps = 1e-5,
@@ -80,7 +82,8 @@ int main(int argc, char **argv) {
     keel_optim_build(&cfg.train, lay, 0, lay->n_params, &full_opt);
 
     keel_model *m;
-    keel_model_options opts = {.own_params = false};
+    keel_model_options opts = {.unit = cfg.fsdp.unit,
+                               .checkpoint_activations = cfg.fsdp.activation_checkpointing};
     keel_model_build_with(&cfg.model, B, &opts, &m);
     keel_fsdp *f;
     if (keel_fsdp_build(m, world, strategy, group_size, &f) != KEEL_OK) return 2;

@@ -66,6 +66,17 @@ plan "$KEEL_SRC/configs/llama2-70b.json" --device a100 --per-node 1 >"$TMP/70b.t
 [ "$rc" = 1 ] && grep -q "NO PLAN FITS" "$TMP/70b.txt" || fail "the text plan must say nothing fits (exit $rc)"
 pass "llama2-70b on one a100: fits false, exit 1, in JSON and text"
 
+# --- matrix units when no block plan fits --------------------------------------------
+# five 70B-width layers at T 1024 on one h100: every block plan needs > 80 GB (an 856 M-parameter
+# block's two slots and two gradient buffers are 12.8 GiB); gathering one matrix at a time fits
+plan "$KEEL_SRC/configs/llama2-70b-slice.json" --device h100 --per-node 1 --set model.n_layers=5 \
+  --set model.max_seq_len=1024 --json >"$TMP/wide.json" || fail "five 70B-width layers on one h100: no plan fits"
+[ "$(json "$TMP/wide.json" 'j["recommendation"]["unit"] == "matrix" and j["recommendation"]["fits"] and not any(e["fits"] for e in j["strategies"]) and all(e["unit"] == "block" for e in j["strategies"])')" = True ] ||
+  fail "five 70B-width layers on one h100: the recommendation must be matrix units, which alone fit"
+plan "$KEEL_SRC/configs/llama2-70b-slice.json" --device h100 --per-node 1 --set model.n_layers=5 \
+  --set model.max_seq_len=1024 | grep -q -- "--set fsdp.unit=matrix" || fail "the text plan must say --set fsdp.unit=matrix"
+pass "five 70B-width layers on one h100: no block plan fits, matrix units do and are recommended"
+
 # --- more ranks, slower network ---------------------------------------------------
 per_rank() { plan "$KEEL_SRC/configs/llama2-13b.json" --device h100 "$@" --json |
   python3 -c "import json,sys; e=json.load(sys.stdin)['strategies'][0]; print(e['memory']['params'], e['scaling_efficiency'])"; }
