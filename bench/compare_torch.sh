@@ -18,7 +18,7 @@
 # "full_shard shard_grad_op no_shard"; hybrid_shard too if asked, with shard group
 # 2 — on 2 ranks that is full_shard), BENCH_WARMUP (2), BENCH_BATCH (sequences per
 # rank; default the config's), BENCH_TORCH_IMPLS ("fsdp2 fsdp1 ddp"),
-# BENCH_TORCH_PRECISIONS ("fp32 bf16"; bf16 = bf16 params/GEMMs with fp32
+# BENCH_KEEL_PRECISIONS (default fp32 and bf16), BENCH_TORCH_PRECISIONS ("fp32 bf16"; bf16 = bf16 params/GEMMs with fp32
 # gradient reduction, keel's design; add bf16r for bf16 reduction too), BENCH_TORCH_TIMEOUT
 # (seconds per PyTorch variant, 900), KEEL_BIN, KEEL_TORCH_VENV (/opt/keel-torch, from
 # scripts/setup-torch.sh; without it keel's numbers still print).
@@ -51,6 +51,7 @@ keel_precisions="fp32"
 if grep -q 'fsdp\.mixed_precision' <<<"$("$KEEL_BIN" config keys 2>/dev/null)"; then
     keel_precisions="fp32 bf16"
 fi
+keel_precisions="${BENCH_KEEL_PRECISIONS:-$keel_precisions}"
 
 cpu="$(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"
 grep -qw amx_tile /proc/cpuinfo && cpu="$cpu, AMX" || cpu="$cpu, no AMX"
@@ -233,8 +234,8 @@ for c in configs:
         line += f" = {r:.2f}x (target >= 1.5x: {'met' if r >= 1.5 else 'missed'})"
     print(line)
     if "bf16" not in keel_precisions:
-        print(f"{c}: keel bf16: not available (`keel config keys` has no fsdp.mixed_precision); "
-              "target >= 3x PyTorch fp32 on the same strategy")
+        print(f"{c}: keel bf16: not run (BENCH_KEEL_PRECISIONS, or `keel config keys` has no "
+              "fsdp.mixed_precision); target >= 3x PyTorch fp32 on the same strategy")
     elif kb and kb["ok"]:
         line = f"{c}: keel {ks} bf16 {kb['tokens_per_s_median']:.0f} tok/s"
         if same:  # the target: PyTorch fp32 on the same strategy (its best variant)

@@ -59,12 +59,13 @@ void keel_plan_device_set_net(keel_device *d, double gbps);
  * (line rate: 80% of it; measured: as measured, efficiency = 1). */
 void keel_plan_device_set_intra(keel_device *d, double gbps, double efficiency, const char *source);
 /* cpu: time keel's own forward + backward of a one-block slice of cfg's
- * model (micro-batch, then sequence shortened to keep it near a second) on
- * all the node's cores, with the block timed apart from the rest, and
+ * model (micro-batch, then sequence shortened to keep it near a second)
+ * with the threads one of per_node ranks gets, times the ranks that run at
+ * once, with the block timed apart from the rest, and
  * AdamW and a streaming pass over a few million parameters; sets dev->mfu
  * (unless mfu_given: the node's rate, which its ranks share),
  * dev->adamw_params_per_s and dev->mem_bw. */
-keel_status keel_plan_measure_cpu(const keel_config *cfg, bool mfu_given, keel_device *dev);
+keel_status keel_plan_measure_cpu(const keel_config *cfg, bool mfu_given, int per_node, keel_device *dev);
 
 typedef struct {
     int nodes, per_node;

@@ -66,7 +66,7 @@ static keel_status make_device(const keel_config *cfg, const plan_args *a, keel_
         return KEEL_ERR_INPUT;
     }
     if (a->intra_gbps == 0 && a->per_node > 1 && (st = measure_intra(a->per_node, dev)) != KEEL_OK) return st;
-    return keel_plan_measure_cpu(cfg, a->mfu > 0, dev);
+    return keel_plan_measure_cpu(cfg, a->mfu > 0, a->per_node, dev);
 }
 
 static bool parse(int argc, char **argv, plan_args *a, char **sets, int *n_sets, int *code) {

@@ -12,36 +12,11 @@
 
 #include "kernels/simd.h"
 
-/* keel_expf's steps on 8 lanes of AVX2 + FMA (keel's baseline): GCC keeps
- * every loop that calls keel_expf scalar under its default -ftrapping-math
- * (the clamp's compares feed arithmetic), and exp is most of the softmax's
- * time (measured: ~20% of flash attention's, scalar). The clamp's operand
- * order lets a NaN through, as keel_expf does. */
-static inline __m256 expf8(__m256 x) {
-    x = _mm256_min_ps(_mm256_set1_ps(88.3f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x));
-    const __m256 magic = _mm256_set1_ps(12582912.0f); /* 1.5 * 2^23: rounds to integers */
-    __m256 y = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), magic);
-    __m256 n = _mm256_sub_ps(y, magic);
-    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f),
-                               _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x));
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
-    /* n sits in y's low mantissa bits (|n| <= 128): 2^n through the exponent */
-    __m256i e = _mm256_sub_epi32(_mm256_castps_si256(y), _mm256_castps_si256(magic));
-    e = _mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
 /* x[c] = exp(x[c] - sub) for c in [0, n). */
 static inline void exp_minus(float *x, int n, float sub) {
     int c = 0;
     for (; c + 8 <= n; c += 8)
-        _mm256_storeu_ps(x + c, expf8(_mm256_sub_ps(_mm256_loadu_ps(x + c), _mm256_set1_ps(sub))));
+        _mm256_storeu_ps(x + c, keel_expf8(_mm256_sub_ps(_mm256_loadu_ps(x + c), _mm256_set1_ps(sub))));
     for (; c < n; c++) x[c] = keel_expf(x[c] - sub);
 }
 

@@ -99,13 +99,18 @@ static void shard_rates(double *adamw_params_per_s, double *stream_bw) {
 }
 
 /* The compute a node's ranks share: the efficiency a slice of the model
- * reaches on all the node's cores, so that cores taken by other work show
- * (a shared machine) as they will in the run; each of per_node ranks gets
- * its share of it (train.c gives a rank cores / ranks threads; ranks past
- * the cores take turns). */
-static double measure_mfu(const keel_config *cfg, keel_device *dev) {
+ * reaches with the threads one rank gets (train.c gives a rank cores /
+ * ranks threads, at least one), times the ranks that run at once (ranks past
+ * the cores take turns). Measured as a rank runs — 2 ranks of 1 thread get
+ * more from 2 cores than 1 process of 2 threads — and on a machine as it is,
+ * so that cores taken by other work show (a shared machine) as they will in
+ * the run; each of per_node ranks then gets its share of it. */
+static double measure_mfu(const keel_config *cfg, int per_node, keel_device *dev) {
     bool bf16 = cfg->fsdp.mixed_precision == KEEL_DTYPE_BF16;
-    int threads = keel_kernels_init(dev->cores);
+    int want = dev->cores / per_node > 1 ? dev->cores / per_node : 1;
+    int threads = keel_kernels_init(want);
+    int concurrent = dev->cores / threads < per_node ? dev->cores / threads : per_node;
+    if (concurrent < 1) concurrent = 1;
     double peak = keel_peak_flops(bf16);
     int B = cfg->train.micro_batch_size, T = cfg->model.max_seq_len;
     while (slice_flops(&cfg->model, 1, B, T) / (0.5 * peak) > SLICE_BUDGET_S && (B > 1 || T > 64)) {
@@ -117,18 +122,19 @@ static double measure_mfu(const keel_config *cfg, keel_device *dev) {
     keel_kernels_shutdown();
     double block = st.block_s, head = fmax(0, st.total_s - st.block_s);
     double full_s = head + cfg->model.n_layers * block;
-    double rate = slice_flops(&cfg->model, cfg->model.n_layers, B, T) / full_s;
+    double rate = concurrent * slice_flops(&cfg->model, cfg->model.n_layers, B, T) / full_s;
     dev->measured_share = st.cpu_s / st.wall_s / threads;
-    snprintf(dev->detail, sizeof dev->detail, "%d cores: a block %.1f ms, the rest %.1f ms at micro-batch %d, "
-             "seq %d (%.1f GF/s; the process got %.1f of %d cores while measuring)", threads, 1e3 * block,
-             1e3 * head, B, T, rate / 1e9, st.cpu_s / st.wall_s, threads);
+    snprintf(dev->detail, sizeof dev->detail, "a rank's %d thread(s), %d rank(s) at once: a block %.1f ms, "
+             "the rest %.1f ms at micro-batch %d, seq %d (%.1f GF/s a node; the process got %.1f of %d cores "
+             "while measuring)", threads, concurrent, 1e3 * block, 1e3 * head, B, T, rate / 1e9,
+             st.cpu_s / st.wall_s, threads);
     return fmin(1.0, rate / (bf16 ? dev->peak_flops_bf16 : dev->peak_flops_fp32));
 }
 
-keel_status keel_plan_measure_cpu(const keel_config *cfg, bool mfu_given, keel_device *dev) {
+keel_status keel_plan_measure_cpu(const keel_config *cfg, bool mfu_given, int per_node, keel_device *dev) {
     keel_kernels_init(dev->cores);
     shard_rates(&dev->adamw_params_per_s, &dev->mem_bw);
     keel_kernels_shutdown();
-    if (!mfu_given) dev->mfu = measure_mfu(cfg, dev);
+    if (!mfu_given) dev->mfu = measure_mfu(cfg, per_node, dev);
     return KEEL_OK;
 }

@@ -196,7 +196,8 @@ static void step_time(const keel_config *cfg, const keel_cluster *cl, keel_plan_
         bool regather = e->checkpointing && block && lay.units_per_block > 1 &&
                         e->strategy != KEEL_FSDP_SHARD_GRAD_OP;
         c.bwd_gather[u] = (regather ? 2 : 1) * c.gather[u];
-        c.reduce[u] = ring_s(d, mem_bw, &shard, grad_elem * (double)plan.units[u].padded, false);
+        /* a shard group of one (no_shard) reduce-scatters in place: nothing moves */
+        c.reduce[u] = shard.n == 1 ? 0 : ring_s(d, mem_bw, &shard, grad_elem * (double)plan.units[u].padded, false);
     }
     timeline tl = {0}, before = {0};
     double rs[2] = {0, 0};
