@@ -19,6 +19,9 @@ KEEL_BUILD_DEPS=(
     libcjson-dev             # JSON configs and checkpoint metadata
     libxxhash-dev            # fast checksums of shards and checkpoints
     libdnnl-dev              # oneDNN: the bf16 matmuls of fsdp.mixed_precision
+    libmicrohttpd-dev        # the run's HTTP endpoint (/metrics)
+    prometheus               # prometheus + promtool: the tests scrape a real run and lint /metrics
+    chromium                 # headless: the tests load the dashboard in a real browser
     sentencepiece            # spm_train / spm_encode: train the demo tokenizer, reference encoder
     xxhash                   # xxhsum: tests/train check params_xxh3 against weights.bin
     python3                  # tests/lib.sh and the train tests read JSON with python3

@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 keel=${KEEL_BIN:-build/keel}
+unset KEEL_METRICS_PORT  # the built-in default port, not this shell's
 python3 - "$keel" <<'PY'
 import re, subprocess, sys
 table = subprocess.run([sys.argv[1], "config", "keys"], check=True, capture_output=True, text=True).stdout

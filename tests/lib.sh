@@ -28,6 +28,11 @@ if grep -q '^KEEL_SANITIZE:BOOL=ON' "${KEEL_BUILD:-/nonexistent}/CMakeCache.txt"
   export LSAN_OPTIONS=suppressions=$KEEL_SRC/tests/lsan.supp:print_suppressions=0
   export OMPI_MCA_mca_base_component_disable_dlclose=1
 fi
+# kill_leftovers: every process whose command line names this test's temp
+# dir (a supervisor killed by a failing test leaves its launcher and ranks
+# running; prometheus, chromium). For EXIT traps of tests that start runs in
+# the background.
+kill_leftovers() { pkill -9 -f -- "$TMP/" 2>/dev/null || true; }
 # mpi_env: the environment of every MPI test — loopback only.
 mpi_env() {
   : "${KEEL_BUILD:?KEEL_BUILD must point at the build directory}"

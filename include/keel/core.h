@@ -89,6 +89,7 @@ void keel_free(void *p);
 
 /* Peak resident set size of this process in bytes (VmHWM), 0 if unknown. */
 uint64_t keel_peak_rss_bytes(void);
+uint64_t keel_rss_bytes(void); /* resident now (VmRSS) */
 /* The kernel's estimate of memory available to new work (MemAvailable), 0 if unknown. */
 uint64_t keel_mem_available_bytes(void);
 /* Monotonic wall clock in seconds (durations). */
@@ -251,6 +252,11 @@ typedef enum {                   /* fsdp.strategy, DESIGN §3 */
     KEEL_FSDP_HYBRID_SHARD = 3,  /* FULL_SHARD within groups of K ranks, replicas across groups */
 } keel_fsdp_strategy;
 typedef enum { KEEL_DTYPE_FP32 = 0, KEEL_DTYPE_BF16 = 1 } keel_dtype;
+typedef enum {                   /* resilience.straggler_action */
+    KEEL_STRAGGLER_REPORT = 0,   /* an event and the metric */
+    KEEL_STRAGGLER_DRAIN = 1,    /* also: its node is treated as one that failed a health check */
+} keel_straggler_action;
+
 typedef enum {                   /* fsdp.unit: what one gather holds */
     KEEL_UNIT_BLOCK = 0,         /* a transformer block (PyTorch's per-block wrap) */
     KEEL_UNIT_MATRIX = 1,        /* a block's weight matrices, norms with their neighbour */
@@ -331,6 +337,12 @@ typedef struct {
     bool async;
 } keel_checkpoint_config;
 
+#define KEEL_METRICS_DEFAULT_PORT 9477 /* clear of node-exporter 9100, dcgm-exporter 9400, Prometheus 9090-9093 */
+typedef struct {
+    int port;    /* 0 = no endpoint */
+    char *bind;  /* address to listen on; NULL = 127.0.0.1 */
+} keel_metrics_config;
+
 typedef struct {
     int max_restarts;
     double hang_timeout_s;   /* 0 = fitted from step times */
@@ -341,6 +353,9 @@ typedef struct {
     int min_ranks;           /* shrink floor (0 = never shrink) */
     unsigned health_checks;  /* mask of (1u << keel_health_check) */
     double gemm_floor_gflops;
+    double straggler_factor; /* a rank this much slower than the others' median... (0 = off) */
+    int straggler_steps;     /* ...for this many steps in a row is a straggler */
+    keel_straggler_action straggler_action;
 } keel_resilience_config;
 
 typedef struct {
@@ -350,6 +365,7 @@ typedef struct {
     keel_fsdp_config fsdp;
     keel_checkpoint_config checkpoint;
     keel_resilience_config resilience;
+    keel_metrics_config metrics;
     char *init_from;      /* checkpoint directory to start from, or NULL */
     char *source;         /* file the config came from (for messages) */
 } keel_config;

@@ -1,6 +1,7 @@
 /* obs: what a run tells the world — metrics.jsonl lines and the progress
- * display (a live line on a terminal, plain lines otherwise). Prometheus
- * exposition and the dashboard land here later. */
+ * display (a live line on a terminal, plain lines otherwise), and events.jsonl
+ * with its machine-readable fields. What reads them back for people —
+ * /metrics, the dashboard, keel status — is keel/monitor.h. */
 #ifndef KEEL_OBS_H
 #define KEEL_OBS_H
 
@@ -19,6 +20,22 @@ void keel_jsonl_close(keel_jsonl *j);
  * Appended and flushed at once; what keel decided and why (DESIGN §6). */
 void keel_event(const char *run_dir, const char *type, int64_t step, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+
+/* The machine-readable fields an event may carry beside its text, each
+ * written only when set. An event with a cause is a failure: the metrics
+ * count failures by it (keel_failures_total{cause}). */
+typedef struct {
+    const char *cause;    /* crash, hang, diverged, preempted, health, straggler */
+    const char *node;
+    bool has_rank;
+    int rank;
+    bool has_seconds;
+    double seconds;       /* how long it took (a recovery, a save, a backoff) */
+    int64_t bytes;        /* > 0: bytes written */
+    int64_t steps;        /* > 0: steps lost */
+} keel_event_fields;
+void keel_event_with(const char *run_dir, const char *type, int64_t step, const keel_event_fields *fields,
+                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 typedef struct {
     FILE *out;

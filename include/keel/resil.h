@@ -97,8 +97,9 @@ keel_status keel_health_mpi_probe(void);
 
 /* How a launch ended. */
 typedef enum { KEEL_END_COMPLETED, KEEL_END_STOPPED, KEEL_END_CRASHED, KEEL_END_HUNG, KEEL_END_DIVERGED,
-               KEEL_END_INPUT } keel_end;
-const char *keel_end_name(keel_end e); /* completed, stopped, crash, hang, diverged, input_error */
+               KEEL_END_INPUT, KEEL_END_STRAGGLER } keel_end;
+/* completed, stopped, crash, hang, diverged, input_error, straggler (killed to drain its node) */
+const char *keel_end_name(keel_end e);
 
 typedef struct {
     keel_end kind;
@@ -164,6 +165,30 @@ typedef struct {
 /* Replace failed nodes with spares, else shrink to the usable nodes (same
  * ranks per node) if resilience.min_ranks allows, else stop. */
 keel_node_plan keel_policy_nodes(const keel_node_situation *s);
+
+/* ---- stragglers (straggler.c): pure, no I/O ---------------------------------------- *
+ * A rank whose compute time for a step (its step less the time it waited on
+ * peers: each rank reports it in its heartbeat) exceeds factor x the median
+ * of the other ranks' — and that median by more than KEEL_STRAGGLER_MIN_GAP_S:
+ * steps of milliseconds jitter by more than any factor — for `steps` steps
+ * in a row is a straggler. Steps are compared only when every rank has
+ * reported the same one. */
+#define KEEL_STRAGGLER_MIN_GAP_S 0.05
+typedef struct {
+    int nproc, steps;
+    double factor;
+    int64_t last_step;  /* the last step compared */
+    int *slow_run;      /* (nproc) steps in a row over the factor */
+    bool *named;        /* (nproc) reported in this run of slow steps */
+} keel_straggler_watch;
+void keel_straggler_init(keel_straggler_watch *w, int nproc, double factor, int steps);
+void keel_straggler_free(keel_straggler_watch *w);
+/* The ranks' compute seconds for `step`: the rank newly named a straggler
+ * (the slowest relative to its peers if several), or -1; *ratio its compute
+ * over the other ranks' median, *median that median. A step already seen,
+ * factor 0 or a single rank compare nothing. */
+int keel_straggler_observe(keel_straggler_watch *w, int64_t step, const double *compute_s, double *ratio,
+                           double *median);
 
 /* ---- the supervisor (supervisor.c) --------------------------------------------------- */
 

@@ -72,7 +72,17 @@ void keel_heartbeat_beat(keel_heartbeat *hb, const char *phase, int64_t step, in
  * large model takes minutes; its units take seconds each, and a rank stuck in
  * one stops beating. */
 void keel_heartbeat_progress(keel_heartbeat *hb);
+/* A step is done: it took step_s, of which compute_s computing (not waiting
+ * on peers). Kept for the next beats with the process's RSS and CPU time
+ * now, its CPU use over the step (CPU seconds over wall seconds x the rank's
+ * threads, 0-1) and the step time histogram's counts — what the supervisor
+ * compares across ranks (stragglers) and the metrics endpoint shows. */
+void keel_heartbeat_step_done(keel_heartbeat *hb, double step_s, double compute_s, int threads);
 void keel_heartbeat_close(keel_heartbeat *hb);
+
+/* Upper bounds (seconds) of the step time histogram's buckets; +Inf after them. */
+#define KEEL_STEP_BUCKETS 12
+extern const double keel_step_bucket_s[KEEL_STEP_BUCKETS];
 
 typedef struct {
     char phase[16];
@@ -82,6 +92,14 @@ typedef struct {
     int pid, exit_code;
     char node[64];
     char slurm_step[32];       /* "JOB.STEP", or "-" outside Slurm */
+    /* the last step done by this process (0 before one) */
+    double step_s, step_unix_s;  /* its time; when it finished */
+    double compute_s;            /* its time less the waits on peers */
+    uint64_t rss_bytes;          /* at its end */
+    double cpu_s, cpu_util;      /* process CPU seconds then; CPU use over the step, 0-1 */
+    /* step times of this process: counts per bucket (cumulative, as Prometheus), their sum */
+    uint64_t step_buckets[KEEL_STEP_BUCKETS + 1];
+    double step_sum_s;
 } keel_heartbeat_info;
 /* false when rank's file is missing or caught mid-write. */
 bool keel_heartbeat_read(const char *run_dir, int rank, keel_heartbeat_info *out);

@@ -15,6 +15,8 @@ int keel_cmd_worker(int argc, char **argv);
 int keel_cmd_ckpt(int argc, char **argv);
 int keel_cmd_health(int argc, char **argv);
 int keel_cmd_plan(int argc, char **argv);
+int keel_cmd_status(int argc, char **argv);
+int keel_cmd_plot(int argc, char **argv);
 
 /* Strict numeric options: the whole text is a number in [min, max], or one
  * error line names the flag, the text and the range, and false comes back. */

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "keel/monitor.h"
 #include "keel/resil.h"
 #include "keel/run.h"
 #include "keel/train.h"
@@ -89,13 +90,19 @@ int keel_cmd_train(int argc, char **argv) {
             snprintf(default_dir, sizeof default_dir, "runs/%s-%s", stem, stamp);
             run_dir = default_dir;
         }
-        if (nproc == 0) st = keel_train_run(&cfg, run_dir);
-        else if ((st = keel_run_prepare(&cfg, run_dir, nproc)) == KEEL_OK) {
+        /* the endpoint first: a port in use stops the run before anything is written */
+        keel_metrics_server *metrics;
+        st = keel_metrics_serve(&cfg.metrics, run_dir, &metrics);
+        if (metrics) keel_log_info("metrics: %s", keel_metrics_url(metrics));
+        if (st == KEEL_OK && nproc == 0) st = keel_train_run(&cfg, run_dir);
+        else if (st == KEEL_OK && (st = keel_run_prepare(&cfg, run_dir, nproc)) == KEEL_OK) {
             int code;
             keel_supervise(&cfg, run_dir, nproc, &code);
+            keel_metrics_stop(metrics);
             keel_config_free(&cfg);
             return code;
         }
+        keel_metrics_stop(metrics);
     }
     keel_config_free(&cfg);
     return keel_status_exit_code(st);

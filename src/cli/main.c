@@ -20,6 +20,8 @@ static const command COMMANDS[] = {
     {"config", keel_cmd_config, "config keys and resolved configs: keel config keys | keel config show CONFIG"},
     {"health", keel_cmd_health, "is this node fit to train: keel health [--json] [--dir PATH] [--config CONFIG]"},
     {"plan", keel_cmd_plan, "memory and step time before a run: keel plan CONFIG [--nodes N] [--per-node G] [--device D]"},
+    {"status", keel_cmd_status, "a run at a glance: keel status RUN_DIR [--watch[=S]] [--json]"},
+    {"plot", keel_cmd_plot, "loss and throughput curves: keel plot RUN_DIR --out FILE.svg"},
     {"worker", keel_cmd_worker, "one rank of a distributed run (started by keel train --nproc)"},
 };
 

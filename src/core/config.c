@@ -27,6 +27,7 @@ typedef struct {
 static const char *const STRATEGY_NAMES[] = {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", NULL};
 static const char *const DTYPE_NAMES[] = {"fp32", "bf16", NULL};
 static const char *const UNIT_NAMES[] = {"block", "matrix", NULL};
+static const char *const STRAGGLER_ACTION_NAMES[] = {"report", "drain", NULL};
 static const char *const CHECK_NAMES[] = {"gemm", "memory", "checkpoint_dir", "mpi", "gpu", NULL};
 
 const char *keel_strategy_name(keel_fsdp_strategy s) { return STRATEGY_NAMES[s]; }
@@ -147,8 +148,47 @@ static const key_spec KEYS[] = {
      "checkpoint_dir, mpi, gpu (keel health; [] = none)", CHECK_NAMES},
     {"resilience.gemm_floor_gflops", K_DOUBLE, OFF(resilience.gemm_floor_gflops), 0, 1e12,
      "the gemm health check fails below this many GFLOP/s per core", NULL},
+    {"resilience.straggler_factor", K_DOUBLE, OFF(resilience.straggler_factor), 0, 1000,
+     "a rank whose compute time per step (its step less its waits on peers) exceeds this times the "
+     "other ranks' median... (0 = no straggler detection)", NULL},
+    {"resilience.straggler_steps", K_INT, OFF(resilience.straggler_steps), 1, 1 << 20,
+     "...for this many steps in a row is a straggler: a `straggler` event and failure metric", NULL},
+    {"resilience.straggler_action", K_ENUM, OFF(resilience.straggler_action), 0, 0,
+     "report (the event and metric only) or drain (also treat its node as one that failed a "
+     "health check: drained or excluded, the ranks relaunched on the others or a spare)", STRAGGLER_ACTION_NAMES},
+
+    {"metrics", K_SECTION, 0, 0, 0, "the run's HTTP endpoint: Prometheus /metrics (keel train serves it)", NULL},
+    {"metrics.port", K_INT, OFF(metrics.port), 0, 65535,
+     "TCP port of /metrics (0 = none; default 9477, or $KEEL_METRICS_PORT when set); in use = "
+     "an error before training starts", NULL},
+    {"metrics.bind", K_STRING, OFF(metrics.bind), 0, 0,
+     "address the endpoint listens on (null = 127.0.0.1, this machine only; 0.0.0.0 = every interface)", NULL},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
+
+/* $KEEL_METRICS_PORT replaces the default port (a config or --set still wins):
+ * a job script or a test suite running many runs on one machine sets it once.
+ * A value that is not a port is reported by keel_config_finalize. */
+static const char *metrics_port_env(void) {
+    const char *v = getenv("KEEL_METRICS_PORT");
+    return v && *v ? v : NULL;
+}
+
+static bool parse_port(const char *text, int *port) {
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || *end || end == text || v < 0 || v > 65535) return false;
+    *port = (int)v;
+    return true;
+}
+
+static int metrics_port_default(void) {
+    int port = KEEL_METRICS_DEFAULT_PORT;
+    const char *env = metrics_port_env();
+    if (env) parse_port(env, &port);
+    return port;
+}
 
 void keel_config_defaults(keel_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
@@ -170,8 +210,10 @@ void keel_config_defaults(keel_config *cfg) {
     cfg->fsdp.mixed_precision = cfg->fsdp.reduce_dtype = KEEL_DTYPE_FP32;
     cfg->data.synthetic_branching = 4;
     cfg->resilience = (keel_resilience_config){.max_restarts = 10, .backoff_s = 1, .crash_loop = 3,
-                                               .gemm_floor_gflops = 10};
+                                               .gemm_floor_gflops = 10, .straggler_factor = 1.3,
+                                               .straggler_steps = 5};
     cfg->resilience.health_checks = (1u << KEEL_CHECK_COUNT) - 1;
+    cfg->metrics.port = metrics_port_default();
 }
 
 void keel_config_free(keel_config *cfg) {
@@ -466,6 +508,13 @@ keel_status keel_config_finalize(keel_config *cfg) {
     keel_model_config *m = &cfg->model;
     if (m->n_kv_heads == 0) m->n_kv_heads = m->n_heads;
     if (cfg->data.path) cfg->data.synthetic = false;
+    int port;
+    const char *env = metrics_port_env();
+    if (env && !parse_port(env, &port)) {
+        keel_errorf("KEEL_METRICS_PORT=%s is not a port: set it to 0-65535 (0 = no metrics endpoint) or unset it",
+                    env);
+        return KEEL_ERR_INPUT;
+    }
     if (m->dim % m->n_heads != 0) {
         keel_errorf("%s: model.dim %d is not divisible by model.n_heads %d; pick a dim that is a "
                     "multiple of n_heads", src, m->dim, m->n_heads);

@@ -25,6 +25,8 @@ static uint64_t proc_kb_field(const char *path, const char *key) {
 
 uint64_t keel_peak_rss_bytes(void) { return proc_kb_field("/proc/self/status", "VmHWM"); }
 
+uint64_t keel_rss_bytes(void) { return proc_kb_field("/proc/self/status", "VmRSS"); }
+
 uint64_t keel_mem_available_bytes(void) { return proc_kb_field("/proc/meminfo", "MemAvailable"); }
 
 double keel_now_s(void) {

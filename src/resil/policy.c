@@ -8,7 +8,8 @@
 #include "keel/resil.h"
 
 const char *keel_end_name(keel_end e) {
-    static const char *const names[] = {"completed", "stopped", "crash", "hang", "diverged", "input_error"};
+    static const char *const names[] = {"completed", "stopped", "crash", "hang", "diverged", "input_error",
+                                        "straggler"};
     return names[e];
 }
 
@@ -55,7 +56,7 @@ static keel_action diverged(keel_policy_history *h, int64_t step, int64_t ckpt) 
     return a;
 }
 
-/* A crash or a hang. Failures with no new checkpoint in between make no
+/* A crash, a hang or a straggler killed. Failures with no new checkpoint in between make no
  * progress: they fail the same steps again (timing moves the exact step by
  * one or two); resilience.crash_loop of them in a row stop the run. */
 static keel_action failed(const keel_resilience_config *rc, keel_policy_history *h, const keel_outcome *o,

@@ -47,6 +47,7 @@ typedef struct {
     int n_recovery;
     double pending_failure_unix; /* a failure waiting for the next first step (0: none) */
     double slowest_gap_s;        /* longest wait between two heartbeats seen */
+    char straggler_node[64];     /* resilience.straggler_action drain: the node to take out (empty: none) */
 } supervisor;
 
 /* One launch, watched until its launcher exits. */
@@ -65,6 +66,9 @@ typedef struct {
     int64_t done, resumed;       /* steps done (rank 0's beat); the step it resumed from (-1: never) */
     double detected_unix;
     char cause[768];
+    char node[64];               /* the blamed rank's node, from its heartbeat ("" when unknown) */
+    keel_straggler_watch stragglers;
+    double *compute_s;           /* (nproc) scratch: the ranks' compute seconds of one step */
 } launch;
 
 /* The hang timeout in force: configured, or fitted from the heartbeats seen
@@ -138,7 +142,8 @@ static void note_recovery(launch *l) {
     if (sv->pending_failure_unix == 0 || !l->have[0] || l->hb[0].first_step_unix_s == 0) return;
     double r = l->hb[0].first_step_unix_s - sv->pending_failure_unix;
     if (sv->n_recovery < MAX_RECOVERIES) sv->recovery[sv->n_recovery++] = r;
-    keel_event(sv->run_dir, "recovered", l->hb[0].start_step + 1, "first step after the failure done %.2f s "
+    keel_event_with(sv->run_dir, "recovered", l->hb[0].start_step + 1,
+                    &(keel_event_fields){.has_seconds = true, .seconds = r}, "first step after the failure done %.2f s "
                "after it was detected (resumed from step %lld)", r, (long long)l->hb[0].start_step);
     sv->pending_failure_unix = 0;
 }
@@ -149,7 +154,8 @@ static void forward_stop(launch *l) {
     bool first = true;
     for (int r = 0; r < l->sv->nproc; r++) first &= !l->signaled[r];
     if (first)
-        keel_event(l->sv->run_dir, "preempt", l->have[0] ? l->hb[0].step : -1, "signal %d: asking the ranks to "
+        keel_event_with(l->sv->run_dir, "preempt", l->have[0] ? l->hb[0].step : -1,
+                        &(keel_event_fields){.cause = "preempted"}, "signal %d: asking the ranks to "
                    "checkpoint at the next step boundary and exit", (int)g_stop);
     for (int r = 0; r < l->sv->nproc; r++)
         if (l->have[r] && !l->signaled[r]) {
@@ -246,11 +252,43 @@ static void classify_exit(launch *l) {
         snprintf(l->cause, sizeof l->cause, "a rank rejected its input (exit 2); see %s/logs/", run_dir);
 }
 
+/* Every rank at the same step in training: compare their compute times; a
+ * straggler is an event (and, with straggler_action drain, a failed launch
+ * whose node the relaunch leaves out). */
+static void detect_straggler(launch *l, double now) {
+    supervisor *sv = l->sv;
+    int n = sv->nproc;
+    for (int r = 0; r < n; r++)
+        if (!l->have[r] || strcmp(l->hb[r].phase, "train") || l->hb[r].step != l->hb[0].step ||
+            l->hb[r].step <= l->hb[r].start_step)
+            return;
+    for (int r = 0; r < n; r++) l->compute_s[r] = l->hb[r].compute_s;
+    double ratio, median;
+    int r = keel_straggler_observe(&l->stragglers, l->hb[0].step, l->compute_s, &ratio, &median);
+    if (r < 0) return;
+    const keel_resilience_config *rc = &sv->cfg->resilience;
+    bool drain = rc->straggler_action == KEEL_STRAGGLER_DRAIN;
+    keel_event_with(sv->run_dir, "straggler", l->hb[r].step,
+                    &(keel_event_fields){.cause = "straggler", .has_rank = true, .rank = r, .node = l->hb[r].node,
+                                         .has_seconds = true, .seconds = l->compute_s[r]},
+                    "rank %d on %s: %.3f s of compute a step, %.2fx the other ranks' median %.3f s, %d steps in a "
+                    "row (resilience.straggler_factor %g)%s", r, l->hb[r].node, l->compute_s[r], ratio, median,
+                    rc->straggler_steps, rc->straggler_factor,
+                    drain ? "; straggler_action drain: relaunching without its node" : "");
+    keel_log_warn("straggler: rank %d on %s is %.2fx slower than the others", r, l->hb[r].node, ratio);
+    if (!drain) return;
+    snprintf(sv->straggler_node, sizeof sv->straggler_node, "%s", l->hb[r].node);
+    snprintf(l->cause, sizeof l->cause, "rank %d on %s computed %.2fx slower than the others for %d steps", r,
+             l->hb[r].node, ratio, rc->straggler_steps);
+    fail_launch(l, KEEL_END_STRAGGLER, r, now);
+}
+
 /* One poll: what the ranks did, and whether the launch has failed. */
 static void watch_step(launch *l) {
     double now = keel_unix_s();
     read_heartbeats(l);
     note_recovery(l);
+    if (!l->failed) detect_straggler(l, now);
     if (g_stop) forward_stop(l);
     if (!l->failed) {
         if (!detect_crash(l, now)) detect_hang(l, now);
@@ -286,6 +324,8 @@ static keel_status run_launch(supervisor *sv, launch *l) {
     l->hb = keel_xcalloc(sizeof *l->hb * (size_t)n, "heartbeats");
     l->have = keel_xcalloc(sizeof(bool) * (size_t)n, "heartbeats");
     l->signaled = keel_xcalloc(sizeof(bool) * (size_t)n, "heartbeats");
+    l->compute_s = keel_xcalloc(sizeof(double) * (size_t)n, "compute times");
+    keel_straggler_init(&l->stragglers, n, sv->cfg->resilience.straggler_factor, sv->cfg->resilience.straggler_steps);
     while (!keel_proc_exited(l->proc, NULL)) {
         keel_proc_read_lines(l->proc, POLL_MS, on_launcher_line, l);
         watch_step(l);
@@ -298,9 +338,12 @@ static keel_status run_launch(supervisor *sv, launch *l) {
     if (!l->failed) classify_exit(l);
     else if (l->sig && l->kind == KEEL_END_CRASHED)
         snprintf(l->cause + strlen(l->cause), sizeof l->cause - strlen(l->cause), " (%s)", strsignal(l->sig));
+    if (l->rank >= 0 && l->rank < n && l->have[l->rank]) snprintf(l->node, sizeof l->node, "%s", l->hb[l->rank].node);
     keel_free(l->hb);
     keel_free(l->have);
     keel_free(l->signaled);
+    keel_free(l->compute_s);
+    keel_straggler_free(&l->stragglers);
     keel_launch_argv_free(argv);
     l->launcher = NULL;
     return KEEL_OK;
@@ -394,14 +437,31 @@ static bool check_this_machine(supervisor *sv, unsigned checks, char *node, size
     bool ok = report_health(sv, node, json, failed, n);
     free(json);
     if (!ok)
-        keel_event(sv->run_dir, "node_excluded", -1, "node %s (this machine) failed the %s check; a local run "
-                   "has no other node", node, failed);
+        keel_event_with(sv->run_dir, "node_excluded", -1, &(keel_event_fields){.cause = "health", .node = node},
+                        "node %s (this machine) failed the %s check; a local run has no other node", node, failed);
     return ok;
 }
 
 /* Node i's checks through `srun -w NODE keel health`, bounded in time (a
  * node that stopped answering would wait for good); a failing node is
  * drained with its reason and excluded. */
+/* Take node i out of the job: drained in Slurm with reason "keel: <check>"
+ * (excluded from our launches if scontrol fails). cause: the failure's, or
+ * NULL when an event already counted it. */
+static void drain_node(supervisor *sv, int i, const char *check, const char *cause) {
+    char reason[96];
+    snprintf(reason, sizeof reason, "reason=keel: %s", check);
+    char state_arg[] = "state=drain", nodename[300];
+    snprintf(nodename, sizeof nodename, "nodename=%s", sv->nodes[i]);
+    char *drain[] = {"scontrol", "update", nodename, state_arg, reason, NULL};
+    char drain_out[1024];
+    int rc = keel_run_capture(drain, SLURM_CMD_TIMEOUT_S, drain_out, sizeof drain_out);
+    keel_event_with(sv->run_dir, "node_drained", -1, &(keel_event_fields){.cause = cause, .node = sv->nodes[i]},
+                    "node %s failed the %s check: %s", sv->nodes[i], check,
+                    rc == 0 ? "drained (scontrol)" : "excluded (scontrol update failed)");
+    sv->excluded[i] = true;
+}
+
 static bool check_slurm_node(supervisor *sv, int i, unsigned checks, char *failed, size_t n) {
     char names[128], ckpt_dir[4200], config[4200], ranks[16];
     keel_health_checks_format(checks, names, sizeof names);
@@ -413,16 +473,7 @@ static bool check_slurm_node(supervisor *sv, int i, unsigned checks, char *faile
     char out[16384];
     keel_run_capture(argv, NODE_HEALTH_TIMEOUT_S, out, sizeof out);
     if (report_health(sv, sv->nodes[i], out, failed, n)) return true;
-    char reason[96];
-    snprintf(reason, sizeof reason, "reason=keel: %s", failed);
-    char state_arg[] = "state=drain", nodename[300];
-    snprintf(nodename, sizeof nodename, "nodename=%s", sv->nodes[i]);
-    char *drain[] = {"scontrol", "update", nodename, state_arg, reason, NULL};
-    char drain_out[1024];
-    int rc = keel_run_capture(drain, SLURM_CMD_TIMEOUT_S, drain_out, sizeof drain_out);
-    keel_event(sv->run_dir, "node_drained", -1, "node %s failed the %s check: %s", sv->nodes[i], failed,
-               rc == 0 ? "drained (scontrol)" : "excluded (scontrol update failed)");
-    sv->excluded[i] = true;
+    drain_node(sv, i, failed, "health");
     return false;
 }
 
@@ -463,7 +514,15 @@ static bool check_nodes(supervisor *sv, char *why, size_t why_n) {
                              .active = sv->nodes ? sv->active : 1, .nproc = sv->nproc,
                              .min_ranks = sv->cfg->resilience.min_ranks, .first_failed_node = first_node,
                              .first_failed_check = first_check};
-    if (checks && !sv->nodes && !check_this_machine(sv, checks, node, sizeof node, failed, sizeof failed)) {
+    if (sv->straggler_node[0]) { /* straggler_action drain: its node is out, as if it failed a check */
+        s.failed++;
+        snprintf(first_node, sizeof first_node, "%s", sv->straggler_node);
+        snprintf(first_check, sizeof first_check, "straggler");
+        for (int i = 0; sv->nodes && i < sv->n_nodes; i++)
+            if (!sv->excluded[i] && !strcmp(sv->nodes[i], sv->straggler_node)) drain_node(sv, i, "straggler", NULL);
+        sv->straggler_node[0] = 0;
+    }
+    if (!s.failed && checks && !sv->nodes && !check_this_machine(sv, checks, node, sizeof node, failed, sizeof failed)) {
         s.failed = 1;
         snprintf(first_node, sizeof first_node, "%s", node);
         snprintf(first_check, sizeof first_check, "%s", failed);
@@ -564,9 +623,13 @@ static void write_summary(supervisor *sv, const char *status, const char *reason
 static void record_failure(supervisor *sv, const launch *l, int64_t ckpt) {
     int64_t step = l->done + 1, lost = l->done > ckpt ? l->done - ckpt : 0;
     sv->lost_steps += lost;
-    keel_event(sv->run_dir, "failure", step, "%s: %s", keel_end_name(l->kind), l->cause);
-    keel_event(sv->run_dir, "lost_work", step, "%lld step(s) since the checkpoint at step %lld", (long long)lost,
-               (long long)ckpt);
+    /* a straggler was counted by its own event */
+    keel_event_fields f = {.cause = l->kind == KEEL_END_STRAGGLER ? NULL : keel_end_name(l->kind),
+                           .has_rank = l->rank >= 0, .rank = l->rank,
+                           .node = l->node[0] ? l->node : NULL};
+    keel_event_with(sv->run_dir, "failure", step, &f, "%s: %s", keel_end_name(l->kind), l->cause);
+    keel_event_with(sv->run_dir, "lost_work", step, &(keel_event_fields){.steps = lost},
+                    "%lld step(s) since the checkpoint at step %lld", (long long)lost, (long long)ckpt);
 }
 
 /* Carry out a relaunch decision: skip a data window, health checks, back off.
@@ -597,8 +660,9 @@ static bool prepare_relaunch(supervisor *sv, const launch *l, keel_action *a, co
     }
     sv->history = *next;
     save_state(sv);
-    keel_event(sv->run_dir, "restart", -1, "restart %d, %.1f s after the failure (backoff %.1f s)",
-               sv->history.restarts, keel_unix_s() - l->detected_unix, a->backoff_s);
+    double since = keel_unix_s() - l->detected_unix;
+    keel_event_with(sv->run_dir, "restart", -1, &(keel_event_fields){.has_seconds = true, .seconds = since},
+                    "restart %d, %.1f s after the failure (backoff %.1f s)", sv->history.restarts, since, a->backoff_s);
     return true;
 }
 

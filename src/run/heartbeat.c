@@ -8,6 +8,7 @@
  * its closing " end" and tries again on its next poll. */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +17,9 @@
 
 #include "keel/run.h"
 
-#define LINE_BYTES 256
+#define LINE_BYTES 512
+
+const double keel_step_bucket_s[KEEL_STEP_BUCKETS] = {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
 
 struct keel_heartbeat {
     int fd;
@@ -26,6 +29,8 @@ struct keel_heartbeat {
     double last_beat_unix_s;
     char phase[16];
     char node[64], slurm_step[32];
+    keel_heartbeat_info stats;  /* the step fields only */
+    double last_done_mono_s, last_done_cpu_s;
 };
 
 static void heartbeat_path(char *out, size_t n, const char *run_dir, int rank) {
@@ -68,11 +73,19 @@ void keel_heartbeat_beat(keel_heartbeat *hb, const char *phase, int64_t step, in
     if (!strcmp(phase, "ready")) hb->start_step = step;
     if (hb->first_step_unix_s == 0 && hb->start_step >= 0 && step > hb->start_step)
         hb->first_step_unix_s = now;
+    const keel_heartbeat_info *x = &hb->stats;
+    char buckets[256];
+    size_t at = 0;
+    for (int b = 0; b <= KEEL_STEP_BUCKETS; b++)
+        at += (size_t)snprintf(buckets + at, sizeof buckets - at, "%s%llu", b ? "," : "",
+                               (unsigned long long)x->step_buckets[b]);
     char line[LINE_BYTES];
-    int n = snprintf(line, sizeof line, "keelhb1 phase=%s step=%lld start=%lld unix=%.3f first=%.3f "
-                     "pid=%d code=%d node=%s slurm_step=%s end",
+    int n = snprintf(line, sizeof line, "keelhb2 phase=%s step=%lld start=%lld unix=%.3f first=%.3f "
+                     "pid=%d code=%d node=%s slurm_step=%s step_s=%.6f compute_s=%.6f step_unix=%.3f rss=%llu cpu=%.3f "
+                     "util=%.4f hist=%s sum=%.6f end",
                      phase, (long long)step, (long long)hb->start_step, now, hb->first_step_unix_s,
-                     hb->pid, exit_code, hb->node, hb->slurm_step);
+                     hb->pid, exit_code, hb->node, hb->slurm_step, x->step_s, x->compute_s, x->step_unix_s,
+                     (unsigned long long)x->rss_bytes, x->cpu_s, x->cpu_util, buckets, x->step_sum_s);
     if (n < 0 || n >= LINE_BYTES - 1) return;
     memset(line + n, ' ', (size_t)(LINE_BYTES - 1 - n));
     line[LINE_BYTES - 1] = '\n';
@@ -84,6 +97,27 @@ void keel_heartbeat_progress(keel_heartbeat *hb) {
     char phase[sizeof hb->phase];
     memcpy(phase, hb->phase, sizeof phase);
     keel_heartbeat_beat(hb, phase, -1, 0);
+}
+
+void keel_heartbeat_step_done(keel_heartbeat *hb, double step_s, double compute_s, int threads) {
+    if (!hb) return;
+    keel_heartbeat_info *x = &hb->stats;
+    double mono = keel_now_s(), cpu = keel_cpu_s();
+    /* CPU use since the previous step's end (the first: over this step's time) */
+    double wall = hb->last_done_mono_s > 0 ? mono - hb->last_done_mono_s : step_s;
+    double used = hb->last_done_mono_s > 0 ? cpu - hb->last_done_cpu_s : 0;
+    if (hb->last_done_mono_s > 0 && wall > 0 && threads > 0) x->cpu_util = fmin(1.0, used / (wall * threads));
+    hb->last_done_mono_s = mono;
+    hb->last_done_cpu_s = cpu;
+    x->step_s = step_s;
+    x->compute_s = compute_s;
+    x->step_unix_s = keel_unix_s();
+    x->rss_bytes = keel_rss_bytes();
+    x->cpu_s = cpu;
+    int b = 0;
+    while (b < KEEL_STEP_BUCKETS && step_s > keel_step_bucket_s[b]) b++;
+    x->step_buckets[b]++;
+    x->step_sum_s += step_s;
 }
 
 void keel_heartbeat_close(keel_heartbeat *hb) {
@@ -103,14 +137,25 @@ bool keel_heartbeat_read(const char *run_dir, int rank, keel_heartbeat_info *out
     if (got != KEEL_OK) return false;
     line[LINE_BYTES] = 0;
     long long step, start;
+    unsigned long long rss;
+    char buckets[256];
     int end = 0;
-    if (sscanf(line, "keelhb1 phase=%15s step=%lld start=%lld unix=%lf first=%lf pid=%d code=%d "
-               "node=%63s slurm_step=%31s end%n", out->phase, &step, &start, &out->unix_s,
-               &out->first_step_unix_s, &out->pid, &out->exit_code, out->node, out->slurm_step,
-               &end) != 9 || end == 0)
+    if (sscanf(line, "keelhb2 phase=%15s step=%lld start=%lld unix=%lf first=%lf pid=%d code=%d "
+               "node=%63s slurm_step=%31s step_s=%lf compute_s=%lf step_unix=%lf rss=%llu cpu=%lf util=%lf hist=%255s "
+               "sum=%lf end%n", out->phase, &step, &start, &out->unix_s, &out->first_step_unix_s, &out->pid,
+               &out->exit_code, out->node, out->slurm_step, &out->step_s, &out->compute_s, &out->step_unix_s, &rss,
+               &out->cpu_s, &out->cpu_util, buckets, &out->step_sum_s, &end) != 17 || end == 0)
         return false;
     out->step = step;
     out->start_step = start;
+    out->rss_bytes = rss;
+    char *p = buckets;
+    for (int b = 0; b <= KEEL_STEP_BUCKETS; b++) {
+        char *next;
+        out->step_buckets[b] = strtoull(p, &next, 10);
+        if (next == p || (b < KEEL_STEP_BUCKETS && *next != ',')) return false;
+        p = next + 1;
+    }
     return true;
 }
 

@@ -49,7 +49,7 @@ static keel_status check_free(const char *dir) {
 static const char *const RESUMABLE[] = {"train.steps", "train.threads", "train.eval_every",
                                         "train.eval_batches", "train.micro_batch_size",
                                         "train.grad_accum_steps", "fsdp", "checkpoint",
-                                        "resilience", NULL};
+                                        "resilience", "metrics", NULL};
 
 static void drop(cJSON *root, const char *dotted) {
     char buf[128];

@@ -54,6 +54,7 @@ struct trainer_ckpt {
     atomic_bool copied;            /* the arrays may change again */
     atomic_bool done;
     keel_status write_status;
+    double write_s;                /* the thread's copy + write + fsync */
     char write_error[1024];
     keel_ckpt_file file;
 };
@@ -140,6 +141,7 @@ static void pack(trainer_ckpt *c) {
 static void *write_thread(void *arg) {
     write_job *job = arg;
     trainer_ckpt *c = job->c;
+    double t0 = keel_now_s();
     if (c->host) pack(c);
     atomic_store(&c->copied, true);
     const float *arrays[KEEL_CKPT_ARRAYS];
@@ -149,6 +151,7 @@ static void *write_thread(void *arg) {
                                             arrays, c->plan->shard_total, &c->file);
     snprintf(c->write_error, sizeof c->write_error, "%s", keel_last_error());
     keel_error_capture(false);
+    c->write_s = keel_now_s() - t0;
     keel_free(job);
     atomic_store(&c->done, true);
     return NULL;
@@ -206,22 +209,26 @@ double trainer_ckpt_take_stall(trainer *t) {
     return s;
 }
 
+/* Each rank's write result: checksum (two halves), bytes, failed, seconds. */
+#define RESULT 5
+
 /* Wait for this rank's write, gather every writer's result, and (leader)
  * commit the checkpoint or report the failure. Collective. */
 static void finish_save(trainer *t) {
     trainer_ckpt *c = t->ckpt;
     join(c);
     int W = t->world_size;
-    double mine[4] = {(double)(c->file.xxh3 >> 32), (double)(c->file.xxh3 & 0xffffffffu),
-                      (double)c->file.bytes, c->write_status != KEEL_OK};
-    double *all = keel_xmalloc(sizeof(double) * 4 * (size_t)W, "checkpoint results");
-    if (t->world) keel_comm_allgather(t->world, mine, all, 4, KEEL_COMM_F64);
+    double mine[RESULT] = {(double)(c->file.xxh3 >> 32), (double)(c->file.xxh3 & 0xffffffffu),
+                           (double)c->file.bytes, c->write_status != KEEL_OK, c->write_s};
+    double *all = keel_xmalloc(sizeof(double) * RESULT * (size_t)W, "checkpoint results");
+    if (t->world) keel_comm_allgather(t->world, mine, all, RESULT, KEEL_COMM_F64);
     else memcpy(all, mine, sizeof mine);
     c->pending = false;
     if (c->write_status != KEEL_OK) /* each failing rank says why in its own log */
         keel_errorf("%s", c->write_error);
     int failed = 0;
-    for (int r = 0; r < W; r++) failed += all[4 * r + 3] != 0;
+    double write_s = 0; /* the slowest writer's */
+    for (int r = 0; r < W; r++) failed += all[RESULT * r + 3] != 0, write_s = fmax(write_s, all[RESULT * r + 4]);
     if (!failed) c->last_committed_step = c->pending_step;
     char tmp[4096];
     keel_ckpt_dir(tmp, sizeof tmp, t->run_dir, c->pending_step, true);
@@ -234,8 +241,8 @@ static void finish_save(trainer *t) {
     } else if (t->leader) {
         keel_ckpt_file *files = keel_xmalloc(sizeof(keel_ckpt_file) * (size_t)c->plan->shard_ranks, "files");
         for (int j = 0; j < c->plan->shard_ranks; j++) /* file j comes from world rank j */
-            files[j] = (keel_ckpt_file){((uint64_t)all[4 * j] << 32) | (uint64_t)all[4 * j + 1],
-                                        (int64_t)all[4 * j + 2]};
+            files[j] = (keel_ckpt_file){((uint64_t)all[RESULT * j] << 32) | (uint64_t)all[RESULT * j + 1],
+                                        (int64_t)all[RESULT * j + 2]};
         char *config = keel_config_to_json(t->cfg);
         keel_ckpt_meta meta = {.step = c->pending_step, .global_batch = trainer_global_batch(t),
                                .world_size = W, .strategy = t->world ? keel_strategy_name(t->cfg->fsdp.strategy) : "single",
@@ -245,12 +252,14 @@ static void finish_save(trainer *t) {
         char *manifest = keel_ckpt_manifest_json(&meta);
         keel_status st = keel_ckpt_commit(t->run_dir, c->pending_step, manifest);
         if (st == KEEL_OK) {
-            double mb = 0;
-            for (int j = 0; j < c->plan->shard_ranks; j++) mb += (double)files[j].bytes / 1e6;
+            int64_t bytes = 0;
+            for (int j = 0; j < c->plan->shard_ranks; j++) bytes += files[j].bytes;
+            double mb = (double)bytes / 1e6;
             keel_progress_note(&t->progress, "checkpoint after step %d committed (%.0f MB, %d file(s))",
                                c->pending_step, mb, c->plan->shard_ranks);
-            keel_event(t->run_dir, "checkpoint_committed", c->pending_step, "%d file(s), %.0f MB",
-                       c->plan->shard_ranks, mb);
+            keel_event_with(t->run_dir, "checkpoint_committed", c->pending_step,
+                            &(keel_event_fields){.has_seconds = true, .seconds = write_s, .bytes = bytes},
+                            "%d file(s), %.0f MB, written in %.2f s", c->plan->shard_ranks, mb, write_s);
             keel_ckpt_retain(t->run_dir, t->cfg->checkpoint.keep_last, c->pending_step);
         } else {
             keel_event(t->run_dir, "checkpoint_failed", c->pending_step, "commit failed");

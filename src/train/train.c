@@ -104,10 +104,13 @@ static double train_step(trainer *t, int step, double *grad_norm_out) {
     }
     double sumsq;
     float *params, *grads;
+    t->sync_s = 0;
     if (t->fsdp) {
+        double t0 = keel_now_s(); /* the last gradients, the norm and the loss: waits on every peer */
         keel_fsdp_finish_grads(t->fsdp);
         keel_fsdp_grad_sumsq(t->fsdp, &sumsq);
         keel_comm_allreduce_scalar(t->world, &loss_sum, KEEL_COMM_SUM);
+        t->sync_s = keel_now_s() - t0;
         params = keel_fsdp_master(t->fsdp), grads = keel_fsdp_grads(t->fsdp);
     } else {
         params = keel_model_params(t->model), grads = keel_model_grads(t->model);
@@ -405,6 +408,8 @@ static keel_status train_loop(trainer *t) {
         /* the last step's save and the final weights wait on the slowest disk: not a hang */
         if (last) keel_heartbeat_beat(t->heartbeat, "finish", step + 1, 0);
         trainer_ckpt_boundary(t, step + 1, last, &stop);
+        /* compute: the step less its waits on peers (FSDP collectives, the step's last reductions) */
+        keel_heartbeat_step_done(t->heartbeat, step_s, fmax(0, step_s - step_wait_s - t->sync_s), t->threads);
         keel_heartbeat_beat(t->heartbeat, last || stop ? "finish" : "train", step + 1, 0);
         double stall_s = trainer_ckpt_take_stall(t);
         if (t->leader) {

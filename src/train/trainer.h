@@ -31,6 +31,7 @@ typedef struct {
     bool bf16;              /* bf16 GEMMs (fsdp.mixed_precision, where the CPU has them) */
     double flops_per_token, peak_flops;
     double *step_tps;       /* (steps) tokens/s of each step, for the median */
+    double sync_s;          /* the last step's final reductions (gradients, norm, loss): waits on peers */
     int start_step;         /* 0, or the step of the checkpoint this run resumed from */
     trainer_ckpt *ckpt;     /* checkpoint saving (checkpointing.c) */
     keel_heartbeat *heartbeat; /* RUN/heartbeats/rank-R for the supervisor (workers only) */

@@ -1,0 +1,254 @@
+/* monitor/status.c: `keel status` — the run's state at a glance in a terminal
+ * (the run's htop), and `keel plot` — its loss and throughput curves with the
+ * failures and recoveries marked, as SVG. Both read the run directory through
+ * the exporter's JSON view, as the dashboard does. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "keel/monitor.h"
+#include "keel/run.h"
+
+/* The exporter's view of run_dir, parsed; an error line when it is not a run. */
+static keel_status load_view(const char *run_dir, cJSON **out) {
+    char path[4200];
+    keel_run_path(path, sizeof path, run_dir, KEEL_RUN_CONFIG);
+    if (!keel_path_exists(path)) {
+        keel_errorf("%s: not a run directory (no %s): give the --run-dir of a keel train run", run_dir,
+                    KEEL_RUN_CONFIG);
+        return KEEL_ERR_INPUT;
+    }
+    keel_exporter *x = keel_exporter_new(run_dir);
+    char *text = keel_exporter_json(x);
+    keel_exporter_free(x);
+    *out = cJSON_Parse(text);
+    free(text);
+    return KEEL_OK;
+}
+
+static double num(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+static const char *str(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : "-";
+}
+
+/* The last value of column key of the steps table (NAN when none). */
+static double last_of(const cJSON *steps, const char *key) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(steps, key);
+    int n = cJSON_GetArraySize(a);
+    for (int i = n - 1; i >= 0; i--) {
+        const cJSON *v = cJSON_GetArrayItem(a, i);
+        if (cJSON_IsNumber(v)) return v->valuedouble;
+    }
+    return NAN;
+}
+
+static void cell(FILE *out, double v, const char *fmt, int width) {
+    if (isnan(v)) fprintf(out, " %*s", width > 0 ? width : 1, "-");
+    else fprintf(out, fmt, width, v);
+}
+
+static int total_steps(const char *run_dir) {
+    keel_config cfg;
+    keel_config_defaults(&cfg);
+    char path[4200];
+    keel_run_path(path, sizeof path, run_dir, KEEL_RUN_CONFIG);
+    keel_error_capture(true);
+    int steps = keel_config_load_file(&cfg, path) == KEEL_OK ? cfg.train.steps : -1;
+    keel_error_capture(false);
+    keel_config_free(&cfg);
+    return steps;
+}
+
+keel_status keel_run_status_print(const char *run_dir, FILE *out, bool json) {
+    cJSON *v;
+    keel_status st = load_view(run_dir, &v);
+    if (st != KEEL_OK) return st;
+    if (json) {
+        char *text = cJSON_Print(v);
+        fprintf(out, "%s\n", text);
+        free(text);
+        cJSON_Delete(v);
+        return KEEL_OK;
+    }
+    const cJSON *steps = cJSON_GetObjectItemCaseSensitive(v, "steps");
+    double step = last_of(steps, "step"), mfu = last_of(steps, "mfu");
+    char summary[4200], state[64] = "running or stopped";
+    keel_run_path(summary, sizeof summary, run_dir, KEEL_RUN_SUMMARY);
+    char *text = NULL;
+    keel_error_capture(true);
+    if (keel_path_exists(summary) && keel_read_file(summary, &text, NULL) == KEEL_OK) {
+        cJSON *s = cJSON_Parse(text);
+        snprintf(state, sizeof state, "%s", str(s, "status"));
+        cJSON_Delete(s);
+    }
+    keel_error_capture(false);
+    keel_free(text);
+    fprintf(out, "run %s (%s)\n", run_dir, state);
+    fprintf(out, "step %.0f of %d | loss", isnan(step) ? 0 : step, total_steps(run_dir));
+    cell(out, last_of(steps, "loss"), " %*.4f", 0);
+    fprintf(out, " | val loss");
+    cell(out, last_of(steps, "val_loss"), " %*.4f", 0);
+    fprintf(out, " |");
+    cell(out, last_of(steps, "tokens_per_s"), " %*.0f", 0);
+    fprintf(out, " tokens/s | MFU");
+    cell(out, 100 * mfu, " %*.1f%%", 0);
+    fprintf(out, " | checkpoint at step");
+    cell(out, num(v, "checkpoint_step"), " %*.0f", 0);
+    fprintf(out, "\n");
+    fprintf(out, "restarts %.0f | drained nodes %.0f | failures:", num(v, "restarts"), num(v, "drained_nodes"));
+    const cJSON *f;
+    int any = 0;
+    cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(v, "failures")) if (f->valuedouble > 0) {
+        fprintf(out, " %s %.0f", f->string, f->valuedouble);
+        any++;
+    }
+    fprintf(out, "%s\n\n", any ? "" : " none");
+    fprintf(out, "%4s  %-16s %-7s %7s %10s %8s %9s %8s %5s\n", "rank", "node", "phase", "step", "heartbeat",
+            "step s", "compute s", "RSS GiB", "CPU");
+    const cJSON *r;
+    cJSON_ArrayForEach(r, cJSON_GetObjectItemCaseSensitive(v, "ranks")) {
+        fprintf(out, "%4.0f  %-16.16s %-7.7s %7.0f", num(r, "rank"), str(r, "node"), str(r, "phase"), num(r, "step"));
+        double age = num(r, "heartbeat_age_s");
+        char ago[32];
+        snprintf(ago, sizeof ago, age < 100 ? "%.1f s ago" : "%.0f s ago", age);
+        fprintf(out, " %10s", ago);
+        cell(out, num(r, "step_s"), " %*.3f", 8);
+        cell(out, num(r, "compute_s"), " %*.3f", 9);
+        cell(out, num(r, "rss_bytes") / (1 << 30), " %*.2f", 8);
+        cell(out, 100 * num(r, "cpu_utilization"), " %*.0f%%", 4);
+        fprintf(out, "\n");
+    }
+    const cJSON *events = cJSON_GetObjectItemCaseSensitive(v, "events");
+    int n = cJSON_GetArraySize(events);
+    fprintf(out, "\nlast events:\n");
+    for (int i = n > 8 ? n - 8 : 0; i < n; i++) {
+        const cJSON *e = cJSON_GetArrayItem(events, i);
+        time_t t = (time_t)num(e, "unix_s");
+        char when[16];
+        strftime(when, sizeof when, "%H:%M:%S", localtime(&t));
+        double es = num(e, "step");
+        fprintf(out, "  %s %-20s", when, str(e, "event"));
+        if (!isnan(es)) fprintf(out, " step %.0f:", es);
+        fprintf(out, " %.160s\n", str(e, "detail"));
+    }
+    cJSON_Delete(v);
+    return KEEL_OK;
+}
+
+/* ---- keel plot ------------------------------------------------------------------------ */
+
+typedef struct {
+    double x0, x1, y0, y1;  /* data range */
+    double left, top, w, h; /* the panel on the page */
+} panel;
+
+static double px(const panel *p, double x) { return p->left + (x - p->x0) / (p->x1 - p->x0) * p->w; }
+static double py(const panel *p, double y) { return p->top + (1 - (y - p->y0) / (p->y1 - p->y0)) * p->h; }
+
+/* One panel: axes, ticks, a series per column, and markers at event steps. */
+static void plot_panel(FILE *out, panel *p, const cJSON *steps, const char *const *cols, const char *const *colors,
+                       int n_cols, const char *title, const cJSON *events, bool from_zero) {
+    const cJSON *xs = cJSON_GetObjectItemCaseSensitive(steps, "step");
+    int n = cJSON_GetArraySize(xs);
+    p->x0 = INFINITY, p->x1 = -INFINITY, p->y0 = INFINITY, p->y1 = -INFINITY;
+    for (int c = 0; c < n_cols; c++) {
+        const cJSON *ys = cJSON_GetObjectItemCaseSensitive(steps, cols[c]);
+        for (int i = 0; i < n; i++) {
+            const cJSON *y = cJSON_GetArrayItem(ys, i);
+            if (!cJSON_IsNumber(y)) continue;
+            double x = cJSON_GetArrayItem(xs, i)->valuedouble;
+            p->x0 = fmin(p->x0, x), p->x1 = fmax(p->x1, x), p->y0 = fmin(p->y0, y->valuedouble),
+            p->y1 = fmax(p->y1, y->valuedouble);
+        }
+    }
+    fprintf(out, "<text x=\"%.0f\" y=\"%.0f\" class=\"title\">%s</text>\n", p->left, p->top - 8, title);
+    if (!isfinite(p->x0)) {
+        fprintf(out, "<text x=\"%.0f\" y=\"%.0f\" class=\"tick\">no steps yet</text>\n", p->left + 10, p->top + 20);
+        return;
+    }
+    if (from_zero) p->y0 = fmin(0, p->y0);
+    if (p->x1 == p->x0) p->x1 = p->x0 + 1;
+    if (p->y1 == p->y0) p->y1 = p->y0 + (fabs(p->y0) > 0 ? fabs(p->y0) * 0.1 : 1);
+    double pad = 0.05 * (p->y1 - p->y0);
+    p->y1 += pad;
+    if (!from_zero) p->y0 -= pad;
+    for (int k = 0; k <= 4; k++) {
+        double y = p->y0 + (p->y1 - p->y0) * k / 4, x = p->x0 + (p->x1 - p->x0) * k / 4;
+        fprintf(out, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" class=\"grid\"/>\n", p->left,
+                p->left + p->w, py(p, y), py(p, y));
+        fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" class=\"tick\" text-anchor=\"end\">%.4g</text>\n", p->left - 4,
+                py(p, y) + 3, y);
+        fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" class=\"tick\" text-anchor=\"middle\">%.0f</text>\n", px(p, x),
+                p->top + p->h + 14, x);
+    }
+    fprintf(out, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" class=\"frame\"/>\n", p->left, p->top,
+            p->w, p->h);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, events) {
+        const char *type = str(e, "event");
+        double s = num(e, "step");
+        bool failure = cJSON_IsString(cJSON_GetObjectItemCaseSensitive(e, "cause"));
+        bool recovered = !strcmp(type, "recovered");
+        if ((!failure && !recovered) || isnan(s) || s < p->x0 || s > p->x1) continue;
+        fprintf(out, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" class=\"%s\"><title>%s step %.0f</title></line>\n",
+                px(p, s), px(p, s), p->top, p->top + p->h, failure ? "failure" : "recovery", type, s);
+    }
+    for (int c = 0; c < n_cols; c++) {
+        const cJSON *ys = cJSON_GetObjectItemCaseSensitive(steps, cols[c]);
+        fprintf(out, "<polyline class=\"series\" data-series=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"",
+                cols[c], colors[c]);
+        int points = 0;
+        for (int i = 0; i < n; i++) {
+            const cJSON *y = cJSON_GetArrayItem(ys, i);
+            if (!cJSON_IsNumber(y)) continue;
+            fprintf(out, "%s%.1f,%.1f", points++ ? " " : "", px(p, cJSON_GetArrayItem(xs, i)->valuedouble),
+                    py(p, y->valuedouble));
+        }
+        fprintf(out, "\"/>\n");
+    }
+}
+
+keel_status keel_run_plot_svg(const char *run_dir, const char *out_path) {
+    cJSON *v;
+    keel_status st = load_view(run_dir, &v);
+    if (st != KEEL_OK) return st;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", out_path);
+    FILE *out = fopen(tmp, "w");
+    if (!out) {
+        keel_errorf("%s: cannot write: %s", out_path, strerror(errno));
+        cJSON_Delete(v);
+        return KEEL_ERR_IO;
+    }
+    const cJSON *steps = cJSON_GetObjectItemCaseSensitive(v, "steps"), *events = cJSON_GetObjectItemCaseSensitive(v, "events");
+    fprintf(out, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"900\" height=\"560\" viewBox=\"0 0 900 560\">\n"
+                 "<style>.title{font:600 14px sans-serif;fill:#1d2430}.tick{font:10px sans-serif;fill:#6b7280}"
+                 ".grid{stroke:#eceef2}.frame{fill:none;stroke:#9aa3af}.failure{stroke:#dc2626;stroke-dasharray:4,3}"
+                 ".recovery{stroke:#2563eb;stroke-dasharray:2,3}.legend{font:11px sans-serif;fill:#374151}</style>\n"
+                 "<rect width=\"900\" height=\"560\" fill=\"#ffffff\"/>\n");
+    static const char *const loss_cols[] = {"loss", "val_loss"}, *const loss_colors[] = {"#2563eb", "#dc2626"};
+    static const char *const tps_cols[] = {"tokens_per_s"}, *const tps_colors[] = {"#059669"};
+    panel a = {.left = 60, .top = 40, .w = 810, .h = 200}, b = {.left = 60, .top = 310, .w = 810, .h = 200};
+    plot_panel(out, &a, steps, loss_cols, loss_colors, 2, "loss (blue) and val loss (red) by step", events, false);
+    plot_panel(out, &b, steps, tps_cols, tps_colors, 1, "tokens/s (all ranks) by step", events, true);
+    fprintf(out, "<text x=\"60\" y=\"545\" class=\"legend\">%s — dashed red: failures, dashed blue: recoveries</text>\n"
+                 "</svg>\n", run_dir);
+    bool ok = fflush(out) == 0 && !ferror(out);
+    ok &= fclose(out) == 0;
+    cJSON_Delete(v);
+    if (!ok || rename(tmp, out_path) != 0) {
+        keel_errorf("%s: cannot write: %s", out_path, strerror(errno));
+        remove(tmp);
+        return KEEL_ERR_IO;
+    }
+    return KEEL_OK;
+}
