@@ -83,6 +83,13 @@ void *keel_xmalloc(size_t bytes, const char *what);
 void *keel_xcalloc(size_t bytes, const char *what);
 void *keel_xrealloc(void *p, size_t bytes, const char *what); /* not aligned beyond malloc's */
 char *keel_xstrdup(const char *s);
+/* A growable string: printf appends (aborts on out-of-memory like the
+ * allocators); s is NUL-ended once anything is in it; free s with keel_free. */
+typedef struct {
+    char *s;
+    size_t n, cap;
+} keel_strbuf;
+void keel_strbuf_printf(keel_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void keel_free(void *p);
 
 /* ---- this process and machine (host.c) ----------------------------------- */

@@ -1,4 +1,5 @@
 /* core/alloc.c: checked, aligned allocation. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,3 +42,20 @@ char *keel_xstrdup(const char *s) {
 }
 
 void keel_free(void *p) { free(p); }
+
+void keel_strbuf_printf(keel_strbuf *b, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        size_t room = b->cap - b->n;
+        int k = vsnprintf(b->s ? b->s + b->n : NULL, room, fmt, ap);
+        va_end(ap);
+        KEEL_CHECK(k >= 0, "vsnprintf failed");
+        if ((size_t)k < room) {
+            b->n += (size_t)k;
+            return;
+        }
+        b->cap = (b->n + (size_t)k + 1) * 2;
+        b->s = keel_xrealloc(b->s, b->cap, "string buffer");
+    }
+}

@@ -20,31 +20,6 @@ int64_t safetensors_f32_bytes(const safetensors_tensor *t) {
     return 4 * t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1);
 }
 
-/* ---- text ------------------------------------------------------------------------ */
-
-typedef struct {
-    char *s;
-    size_t n, cap;
-} strbuf;
-
-static void sb_printf(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(strbuf *b, const char *fmt, ...) {
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        size_t room = b->cap - b->n;
-        int k = vsnprintf(b->s ? b->s + b->n : NULL, room, fmt, ap);
-        va_end(ap);
-        KEEL_CHECK(k >= 0, "vsnprintf failed");
-        if ((size_t)k < room) {
-            b->n += (size_t)k;
-            return;
-        }
-        b->cap = (b->n + (size_t)k + 1) * 2;
-        b->s = keel_xrealloc(b->s, b->cap, "string buffer");
-    }
-}
-
 cJSON *safetensors_read_json_object(const char *path, const char *what) {
     char *text;
     if (keel_read_file_quiet(path, MAX_JSON_BYTES, &text, NULL) != KEEL_OK) {
@@ -70,21 +45,21 @@ cJSON *safetensors_read_json_object(const char *path, const char *what) {
 /* ---- writing ----------------------------------------------------------------------- */
 
 uint8_t *safetensors_header(const safetensors_tensor *t, int n, size_t *bytes) {
-    strbuf h = {0};
-    sb_printf(&h, "{\"__metadata__\":{\"format\":\"pt\"}");
+    keel_strbuf h = {0};
+    keel_strbuf_printf(&h, "{\"__metadata__\":{\"format\":\"pt\"}");
     int64_t off = 0;
     for (int i = 0; i < n; i++) {
         int64_t size = safetensors_f32_bytes(&t[i]);
         if (t[i].ndim == 1)
-            sb_printf(&h, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%lld],", t[i].name, (long long)t[i].shape[0]);
+            keel_strbuf_printf(&h, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%lld],", t[i].name, (long long)t[i].shape[0]);
         else
-            sb_printf(&h, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%lld,%lld],", t[i].name,
+            keel_strbuf_printf(&h, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%lld,%lld],", t[i].name,
                       (long long)t[i].shape[0], (long long)t[i].shape[1]);
-        sb_printf(&h, "\"data_offsets\":[%lld,%lld]}", (long long)off, (long long)(off + size));
+        keel_strbuf_printf(&h, "\"data_offsets\":[%lld,%lld]}", (long long)off, (long long)(off + size));
         off += size;
     }
-    sb_printf(&h, "}");
-    while (h.n % 8) sb_printf(&h, " "); /* the data starts 8-byte aligned */
+    keel_strbuf_printf(&h, "}");
+    while (h.n % 8) keel_strbuf_printf(&h, " "); /* the data starts 8-byte aligned */
     *bytes = 8 + h.n;
     uint8_t *head = keel_xmalloc(*bytes, "safetensors header");
     for (int i = 0; i < 8; i++) head[i] = (uint8_t)((uint64_t)h.n >> (8 * i));
@@ -120,15 +95,15 @@ char *safetensors_index_json(const safetensors_tensor *t, int n, const int *file
                              size_t *len) {
     int64_t total = 0;
     for (int i = 0; i < n; i++) total += safetensors_f32_bytes(&t[i]);
-    strbuf b = {0};
-    sb_printf(&b, "{\n  \"metadata\": {\n    \"total_size\": %lld\n  },\n  \"weight_map\": {\n",
+    keel_strbuf b = {0};
+    keel_strbuf_printf(&b, "{\n  \"metadata\": {\n    \"total_size\": %lld\n  },\n  \"weight_map\": {\n",
               (long long)total);
     for (int i = 0; i < n; i++) {
         char name[64];
         safetensors_file_name(name, file_of[i], n_files, true);
-        sb_printf(&b, "    \"%s\": \"%s\"%s\n", t[i].name, name, i + 1 < n ? "," : "");
+        keel_strbuf_printf(&b, "    \"%s\": \"%s\"%s\n", t[i].name, name, i + 1 < n ? "," : "");
     }
-    sb_printf(&b, "  }\n}\n");
+    keel_strbuf_printf(&b, "  }\n}\n");
     *len = b.n;
     return b.s;
 }

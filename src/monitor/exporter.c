@@ -181,53 +181,32 @@ static void take_event(keel_exporter *x, const cJSON *o, long at) {
 
 /* ---- the text ------------------------------------------------------------------------ */
 
-typedef struct {
-    char *buf;
-    size_t len, cap;
-} text;
-
-static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(text *t, const char *fmt, ...) {
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(t->buf + t->len, t->cap - t->len, fmt, ap);
-        va_end(ap);
-        if (n >= 0 && (size_t)n < t->cap - t->len) {
-            t->len += (size_t)n;
-            return;
-        }
-        t->cap = 2 * t->cap + (size_t)(n > 0 ? n : 0) + 1;
-        t->buf = keel_xrealloc(t->buf, t->cap, "metrics text");
-    }
-}
-
-static void family(text *t, const char *name, const char *type, const char *help) {
-    put(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+static void family(keel_strbuf *t, const char *name, const char *type, const char *help) {
+    keel_strbuf_printf(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 /* A sample value as Prometheus reads it. */
-static void value(text *t, double v) {
-    if (isnan(v)) put(t, " NaN\n");
-    else if (isinf(v)) put(t, v > 0 ? " +Inf\n" : " -Inf\n");
-    else put(t, " %.17g\n", v);
+static void value(keel_strbuf *t, double v) {
+    if (isnan(v)) keel_strbuf_printf(t, " NaN\n");
+    else if (isinf(v)) keel_strbuf_printf(t, v > 0 ? " +Inf\n" : " -Inf\n");
+    else keel_strbuf_printf(t, " %.17g\n", v);
 }
 
-static void gauge(text *t, const char *name, const char *help, double v) {
+static void gauge(keel_strbuf *t, const char *name, const char *help, double v) {
     family(t, name, "gauge", help);
-    put(t, "%s", name);
+    keel_strbuf_printf(t, "%s", name);
     value(t, v);
 }
 
 /* A label value: backslash, double quote and newline escaped. */
-static void label_value(text *t, const char *s) {
-    put(t, "\"");
+static void label_value(keel_strbuf *t, const char *s) {
+    keel_strbuf_printf(t, "\"");
     for (; *s; s++) {
-        if (*s == '\\' || *s == '"') put(t, "\\%c", *s);
-        else if (*s == '\n') put(t, "\\n");
-        else put(t, "%c", *s);
+        if (*s == '\\' || *s == '"') keel_strbuf_printf(t, "\\%c", *s);
+        else if (*s == '\n') keel_strbuf_printf(t, "\\n");
+        else keel_strbuf_printf(t, "%c", *s);
     }
-    put(t, "\"");
+    keel_strbuf_printf(t, "\"");
 }
 
 typedef struct {
@@ -262,10 +241,10 @@ static int read_beats(const char *run_dir, rank_beat **out) {
     return n;
 }
 
-static void rank_labels(text *t, const char *name, const rank_beat *b) {
-    put(t, "%s{rank=\"%d\",node=", name, b->rank);
+static void rank_labels(keel_strbuf *t, const char *name, const rank_beat *b) {
+    keel_strbuf_printf(t, "%s{rank=\"%d\",node=", name, b->rank);
     label_value(t, b->hb.node);
-    put(t, "}");
+    keel_strbuf_printf(t, "}");
 }
 
 typedef enum {
@@ -286,7 +265,7 @@ static double rank_value(const keel_heartbeat_info *h, rank_field f) {
     return NAN;
 }
 
-static void per_rank(text *t, const rank_beat *b, int n, const char *name, const char *type, const char *help,
+static void per_rank(keel_strbuf *t, const rank_beat *b, int n, const char *name, const char *type, const char *help,
                      rank_field f) {
     if (n == 0) return;
     family(t, name, type, help);
@@ -296,7 +275,7 @@ static void per_rank(text *t, const rank_beat *b, int n, const char *name, const
     }
 }
 
-static void step_histogram(text *t, const rank_beat *b, int n) {
+static void step_histogram(keel_strbuf *t, const rank_beat *b, int n) {
     const char *name = "keel_rank_step_seconds";
     family(t, name, "histogram", "Time of each optimizer step of this rank's current process.");
     for (int i = 0; i < n; i++) {
@@ -304,10 +283,10 @@ static void step_histogram(text *t, const rank_beat *b, int n) {
         uint64_t cumulative = 0;
         for (int k = 0; k <= KEEL_STEP_BUCKETS; k++) {
             cumulative += h->step_buckets[k];
-            put(t, "%s_bucket{rank=\"%d\",node=", name, b[i].rank);
+            keel_strbuf_printf(t, "%s_bucket{rank=\"%d\",node=", name, b[i].rank);
             label_value(t, h->node);
-            if (k < KEEL_STEP_BUCKETS) put(t, ",le=\"%g\"}", keel_step_bucket_s[k]);
-            else put(t, ",le=\"+Inf\"}");
+            if (k < KEEL_STEP_BUCKETS) keel_strbuf_printf(t, ",le=\"%g\"}", keel_step_bucket_s[k]);
+            else keel_strbuf_printf(t, ",le=\"+Inf\"}");
             value(t, (double)cumulative);
         }
         rank_labels(t, "keel_rank_step_seconds_sum", &b[i]);
@@ -317,7 +296,7 @@ static void step_histogram(text *t, const rank_beat *b, int n) {
     }
 }
 
-static void run_families(keel_exporter *x, text *t) {
+static void run_families(keel_exporter *x, keel_strbuf *t) {
     if (x->have_step) {
         gauge(t, "keel_step", "Optimizer steps done (the leader rank's metrics.jsonl).", x->step);
         gauge(t, "keel_loss", "Training loss of the last step.", x->loss);
@@ -327,14 +306,14 @@ static void run_families(keel_exporter *x, text *t) {
         gauge(t, "keel_mfu", "Model FLOPs utilisation of the last step, 0-1.", x->mfu);
         gauge(t, "keel_step_seconds", "Time of the last optimizer step.", x->step_s);
         family(t, "keel_tokens_total", "counter", "Tokens trained on, all ranks.");
-        put(t, "keel_tokens_total");
+        keel_strbuf_printf(t, "keel_tokens_total");
         value(t, x->tokens);
         family(t, "keel_exposed_communication_seconds_total", "counter",
                "Seconds the leader's compute waited on FSDP communication.");
-        put(t, "keel_exposed_communication_seconds_total");
+        keel_strbuf_printf(t, "keel_exposed_communication_seconds_total");
         value(t, x->comm_wait_total);
         family(t, "keel_checkpoint_stall_seconds_total", "counter", "Seconds training waited on checkpoint saves.");
-        put(t, "keel_checkpoint_stall_seconds_total");
+        keel_strbuf_printf(t, "keel_checkpoint_stall_seconds_total");
         value(t, x->ckpt_stall_total);
     }
     if (x->have_val) gauge(t, "keel_val_loss", "Validation loss of the last evaluation.", x->val_loss);
@@ -346,15 +325,15 @@ static void run_families(keel_exporter *x, text *t) {
     }
     family(t, "keel_failures_total", "counter", "Failures by cause (events.jsonl events with a cause).");
     for (int c = 0; c < N_CAUSES; c++) {
-        put(t, "keel_failures_total{cause=\"%s\"}", CAUSES[c]);
+        keel_strbuf_printf(t, "keel_failures_total{cause=\"%s\"}", CAUSES[c]);
         value(t, x->failures[c]);
     }
     if (x->other_failures > 0) {
-        put(t, "keel_failures_total{cause=\"other\"}");
+        keel_strbuf_printf(t, "keel_failures_total{cause=\"other\"}");
         value(t, x->other_failures);
     }
     family(t, "keel_restarts_total", "counter", "Relaunches of the ranks after failures.");
-    put(t, "keel_restarts_total");
+    keel_strbuf_printf(t, "keel_restarts_total");
     value(t, x->restarts);
     if (x->n_recovery > 0) {
         double sorted[MAX_RECOVERIES];
@@ -368,9 +347,9 @@ static void run_families(keel_exporter *x, text *t) {
     if (x->n_drained > 0) {
         family(t, "keel_node_drained", "gauge", "1 for each node drained or excluded by a failed health check.");
         for (int i = 0; i < x->n_drained; i++) {
-            put(t, "keel_node_drained{node=");
+            keel_strbuf_printf(t, "keel_node_drained{node=");
             label_value(t, x->drained[i]);
-            put(t, "}");
+            keel_strbuf_printf(t, "}");
             value(t, 1);
         }
     }
@@ -446,7 +425,7 @@ char *keel_exporter_render(keel_exporter *x) {
     pthread_mutex_lock(&x->lock);
     read_tail(x, &x->metrics, take_step);
     read_tail(x, &x->events, take_event);
-    text t = {keel_xmalloc(8192, "metrics text"), 0, 8192};
+    keel_strbuf t = {0};
     run_families(x, &t);
     pthread_mutex_unlock(&x->lock);
     rank_beat *b;
@@ -467,5 +446,5 @@ char *keel_exporter_render(keel_exporter *x) {
              RANK_CPU_S);
     if (n > 0) step_histogram(&t, b, n);
     keel_free(b);
-    return t.buf;
+    return t.s;
 }

@@ -17,7 +17,7 @@
 
 #include "keel/run.h"
 
-#define LINE_BYTES 512
+#define LINE_BYTES 1024 /* the longest line (a 63-byte node, 20-digit counts) is ~620 */
 
 const double keel_step_bucket_s[KEEL_STEP_BUCKETS] = {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
 
@@ -74,7 +74,7 @@ void keel_heartbeat_beat(keel_heartbeat *hb, const char *phase, int64_t step, in
     if (hb->first_step_unix_s == 0 && hb->start_step >= 0 && step > hb->start_step)
         hb->first_step_unix_s = now;
     const keel_heartbeat_info *x = &hb->stats;
-    char buckets[256];
+    char buckets[24 * (KEEL_STEP_BUCKETS + 1)]; /* 20 digits and a comma each at most: fits */
     size_t at = 0;
     for (int b = 0; b <= KEEL_STEP_BUCKETS; b++)
         at += (size_t)snprintf(buckets + at, sizeof buckets - at, "%s%llu", b ? "," : "",
@@ -138,10 +138,10 @@ bool keel_heartbeat_read(const char *run_dir, int rank, keel_heartbeat_info *out
     line[LINE_BYTES] = 0;
     long long step, start;
     unsigned long long rss;
-    char buckets[256];
+    char buckets[512];
     int end = 0;
     if (sscanf(line, "keelhb2 phase=%15s step=%lld start=%lld unix=%lf first=%lf pid=%d code=%d "
-               "node=%63s slurm_step=%31s step_s=%lf compute_s=%lf step_unix=%lf rss=%llu cpu=%lf util=%lf hist=%255s "
+               "node=%63s slurm_step=%31s step_s=%lf compute_s=%lf step_unix=%lf rss=%llu cpu=%lf util=%lf hist=%511s "
                "sum=%lf end%n", out->phase, &step, &start, &out->unix_s, &out->first_step_unix_s, &out->pid,
                &out->exit_code, out->node, out->slurm_step, &out->step_s, &out->compute_s, &out->step_unix_s, &rss,
                &out->cpu_s, &out->cpu_util, buckets, &out->step_sum_s, &end) != 17 || end == 0)

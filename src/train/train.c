@@ -537,12 +537,18 @@ keel_status keel_train_run(keel_config *cfg, const char *run_dir) {
     struct sigaction old[3];
     catch_stop_signals(old);
     keel_status st = keel_run_prepare(cfg, run_dir, 1);
-    if (st == KEEL_OK) st = open_inputs(&t);
+    if (st == KEEL_OK) { /* rank 0's heartbeat: keel status and the metrics read it as for --nproc */
+        t.heartbeat = keel_heartbeat_open(run_dir, 0);
+        keel_heartbeat_beat(t.heartbeat, "init", 0, 0);
+        st = open_inputs(&t);
+    }
     if (st == KEEL_OK) {
         t.threads = keel_kernels_init(cfg->train.threads);
         st = run(&t);
         keel_kernels_shutdown();
     }
+    keel_heartbeat_beat(t.heartbeat, "exit", -1, keel_status_exit_code(st));
+    keel_heartbeat_close(t.heartbeat);
     free_trainer(&t);
     restore_stop_signals(old);
     return st;

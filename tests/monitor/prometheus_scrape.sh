@@ -83,6 +83,22 @@ expect_input_error "bad bind address" 'metrics.bind "nowhere" is not a numeric I
 KEEL_METRICS_PORT=abc expect_input_error "bad KEEL_METRICS_PORT" 'KEEL_METRICS_PORT=abc is not a port' \
   "$KEEL_BIN" train "$CFG" --run-dir "$TMP/fourth"
 
+# a single-process run (no supervisor) serves its own endpoint
+solo_port=$(free_port)
+"$KEEL_BIN" train "$CFG" --set train.steps=100000 --set metrics.port="$solo_port" --run-dir "$TMP/solo" \
+  >"$TMP/solo.out" 2>&1 &
+solo=$!
+pids+=("$solo")
+got=""
+for _ in $(seq 1 300); do
+  got=$(curl -sf "http://127.0.0.1:$solo_port/metrics" 2>/dev/null | grep -E '^keel_(loss|rank_step\{rank="0")' || true)
+  [ "$(grep -c . <<<"$got")" = 2 ] && break
+  sleep 0.1
+done
+kill -TERM "$solo"; wait "$solo" || true
+[ "$(grep -c . <<<"$got")" = 2 ] || fail "a single-process run's /metrics lacks keel_loss or rank 0: '$got' ($(tail -3 "$TMP/solo.out"))"
+pass "a single-process run serves /metrics itself: $(tr '\n' ' ' <<<"$got")"
+
 # kill -9 a rank: the failure is counted by cause, and the run recovers (then stops on SIGTERM)
 pid=$(wait_train_step "$TMP/run" 1 30)
 kill -9 "$pid"
