@@ -20,6 +20,7 @@ KEEL_BUILD_DEPS=(
     libxxhash-dev            # fast checksums of shards and checkpoints
     libdnnl-dev              # oneDNN: the bf16 matmuls of fsdp.mixed_precision
     libmicrohttpd-dev        # the run's HTTP endpoint (/metrics)
+    librsvg2-dev             # keel plot --out FILE.png: the plot's SVG drawn by librsvg + cairo
     prometheus               # prometheus + promtool: the tests scrape a real run and lint /metrics
     chromium                 # headless: the tests load the dashboard in a real browser
     sentencepiece            # spm_train / spm_encode: train the demo tokenizer, reference encoder

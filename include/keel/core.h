@@ -117,6 +117,60 @@ int keel_cores_allowed(void);
  * hostname) or the hostname. */
 void keel_node_name(char *out, size_t n);
 
+/* ---- this machine's NVIDIA GPUs, read through NVML (gpu.c) ------------------ */
+/* NVML is opened with dlopen (libnvidia-ml.so.1, the driver's; $KEEL_NVML_LIB
+ * names another file): keel builds and runs where there is none, and a machine
+ * without it has no GPU readings, never invented ones. A reading the GPU does
+ * not support is NAN. The field names are DCGM's (dcgm-exporter's metric
+ * names), so dashboards made for it work on keel's endpoint.
+ *
+ *     char why[256];
+ *     keel_gpus *g;
+ *     keel_status st = keel_gpus_open(&g, why, sizeof why);   // g NULL: why says why
+ *     keel_gpu_sample s;
+ *     for (int i = 0; i < keel_gpus_count(g); i++) keel_gpus_read(g, i, &s);
+ *     keel_gpus_close(g);
+ */
+typedef enum {
+    KEEL_GPU_UTIL,              /* DCGM_FI_DEV_GPU_UTIL: percent */
+    KEEL_GPU_MEM_COPY_UTIL,     /* DCGM_FI_DEV_MEM_COPY_UTIL: percent */
+    KEEL_GPU_FB_USED,           /* DCGM_FI_DEV_FB_USED: MiB */
+    KEEL_GPU_FB_FREE,           /* DCGM_FI_DEV_FB_FREE: MiB */
+    KEEL_GPU_TEMP,              /* DCGM_FI_DEV_GPU_TEMP: degrees C */
+    KEEL_GPU_POWER_USAGE,       /* DCGM_FI_DEV_POWER_USAGE: W */
+    KEEL_GPU_TOTAL_ENERGY,      /* DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION: mJ since the driver loaded */
+    KEEL_GPU_SM_CLOCK,          /* DCGM_FI_DEV_SM_CLOCK: MHz */
+    KEEL_GPU_MAX_SM_CLOCK,      /* DCGM_FI_DEV_MAX_SM_CLOCK: MHz */
+    KEEL_GPU_MEM_CLOCK,         /* DCGM_FI_DEV_MEM_CLOCK: MHz */
+    KEEL_GPU_PCIE_REPLAY,       /* DCGM_FI_DEV_PCIE_REPLAY_COUNTER */
+    KEEL_GPU_XID_ERRORS,        /* DCGM_FI_DEV_XID_ERRORS: the last XID seen since open, 0 = none */
+    KEEL_GPU_XID_COUNT,         /* XIDs seen since keel_gpus_open (not since boot) */
+    KEEL_GPU_ECC_SBE_VOL,       /* DCGM_FI_DEV_ECC_SBE_VOL_TOTAL: corrected, since the driver loaded */
+    KEEL_GPU_ECC_DBE_VOL,       /* DCGM_FI_DEV_ECC_DBE_VOL_TOTAL: uncorrected */
+    KEEL_GPU_CORRECTABLE_REMAPPED_ROWS,   /* DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS */
+    KEEL_GPU_UNCORRECTABLE_REMAPPED_ROWS, /* DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS */
+    KEEL_GPU_ROW_REMAP_PENDING, /* a remap waits for a GPU reset: 0/1 */
+    KEEL_GPU_ROW_REMAP_FAILURE, /* DCGM_FI_DEV_ROW_REMAP_FAILURE: 0/1 */
+    KEEL_GPU_N_FIELDS
+} keel_gpu_field;
+typedef struct {
+    int index;              /* NVML's device index */
+    unsigned minor;         /* /dev/nvidia<minor> */
+    char uuid[96], model[96], pci_bus_id[32];
+    double v[KEEL_GPU_N_FIELDS]; /* NAN: not supported by this GPU */
+} keel_gpu_sample;
+typedef struct keel_gpus keel_gpus;
+/* KEEL_OK with *out NULL: no NVML on this machine (no driver: not an error).
+ * KEEL_ERR_IO: NVML is there and does not answer (driver not loaded?).
+ * KEEL_ERR_INPUT: $KEEL_NVML_LIB names a file that does not load. Each says
+ * why in `why` (on KEEL_OK with GPUs: how many, through which file); none prints. */
+keel_status keel_gpus_open(keel_gpus **out, char *why, size_t why_n);
+int keel_gpus_count(const keel_gpus *g); /* 0 for NULL */
+const char *keel_gpus_library(const keel_gpus *g); /* the file dlopen loaded */
+/* One GPU's readings now (XIDs: the events that arrived since the last read). */
+keel_status keel_gpus_read(keel_gpus *g, int i, keel_gpu_sample *s);
+void keel_gpus_close(keel_gpus *g);
+
 /* ---- durable file I/O ------------------------------------------------------ */
 /* Every file keel writes or reads whole goes through these (src/core/fsio.c),
  * so the crash-safety protocol lives in one place: a file that must survive a

@@ -46,8 +46,10 @@ void keel_metrics_stop(keel_metrics_server *s);
 /* `keel status RUN`: the run, its ranks and its last events as a table (or
  * the exporter's JSON view); an input error when run_dir is not a run. */
 keel_status keel_run_status_print(const char *run_dir, FILE *out, bool json);
-/* `keel plot RUN --out FILE.svg`: loss and val loss, and tokens/s, by step,
- * failures and recoveries marked; written atomically. */
-keel_status keel_run_plot_svg(const char *run_dir, const char *out_path);
+/* `keel plot RUN --out FILE.svg|FILE.png`: loss and val loss, and tokens/s, by
+ * step, failures and recoveries marked; written atomically. The PNG is the
+ * same SVG drawn by librsvg (1800x1120 pixels). Another extension is an input
+ * error. */
+keel_status keel_run_plot(const char *run_dir, const char *out_path);
 
 #endif

@@ -1,5 +1,5 @@
 /* cli/cmd_status.c: `keel status RUN [--watch [SECONDS]] [--json]` and
- * `keel plot RUN --out FILE.svg`. */
+ * `keel plot RUN --out FILE.svg|FILE.png`. */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -69,21 +69,15 @@ int keel_cmd_plot(int argc, char **argv) {
         switch (c) {
         case 'o': out = optarg; break;
         case 'h':
-            printf("usage: keel plot RUN_DIR --out FILE.svg\n"
+            printf("usage: keel plot RUN_DIR --out FILE.svg|FILE.png\n"
                    "  loss and val loss, and tokens/s, by step; failures (red) and recoveries (blue) marked\n");
             return 0;
         default: return 2;
         }
     }
     if (optind != argc - 1 || !out) {
-        keel_errorf("keel plot takes one RUN_DIR and --out FILE.svg; see keel plot --help");
+        keel_errorf("keel plot takes one RUN_DIR and --out FILE.svg or FILE.png; see keel plot --help");
         return 2;
     }
-    size_t n = strlen(out);
-    if (n < 4 || strcmp(out + n - 4, ".svg")) {
-        keel_errorf("keel plot --out %s: write an .svg file (PNG output is not built; browsers and image viewers "
-                    "open SVG)", out);
-        return 2;
-    }
-    return keel_status_exit_code(keel_run_plot_svg(argv[optind], out));
+    return keel_status_exit_code(keel_run_plot(argv[optind], out));
 }

@@ -3,7 +3,9 @@
  * happened, counted by its fields) and each rank's heartbeat (its step, step
  * times, memory and CPU) — so the supervisor of an --nproc run and a single
  * process serve the same families. Both files are read incrementally: a
- * scrape parses only the lines appended since the last one. */
+ * scrape parses only the lines appended since the last one. This node's
+ * NVIDIA GPUs, where NVML is present, are read at each scrape and named as
+ * dcgm-exporter names them. */
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <math.h>
@@ -53,6 +55,9 @@ struct keel_exporter {
     keel_step_point *points;
     int64_t n_points, cap_points;
     cJSON *recent;         /* array of the newest events (at most MAX_RECENT) */
+    /* this node's GPUs (opened at the first scrape; NULL without NVML) */
+    bool gpus_tried;
+    keel_gpus *gpus;
 };
 
 keel_exporter *keel_exporter_new(const char *run_dir) {
@@ -77,6 +82,7 @@ void keel_exporter_free(keel_exporter *x) {
     cJSON_Delete(x->recent);
     for (int i = 0; i < x->n_drained; i++) keel_free(x->drained[i]);
     keel_free(x->step_time);
+    keel_gpus_close(x->gpus);
     pthread_mutex_destroy(&x->lock);
     keel_free(x);
 }
@@ -296,6 +302,80 @@ static void step_histogram(keel_strbuf *t, const rank_beat *b, int n) {
     }
 }
 
+/* dcgm-exporter's name, type and help for each GPU reading it exports (its
+ * etc/default-counters.csv), and its labels: existing DCGM dashboards and alerts
+ * work unchanged. promtool's style lint complains about these names (camelCase
+ * labels, counters without _total) as it does on dcgm-exporter's endpoint. */
+static const struct {
+    keel_gpu_field f;
+    const char *name, *type, *help;
+} GPU_FAMILIES[] = {
+    {KEEL_GPU_SM_CLOCK, "DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."},
+    {KEEL_GPU_MEM_CLOCK, "DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz)."},
+    {KEEL_GPU_MAX_SM_CLOCK, "DCGM_FI_DEV_MAX_SM_CLOCK", "gauge", "Maximum supported SM clock (in MHz)."},
+    {KEEL_GPU_TEMP, "DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."},
+    {KEEL_GPU_POWER_USAGE, "DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."},
+    {KEEL_GPU_TOTAL_ENERGY, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter",
+     "Total energy consumption since boot (in mJ)."},
+    {KEEL_GPU_PCIE_REPLAY, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries."},
+    {KEEL_GPU_UTIL, "DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."},
+    {KEEL_GPU_MEM_COPY_UTIL, "DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %)."},
+    {KEEL_GPU_XID_ERRORS, "DCGM_FI_DEV_XID_ERRORS", "gauge",
+     "Value of the last XID error encountered (since this endpoint started)."},
+    {KEEL_GPU_FB_FREE, "DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."},
+    {KEEL_GPU_FB_USED, "DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."},
+    {KEEL_GPU_ECC_SBE_VOL, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter",
+     "Total number of single-bit volatile ECC errors."},
+    {KEEL_GPU_ECC_DBE_VOL, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter",
+     "Total number of double-bit volatile ECC errors."},
+    {KEEL_GPU_UNCORRECTABLE_REMAPPED_ROWS, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter",
+     "Number of remapped rows for uncorrectable errors"},
+    {KEEL_GPU_CORRECTABLE_REMAPPED_ROWS, "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter",
+     "Number of remapped rows for correctable errors"},
+    {KEEL_GPU_ROW_REMAP_FAILURE, "DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed"},
+};
+
+/* This node's GPUs, labelled as dcgm-exporter labels them; a reading a GPU does not support has no sample. */
+static void gpu_families(keel_exporter *x, keel_strbuf *t) {
+    if (!x->gpus_tried) {
+        x->gpus_tried = true;
+        char why[512];
+        keel_status st = keel_gpus_open(&x->gpus, why, sizeof why);
+        if (x->gpus) keel_log_info("metrics: %s", why);
+        else if (st == KEEL_ERR_INPUT) keel_log_warn("metrics: no GPU readings: %s (unset it to use the driver's)", why);
+        else if (st != KEEL_OK) keel_log_warn("metrics: no GPU readings: %s", why);
+        else keel_log_debug("metrics: no GPU readings: %s", why);
+    }
+    gauge(t, "keel_nvml_up", "This node's NVIDIA GPUs are read through NVML (1) or there is no NVML (0).",
+          x->gpus != NULL);
+    int n = keel_gpus_count(x->gpus);
+    if (n == 0) return;
+    keel_gpu_sample *s = keel_xcalloc((size_t)n * sizeof *s, "GPU readings");
+    for (int i = 0; i < n; i++) keel_gpus_read(x->gpus, i, &s[i]);
+    char node[256];
+    keel_node_name(node, sizeof node);
+    for (size_t k = 0; k < sizeof GPU_FAMILIES / sizeof *GPU_FAMILIES; k++) {
+        bool any = false;
+        for (int i = 0; i < n; i++) any |= !isnan(s[i].v[GPU_FAMILIES[k].f]);
+        if (!any) continue;
+        family(t, GPU_FAMILIES[k].name, GPU_FAMILIES[k].type, GPU_FAMILIES[k].help);
+        for (int i = 0; i < n; i++) {
+            if (isnan(s[i].v[GPU_FAMILIES[k].f])) continue;
+            keel_strbuf_printf(t, "%s{gpu=\"%d\",UUID=", GPU_FAMILIES[k].name, s[i].index);
+            label_value(t, s[i].uuid);
+            keel_strbuf_printf(t, ",pci_bus_id=");
+            label_value(t, s[i].pci_bus_id);
+            keel_strbuf_printf(t, ",device=\"nvidia%u\",modelName=", s[i].minor);
+            label_value(t, s[i].model);
+            keel_strbuf_printf(t, ",Hostname=");
+            label_value(t, node);
+            keel_strbuf_printf(t, "}");
+            value(t, s[i].v[GPU_FAMILIES[k].f]);
+        }
+    }
+    keel_free(s);
+}
+
 static void run_families(keel_exporter *x, keel_strbuf *t) {
     if (x->have_step) {
         gauge(t, "keel_step", "Optimizer steps done (the leader rank's metrics.jsonl).", x->step);
@@ -427,6 +507,7 @@ char *keel_exporter_render(keel_exporter *x) {
     read_tail(x, &x->events, take_event);
     keel_strbuf t = {0};
     run_families(x, &t);
+    gpu_families(x, &t);
     pthread_mutex_unlock(&x->lock);
     rank_beat *b;
     int n = read_beats(x->run_dir, &b);

@@ -2,7 +2,9 @@
  * (the run's htop), and `keel plot` — its loss and throughput curves with the
  * failures and recoveries marked, as SVG. Both read the run directory through
  * the exporter's JSON view, as the dashboard does. */
+#include <cairo.h>
 #include <cjson/cJSON.h>
+#include <librsvg/rsvg.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -146,6 +148,18 @@ keel_status keel_run_status_print(const char *run_dir, FILE *out, bool json) {
 
 /* ---- keel plot ------------------------------------------------------------------------ */
 
+enum { PLOT_W = 900, PLOT_H = 560 }; /* the page, in SVG units (the PNG has twice the pixels) */
+
+/* Text in an SVG element: &, < and > escaped. */
+static void xml_text(keel_strbuf *out, const char *s) {
+    for (; *s; s++) {
+        if (*s == '&') keel_strbuf_printf(out, "&amp;");
+        else if (*s == '<') keel_strbuf_printf(out, "&lt;");
+        else if (*s == '>') keel_strbuf_printf(out, "&gt;");
+        else keel_strbuf_printf(out, "%c", *s);
+    }
+}
+
 typedef struct {
     double x0, x1, y0, y1;  /* data range */
     double left, top, w, h; /* the panel on the page */
@@ -154,9 +168,17 @@ typedef struct {
 static double px(const panel *p, double x) { return p->left + (x - p->x0) / (p->x1 - p->x0) * p->w; }
 static double py(const panel *p, double y) { return p->top + (1 - (y - p->y0) / (p->y1 - p->y0)) * p->h; }
 
+/* A tick's number in at most 4 significant digits: 95.6k rather than 9.56e+04. */
+static void tick_label(char *out, size_t n, double v) {
+    if (fabs(v) >= 1e9) snprintf(out, n, "%.3gG", v / 1e9);
+    else if (fabs(v) >= 1e6) snprintf(out, n, "%.3gM", v / 1e6);
+    else if (fabs(v) >= 1e4) snprintf(out, n, "%.3gk", v / 1e3);
+    else snprintf(out, n, "%.4g", v);
+}
+
 /* One panel: axes, ticks, a series per column, and markers at event steps. */
-static void plot_panel(FILE *out, panel *p, const cJSON *steps, const char *const *cols, const char *const *colors,
-                       int n_cols, const char *title, const cJSON *events, bool from_zero) {
+static void plot_panel(keel_strbuf *out, panel *p, const cJSON *steps, const char *const *cols,
+                       const char *const *colors, int n_cols, const char *title, const cJSON *events, bool from_zero) {
     const cJSON *xs = cJSON_GetObjectItemCaseSensitive(steps, "step");
     int n = cJSON_GetArraySize(xs);
     p->x0 = INFINITY, p->x1 = -INFINITY, p->y0 = INFINITY, p->y1 = -INFINITY;
@@ -170,9 +192,10 @@ static void plot_panel(FILE *out, panel *p, const cJSON *steps, const char *cons
             p->y1 = fmax(p->y1, y->valuedouble);
         }
     }
-    fprintf(out, "<text x=\"%.0f\" y=\"%.0f\" class=\"title\">%s</text>\n", p->left, p->top - 8, title);
+    keel_strbuf_printf(out, "<text x=\"%.0f\" y=\"%.0f\" class=\"title\">%s</text>\n", p->left, p->top - 8, title);
     if (!isfinite(p->x0)) {
-        fprintf(out, "<text x=\"%.0f\" y=\"%.0f\" class=\"tick\">no steps yet</text>\n", p->left + 10, p->top + 20);
+        keel_strbuf_printf(out, "<text x=\"%.0f\" y=\"%.0f\" class=\"tick\">no steps yet</text>\n", p->left + 10,
+                           p->top + 20);
         return;
     }
     if (from_zero) p->y0 = fmin(0, p->y0);
@@ -183,15 +206,17 @@ static void plot_panel(FILE *out, panel *p, const cJSON *steps, const char *cons
     if (!from_zero) p->y0 -= pad;
     for (int k = 0; k <= 4; k++) {
         double y = p->y0 + (p->y1 - p->y0) * k / 4, x = p->x0 + (p->x1 - p->x0) * k / 4;
-        fprintf(out, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" class=\"grid\"/>\n", p->left,
-                p->left + p->w, py(p, y), py(p, y));
-        fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" class=\"tick\" text-anchor=\"end\">%.4g</text>\n", p->left - 4,
-                py(p, y) + 3, y);
-        fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" class=\"tick\" text-anchor=\"middle\">%.0f</text>\n", px(p, x),
-                p->top + p->h + 14, x);
+        keel_strbuf_printf(out, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" class=\"grid\"/>\n", p->left,
+                           p->left + p->w, py(p, y), py(p, y));
+        char label[32];
+        tick_label(label, sizeof label, y);
+        keel_strbuf_printf(out, "<text x=\"%.1f\" y=\"%.1f\" class=\"tick\" text-anchor=\"end\">%s</text>\n",
+                           p->left - 4, py(p, y) + 3, label);
+        keel_strbuf_printf(out, "<text x=\"%.1f\" y=\"%.1f\" class=\"tick\" text-anchor=\"middle\">%.0f</text>\n",
+                           px(p, x), p->top + p->h + 14, x);
     }
-    fprintf(out, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" class=\"frame\"/>\n", p->left, p->top,
-            p->w, p->h);
+    keel_strbuf_printf(out, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" class=\"frame\"/>\n", p->left,
+                       p->top, p->w, p->h);
     const cJSON *e;
     cJSON_ArrayForEach(e, events) {
         const char *type = str(e, "event");
@@ -199,56 +224,98 @@ static void plot_panel(FILE *out, panel *p, const cJSON *steps, const char *cons
         bool failure = cJSON_IsString(cJSON_GetObjectItemCaseSensitive(e, "cause"));
         bool recovered = !strcmp(type, "recovered");
         if ((!failure && !recovered) || isnan(s) || s < p->x0 || s > p->x1) continue;
-        fprintf(out, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" class=\"%s\"><title>%s step %.0f</title></line>\n",
-                px(p, s), px(p, s), p->top, p->top + p->h, failure ? "failure" : "recovery", type, s);
+        keel_strbuf_printf(out, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" class=\"%s\"><title>", px(p, s),
+                           px(p, s), p->top, p->top + p->h, failure ? "failure" : "recovery");
+        xml_text(out, type);
+        keel_strbuf_printf(out, " step %.0f</title></line>\n", s);
     }
     for (int c = 0; c < n_cols; c++) {
         const cJSON *ys = cJSON_GetObjectItemCaseSensitive(steps, cols[c]);
-        fprintf(out, "<polyline class=\"series\" data-series=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"",
-                cols[c], colors[c]);
+        keel_strbuf_printf(
+            out,
+            "<polyline class=\"series\" data-series=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"",
+            cols[c], colors[c]);
         int points = 0;
         for (int i = 0; i < n; i++) {
             const cJSON *y = cJSON_GetArrayItem(ys, i);
             if (!cJSON_IsNumber(y)) continue;
-            fprintf(out, "%s%.1f,%.1f", points++ ? " " : "", px(p, cJSON_GetArrayItem(xs, i)->valuedouble),
-                    py(p, y->valuedouble));
+            keel_strbuf_printf(out, "%s%.1f,%.1f", points++ ? " " : "", px(p, cJSON_GetArrayItem(xs, i)->valuedouble),
+                               py(p, y->valuedouble));
         }
-        fprintf(out, "\"/>\n");
+        keel_strbuf_printf(out, "\"/>\n");
     }
 }
 
-keel_status keel_run_plot_svg(const char *run_dir, const char *out_path) {
-    cJSON *v;
-    keel_status st = load_view(run_dir, &v);
-    if (st != KEEL_OK) return st;
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", out_path);
-    FILE *out = fopen(tmp, "w");
-    if (!out) {
-        keel_errorf("%s: cannot write: %s", out_path, strerror(errno));
-        cJSON_Delete(v);
-        return KEEL_ERR_IO;
-    }
-    const cJSON *steps = cJSON_GetObjectItemCaseSensitive(v, "steps"), *events = cJSON_GetObjectItemCaseSensitive(v, "events");
-    fprintf(out, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"900\" height=\"560\" viewBox=\"0 0 900 560\">\n"
-                 "<style>.title{font:600 14px sans-serif;fill:#1d2430}.tick{font:10px sans-serif;fill:#6b7280}"
-                 ".grid{stroke:#eceef2}.frame{fill:none;stroke:#9aa3af}.failure{stroke:#dc2626;stroke-dasharray:4,3}"
-                 ".recovery{stroke:#2563eb;stroke-dasharray:2,3}.legend{font:11px sans-serif;fill:#374151}</style>\n"
-                 "<rect width=\"900\" height=\"560\" fill=\"#ffffff\"/>\n");
+/* The plot as an SVG document. */
+static void plot_svg(keel_strbuf *out, const char *run_dir, const cJSON *v) {
+    const cJSON *steps = cJSON_GetObjectItemCaseSensitive(v, "steps");
+    const cJSON *events = cJSON_GetObjectItemCaseSensitive(v, "events");
+    keel_strbuf_printf(out,
+                       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+                       "viewBox=\"0 0 %d %d\">\n",
+                       PLOT_W, PLOT_H, PLOT_W, PLOT_H);
+    keel_strbuf_printf(out,
+                       "<style>.title{font:600 14px sans-serif;fill:#1d2430}.tick{font:10px sans-serif;fill:#6b7280}"
+                       ".grid{stroke:#eceef2}.frame{fill:none;stroke:#9aa3af}"
+                       ".failure{stroke:#dc2626;stroke-dasharray:4,3}.recovery{stroke:#2563eb;stroke-dasharray:2,3}"
+                       ".legend{font:11px sans-serif;fill:#374151}</style>\n"
+                       "<rect width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n",
+                       PLOT_W, PLOT_H);
     static const char *const loss_cols[] = {"loss", "val_loss"}, *const loss_colors[] = {"#2563eb", "#dc2626"};
     static const char *const tps_cols[] = {"tokens_per_s"}, *const tps_colors[] = {"#059669"};
     panel a = {.left = 60, .top = 40, .w = 810, .h = 200}, b = {.left = 60, .top = 310, .w = 810, .h = 200};
     plot_panel(out, &a, steps, loss_cols, loss_colors, 2, "loss (blue) and val loss (red) by step", events, false);
     plot_panel(out, &b, steps, tps_cols, tps_colors, 1, "tokens/s (all ranks) by step", events, true);
-    fprintf(out, "<text x=\"60\" y=\"545\" class=\"legend\">%s — dashed red: failures, dashed blue: recoveries</text>\n"
-                 "</svg>\n", run_dir);
-    bool ok = fflush(out) == 0 && !ferror(out);
-    ok &= fclose(out) == 0;
-    cJSON_Delete(v);
-    if (!ok || rename(tmp, out_path) != 0) {
-        keel_errorf("%s: cannot write: %s", out_path, strerror(errno));
-        remove(tmp);
-        return KEEL_ERR_IO;
+    keel_strbuf_printf(out, "<text x=\"60\" y=\"545\" class=\"legend\">");
+    xml_text(out, run_dir);
+    keel_strbuf_printf(out, " — dashed red: failures, dashed blue: recoveries</text>\n</svg>\n");
+}
+
+/* The SVG drawn by librsvg into a 2x bitmap, written as PNG by cairo (to a tmp file, renamed). */
+static keel_status write_png(const keel_strbuf *svg, const char *out_path) {
+    GError *err = NULL;
+    RsvgHandle *h = rsvg_handle_new_from_data((const guint8 *)svg->s, svg->n, &err);
+    cairo_surface_t *surface = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, 2 * PLOT_W, 2 * PLOT_H);
+    cairo_t *cr = cairo_create(surface);
+    cairo_scale(cr, 2, 2);
+    RsvgRectangle viewport = {0, 0, PLOT_W, PLOT_H};
+    bool drawn = h && rsvg_handle_render_document(h, cr, &viewport, &err);
+    cairo_destroy(cr);
+    keel_status st = KEEL_OK;
+    if (!drawn) {
+        keel_errorf("keel plot: cannot draw the plot: %s (a bug in keel: report it)", err ? err->message : "?");
+        st = KEEL_ERR_INTERNAL;
+    } else {
+        char tmp[4200];
+        snprintf(tmp, sizeof tmp, "%s.tmp", out_path);
+        cairo_status_t cs = cairo_surface_write_to_png(surface, tmp);
+        if (cs != CAIRO_STATUS_SUCCESS || rename(tmp, out_path) != 0) {
+            keel_errorf("%s: cannot write: %s", out_path,
+                        cs != CAIRO_STATUS_SUCCESS ? cairo_status_to_string(cs) : strerror(errno));
+            remove(tmp);
+            st = KEEL_ERR_IO;
+        }
     }
-    return KEEL_OK;
+    cairo_surface_destroy(surface);
+    if (h) g_object_unref(h);
+    if (err) g_error_free(err);
+    return st;
+}
+
+keel_status keel_run_plot(const char *run_dir, const char *out_path) {
+    size_t n = strlen(out_path);
+    bool png = n > 4 && !strcmp(out_path + n - 4, ".png"), svg = n > 4 && !strcmp(out_path + n - 4, ".svg");
+    if (!png && !svg) {
+        keel_errorf("keel plot --out %s: name an .svg or a .png file", out_path);
+        return KEEL_ERR_INPUT;
+    }
+    cJSON *v;
+    keel_status st = load_view(run_dir, &v);
+    if (st != KEEL_OK) return st;
+    keel_strbuf doc = {0};
+    plot_svg(&doc, run_dir, v);
+    cJSON_Delete(v);
+    st = png ? write_png(&doc, out_path) : keel_write_file_atomic(out_path, doc.s, doc.n);
+    keel_free(doc.s);
+    return st;
 }

@@ -11,7 +11,6 @@
  *   gpu             through NVML when the driver is there: ECC errors,
  *                   temperature, clocks, XID events; "no GPU" otherwise */
 #include <cjson/cJSON.h>
-#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -190,52 +189,30 @@ keel_status keel_health_mpi_probe(void) {
     return all_bad == 0 ? KEEL_OK : KEEL_ERR_IO;
 }
 
-/* ---- gpu: NVML, loaded at run time (no build dependency) ---------------------- */
-
-typedef int (*nvml_fn0)(void);
-typedef int (*nvml_count_fn)(unsigned *);
-typedef int (*nvml_handle_fn)(unsigned, void **);
-typedef int (*nvml_temp_fn)(void *, int, unsigned *);
-typedef int (*nvml_ecc_fn)(void *, int, int, unsigned long long *);
-typedef int (*nvml_clock_fn)(void *, int, unsigned *);
+/* ---- gpu: this node's GPUs through NVML (keel_gpus, core/gpu.c) --------------- */
 
 static void check_gpu(keel_health_result *r) {
-    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-        say(r, KEEL_HEALTH_SKIPPED, "no GPU (NVML, libnvidia-ml.so.1, not found)");
-        return;
-    }
-    nvml_fn0 init = (nvml_fn0)dlsym(lib, "nvmlInit_v2"), shutdown = (nvml_fn0)dlsym(lib, "nvmlShutdown");
-    nvml_count_fn count = (nvml_count_fn)dlsym(lib, "nvmlDeviceGetCount_v2");
-    nvml_handle_fn handle = (nvml_handle_fn)dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
-    nvml_temp_fn temp = (nvml_temp_fn)dlsym(lib, "nvmlDeviceGetTemperature");
-    nvml_ecc_fn ecc = (nvml_ecc_fn)dlsym(lib, "nvmlDeviceGetTotalEccErrors");
-    nvml_clock_fn clock = (nvml_clock_fn)dlsym(lib, "nvmlDeviceGetClockInfo"),
-                  max_clock = (nvml_clock_fn)dlsym(lib, "nvmlDeviceGetMaxClockInfo");
-    unsigned n = 0;
-    if (!init || !count || !handle || init() != 0 || count(&n) != 0) {
-        say(r, KEEL_HEALTH_FAIL, "NVML is installed but does not answer (driver not loaded?)");
-        dlclose(lib);
+    char why[512];
+    keel_gpus *g;
+    keel_status st = keel_gpus_open(&g, why, sizeof why);
+    if (!g) {
+        if (st == KEEL_OK) say(r, KEEL_HEALTH_SKIPPED, "no GPU (%s)", why);
+        else say(r, KEEL_HEALTH_FAIL, "NVML does not answer: %s", why);
         return;
     }
     char detail[512] = "";
     bool ok = true;
     double hottest = 0;
-    for (unsigned i = 0; i < n; i++) {
-        void *dev;
-        unsigned t = 0, sm = 0, sm_max = 0;
-        unsigned long long errors = 0;
-        if (handle(i, &dev) != 0) continue;
-        if (temp) temp(dev, 0 /* NVML_TEMPERATURE_GPU */, &t);
-        /* uncorrected errors since the driver loaded; 0 where ECC is off */
-        if (ecc && ecc(dev, 1 /* UNCORRECTED */, 0 /* VOLATILE */, &errors) != 0) errors = 0;
-        if (clock) clock(dev, 1 /* NVML_CLOCK_SM */, &sm);
-        if (max_clock) max_clock(dev, 1, &sm_max);
-        hottest = fmax(hottest, t);
+    for (int i = 0; i < keel_gpus_count(g); i++) {
+        keel_gpu_sample s;
+        if (keel_gpus_read(g, i, &s) != KEEL_OK) continue;
+        double t = s.v[KEEL_GPU_TEMP], errors = s.v[KEEL_GPU_ECC_DBE_VOL]; /* NAN: not reported (ECC off) */
         bool bad = errors > 0 || t >= 90;
         ok &= !bad;
-        snprintf(detail + strlen(detail), sizeof detail - strlen(detail), "%sgpu%u %u C, SM %u/%u MHz, %llu "
-                 "uncorrected ECC%s", i ? "; " : "", i, t, sm, sm_max, errors, bad ? " (BAD)" : "");
+        if (!isnan(t)) hottest = fmax(hottest, t);
+        snprintf(detail + strlen(detail), sizeof detail - strlen(detail),
+                 "%sgpu%d %.0f C, SM %.0f/%.0f MHz, %.0f uncorrected ECC%s", i ? "; " : "", i, t,
+                 s.v[KEEL_GPU_SM_CLOCK], s.v[KEEL_GPU_MAX_SM_CLOCK], isnan(errors) ? 0 : errors, bad ? " (BAD)" : "");
     }
     /* XID errors are kernel log lines ("NVRM: Xid"): readable where the log is */
     static char kernel_log[1 << 20];
@@ -246,10 +223,9 @@ static void check_gpu(keel_health_result *r) {
     if (xids > 0) ok = false;
     r->value = hottest;
     snprintf(r->unit, sizeof r->unit, "C");
-    say(r, ok ? KEEL_HEALTH_PASS : KEEL_HEALTH_FAIL, "%u GPU(s): %s; %d XID event(s) in the kernel log", n,
-        detail, xids);
-    if (shutdown) shutdown();
-    dlclose(lib);
+    say(r, ok ? KEEL_HEALTH_PASS : KEEL_HEALTH_FAIL, "%d GPU(s): %s; %d XID event(s) in the kernel log",
+        keel_gpus_count(g), detail, xids);
+    keel_gpus_close(g);
 }
 
 int keel_health_run(const keel_health_options *o, keel_health_result *out) {

@@ -7,7 +7,9 @@
 # KEEL_METRICS_PORT are one-line errors that start nothing. Every query of
 # every panel of deploy/grafana-keel.json returns data; headless Chromium
 # draws the dashboard (its screenshot is kept in the build's artifacts/);
-# keel status and keel plot read the same run.
+# keel status and keel plot (SVG and PNG, kept beside it) read the same run;
+# a single-process run serves its own endpoint, with DCGM-named gauges of two
+# GPUs read through the NVML stand-in library.
 source "$KEEL_SRC/tests/lib.sh"
 mpi_env
 command -v prometheus >/dev/null && command -v promtool >/dev/null ||
@@ -83,9 +85,10 @@ expect_input_error "bad bind address" 'metrics.bind "nowhere" is not a numeric I
 KEEL_METRICS_PORT=abc expect_input_error "bad KEEL_METRICS_PORT" 'KEEL_METRICS_PORT=abc is not a port' \
   "$KEEL_BIN" train "$CFG" --run-dir "$TMP/fourth"
 
-# a single-process run (no supervisor) serves its own endpoint
+# a single-process run (no supervisor) serves its own endpoint, here with two
+# GPUs read through the NVML stand-in (tests/monitor/nvml_stand_in.c)
 solo_port=$(free_port)
-"$KEEL_BIN" train "$CFG" --set train.steps=100000 --set metrics.port="$solo_port" --run-dir "$TMP/solo" \
+KEEL_NVML_LIB="$KEEL_NVML_STAND_IN" "$KEEL_BIN" train "$CFG" --set train.steps=100000 --set metrics.port="$solo_port" --run-dir "$TMP/solo" \
   >"$TMP/solo.out" 2>&1 &
 solo=$!
 pids+=("$solo")
@@ -95,9 +98,20 @@ for _ in $(seq 1 300); do
   [ "$(grep -c . <<<"$got")" = 2 ] && break
   sleep 0.1
 done
+curl -sf "http://127.0.0.1:$solo_port/metrics" >"$TMP/solo.txt" || true
 kill -TERM "$solo"; wait "$solo" || true
 [ "$(grep -c . <<<"$got")" = 2 ] || fail "a single-process run's /metrics lacks keel_loss or rank 0: '$got' ($(tail -3 "$TMP/solo.out"))"
 pass "a single-process run serves /metrics itself: $(tr '\n' ' ' <<<"$got")"
+# promtool: keel's families clean; DCGM's keep dcgm-exporter's names and labels
+# (UUID, modelName, Hostname; counters without _total), which its style lint
+# flags exactly as on dcgm-exporter's own endpoint. Anything else fails.
+promtool check metrics <"$TMP/solo.txt" >"$TMP/lint" 2>&1 || true
+grep -vE "^DCGM_FI_DEV_[A-Z_]+ (label names should be written in 'snake_case' not 'camelCase'|counter metrics should have \"_total\" suffix|metric name should not include type 'counter')$" \
+  "$TMP/lint" >"$TMP/lint.other" || true
+[ ! -s "$TMP/lint.other" ] || fail "promtool check metrics (with GPUs): $(head -5 "$TMP/lint.other")"
+[ "$(grep -c '^DCGM_FI_DEV_GPU_UTIL{gpu="[01]",UUID=' "$TMP/solo.txt")" = 2 ] ||
+  fail "no DCGM_FI_DEV_GPU_UTIL for 2 GPUs: $(grep -m3 DCGM "$TMP/solo.txt")"
+pass "DCGM-named GPU gauges ($(grep -c '^# TYPE DCGM_FI' "$TMP/solo.txt") families); promtool: only dcgm-exporter's own naming flagged"
 
 # kill -9 a rank: the failure is counted by cause, and the run recovers (then stops on SIGTERM)
 pid=$(wait_train_step "$TMP/run" 1 30)
@@ -188,5 +202,19 @@ assert any(l.get("class") == "recovery" for l in svg.iter(ns + "line")), "no rec
 print(f"{steps} steps plotted")
 PY
 pass "keel status: 2 ranks and the crash; keel plot: a valid SVG with every step, the failure and the recovery marked"
+# the PNG is the same drawing: loss (blue) above, tokens/s (green) below, and in the
+# lower panel only the markers are red (failure) and blue (recovery)
+"$KEEL_BIN" plot "$TMP/run" --out "$TMP/plot.png" || fail "keel plot --out .png"
+python3 "$KEEL_SRC/tests/monitor/png_colors.py" "$TMP/plot.png" 2563eb dc2626 059669 >"$TMP/png.txt" ||
+  fail "keel plot's PNG does not decode: $(cat "$TMP/png.txt")"
+read -r width height < "$TMP/png.txt"
+read -r _ blue_top blue_low < <(grep ^2563eb "$TMP/png.txt")
+read -r _ red_top red_low < <(grep ^dc2626 "$TMP/png.txt")
+read -r _ green_top green_low < <(grep ^059669 "$TMP/png.txt")
+[ "$width x $height" = "1800 x 1120" ] && [ "$blue_top" -gt 1000 ] && [ "$green_low" -gt 1000 ] && [ "$green_top" = 0 ] &&
+  [ "$red_low" -gt 20 ] && [ "$blue_low" -gt 20 ] || fail "keel plot's PNG: $(tr '\n' ' ' <"$TMP/png.txt")"
+cp "$TMP/plot.png" "${KEEL_BUILD:-$TMP}/artifacts/plot.png"
+pass "keel plot --out .png: ${width}x${height}, loss ${blue_top} px, tokens/s ${green_low} px, failure ${red_low} px and recovery ${blue_low} px markers"
 expect_input_error "status of a non-run" "not a run directory" "$KEEL_BIN" status "$TMP/nowhere"
-expect_input_error "plot to .png" "write an .svg file" "$KEEL_BIN" plot "$TMP/run" --out "$TMP/plot.png"
+expect_input_error "plot to .jpg" "name an .svg or a .png file" "$KEEL_BIN" plot "$TMP/run" --out "$TMP/plot.jpg"
+[ ! -e "$TMP/plot.jpg" ] || fail "a refused plot left $TMP/plot.jpg"

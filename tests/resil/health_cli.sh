@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # keel health: every check reports, JSON is well-formed, real failures (an
 # impossible GEMM floor, a read-only or too small checkpoint directory, a job
-# that needs more memory than there is) exit 1, bad arguments exit 2.
+# that needs more memory than there is, an NVML that does not load) exit 1,
+# bad arguments exit 2; the gpu check reads two GPUs through the NVML stand-in.
 source "$KEEL_SRC/tests/lib.sh"
 mpi_env
 trap 'umount "$TMP/ro" "$TMP/small" 2>/dev/null || true; rm -rf "$TMP"' EXIT
@@ -17,6 +18,12 @@ assert by["gpu"]["status"] == "skipped" and "no GPU" in by["gpu"]["detail"], by[
 assert by["checkpoint_dir"]["status"] == "pass", by["checkpoint_dir"]
 PY
 pass "healthy: $(python3 -c "import json,sys; print('; '.join(c['name']+' '+c['status'] for c in json.load(open(sys.argv[1]))['checks']))" "$TMP/h.json")"
+
+# the gpu check reads NVML: here through the stand-in library of two GPUs
+KEEL_NVML_LIB="$KEEL_NVML_STAND_IN" "$KEEL_BIN" health --checks gpu >"$TMP/gpu" 2>&1 || fail "gpu check: $(cat "$TMP/gpu")"
+grep -Eq 'gpu +pass +2 GPU\(s\): gpu0 61 C, SM 1980/1980 MHz, 0 uncorrected ECC; gpu1 38 C' "$TMP/gpu" ||
+  fail "gpu check: $(cat "$TMP/gpu")"
+pass "gpu check through NVML: $(grep -o '2 GPU.*ECC;' "$TMP/gpu" | head -1)"
 
 expect_fail() { # name pattern cmd...: exit 1 and the report shows pattern
   local name=$1 pattern=$2; shift 2
@@ -37,6 +44,8 @@ expect_fail "not enough memory" "memory +FAIL +.*GiB available, the job's 4096 r
   "$KEEL_BIN" health --checks memory --config "$KEEL_SRC/configs/small.json" --nproc 4096
 "$KEEL_BIN" health --checks gemm --json | python3 -c "import json,sys; r=json.load(sys.stdin); assert r['ok'] and len(r['checks'])==1" \
   || fail "--checks gemm --json"
+KEEL_NVML_LIB=/nonexistent/libnvidia-ml.so.1 expect_fail "NVML named but not loadable" \
+  "gpu +FAIL +NVML does not answer: KEEL_NVML_LIB=/nonexistent" "$KEEL_BIN" health --checks gpu
 expect_input_error "unknown check" "unknown check 'foo'" "$KEEL_BIN" health --checks gemm,foo
 expect_input_error "bad --nproc" "nproc '0': expected" "$KEEL_BIN" health --nproc 0
 expect_input_error "bad --gemm-floor" "gemm-floor 'x': expected" "$KEEL_BIN" health --gemm-floor x
