@@ -406,9 +406,10 @@ typedef struct {
 
 typedef struct {
     int max_restarts;
-    double hang_timeout_s;   /* 0 = fitted from step times */
+    double hang_timeout_s;   /* 0 = automatic: hang_factor x median step (>= hang_floor_s) once steady */
+    double hang_factor, hang_floor_s;
     double backoff_s;
-    int crash_loop;          /* failures in a row without a new checkpoint that stop the run */
+    int crash_loop;          /* failures in a row, none in a later step than the first, that stop the run */
     double max_loss;         /* a loss above this has diverged (0 = 3 ln V) */
     int spares;              /* Slurm nodes held back as replacements */
     int min_ranks;           /* shrink floor (0 = never shrink) */

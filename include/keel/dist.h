@@ -168,6 +168,13 @@ typedef struct {
     uint64_t bytes;      /* their local buffer sizes: the gathered/reduced/broadcast array */
     double transfer_s;   /* comm thread time in collectives once all peers had arrived */
     double peer_wait_s;  /* comm thread time waiting (mostly asleep) for peers to arrive */
+    /* Where this process is in the sequence of operations, numbered from 1 in
+     * issue order over all groups (every rank issues the same sequence, so
+     * operation k is the same collective on every rank): the last one issued,
+     * the one the comm thread is running (0: idle), the one a caller is
+     * blocked waiting for (0: none). A hung rank's peers run the collective
+     * it never issued. */
+    uint64_t issued, running, waiting;
 } keel_comm_stats;
 
 /* Process-wide counters since keel_comm_init (c is any live group). */

@@ -28,7 +28,7 @@ char *keel_exporter_render(keel_exporter *x);
  * "tokens_per_s", "mfu", "step_s"} (columns; a rollback truncates to the
  * redone step), "events": [the newest 500 events.jsonl objects], "failures":
  * {cause: n}, "restarts", "drained_nodes", "checkpoint_step", "ranks":
- * [{"rank", "node", "phase", "step", "pid", "heartbeat_age_s", "step_s",
+ * [{"rank", "node", "phase", "doing", "step", "pid", "heartbeat_age_s", "progress_age_s", "step_s",
  * "compute_s", "rss_bytes", "cpu_utilization"}]}; thread-safe. */
 char *keel_exporter_json(keel_exporter *x);
 typedef struct {

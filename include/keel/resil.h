@@ -112,8 +112,8 @@ typedef struct {
 /* The policy's memory across launches of one supervisor. */
 typedef struct {
     int restarts;           /* relaunches so far */
-    int64_t fail_checkpoint;/* the checkpoint the last crash or hang went back to (-1: none yet) */
-    int fail_streak;        /* crashes and hangs in a row without a new checkpoint */
+    int64_t fail_step;      /* the furthest step a crash or hang of the streak failed in (-1: none yet) */
+    int fail_streak;        /* crashes and hangs in a row, none in a later step than fail_step's */
     int64_t diverged_step;  /* the last step that diverged (-1: none) */
     int64_t skipped_step;   /* the step whose data window was skipped (0: none): the next divergence stops */
 } keel_policy_history;
@@ -139,7 +139,8 @@ typedef struct {
  * *after is the history to keep if the action is carried out. A divergence
  * rolls back, the same step diverging again skips its data window once, a
  * divergence after that stops; resilience.crash_loop crashes or hangs in a
- * row without a new checkpoint stop; so does exceeding max_restarts. */
+ * row, none in a later step than the first, stop; so does exceeding
+ * max_restarts. */
 keel_action keel_policy_decide(const keel_resilience_config *rc, const keel_policy_history *before,
                                const keel_outcome *o, keel_policy_history *after);
 

@@ -63,15 +63,24 @@ keel_status keel_run_write_file(const char *run_dir, const char *name, const cha
  * checkpoint's step), "train" (step = steps done), "finish" (the last save,
  * final weights and summary: waits on disks, not on peers' steps), "exit"
  * (exit_code set).
- * A step < 0 repeats the last one. */
+ * A step < 0 repeats the last one. A beat is written at once. */
 typedef struct keel_heartbeat keel_heartbeat;
 keel_heartbeat *keel_heartbeat_open(const char *run_dir, int rank); /* NULL: could not (warned) */
 void keel_heartbeat_beat(keel_heartbeat *hb, const char *phase, int64_t step, int exit_code);
-/* Work goes on inside a step (a unit's forward or backward is done): the last
- * phase and step again with the time now, at most once a second. A step of a
- * large model takes minutes; its units take seconds each, and a rank stuck in
- * one stops beating. */
-void keel_heartbeat_progress(keel_heartbeat *hb);
+/* Work goes on: what the rank is doing now ("forward", "backward", "optimizer",
+ * "checkpoint", "eval") and the time of this progress, kept for the next write
+ * (without a beat thread, written at most once a second). A step of a large
+ * model takes minutes; its units take seconds each, and a rank stuck in one
+ * stops making progress. */
+void keel_heartbeat_progress(keel_heartbeat *hb, const char *doing);
+/* Where the rank is in its sequence of collectives (keel_comm_stats'
+ * issued, running, waiting), asked for by the beat thread before each write. */
+typedef void (*keel_heartbeat_sampler)(void *ctx, uint64_t *issued, uint64_t *running, uint64_t *waiting);
+/* Start the beat thread: the line rewritten every KEEL_BEAT_INTERVAL_S with
+ * the state now, however long the rank's own work or waits take. A process
+ * that stops beating is frozen (SIGSTOP, a debugger) or dead. */
+#define KEEL_BEAT_INTERVAL_S 0.5
+void keel_heartbeat_start_beating(keel_heartbeat *hb, keel_heartbeat_sampler sampler, void *ctx);
 /* A step is done: it took step_s, of which compute_s computing (not waiting
  * on peers). Kept for the next beats with the process's RSS and CPU time
  * now, its CPU use over the step (CPU seconds over wall seconds x the rank's
@@ -100,6 +109,11 @@ typedef struct {
     /* step times of this process: counts per bucket (cumulative, as Prometheus), their sum */
     uint64_t step_buckets[KEEL_STEP_BUCKETS + 1];
     double step_sum_s;
+    /* progress: its last time; what the rank was doing then ("wait" while blocked on a
+     * collective); the collectives it issued, the one its comm thread runs, the one it waits for */
+    double progress_unix_s;
+    char doing[16];
+    uint64_t coll_issued, coll_running, coll_waiting;
 } keel_heartbeat_info;
 /* false when rank's file is missing or caught mid-write. */
 bool keel_heartbeat_read(const char *run_dir, int rank, keel_heartbeat_info *out);

@@ -129,13 +129,20 @@ static const key_spec KEYS[] = {
     {"resilience.max_restarts", K_INT, OFF(resilience.max_restarts), 0, 1 << 20,
      "relaunches from the last checkpoint before the run is given up (0 = fail on the first failure)", NULL},
     {"resilience.hang_timeout_s", K_DOUBLE, OFF(resilience.hang_timeout_s), 0, 1e7,
-     "a rank whose heartbeat is older than this is hung (0 = fitted: 10 x the slowest step seen, "
-     "at least 60 s; before the first step at least 120 s)", NULL},
+     "a rank that makes no progress, or stops beating, for this long is hung (0 = automatic: once "
+     "steps are steady, hang_factor x the median step, at least hang_floor_s; before that, and while "
+     "a rank checkpoints or evaluates, 10 x the slowest progress gap seen, at least 60 s, before the "
+     "first step at least 120 s)", NULL},
+    {"resilience.hang_factor", K_DOUBLE, OFF(resilience.hang_factor), 1, 1e6,
+     "automatic hang timeout once steps are steady: this many median step times without progress", NULL},
+    {"resilience.hang_floor_s", K_DOUBLE, OFF(resilience.hang_floor_s), 0.5, 1e7,
+     "automatic hang timeout once steps are steady: at least this many seconds", NULL},
     {"resilience.backoff_s", K_DOUBLE, OFF(resilience.backoff_s), 0, 3600,
      "least time from a failure to the relaunch (the health checks run inside it); doubles with "
      "each failure that made no progress (at most 300 s)", NULL},
     {"resilience.crash_loop", K_INT, OFF(resilience.crash_loop), 1, 1 << 20,
-     "this many failures in a row without a new checkpoint in between (the same steps failing again) stop the run with a report", NULL},
+     "this many failures in a row, none in a later step than the first (the same step failing again), stop "
+     "the run with a report", NULL},
     {"resilience.max_loss", K_DOUBLE, OFF(resilience.max_loss), 0, 1e30,
      "a step whose mean loss exceeds this has diverged, like a NaN/Inf one: roll back, then skip "
      "its data once, then stop (0 = 3 x ln(model.vocab_size), three times a uniform guess)", NULL},
@@ -210,6 +217,7 @@ void keel_config_defaults(keel_config *cfg) {
     cfg->fsdp.mixed_precision = cfg->fsdp.reduce_dtype = KEEL_DTYPE_FP32;
     cfg->data.synthetic_branching = 4;
     cfg->resilience = (keel_resilience_config){.max_restarts = 10, .backoff_s = 1, .crash_loop = 3,
+                                               .hang_factor = 3, .hang_floor_s = 5,
                                                .gemm_floor_gflops = 10, .straggler_factor = 1.3,
                                                .straggler_steps = 5};
     cfg->resilience.health_checks = (1u << KEEL_CHECK_COUNT) - 1;

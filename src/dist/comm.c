@@ -45,13 +45,18 @@ static void *comm_thread(void *arg) {
         keel_comm_req *req = eng->head;
         eng->head = req->next;
         if (!eng->head) eng->tail = NULL;
-        keel_comm_stats stats = eng->stats;
+        eng->stats.running = req->seq;
         pthread_mutex_unlock(&eng->mu);
 
-        backend_run(eng, req, &stats);
+        keel_comm_stats add = {0}; /* what this operation adds to the counters */
+        backend_run(eng, req, &add);
 
         pthread_mutex_lock(&eng->mu);
-        eng->stats = stats;
+        eng->stats.ops += add.ops;
+        eng->stats.bytes += add.bytes;
+        eng->stats.transfer_s += add.transfer_s;
+        eng->stats.peer_wait_s += add.peer_wait_s;
+        eng->stats.running = 0;
         req->done = true;
         pthread_cond_broadcast(&eng->done_cv);
     }
@@ -69,6 +74,7 @@ static void submit(keel_comm_req *req) {
     pthread_mutex_lock(&eng->mu);
     KEEL_CHECK(!eng->stop, "operation issued after keel_comm_finalize");
     req->comm->outstanding++;
+    req->seq = ++eng->stats.issued;
     if (eng->tail) eng->tail->next = req;
     else eng->head = req;
     eng->tail = req;
@@ -79,7 +85,9 @@ static void submit(keel_comm_req *req) {
 static void wait_done(keel_comm_req *req) {
     engine *eng = req->comm->eng;
     pthread_mutex_lock(&eng->mu);
+    if (!req->done) eng->stats.waiting = req->seq;
     while (!req->done) pthread_cond_wait(&eng->done_cv, &eng->mu);
+    eng->stats.waiting = 0;
     KEEL_CHECK(req->comm->outstanding > 0, "request waited twice");
     req->comm->outstanding--;
     pthread_mutex_unlock(&eng->mu);

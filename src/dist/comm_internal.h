@@ -43,6 +43,7 @@ struct keel_comm_req {
     MPI_Comm child;     /* OP_SPLIT out */
     int child_rank, child_size;
     bool done;          /* under eng->mu */
+    uint64_t seq;       /* its place in this process's issue order, from 1 (under eng->mu) */
     keel_comm_req *next;
 };
 

@@ -233,8 +233,8 @@ void keel_model_set_progress(keel_model *m, keel_model_progress_fn fn, void *ctx
 
 static int head_unit(const keel_model_layout *lay) { return lay->n_units - 1; }
 
-static void progress(const keel_model *m) {
-    if (m->progress) m->progress(m->progress_ctx);
+static void progress(const keel_model *m, const char *doing) {
+    if (m->progress) m->progress(m->progress_ctx, doing);
 }
 
 /* ---- the unit schedule -------------------------------------------------
@@ -271,7 +271,7 @@ static void end_forward(const keel_model *m, int u, bool recompute) {
                          (u == head_unit(&m->lay) && m->have_dlogits);
     if (m->hooks.after_forward)
         m->hooks.after_forward(m->hooks.ctx, u, backward_next ? u : next_forward(m, u, recompute));
-    progress(m);
+    progress(m, "forward");
 }
 
 static void begin_backward(const keel_model *m, int u) {
@@ -280,7 +280,7 @@ static void begin_backward(const keel_model *m, int u) {
 
 static void end_backward(const keel_model *m, int u) {
     if (m->hooks.after_backward) m->hooks.after_backward(m->hooks.ctx, u, next_backward(m, u));
-    progress(m);
+    progress(m, "backward");
 }
 
 /* Inside a block: the weights about to be used are in unit u; *cur is the

@@ -254,7 +254,7 @@ static void rank_labels(keel_strbuf *t, const char *name, const rank_beat *b) {
 }
 
 typedef enum {
-    RANK_STEP, RANK_STEP_UNIX, RANK_BEAT_UNIX, RANK_STEP_S, RANK_COMPUTE_S, RANK_RSS, RANK_CPU_UTIL, RANK_CPU_S
+    RANK_STEP, RANK_STEP_UNIX, RANK_BEAT_UNIX, RANK_PROGRESS_UNIX, RANK_STEP_S, RANK_COMPUTE_S, RANK_RSS, RANK_CPU_UTIL, RANK_CPU_S
 } rank_field;
 
 static double rank_value(const keel_heartbeat_info *h, rank_field f) {
@@ -262,6 +262,7 @@ static double rank_value(const keel_heartbeat_info *h, rank_field f) {
     case RANK_STEP: return (double)h->step;
     case RANK_STEP_UNIX: return h->step_unix_s;
     case RANK_BEAT_UNIX: return h->unix_s;
+    case RANK_PROGRESS_UNIX: return h->progress_unix_s;
     case RANK_STEP_S: return h->step_s;
     case RANK_COMPUTE_S: return h->compute_s;
     case RANK_RSS: return (double)h->rss_bytes;
@@ -486,6 +487,8 @@ char *keel_exporter_json(keel_exporter *x) {
         cJSON_AddNumberToObject(r, "rank", b[i].rank);
         cJSON_AddStringToObject(r, "node", h->node);
         cJSON_AddStringToObject(r, "phase", h->phase);
+        cJSON_AddStringToObject(r, "doing", h->doing);
+        add_number_or_null(r, "progress_age_s", h->progress_unix_s > 0 ? now - h->progress_unix_s : NAN);
         cJSON_AddNumberToObject(r, "step", (double)h->step);
         cJSON_AddNumberToObject(r, "pid", h->pid);
         cJSON_AddNumberToObject(r, "heartbeat_age_s", now - h->unix_s);
@@ -515,7 +518,11 @@ char *keel_exporter_render(keel_exporter *x) {
     per_rank(&t, b, n, "keel_rank_last_step_timestamp_seconds", "gauge",
              "Unix time this rank finished its last step (alert when it stops moving).", RANK_STEP_UNIX);
     per_rank(&t, b, n, "keel_rank_heartbeat_timestamp_seconds", "gauge",
-             "Unix time of this rank's last heartbeat (it beats inside long steps too).", RANK_BEAT_UNIX);
+             "Unix time of this rank's last heartbeat (its beat thread writes every 0.5 s: old = frozen or dead).",
+             RANK_BEAT_UNIX);
+    per_rank(&t, b, n, "keel_rank_progress_timestamp_seconds", "gauge",
+             "Unix time this rank last made progress (a unit's forward or backward, a phase): old while beating = stuck.",
+             RANK_PROGRESS_UNIX);
     per_rank(&t, b, n, "keel_rank_last_step_seconds", "gauge", "Time of this rank's last step.", RANK_STEP_S);
     per_rank(&t, b, n, "keel_rank_compute_seconds", "gauge",
              "This rank's last step less its waits on peers: a straggler's is the largest.", RANK_COMPUTE_S);

@@ -114,15 +114,20 @@ keel_status keel_run_status_print(const char *run_dir, FILE *out, bool json) {
         any++;
     }
     fprintf(out, "%s\n\n", any ? "" : " none");
-    fprintf(out, "%4s  %-16s %-7s %7s %10s %8s %9s %8s %5s\n", "rank", "node", "phase", "step", "heartbeat",
-            "step s", "compute s", "RSS GiB", "CPU");
+    fprintf(out, "%4s  %-16s %-10s %7s %10s %9s %8s %9s %8s %5s\n", "rank", "node", "phase", "step", "heartbeat",
+            "progress", "step s", "compute s", "RSS GiB", "CPU");
     const cJSON *r;
     cJSON_ArrayForEach(r, cJSON_GetObjectItemCaseSensitive(v, "ranks")) {
-        fprintf(out, "%4.0f  %-16.16s %-7.7s %7.0f", num(r, "rank"), str(r, "node"), str(r, "phase"), num(r, "step"));
-        double age = num(r, "heartbeat_age_s");
+        /* in training, what the rank is doing: forward, backward, wait (on a collective), checkpoint, ... */
+        const char *phase = str(r, "phase");
+        fprintf(out, "%4.0f  %-16.16s %-10.10s %7.0f", num(r, "rank"), str(r, "node"),
+                strcmp(phase, "train") || !*str(r, "doing") ? phase : str(r, "doing"), num(r, "step"));
+        double age = num(r, "heartbeat_age_s"), progress = num(r, "progress_age_s");
         char ago[32];
         snprintf(ago, sizeof ago, age < 100 ? "%.1f s ago" : "%.0f s ago", age);
         fprintf(out, " %10s", ago);
+        snprintf(ago, sizeof ago, isnan(progress) ? "-" : progress < 100 ? "%.1f s ago" : "%.0f s ago", progress);
+        fprintf(out, " %9s", ago);
         cell(out, num(r, "step_s"), " %*.3f", 8);
         cell(out, num(r, "compute_s"), " %*.3f", 9);
         cell(out, num(r, "rss_bytes") / (1 << 30), " %*.2f", 8);

@@ -14,7 +14,7 @@ const char *keel_end_name(keel_end e) {
 }
 
 void keel_policy_history_init(keel_policy_history *h) {
-    *h = (keel_policy_history){.fail_checkpoint = -1, .diverged_step = -1};
+    *h = (keel_policy_history){.fail_step = -1, .diverged_step = -1};
 }
 
 static keel_action act(keel_action_kind kind, const char *event, int exit_code, const char *fmt, ...)
@@ -56,20 +56,23 @@ static keel_action diverged(keel_policy_history *h, int64_t step, int64_t ckpt) 
     return a;
 }
 
-/* A crash, a hang or a straggler killed. Failures with no new checkpoint in between make no
- * progress: they fail the same steps again (timing moves the exact step by
- * one or two); resilience.crash_loop of them in a row stop the run. */
+/* A crash, a hang or a straggler killed. A failure in a later step than every
+ * failure before it in the streak is progress (the attempt got further: with
+ * in-memory snapshots it lost nothing) and starts the streak again; failing in
+ * the same step again, or an earlier one, is not. resilience.crash_loop
+ * failures in a row without progress stop the run. */
 static keel_action failed(const keel_resilience_config *rc, keel_policy_history *h, const keel_outcome *o,
                           int64_t step) {
-    h->fail_streak = o->checkpoint == h->fail_checkpoint ? h->fail_streak + 1 : 1;
-    h->fail_checkpoint = o->checkpoint;
-    if (h->fail_streak >= rc->crash_loop) {
-        char since[80];
-        describe_checkpoint(since, sizeof since, o->checkpoint, "any checkpoint");
-        return act(KEEL_ACT_GIVE_UP, "stop", 1, "crash loop: %d failures in a row %s %s, the last in step %lld "
-                   "(resilience.crash_loop %d); last cause: %s", h->fail_streak,
-                   o->checkpoint > 0 ? "after" : "before", since, (long long)step, rc->crash_loop, o->cause);
+    if (step > h->fail_step) {
+        h->fail_streak = 1;
+        h->fail_step = step;
+    } else {
+        h->fail_streak++;
     }
+    if (h->fail_streak >= rc->crash_loop)
+        return act(KEEL_ACT_GIVE_UP, "stop", 1, "crash loop: %d failures in a row in step %lld or before, none "
+                   "further than the first (resilience.crash_loop %d); the last in step %lld: %s", h->fail_streak,
+                   (long long)h->fail_step, rc->crash_loop, (long long)step, o->cause);
     return act(KEEL_ACT_RELAUNCH, NULL, 0, "%s: %s", keel_end_name(o->kind), o->cause);
 }
 

@@ -26,6 +26,8 @@
 #define MAX_RECOVERIES 1024
 #define SLURM_CMD_TIMEOUT_S 30 /* scontrol, scancel: a slurmctld that stops answering must not stop us */
 #define NODE_HEALTH_TIMEOUT_S 120
+#define STEP_WINDOW 32     /* rank 0's newest step times kept for the median (the fast hang limit) */
+#define STEADY_STEPS 3     /* step times seen in a launch before the fast hang limit applies */
 
 static volatile sig_atomic_t g_stop;
 static void on_stop(int sig) { g_stop = sig; }
@@ -46,7 +48,7 @@ typedef struct {
     double recovery[MAX_RECOVERIES];
     int n_recovery;
     double pending_failure_unix; /* a failure waiting for the next first step (0: none) */
-    double slowest_gap_s;        /* longest wait between two heartbeats seen */
+    double slowest_gap_s;        /* longest time between two progress marks of a training rank seen */
     char straggler_node[64];     /* resilience.straggler_action drain: the node to take out (empty: none) */
 } supervisor;
 
@@ -69,15 +71,32 @@ typedef struct {
     char node[64];               /* the blamed rank's node, from its heartbeat ("" when unknown) */
     keel_straggler_watch stragglers;
     double *compute_s;           /* (nproc) scratch: the ranks' compute seconds of one step */
+    /* rank 0's step times in this launch (its first step, the warm-up, left out): the hang limit */
+    double step_s[STEP_WINDOW];
+    int n_step_s;
+    int64_t last_step;
 } launch;
 
-/* The hang timeout in force: configured, or fitted from the heartbeats seen
- * (10x the longest gap, at least 60 s); a launch that has not finished a
- * step yet gets at least 120 s (data, checkpoint load, MPI start-up). */
+/* The slow hang timeout: configured, or fitted from the progress seen (10x
+ * the longest gap, at least 60 s); a launch that has not finished a step yet
+ * gets at least 120 s (data, checkpoint load, MPI start-up). It holds before
+ * steps are steady and while a rank checkpoints or evaluates (disks). */
 static double hang_limit(const supervisor *sv, bool started) {
     double limit = sv->cfg->resilience.hang_timeout_s;
     if (limit <= 0) limit = fmax(60, 10 * sv->slowest_gap_s);
     return started ? limit : fmax(limit, 120);
+}
+
+/* The fast one, once steps are steady (STEADY_STEPS timed in this launch):
+ * resilience.hang_factor x the median step, at least hang_floor_s; 0 before. */
+static double steady_hang_limit(const launch *l) {
+    const keel_resilience_config *rc = &l->sv->cfg->resilience;
+    if (rc->hang_timeout_s > 0) return rc->hang_timeout_s;
+    if (l->n_step_s < STEADY_STEPS) return 0;
+    double x[STEP_WINDOW];
+    int n = l->n_step_s < STEP_WINDOW ? l->n_step_s : STEP_WINDOW;
+    memcpy(x, l->step_s, sizeof(double) * (size_t)n);
+    return fmax(rc->hang_floor_s, rc->hang_factor * keel_median(x, n));
 }
 
 static int64_t newest_checkpoint(const char *run_dir) {
@@ -130,10 +149,15 @@ static void read_heartbeats(launch *l) {
         keel_heartbeat_info x;
         if (!keel_heartbeat_read(l->sv->run_dir, r, &x)) continue;
         if (l->have[r] && !strcmp(x.phase, "train") && !strcmp(l->hb[r].phase, "train"))
-            l->sv->slowest_gap_s = fmax(l->sv->slowest_gap_s, x.unix_s - l->hb[r].unix_s);
+            l->sv->slowest_gap_s = fmax(l->sv->slowest_gap_s, x.progress_unix_s - l->hb[r].progress_unix_s);
         l->hb[r] = x;
         l->have[r] = true;
     }
+    const keel_heartbeat_info *h = &l->hb[0];
+    if (l->have[0] && !strcmp(h->phase, "train") && h->step != l->last_step && h->step > h->start_step + 1 &&
+        h->step_s > 0)
+        l->step_s[l->n_step_s++ % STEP_WINDOW] = h->step_s;
+    if (l->have[0]) l->last_step = h->step;
 }
 
 /* The first step after a failure: the recovery is complete. */
@@ -190,27 +214,74 @@ static bool detect_crash(launch *l, double now) {
     return false;
 }
 
-/* A hang: a heartbeat older than the timeout (stopped process, survivors
- * blocked in a collective, or a rank that never started). */
+/* Waits on disks or start-up, not on peers: the slow limit holds for every rank. */
+static bool slow_phase(const keel_heartbeat_info *h) {
+    return strcmp(h->phase, "train") || !strcmp(h->doing, "checkpoint") || !strcmp(h->doing, "eval");
+}
+
+/* Where a rank was at its last heartbeat, in words. */
+static void describe_where(const keel_heartbeat_info *h, char *out, size_t n) {
+    if (!strcmp(h->doing, "train")) snprintf(out, n, "between steps %lld and %lld", (long long)h->step,
+                                             (long long)h->step + 1);
+    else if (!strcmp(h->phase, "train")) snprintf(out, n, "in %s of step %lld", h->doing, (long long)h->step + 1);
+    else snprintf(out, n, "in its %s phase", h->phase[0] ? h->phase : "start-up");
+}
+
+/* A hang, and whose it is. A rank that stops beating is frozen (SIGSTOP, a
+ * debugger) or dead: it is named. Ranks that beat without progress are stuck:
+ * the peers of a rank that never arrived run the collective it never issued
+ * (the lowest one running anywhere); that rank is named. */
 static bool detect_hang(launch *l, double now) {
     supervisor *sv = l->sv;
-    double limit = hang_limit(sv, l->have[0] && l->hb[0].first_step_unix_s > 0), oldest = 0, stale_limit = 0;
-    int stale = -1, stopped = -1;
+    double slow = hang_limit(sv, l->have[0] && l->hb[0].first_step_unix_s > 0), fast = steady_hang_limit(l);
+    bool any_slow = false;
+    for (int r = 0; r < sv->nproc; r++) any_slow |= !l->have[r] || slow_phase(&l->hb[r]);
+    double beat_limit = fast > 0 ? fast : slow, progress_limit = fast > 0 && !any_slow ? fast : slow;
+    int frozen = -1, stuck = -1, stopped = -1;
+    double frozen_age = 0, stuck_age = 0;
+    uint64_t k = 0; /* the lowest collective a rank's comm thread runs */
     for (int r = 0; r < sv->nproc; r++) {
-        double age = now - (l->have[r] ? fmax(l->hb[r].unix_s, l->launched_unix) : l->launched_unix);
-        /* the end (last save, final weights) waits on disks like the start does */
-        double rank_limit = l->have[r] && !strcmp(l->hb[r].phase, "finish") ? hang_limit(sv, false) : limit;
-        if (age > rank_limit && age > oldest) oldest = age, stale = r, stale_limit = rank_limit;
-        if (l->have[r] && l->hb[r].pid > 0 && !keel_launch_in_slurm() && keel_pid_state(l->hb[r].pid) == 'T')
-            stopped = r;
+        const keel_heartbeat_info *h = &l->hb[r];
+        double beat_age = now - (l->have[r] ? fmax(h->unix_s, l->launched_unix) : l->launched_unix);
+        double progress_age = now - (l->have[r] ? fmax(h->progress_unix_s, l->launched_unix) : l->launched_unix);
+        double limit = l->have[r] ? beat_limit : slow;
+        if (beat_age > limit && beat_age > frozen_age) frozen = r, frozen_age = beat_age;
+        if (progress_age > progress_limit && progress_age > stuck_age) stuck = r, stuck_age = progress_age;
+        if (l->have[r] && h->coll_running > 0 && (k == 0 || h->coll_running < k)) k = h->coll_running;
+        if (l->have[r] && h->pid > 0 && !keel_launch_in_slurm() && keel_pid_state(h->pid) == 'T') stopped = r;
     }
-    if (stale < 0) return false;
-    int n = snprintf(l->cause, sizeof l->cause, "no heartbeat from rank %d for %.1f s (hang timeout %.0f s)",
-                     stale, oldest, stale_limit);
-    if (stopped >= 0)
+    if (frozen < 0 && stuck < 0) return false;
+    int culprit, n;
+    char where[96];
+    if (frozen >= 0) {
+        culprit = stopped >= 0 ? stopped : frozen;
+        describe_where(&l->hb[frozen], where, sizeof where);
+        n = snprintf(l->cause, sizeof l->cause, "rank %d stopped beating %.1f s ago (hang timeout %.1f s), %s", frozen,
+                     frozen_age, beat_limit, where);
+    } else {
+        int never = -1, waiting = 0;
+        for (int r = 0; r < sv->nproc && k > 0; r++) {
+            if (l->hb[r].coll_issued < k && never < 0) never = r;
+            waiting += l->hb[r].coll_running == k;
+        }
+        culprit = never >= 0 ? never : stuck;
+        const keel_heartbeat_info *h = &l->hb[culprit];
+        describe_where(h, where, sizeof where);
+        double age = now - fmax(h->progress_unix_s, l->launched_unix);
+        if (never >= 0)
+            n = snprintf(l->cause, sizeof l->cause, "rank %d never arrived at collective #%llu, which %d other rank(s) "
+                         "run; it made no progress for %.1f s (hang timeout %.1f s), %s", never,
+                         (unsigned long long)k, waiting, age, progress_limit, where);
+        else
+            n = snprintf(l->cause, sizeof l->cause, "no progress from rank %d for %.1f s (hang timeout %.1f s), %s%s",
+                         stuck, age, progress_limit, where,
+                         k > 0 ? "; every rank has issued the collective the others run: the network or MPI is stuck"
+                               : "");
+    }
+    if (stopped >= 0 && n > 0 && (size_t)n < sizeof l->cause)
         snprintf(l->cause + n, sizeof l->cause - (size_t)n, "; rank %d (pid %d) is stopped (SIGSTOP or a "
                  "debugger)", stopped, l->hb[stopped].pid);
-    fail_launch(l, KEEL_END_HUNG, stopped >= 0 ? stopped : stale, now);
+    fail_launch(l, KEEL_END_HUNG, culprit, now);
     return true;
 }
 
@@ -714,10 +785,14 @@ keel_status keel_supervise(const keel_config *cfg, const char *run_dir, int npro
     double start = keel_unix_s();
     char checks[128];
     keel_health_checks_format(cfg->resilience.health_checks, checks, sizeof checks);
+    const keel_resilience_config *rc = &cfg->resilience;
+    char hang[96];
+    if (rc->hang_timeout_s > 0) snprintf(hang, sizeof hang, "%g s", rc->hang_timeout_s);
+    else snprintf(hang, sizeof hang, "%g x the median step, at least %g s, once steady", rc->hang_factor,
+                  rc->hang_floor_s);
     keel_event(run_dir, "supervisor_start", -1, "%d rank(s)%s%s; max_restarts %d, hang timeout %s, health checks "
-               "[%s]", nproc, sv.nodes ? " on Slurm nodes, spares " : "",
-               sv.nodes ? (cfg->resilience.spares ? "yes" : "none") : "", cfg->resilience.max_restarts,
-               cfg->resilience.hang_timeout_s > 0 ? "fixed" : "fitted from step times", checks);
+               "[%s]", nproc, sv.nodes ? " on Slurm nodes, spares " : "", sv.nodes ? (rc->spares ? "yes" : "none") : "",
+               rc->max_restarts, hang, checks);
     int64_t steps = 0;
     keel_action a = supervise_loop(&sv, &steps);
     for (int i = 0; i < 3; i++) sigaction(sigs[i], &old[i], NULL);

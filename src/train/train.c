@@ -119,6 +119,7 @@ static double train_step(trainer *t, int step, double *grad_norm_out) {
     double norm = sqrt(sumsq);
     *grad_norm_out = norm;
     trainer_ckpt_before_update(t); /* a save may still be copying the state */
+    keel_heartbeat_progress(t->heartbeat, "optimizer");
     keel_optim_update(t->opt, params, grads, step, keel_lr_at(&cfg->train, step),
                       keel_clip_scale(norm, cfg->train.grad_clip));
     if (t->fsdp) keel_fsdp_invalidate(t->fsdp);
@@ -139,6 +140,7 @@ static double evaluate(trainer *t, uint64_t *tokens_out) {
     if (per_rank > n) per_rank = n;
     uint64_t total = per_rank * (uint64_t)t->world_size;
     double loss = 0;
+    keel_heartbeat_progress(t->heartbeat, "eval");
     for (uint64_t done = 0; done < per_rank; done += (uint64_t)B) {
         int rows = (int)(per_rank - done < (uint64_t)B ? per_rank - done : (uint64_t)B);
         keel_data_fetch(t->val, 0, total, (uint64_t)t->rank * per_rank + done, rows, t->tokens);
@@ -375,7 +377,14 @@ static void report_divergence(trainer *t, int step, double loss, double norm, do
 
 /* A unit's forward or backward is done: the heartbeat stays fresh through
  * steps that take minutes (a 7B-width layer at T = 4096 on a CPU). */
-static void beat_within_step(void *heartbeat) { keel_heartbeat_progress(heartbeat); }
+static void beat_within_step(void *heartbeat, const char *doing) { keel_heartbeat_progress(heartbeat, doing); }
+
+/* The beat thread's view of the collectives: issued, running, waited for. */
+static void sample_comm(void *world, uint64_t *issued, uint64_t *running, uint64_t *waiting) {
+    keel_comm_stats s;
+    keel_comm_get_stats(world, &s);
+    *issued = s.issued, *running = s.running, *waiting = s.waiting;
+}
 
 static keel_status train_loop(trainer *t) {
     const keel_config *cfg = t->cfg;
@@ -389,6 +398,10 @@ static keel_status train_loop(trainer *t) {
     double max_loss = cfg->resilience.max_loss > 0 ? cfg->resilience.max_loss
                                                    : 3 * log((double)cfg->model.vocab_size);
     for (; step < cfg->train.steps; step++) {
+        if (t->fault.sig && step + 1 == t->fault.step && (t->fault.rank < 0 || t->fault.rank == t->rank)) {
+            if (t->fault.sig > 0) raise(t->fault.sig);
+            else for (;;) pause(); /* hang: until the supervisor kills the process */
+        }
         double t0 = keel_now_s(), wait0 = comm_wait_s(t), norm;
         loss = train_step(t, step, &norm);
         double step_s = keel_now_s() - t0, step_wait_s = comm_wait_s(t) - wait0;
@@ -407,6 +420,7 @@ static keel_status train_loop(trainer *t) {
         bool stop = g_stop_signal != 0, last = step + 1 == cfg->train.steps;
         /* the last step's save and the final weights wait on the slowest disk: not a hang */
         if (last) keel_heartbeat_beat(t->heartbeat, "finish", step + 1, 0);
+        keel_heartbeat_progress(t->heartbeat, "checkpoint"); /* a save due here waits on disks, not peers */
         trainer_ckpt_boundary(t, step + 1, last, &stop);
         /* compute: the step less its waits on peers (FSDP collectives, the step's last reductions) */
         keel_heartbeat_step_done(t->heartbeat, step_s, fmax(0, step_s - step_wait_s - t->sync_s), t->threads);
@@ -479,6 +493,33 @@ static keel_status build_state(trainer *t) {
 
 /* Everything after validation and the run directory: shared by a
  * single-process run and by every rank of a distributed one. */
+/* $KEEL_FAULT=ACTION@STEP[:RANK]: the rank (every rank when none is named),
+ * as it begins step STEP, in every launch that gets there, does ACTION — kill
+ * (SIGKILL itself), stop (SIGSTOP itself: frozen, no beats) or hang (its main
+ * thread blocks for good while its beat thread goes on: a deadlock in its own
+ * work). A real fault at a step chosen in advance, for chaos tests. */
+static keel_status parse_fault(trainer *t) {
+    const char *env = getenv("KEEL_FAULT");
+    t->fault.sig = 0;
+    if (!env || !*env) return KEEL_OK;
+    char action[8] = "";
+    int step = 0, rank = -1, end = 0;
+    int got = sscanf(env, "%7[a-z]@%d%n:%d%n", action, &step, &end, &rank, &end);
+    int sig = !strcmp(action, "kill")   ? SIGKILL
+              : !strcmp(action, "stop") ? SIGSTOP
+              : !strcmp(action, "hang") ? -1
+                                        : 0;
+    if (got < 2 || env[end] || !sig || step < 1 || (got == 3 && rank < 0)) {
+        keel_errorf("KEEL_FAULT=%s: expected kill@STEP, stop@STEP or hang@STEP, optionally :RANK (e.g. kill@7:1); "
+                    "unset it to train without an injected fault", env);
+        return KEEL_ERR_INPUT;
+    }
+    t->fault.sig = sig, t->fault.step = step, t->fault.rank = rank;
+    if (rank < 0 || rank == t->rank)
+        keel_log_warn("KEEL_FAULT=%s: this rank will %s itself as it begins step %d", env, action, step);
+    return KEEL_OK;
+}
+
 static keel_status run(trainer *t) {
     const keel_config *cfg = t->cfg;
     char path[4096];
@@ -487,6 +528,7 @@ static keel_status run(trainer *t) {
         keel_run_path(path, sizeof path, t->run_dir, KEEL_RUN_METRICS);
         if ((st = keel_jsonl_open(path, &t->metrics)) != KEEL_OK) return st;
     }
+    if ((st = parse_fault(t)) != KEEL_OK) return st;
     t->bf16 = bf16_usable(cfg);
     if ((st = build_state(t)) != KEEL_OK) return st;
     trainer_ckpt_init(t);
@@ -565,6 +607,7 @@ keel_status keel_train_worker(const char *run_dir) {
     t.leader = t.rank == 0;
     t.heartbeat = keel_heartbeat_open(run_dir, t.rank);
     keel_heartbeat_beat(t.heartbeat, "init", 0, 0);
+    keel_heartbeat_start_beating(t.heartbeat, sample_comm, world);
     /* Every rank logs to RUN/logs/rank-R.log; the leader also keeps the terminal. */
     char path[4096];
     keel_run_rank_log_path(path, sizeof path, run_dir, t.rank);

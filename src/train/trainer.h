@@ -36,6 +36,9 @@ typedef struct {
     trainer_ckpt *ckpt;     /* checkpoint saving (checkpointing.c) */
     keel_heartbeat *heartbeat; /* RUN/heartbeats/rank-R for the supervisor (workers only) */
     keel_run_state state;   /* RUN/supervisor.json: the data windows to skip */
+    struct {                /* $KEEL_FAULT: a fault injected on purpose (chaos tests) */
+        int sig, step, rank;/* as it begins step `step` (1-based): raise sig, or hang (-1); rank -1: every rank */
+    } fault;
 } trainer;
 
 /* Sequences per optimizer step over all ranks. */

@@ -42,7 +42,9 @@ static void before_forward(void *p, int u, int next) { record(p, "f+", u, next),
 static void after_forward(void *p, int u, int next) { record(p, "f-", u, next), poison(p, u); }
 static void before_backward(void *p, int u, int next) { record(p, "b+", u, next), restore(p, u); }
 static void after_backward(void *p, int u, int next) { record(p, "b-", u, next), poison(p, u); }
-static void count(void *p) { ++*(int *)p; }
+static void count(void *p, const char *doing) {
+    if (!strcmp(doing, "forward") || !strcmp(doing, "backward")) ++*(int *)p;
+}
 
 /* Every before_* hook's next is the unit of the first later before_* call
  * for another unit (-1 if none); after_forward says next == unit exactly

@@ -4,6 +4,7 @@
  * the data window a step trains on skips exactly the skipped steps' windows;
  * heartbeats written by a rank read back field by field, and progress beats
  * inside a step refresh the time at most once a second. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -57,6 +58,12 @@ static void test_state(const char *dir) {
     EXPECT(st == KEEL_ERR_INPUT && strstr(err, "not a JSON object"), "unparsable supervisor.json: %s", err);
 }
 
+/* A rank blocked on collective 9 while its comm thread runs collective 8. */
+static void sample(void *ctx, uint64_t *issued, uint64_t *running, uint64_t *waiting) {
+    (void)ctx;
+    *issued = 9, *running = 8, *waiting = 9;
+}
+
 static void test_heartbeat(const char *dir) {
     keel_heartbeat_info info;
     EXPECT(!keel_heartbeat_read(dir, 1, &info), "no heartbeat before a rank beats");
@@ -69,16 +76,29 @@ static void test_heartbeat(const char *dir) {
                info.start_step == 40 && info.pid == (int)getpid() && info.first_step_unix_s > 0 && info.node[0],
            "beat reads back: phase %s step %lld start %lld pid %d node %s", info.phase, (long long)info.step,
            (long long)info.start_step, info.pid, info.node);
-    /* progress inside a step: the same phase and step, a fresh time, at most once a second */
+    /* progress inside a step: the same phase and step, a fresh time, at most one write a second */
     double t0 = info.unix_s;
-    keel_heartbeat_progress(hb);
+    keel_heartbeat_progress(hb, "forward");
     keel_heartbeat_info again;
     EXPECT(keel_heartbeat_read(dir, 1, &again) && again.unix_s == t0, "progress within a second of a beat writes nothing");
     usleep(1100 * 1000);
-    keel_heartbeat_progress(hb);
+    keel_heartbeat_progress(hb, "backward");
     EXPECT(keel_heartbeat_read(dir, 1, &again) && again.unix_s >= t0 + 1.0 && !strcmp(again.phase, "train") &&
-               again.step == 41 && again.start_step == 40, "progress after a second: phase %s step %lld, %.2f s newer",
-           again.phase, (long long)again.step, again.unix_s - t0);
+               again.step == 41 && again.start_step == 40 && !strcmp(again.doing, "backward") &&
+               fabs(again.progress_unix_s - again.unix_s) < 0.01,
+           "progress after a second: phase %s doing %s step %lld, %.2f s newer", again.phase, again.doing,
+           (long long)again.step, again.unix_s - t0);
+    /* the beat thread: the line rewritten with the collectives and no new progress */
+    keel_heartbeat_start_beating(hb, sample, NULL);
+    usleep((useconds_t)(3 * KEEL_BEAT_INTERVAL_S * 1e6));
+    keel_heartbeat_info beat;
+    EXPECT(keel_heartbeat_read(dir, 1, &beat) && beat.unix_s > again.unix_s + KEEL_BEAT_INTERVAL_S &&
+               beat.progress_unix_s == again.progress_unix_s && beat.coll_issued == 9 && beat.coll_running == 8 &&
+               beat.coll_waiting == 9 && !strcmp(beat.doing, "wait"),
+           "the beat thread writes without progress: %.2f s newer, progress %.2f s older, issued %llu running %llu "
+           "waiting %llu doing %s", beat.unix_s - again.unix_s, beat.unix_s - beat.progress_unix_s,
+           (unsigned long long)beat.coll_issued, (unsigned long long)beat.coll_running,
+           (unsigned long long)beat.coll_waiting, beat.doing);
     keel_heartbeat_beat(hb, "exit", -1, 76);
     EXPECT(keel_heartbeat_read(dir, 1, &info) && !strcmp(info.phase, "exit") && info.exit_code == 76 &&
                info.step == 41, "exit beat carries the exit code");
