@@ -3,7 +3,9 @@
 # ranks, 300 steps, a checkpoint every 10 steps, and one kill -9 of a random
 # rank at a random step in each block of 100 steps (three failures). Not a test.
 # Per failure: detection (kill -> the supervisor's failure event), recovery
-# (failure detected -> first step after the resume, from summary.json), lost
+# (the failure's last sign of life -> first step after the resume, from
+# summary.json) and where it went (detect, health checks, backoff, launch,
+# restore and its source, first step), lost
 # work (steps since the last checkpoint); for the run: goodput (productive
 # step time / wall time). Targets: recovery <= 5 s, lost work <= one
 # checkpoint interval (10 steps), goodput >= 90%.
@@ -45,11 +47,19 @@ fails = [e for e in ev if e["event"] == "failure"]
 lost = [e for e in ev if e["event"] == "lost_work"]
 s = json.load(open(f"{run}/summary.json"))
 rec = s["recovery_s"]["each"]
-print(f"\n| failure | killed | at step | detection s | recovery s | lost steps |\n|---|---|---|---|---|---|")
+split = s["recovery_s"]["split"]
+print(f"\n| failure | killed | at step | detection s | recovery s | detect | health | backoff | launch | restore (from) "
+      f"| first step | lost steps |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
 for i, line in enumerate(open(kills)):
     t, rank, step = line.split()
     det = fails[i]["unix_s"] - float(t)
-    print(f"| {i + 1} | rank {rank} | {int(step) + 1} | {det:.2f} | {rec[i]:.2f} | {lost[i]['detail'].split()[0]} |")
+    x = split[i]
+    print(f"| {i + 1} | rank {rank} | {int(step) + 1} | {det:.2f} | {rec[i]:.2f} | {x['detect']:.2f} | {x['health']:.2f} "
+          f"| {x['backoff']:.2f} | {x['launch']:.2f} | {x['restore']:.2f} ({x['source']}) | {x['first_step']:.2f} "
+          f"| {lost[i]['detail'].split()[0]} |")
+for k in ("detect", "health", "backoff", "launch", "restore", "first_step"):
+    v = sorted(x[k] for x in split)
+    print(f"median {k}: {v[len(v) // 2]:.2f} s", end="; " if k != "first_step" else "\n")
 med = sorted(rec)[len(rec) // 2]
 print(f"\nsteps {s['steps']}, restarts {s['restarts']}, lost steps {s['lost_steps']} (checkpoint every {every}), "
       f"recovery median {med:.2f} s max {max(rec):.2f} s, goodput {100 * s['goodput']:.1f}% "
@@ -57,4 +67,20 @@ print(f"\nsteps {s['steps']}, restarts {s['restarts']}, lost steps {s['lost_step
 print(f"targets: recovery <= 5 s: {'met' if max(rec) <= 5 else 'MISSED'}; lost work <= {every} steps per failure: "
       f"{'met' if all(int(l['detail'].split()[0]) <= every for l in lost) else 'MISSED'}; goodput >= 90%: "
       f"{'met' if s['goodput'] >= 0.9 else 'MISSED'}")
+PY
+
+# hang detection: SIGSTOP of rank 1 once steps are steady, with the automatic timeout
+hang=$TMP/hang
+"$KEEL_BIN" train "$root/configs/tiny.json" --nproc 2 --set train.steps=100000 --set resilience.max_restarts=0 \
+    --run-dir "$hang" >"$TMP/hang.out" 2>&1 &
+sup=$!
+pid=$(wait_train_step "$hang" 1 30)
+t0=$(date +%s.%N)
+kill -STOP "$pid"
+wait "$sup" || true
+python3 - "$hang" "$t0" <<'PY'
+import json, sys
+ev = [json.loads(l) for l in open(f"{sys.argv[1]}/events.jsonl")]
+f = [e for e in ev if e["event"] == "failure"][0]
+print(f"\nhang: SIGSTOP of rank 1 at step 30+ -> detected in {f['unix_s'] - float(sys.argv[2]):.2f} s: {f['detail']}")
 PY

@@ -73,6 +73,9 @@ void keel_heartbeat_beat(keel_heartbeat *hb, const char *phase, int64_t step, in
  * model takes minutes; its units take seconds each, and a rank stuck in one
  * stops making progress. */
 void keel_heartbeat_progress(keel_heartbeat *hb, const char *doing);
+/* The state was loaded in `seconds` from `source` ("disk", or "none" for a
+ * fresh start): carried from the next beat on (the supervisor's recovery split). */
+void keel_heartbeat_restored(keel_heartbeat *hb, double seconds, const char *source);
 /* Where the rank is in its sequence of collectives (keel_comm_stats'
  * issued, running, waiting), asked for by the beat thread before each write. */
 typedef void (*keel_heartbeat_sampler)(void *ctx, uint64_t *issued, uint64_t *running, uint64_t *waiting);
@@ -114,6 +117,8 @@ typedef struct {
     double progress_unix_s;
     char doing[16];
     uint64_t coll_issued, coll_running, coll_waiting;
+    double ready_unix_s, restore_s; /* when its state was loaded (0 before); how long that took */
+    char restore_source[16];        /* where the state came from: "disk", "none" (a fresh start) */
 } keel_heartbeat_info;
 /* false when rank's file is missing or caught mid-write. */
 bool keel_heartbeat_read(const char *run_dir, int rank, keel_heartbeat_info *out);

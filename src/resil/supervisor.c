@@ -32,6 +32,13 @@
 static volatile sig_atomic_t g_stop;
 static void on_stop(int sig) { g_stop = sig; }
 
+/* Where a recovery's time went: failure -> detected -> health checks ->
+ * backoff -> ranks launched and their state loaded -> first step done. */
+typedef struct {
+    double detect_s, health_s, backoff_s, launch_s, restore_s, first_step_s;
+    char source[16];             /* where the state came from: disk, none */
+} recovery_split;
+
 typedef struct {
     const keel_config *cfg;
     const char *run_dir;
@@ -47,7 +54,9 @@ typedef struct {
     int64_t lost_steps, first_resumed;
     double recovery[MAX_RECOVERIES];
     int n_recovery;
-    double pending_failure_unix; /* a failure waiting for the next first step (0: none) */
+    double pending_failure_unix; /* a failure waiting for the next first step: when it began (0: none) */
+    double pending_detect_s, pending_health_s, pending_backoff_s; /* its recovery so far */
+    recovery_split split[MAX_RECOVERIES];
     double slowest_gap_s;        /* longest time between two progress marks of a training rank seen */
     char straggler_node[64];     /* resilience.straggler_action drain: the node to take out (empty: none) */
 } supervisor;
@@ -66,7 +75,7 @@ typedef struct {
     keel_end kind;
     int exit_code, rank, sig;    /* the launcher's exit code; the rank blamed and its signal (-1, 0) */
     int64_t done, resumed;       /* steps done (rank 0's beat); the step it resumed from (-1: never) */
-    double detected_unix;
+    double detected_unix, onset_unix; /* when the supervisor saw the failure; when it began (last sign of life) */
     char cause[768];
     char node[64];               /* the blamed rank's node, from its heartbeat ("" when unknown) */
     keel_straggler_watch stragglers;
@@ -163,12 +172,20 @@ static void read_heartbeats(launch *l) {
 /* The first step after a failure: the recovery is complete. */
 static void note_recovery(launch *l) {
     supervisor *sv = l->sv;
-    if (sv->pending_failure_unix == 0 || !l->have[0] || l->hb[0].first_step_unix_s == 0) return;
-    double r = l->hb[0].first_step_unix_s - sv->pending_failure_unix;
-    if (sv->n_recovery < MAX_RECOVERIES) sv->recovery[sv->n_recovery++] = r;
-    keel_event_with(sv->run_dir, "recovered", l->hb[0].start_step + 1,
+    const keel_heartbeat_info *h = &l->hb[0];
+    if (sv->pending_failure_unix == 0 || !l->have[0] || h->first_step_unix_s == 0) return;
+    double r = h->first_step_unix_s - sv->pending_failure_unix;
+    recovery_split x = {.detect_s = sv->pending_detect_s, .health_s = sv->pending_health_s,
+                        .backoff_s = sv->pending_backoff_s, .restore_s = h->restore_s,
+                        .launch_s = fmax(0, h->ready_unix_s - l->launched_unix - h->restore_s),
+                        .first_step_s = fmax(0, h->first_step_unix_s - h->ready_unix_s)};
+    snprintf(x.source, sizeof x.source, "%s", h->restore_source);
+    if (sv->n_recovery < MAX_RECOVERIES) sv->split[sv->n_recovery] = x, sv->recovery[sv->n_recovery++] = r;
+    keel_event_with(sv->run_dir, "recovered", h->start_step + 1,
                     &(keel_event_fields){.has_seconds = true, .seconds = r}, "first step after the failure done %.2f s "
-               "after it was detected (resumed from step %lld)", r, (long long)l->hb[0].start_step);
+                    "after it began: detect %.2f, health %.2f, backoff %.2f, launch %.2f, restore %.2f from %s (step "
+                    "%lld), first step %.2f", r, x.detect_s, x.health_s, x.backoff_s, x.launch_s, x.restore_s,
+                    x.source, (long long)h->start_step, x.first_step_s);
     sv->pending_failure_unix = 0;
 }
 
@@ -188,7 +205,9 @@ static void forward_stop(launch *l) {
         }
 }
 
-static void fail_launch(launch *l, keel_end kind, int rank, double now) {
+/* onset: the failure's last sign of life (a beat, a progress mark), 0: now. */
+static void fail_launch(launch *l, keel_end kind, int rank, double now, double onset) {
+    l->onset_unix = onset > 0 && onset <= now ? onset : now;
     l->kind = kind;
     l->rank = rank;
     l->failed = true;
@@ -208,7 +227,7 @@ static bool detect_crash(launch *l, double now) {
         if (l->have[r] && l->hb[r].pid > 0 && !keel_pid_alive(l->hb[r].pid)) {
             snprintf(l->cause, sizeof l->cause, "rank %d (pid %d) died in step %lld", r, l->hb[r].pid,
                      (long long)l->hb[r].step + 1);
-            fail_launch(l, KEEL_END_CRASHED, r, now);
+            fail_launch(l, KEEL_END_CRASHED, r, now, l->hb[r].unix_s);
             return true;
         }
     return false;
@@ -281,7 +300,8 @@ static bool detect_hang(launch *l, double now) {
     if (stopped >= 0 && n > 0 && (size_t)n < sizeof l->cause)
         snprintf(l->cause + n, sizeof l->cause - (size_t)n, "; rank %d (pid %d) is stopped (SIGSTOP or a "
                  "debugger)", stopped, l->hb[stopped].pid);
-    fail_launch(l, KEEL_END_HUNG, culprit, now);
+    fail_launch(l, KEEL_END_HUNG, culprit, now,
+                frozen >= 0 ? l->hb[frozen].unix_s : l->hb[culprit].progress_unix_s);
     return true;
 }
 
@@ -304,6 +324,8 @@ static void classify_exit(launch *l) {
     /* the rank that reported an exit code of its own is the one to name */
     for (int r = 0; r < l->sv->nproc && l->rank < 0; r++)
         if (l->have[r] && !strcmp(l->hb[r].phase, "exit") && l->hb[r].exit_code != 0) l->rank = r;
+    l->onset_unix = l->detected_unix; /* the blamed rank's last beat, when there is one */
+    if (l->rank >= 0 && l->have[l->rank]) l->onset_unix = fmin(l->hb[l->rank].unix_s, l->detected_unix);
     l->kind = code == 0                    ? KEEL_END_COMPLETED
               : code == KEEL_EXIT_RESUME   ? KEEL_END_STOPPED
               : code == KEEL_EXIT_DIVERGED ? KEEL_END_DIVERGED
@@ -351,7 +373,7 @@ static void detect_straggler(launch *l, double now) {
     snprintf(sv->straggler_node, sizeof sv->straggler_node, "%s", l->hb[r].node);
     snprintf(l->cause, sizeof l->cause, "rank %d on %s computed %.2fx slower than the others for %d steps", r,
              l->hb[r].node, ratio, rc->straggler_steps);
-    fail_launch(l, KEEL_END_STRAGGLER, r, now);
+    fail_launch(l, KEEL_END_STRAGGLER, r, now, 0);
 }
 
 /* One poll: what the ranks did, and whether the launch has failed. */
@@ -679,6 +701,19 @@ static void write_summary(supervisor *sv, const char *status, const char *reason
         cJSON_AddNumberToObject(rec, "median", keel_median(sorted, sv->n_recovery));
         cJSON_AddNumberToObject(rec, "max", sorted[sv->n_recovery - 1]);
     }
+    cJSON *parts = cJSON_AddArrayToObject(rec, "split"); /* where each recovery's time went */
+    for (int i = 0; i < sv->n_recovery; i++) {
+        const recovery_split *x = &sv->split[i];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "detect", x->detect_s);
+        cJSON_AddNumberToObject(o, "health", x->health_s);
+        cJSON_AddNumberToObject(o, "backoff", x->backoff_s);
+        cJSON_AddNumberToObject(o, "launch", x->launch_s);
+        cJSON_AddNumberToObject(o, "restore", x->restore_s);
+        cJSON_AddNumberToObject(o, "first_step", x->first_step_s);
+        cJSON_AddStringToObject(o, "source", x->source);
+        cJSON_AddItemToArray(parts, o);
+    }
     double productive = productive_s(sv->run_dir, sv->first_resumed > 0 ? sv->first_resumed : 0, steps);
     cJSON_AddNumberToObject(s, "goodput", wall_s > 0 ? productive / wall_s : 0);
     cJSON_AddNumberToObject(s, "supervisor_wall_s", wall_s);
@@ -711,17 +746,26 @@ static bool prepare_relaunch(supervisor *sv, const launch *l, keel_action *a, co
         keel_run_state_skip(&sv->state, a->skip_step);
         save_state(sv);
     }
-    if (sv->pending_failure_unix == 0) sv->pending_failure_unix = l->detected_unix;
+    if (sv->pending_failure_unix == 0) { /* a failure during a recovery adds to that recovery */
+        sv->pending_failure_unix = l->onset_unix;
+        sv->pending_detect_s = l->detected_unix - l->onset_unix;
+        sv->pending_health_s = sv->pending_backoff_s = 0;
+    }
     keel_log_warn("%s: %s; restarting from the checkpoint at step %lld", keel_end_name(l->kind), l->cause,
                   (long long)newest_checkpoint(sv->run_dir));
     char why[1024];
-    if (!check_nodes(sv, why, sizeof why)) {
+    double health0 = keel_unix_s();
+    bool nodes_ok = check_nodes(sv, why, sizeof why);
+    sv->pending_health_s += keel_unix_s() - health0;
+    if (!nodes_ok) {
         *a = (keel_action){.kind = KEEL_ACT_GIVE_UP, .event = "stop", .exit_code = 1};
         snprintf(a->reason, sizeof a->reason, "%s", why);
         return false;
     }
     /* the relaunch comes no sooner than the backoff after the failure (the health checks count toward it) */
+    double backoff0 = keel_unix_s();
     while (keel_unix_s() - l->detected_unix < a->backoff_s && !g_stop) keel_sleep_s(0.05);
+    sv->pending_backoff_s += keel_unix_s() - backoff0;
     if (g_stop) {
         *a = (keel_action){.kind = KEEL_ACT_STOP_RESUME, .exit_code = KEEL_EXIT_RESUME}; /* no step to name */
         snprintf(a->reason, sizeof a->reason, "stopped on a signal while restarting; state saved at step %lld: run "

@@ -45,6 +45,8 @@ struct keel_heartbeat {
     keel_heartbeat_sampler sampler;
     void *sampler_ctx;
     uint64_t coll_issued, coll_running, coll_waiting;
+    double ready_unix_s, restore_s; /* when state was loaded; how long loading took */
+    char restore_source[16];        /* where from: "disk", "none" */
 };
 
 static void heartbeat_path(char *out, size_t n, const char *run_dir, int rank) {
@@ -72,6 +74,7 @@ keel_heartbeat *keel_heartbeat_open(const char *run_dir, int rank) {
     hb->fd = fd;
     hb->pid = (int)getpid();
     hb->start_step = -1;
+    snprintf(hb->restore_source, sizeof hb->restore_source, "none");
     keel_node_name(hb->node, sizeof hb->node);
     const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
     snprintf(hb->slurm_step, sizeof hb->slurm_step, "%s%s%s", job && step ? job : "-",
@@ -92,13 +95,14 @@ static void write_line(keel_heartbeat *hb, int exit_code) {
     char line[LINE_BYTES];
     int n = snprintf(line, sizeof line, "keelhb3 phase=%s step=%lld start=%lld unix=%.3f first=%.3f "
                      "pid=%d code=%d node=%s slurm_step=%s step_s=%.6f compute_s=%.6f step_unix=%.3f rss=%llu cpu=%.3f "
-                     "util=%.4f hist=%s sum=%.6f progress=%.3f doing=%s issued=%llu running=%llu waiting=%llu end",
+                     "util=%.4f hist=%s sum=%.6f progress=%.3f doing=%s issued=%llu running=%llu waiting=%llu "
+                     "ready=%.3f restore_s=%.3f source=%s end",
                      hb->phase, (long long)hb->last_step, (long long)hb->start_step, now, hb->first_step_unix_s,
                      hb->pid, exit_code, hb->node, hb->slurm_step, x->step_s, x->compute_s, x->step_unix_s,
                      (unsigned long long)x->rss_bytes, x->cpu_s, x->cpu_util, buckets, x->step_sum_s,
                      hb->progress_unix_s, hb->coll_waiting ? "wait" : hb->doing[0] ? hb->doing : hb->phase,
                      (unsigned long long)hb->coll_issued, (unsigned long long)hb->coll_running,
-                     (unsigned long long)hb->coll_waiting);
+                     (unsigned long long)hb->coll_waiting, hb->ready_unix_s, hb->restore_s, hb->restore_source);
     if (n < 0 || n >= LINE_BYTES - 1) return;
     memset(line + n, ' ', (size_t)(LINE_BYTES - 1 - n));
     line[LINE_BYTES - 1] = '\n';
@@ -114,10 +118,18 @@ void keel_heartbeat_beat(keel_heartbeat *hb, const char *phase, int64_t step, in
     hb->progress_unix_s = now;
     snprintf(hb->phase, sizeof hb->phase, "%s", phase);
     hb->doing[0] = 0;
-    if (!strcmp(phase, "ready")) hb->start_step = step;
+    if (!strcmp(phase, "ready")) hb->start_step = step, hb->ready_unix_s = now;
     if (hb->first_step_unix_s == 0 && hb->start_step >= 0 && step > hb->start_step)
         hb->first_step_unix_s = now;
     write_line(hb, exit_code);
+    pthread_mutex_unlock(&hb->mu);
+}
+
+void keel_heartbeat_restored(keel_heartbeat *hb, double seconds, const char *source) {
+    if (!hb) return;
+    pthread_mutex_lock(&hb->mu);
+    hb->restore_s = seconds;
+    snprintf(hb->restore_source, sizeof hb->restore_source, "%s", source);
     pthread_mutex_unlock(&hb->mu);
 }
 
@@ -214,10 +226,11 @@ bool keel_heartbeat_read(const char *run_dir, int rank, keel_heartbeat_info *out
     int end = 0;
     if (sscanf(line, "keelhb3 phase=%15s step=%lld start=%lld unix=%lf first=%lf pid=%d code=%d "
                "node=%63s slurm_step=%31s step_s=%lf compute_s=%lf step_unix=%lf rss=%llu cpu=%lf util=%lf hist=%511s "
-               "sum=%lf progress=%lf doing=%15s issued=%llu running=%llu waiting=%llu end%n", out->phase, &step,
-               &start, &out->unix_s, &out->first_step_unix_s, &out->pid, &out->exit_code, out->node, out->slurm_step,
-               &out->step_s, &out->compute_s, &out->step_unix_s, &rss, &out->cpu_s, &out->cpu_util, buckets,
-               &out->step_sum_s, &out->progress_unix_s, out->doing, &issued, &running, &waiting, &end) != 22 ||
+               "sum=%lf progress=%lf doing=%15s issued=%llu running=%llu waiting=%llu ready=%lf restore_s=%lf "
+               "source=%15s end%n", out->phase, &step, &start, &out->unix_s, &out->first_step_unix_s, &out->pid,
+               &out->exit_code, out->node, out->slurm_step, &out->step_s, &out->compute_s, &out->step_unix_s, &rss,
+               &out->cpu_s, &out->cpu_util, buckets, &out->step_sum_s, &out->progress_unix_s, out->doing, &issued,
+               &running, &waiting, &out->ready_unix_s, &out->restore_s, out->restore_source, &end) != 25 ||
         end == 0)
         return false;
     out->coll_issued = issued, out->coll_running = running, out->coll_waiting = waiting;

@@ -532,7 +532,9 @@ static keel_status run(trainer *t) {
     t->bf16 = bf16_usable(cfg);
     if ((st = build_state(t)) != KEEL_OK) return st;
     trainer_ckpt_init(t);
+    double restore0 = keel_now_s();
     if ((st = trainer_ckpt_resume(t)) != KEEL_OK) return st;
+    keel_heartbeat_restored(t->heartbeat, keel_now_s() - restore0, t->start_step > 0 ? "disk" : "none");
     if (t->start_step >= cfg->train.steps) {
         if (t->leader)
             keel_log_info("%s is already trained to step %d (train.steps %d): nothing to do; raise "

@@ -44,7 +44,9 @@ python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) <= float(sys.argv[2]) +
   fail "hang detected after $detect s (bound ${bound} s + 2 s of polling and beats)"
 got=$(json "$TMP/run/summary.json" "j['params_xxh3']")
 [ "$got" = "$want" ] || fail "params_xxh3 $got after the hang, uninterrupted run $want"
-pass "SIGSTOP of rank $rank: named after $detect s (bound ${bound} s), recovered, params_xxh3 $want"
+src=$(json "$TMP/run/summary.json" "j['recovery_s']['split'][0]['source']")
+[ "$src" = disk ] || fail "the recovery restored from '$src', want disk"
+pass "SIGSTOP of rank $rank: named after $detect s (bound ${bound} s), recovered from disk, params_xxh3 $want"
 
 # a rank stuck in its own work, its process alive and beating
 t0=$(date +%s.%N)

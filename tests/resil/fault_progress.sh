@@ -21,3 +21,15 @@ rc=0; wait "$sup" || rc=$?
 [ "$(json "$TMP/run/summary.json" "j['status']")" = completed ] || fail "summary status"
 steps=$(grep -o '"event":"failure","step":[0-9]*' "$TMP/run/events.jsonl" | grep -o '[0-9]*$' | tr '\n' ' ')
 pass "3 kills (failures in steps ${steps% }) with no checkpoint between them: the run completed"
+# where each recovery's time went: the parts add up to it, and no state was on disk yet
+python3 - "$TMP/run/summary.json" <<'PY' || fail "recovery split: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["recovery_s"])' "$TMP/run/summary.json")"
+import json, sys
+r = json.load(open(sys.argv[1]))["recovery_s"]
+assert len(r["each"]) == 3 and len(r["split"]) == 3, r
+for total, x in zip(r["each"], r["split"]):
+    parts = [x[k] for k in ("detect", "health", "backoff", "launch", "restore", "first_step")]
+    assert all(p >= 0 for p in parts) and abs(sum(parts) - total) < 0.5, (total, x)
+    assert x["source"] == "none", x
+print(r["split"][0])
+PY
+pass "recovery split: detect, health, backoff, launch, restore (fresh starts: source none) and first step add up to each recovery"
