@@ -34,6 +34,13 @@ void keel_launch_argv_free(char **argv);
 keel_status keel_self_path(char *out, size_t n);
 /* Environment for launched ranks: loopback-only OpenMPI, KEEL_TTY. */
 void keel_launch_env(void);
+/* OpenMPI's shared-memory files of the local ranks (btl vader) go to a
+ * directory of this supervisor's, /dev/shm/keel-mpi-<pid> (unless the user set
+ * OMPI_MCA_btl_vader_backing_directory): ranks killed by a failure never
+ * remove theirs, the supervisor does after each launch. dir[0] = 0: not ours. */
+void keel_launch_shm_begin(char *dir, size_t n);
+/* Remove the files in dir (every rank of the launch is gone); and dir itself if `last`. */
+void keel_launch_shm_clear(const char *dir, bool last);
 /* Run argv (execvp, never a shell), keep up to n-1 bytes of its stdout in out
  * (NUL-ended; the rest is read and dropped), kill it after timeout_s (0 =
  * no limit). Returns its exit status, 128+signal, 124 when it timed out, or

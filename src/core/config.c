@@ -141,8 +141,9 @@ static const key_spec KEYS[] = {
      "least time from a failure to the relaunch (the health checks run inside it); doubles with "
      "each failure that made no progress (at most 300 s)", NULL},
     {"resilience.crash_loop", K_INT, OFF(resilience.crash_loop), 1, 1 << 20,
-     "this many failures in a row, none in a later step than the first (the same step failing again), stop "
-     "the run with a report", NULL},
+     "this many failures in a row, none in a later step than the first of them (the same step failing "
+     "again, or an earlier one), stop the run with a report; a failure further on than every one before it "
+     "is progress and starts the count again", NULL},
     {"resilience.max_loss", K_DOUBLE, OFF(resilience.max_loss), 0, 1e30,
      "a step whose mean loss exceeds this has diverged, like a NaN/Inf one: roll back, then skip "
      "its data once, then stop (0 = 3 x ln(model.vocab_size), three times a uniform guess)", NULL},

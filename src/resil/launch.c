@@ -2,6 +2,7 @@
  * (mpirun locally, srun in a Slurm allocation), what their messages say about
  * a failed rank, a child whose stderr we read line by line, and commands run
  * from argv vectors with a time limit (never through a shell). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -64,6 +66,34 @@ void keel_launch_env(void) {
     setenv("OMPI_MCA_oob_tcp_if_include", "lo", 0);
     /* The ranks' stdout is mpirun's pipe or pty: tell the leader what the user sees. */
     setenv("KEEL_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);
+}
+
+void keel_launch_shm_begin(char *dir, size_t n) {
+    dir[0] = 0;
+    if (keel_launch_in_slurm() || getenv("OMPI_MCA_btl_vader_backing_directory")) return;
+    snprintf(dir, n, "/dev/shm/keel-mpi-%d", (int)getpid());
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        keel_log_warn("%s: cannot create (%s): OpenMPI keeps its shared memory in /dev/shm", dir, strerror(errno));
+        dir[0] = 0;
+        return;
+    }
+    setenv("OMPI_MCA_btl_vader_backing_directory", dir, 1);
+}
+
+void keel_launch_shm_clear(const char *dir, bool last) {
+    if (!dir[0]) return;
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        char path[4096];
+        while ((e = readdir(d)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+                snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+                unlink(path);
+            }
+        closedir(d);
+    }
+    if (last) rmdir(dir);
 }
 
 /* mpirun says "process rank N with PID P on node X exited on signal S" or

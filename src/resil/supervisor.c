@@ -59,6 +59,7 @@ typedef struct {
     recovery_split split[MAX_RECOVERIES];
     double slowest_gap_s;        /* longest time between two progress marks of a training rank seen */
     char straggler_node[64];     /* resilience.straggler_action drain: the node to take out (empty: none) */
+    char mpi_shm[64];            /* OpenMPI's shared-memory files of the local ranks ("": not ours to clean) */
 } supervisor;
 
 /* One launch, watched until its launcher exits. */
@@ -264,7 +265,9 @@ static bool detect_hang(launch *l, double now) {
         double beat_age = now - (l->have[r] ? fmax(h->unix_s, l->launched_unix) : l->launched_unix);
         double progress_age = now - (l->have[r] ? fmax(h->progress_unix_s, l->launched_unix) : l->launched_unix);
         double limit = l->have[r] ? beat_limit : slow;
-        if (beat_age > limit && beat_age > frozen_age) frozen = r, frozen_age = beat_age;
+        /* a rank that said "exit" beats no more: it is leaving (its launcher's exit tells how) */
+        bool beats = !l->have[r] || strcmp(h->phase, "exit");
+        if (beats && beat_age > limit && beat_age > frozen_age) frozen = r, frozen_age = beat_age;
         if (progress_age > progress_limit && progress_age > stuck_age) stuck = r, stuck_age = progress_age;
         if (l->have[r] && h->coll_running > 0 && (k == 0 || h->coll_running < k)) k = h->coll_running;
         if (l->have[r] && h->pid > 0 && !keel_launch_in_slurm() && keel_pid_state(h->pid) == 'T') stopped = r;
@@ -426,6 +429,7 @@ static keel_status run_launch(supervisor *sv, launch *l) {
     l->exit_code = keel_proc_finish(l->proc, on_launcher_line, l);
     if (l->log) fclose(l->log);
     reap_leftover_ranks(l);
+    keel_launch_shm_clear(sv->mpi_shm, false); /* ranks killed by a failure leave theirs */
     l->done = l->have[0] ? l->hb[0].step : 0;
     l->resumed = l->have[0] ? l->hb[0].start_step : -1;
     if (!l->failed) classify_exit(l);
@@ -821,6 +825,7 @@ keel_status keel_supervise(const keel_config *cfg, const char *run_dir, int npro
         return st;
     }
     keel_launch_env();
+    keel_launch_shm_begin(sv.mpi_shm, sizeof sv.mpi_shm);
     struct sigaction sa = {.sa_handler = on_stop}, old[3];
     sigemptyset(&sa.sa_mask);
     const int sigs[3] = {SIGTERM, SIGUSR1, SIGINT};
@@ -849,5 +854,6 @@ keel_status keel_supervise(const keel_config *cfg, const char *run_dir, int npro
     keel_free(sv.nodes);
     keel_free(sv.excluded);
     keel_run_state_free(&sv.state);
+    keel_launch_shm_clear(sv.mpi_shm, true);
     return *exit_code == 0 ? KEEL_OK : *exit_code == 2 ? KEEL_ERR_INPUT : KEEL_ERR_IO;
 }

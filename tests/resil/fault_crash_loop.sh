@@ -2,10 +2,12 @@
 # A crash loop is the same step failing again: rank 1 kills itself (SIGKILL)
 # as it begins step 6 in every launch (KEEL_FAULT), no attempt gets further,
 # and after resilience.crash_loop failures the supervisor stops with a report
-# instead of burning the allocation.
+# instead of burning the allocation. The killed ranks' OpenMPI shared-memory
+# files go with each launch (the supervisor's backing directory).
 source "$KEEL_SRC/tests/lib.sh"
 mpi_env
 CFG=$KEEL_SRC/tests/train/micro.json
+shm_before=$(ls /dev/shm | grep -c '^vader_segment' || true)
 rc=0
 KEEL_FAULT=kill@6:1 "$KEEL_BIN" train "$CFG" --set train.steps=50 --set checkpoint.every_steps=40 \
   --set resilience.crash_loop=3 --set resilience.max_restarts=10 --set resilience.backoff_s=0.1 --nproc 2 \
@@ -20,6 +22,10 @@ grep -q '"event":"stop".*crash loop: 3 failures in a row in step 6 or before' "$
 grep -q "keel: error: crash loop: 3 failures in a row" "$TMP/err" || fail "no report: $(tail -2 "$TMP/err")"
 [ "$(json "$TMP/run/summary.json" "j['status']")" = failed ] || fail "summary status"
 pass "crash loop stopped after 3 failures in step 6: $(grep 'keel: error' "$TMP/err")"
+shm_after=$(ls /dev/shm | grep -c '^vader_segment' || true)
+[ "$shm_after" -le "$shm_before" ] && ! ls -d /dev/shm/keel-mpi-* >/dev/null 2>&1 ||
+  fail "OpenMPI shared memory left in /dev/shm: vader segments $shm_before -> $shm_after, $(ls -d /dev/shm/keel-mpi-* 2>/dev/null)"
+pass "no OpenMPI shared memory left behind by 3 killed launches"
 
 expect_input_error "bad KEEL_FAULT" "KEEL_FAULT=explode@3: expected kill@STEP, stop@STEP or hang@STEP" \
   env KEEL_FAULT=explode@3 "$KEEL_BIN" train "$CFG" --run-dir "$TMP/bad"
