@@ -2,7 +2,6 @@
  * (mpirun locally, srun in a Slurm allocation), what their messages say about
  * a failed rank, a child whose stderr we read line by line, and commands run
  * from argv vectors with a time limit (never through a shell). */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -14,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "keel/ckpt.h"
 #include "keel/resil.h"
 
 bool keel_launch_in_slurm(void) { return getenv("SLURM_JOB_ID") != NULL; }
@@ -82,18 +82,8 @@ void keel_launch_shm_begin(char *dir, size_t n) {
 
 void keel_launch_shm_clear(const char *dir, bool last) {
     if (!dir[0]) return;
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *e;
-        char path[4096];
-        while ((e = readdir(d)))
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-                snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-                unlink(path);
-            }
-        closedir(d);
-    }
-    if (last) rmdir(dir);
+    keel_ckpt_remove_tree(dir); /* flat: OpenMPI's segment files */
+    if (!last) mkdir(dir, 0700);
 }
 
 /* mpirun says "process rank N with PID P on node X exited on signal S" or
