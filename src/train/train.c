@@ -491,8 +491,6 @@ static keel_status build_state(trainer *t) {
     return st;
 }
 
-/* Everything after validation and the run directory: shared by a
- * single-process run and by every rank of a distributed one. */
 /* $KEEL_FAULT=ACTION@STEP[:RANK]: the rank (every rank when none is named),
  * as it begins step STEP, in every launch that gets there, does ACTION — kill
  * (SIGKILL itself), stop (SIGSTOP itself: frozen, no beats) or hang (its main
@@ -516,10 +514,13 @@ static keel_status parse_fault(trainer *t) {
     }
     t->fault.sig = sig, t->fault.step = step, t->fault.rank = rank;
     if (rank < 0 || rank == t->rank)
-        keel_log_warn("KEEL_FAULT=%s: this rank will %s itself as it begins step %d", env, action, step);
+        keel_log_warn("KEEL_FAULT=%s: this rank will %s as it begins step %d", env,
+                      sig == SIGKILL ? "kill itself" : sig == SIGSTOP ? "stop itself" : "block for good", step);
     return KEEL_OK;
 }
 
+/* Everything after validation and the run directory: shared by a
+ * single-process run and by every rank of a distributed one. */
 static keel_status run(trainer *t) {
     const keel_config *cfg = t->cfg;
     char path[4096];
