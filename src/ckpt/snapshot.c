@@ -1,0 +1,253 @@
+/* ckpt/snapshot.c: in-memory snapshots — one shared-memory segment per rank
+ * (/dev/shm/keel-snap-<run id>-r<rank>) that outlives the process, holding
+ * the rank's packed shard (parameters, AdamW m and v) of the newest steps in
+ * two slots, with the commit discipline of disk checkpoints: a slot is marked
+ * "writing" before its bytes change and "committed" (with its step and the
+ * XXH3 of its bytes) only after, so a process killed mid-copy leaves the
+ * other slot good. The run id is the XXH3 of the run directory's real path
+ * and inode: a directory removed and made again is another run, and a
+ * segment names the run directory it belongs to so stale ones can be found. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "keel/ckpt.h"
+
+#define SNAP_MAGIC "KEELSNP1"
+#define SNAP_VERSION 1
+#define HEADER_BYTES 4096
+#define SHM_DIR "/dev/shm"
+
+enum { SLOT_EMPTY = 0, SLOT_WRITING = 1, SLOT_COMMITTED = 2 };
+
+typedef struct {
+    _Atomic uint32_t state;
+    uint32_t pad;
+    int64_t step;
+    uint64_t xxh3;
+} slot_header;
+
+typedef struct {
+    char magic[8];
+    uint32_t version, header_bytes;
+    uint64_t run_id;
+    uint32_t uid;
+    int32_t rank, world_size;
+    uint32_t pad;
+    uint64_t floats; /* per slot */
+    slot_header slot[2];
+    char run_dir[2048];
+} segment_header;
+_Static_assert(sizeof(segment_header) <= HEADER_BYTES, "snapshot header");
+
+struct keel_snap {
+    int fd;
+    char path[512];
+    segment_header *h;
+    size_t bytes;
+    float *data[2];
+};
+
+keel_status keel_snap_run_id(const char *run_dir, uint64_t *id, char *real, size_t real_n) {
+    char buf[4096];
+    struct stat st;
+    if (!realpath(run_dir, buf) || stat(buf, &st) != 0) {
+        keel_errorf("%s: %s", run_dir, strerror(errno));
+        return KEEL_ERR_IO;
+    }
+    XXH3_state_t *s = XXH3_createState();
+    KEEL_CHECK(s && XXH3_64bits_reset(s) == XXH_OK, "XXH3 state");
+    XXH3_64bits_update(s, buf, strlen(buf));
+    uint64_t ino = (uint64_t)st.st_ino, dev = (uint64_t)st.st_dev;
+    XXH3_64bits_update(s, &ino, sizeof ino);
+    XXH3_64bits_update(s, &dev, sizeof dev);
+    *id = XXH3_64bits_digest(s);
+    XXH3_freeState(s);
+    if (real) snprintf(real, real_n, "%s", buf);
+    return KEEL_OK;
+}
+
+static void segment_path(char *out, size_t n, uint64_t run_id, int rank) {
+    snprintf(out, n, SHM_DIR "/keel-snap-%016llx-r%d", (unsigned long long)run_id, rank);
+}
+
+static size_t segment_bytes(int64_t floats) { return HEADER_BYTES + 2 * sizeof(float) * (size_t)floats; }
+
+keel_status keel_snap_open(const char *run_dir, int rank, int world_size, int64_t floats, keel_snap **out) {
+    *out = NULL;
+    uint64_t id;
+    char real[2048];
+    keel_status st = keel_snap_run_id(run_dir, &id, real, sizeof real);
+    if (st != KEEL_OK) return st;
+    keel_snap *s = keel_xcalloc(sizeof *s, "snapshot");
+    segment_path(s->path, sizeof s->path, id, rank);
+    s->bytes = segment_bytes(floats);
+    s->fd = open(s->path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (s->fd < 0) {
+        keel_errorf("%s: cannot create: %s (is /dev/shm mounted?)", s->path, strerror(errno));
+        keel_free(s);
+        return KEEL_ERR_IO;
+    }
+    struct stat fs;
+    fstat(s->fd, &fs);
+    /* a segment of another shape (world size, model) or version is not ours to read: start it over */
+    bool fresh = (size_t)fs.st_size != s->bytes;
+    if (!fresh) {
+        segment_header h;
+        fresh = pread(s->fd, &h, sizeof h, 0) != (ssize_t)sizeof h || memcmp(h.magic, SNAP_MAGIC, 8) ||
+                h.version != SNAP_VERSION || h.run_id != id || h.rank != rank || h.world_size != world_size ||
+                h.floats != (uint64_t)floats;
+    }
+    if (fresh && (ftruncate(s->fd, 0) != 0 || ftruncate(s->fd, (off_t)s->bytes) != 0)) {
+        keel_errorf("%s: cannot size to %zu bytes: %s (/dev/shm too small?)", s->path, s->bytes, strerror(errno));
+        close(s->fd);
+        unlink(s->path);
+        keel_free(s);
+        return KEEL_ERR_IO;
+    }
+    void *map = mmap(NULL, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
+    if (map == MAP_FAILED) {
+        keel_errorf("%s: cannot map %zu bytes: %s", s->path, s->bytes, strerror(errno));
+        close(s->fd);
+        keel_free(s);
+        return KEEL_ERR_IO;
+    }
+    s->h = map;
+    s->data[0] = (float *)((char *)map + HEADER_BYTES);
+    s->data[1] = s->data[0] + floats;
+    if (fresh) {
+        memset(s->h, 0, sizeof *s->h);
+        memcpy(s->h->magic, SNAP_MAGIC, 8);
+        s->h->version = SNAP_VERSION, s->h->header_bytes = HEADER_BYTES, s->h->run_id = id;
+        s->h->uid = (uint32_t)getuid(), s->h->rank = rank, s->h->world_size = world_size;
+        s->h->floats = (uint64_t)floats;
+        snprintf(s->h->run_dir, sizeof s->h->run_dir, "%s", real);
+    }
+    *out = s;
+    return KEEL_OK;
+}
+
+int keel_snap_steps(const keel_snap *s, int64_t steps[2]) {
+    int n = 0;
+    for (int i = 0; i < 2; i++)
+        if (atomic_load_explicit(&s->h->slot[i].state, memory_order_acquire) == SLOT_COMMITTED)
+            steps[n++] = s->h->slot[i].step;
+    if (n == 2 && steps[0] < steps[1]) {
+        int64_t t = steps[0];
+        steps[0] = steps[1], steps[1] = t;
+    }
+    return n;
+}
+
+/* The slot to write next: an empty one, else the older committed one. */
+static int next_slot(const keel_snap *s) {
+    const slot_header *a = &s->h->slot[0], *b = &s->h->slot[1];
+    if (atomic_load(&a->state) != SLOT_COMMITTED) return 0;
+    if (atomic_load(&b->state) != SLOT_COMMITTED) return 1;
+    return a->step <= b->step ? 0 : 1;
+}
+
+float *keel_snap_begin(keel_snap *s, int *slot) {
+    *slot = next_slot(s);
+    atomic_store_explicit(&s->h->slot[*slot].state, SLOT_WRITING, memory_order_release);
+    return s->data[*slot];
+}
+
+void keel_snap_commit(keel_snap *s, int slot, int64_t step) {
+    slot_header *x = &s->h->slot[slot];
+    x->xxh3 = XXH3_64bits(s->data[slot], sizeof(float) * s->h->floats);
+    x->step = step;
+    atomic_store_explicit(&x->state, SLOT_COMMITTED, memory_order_release);
+}
+
+keel_status keel_snap_get(const keel_snap *s, int64_t step, const float **data) {
+    for (int i = 0; i < 2; i++) {
+        const slot_header *x = &s->h->slot[i];
+        if (atomic_load_explicit(&x->state, memory_order_acquire) != SLOT_COMMITTED || x->step != step) continue;
+        if (XXH3_64bits(s->data[i], sizeof(float) * s->h->floats) != x->xxh3) {
+            keel_errorf("%s: the snapshot of step %lld fails its checksum (damaged memory?)", s->path,
+                        (long long)step);
+            return KEEL_ERR_INPUT;
+        }
+        *data = s->data[i];
+        return KEEL_OK;
+    }
+    keel_errorf("%s: no committed snapshot of step %lld", s->path, (long long)step);
+    return KEEL_ERR_INPUT;
+}
+
+const char *keel_snap_path(const keel_snap *s) { return s->path; }
+
+void keel_snap_close(keel_snap *s) {
+    if (!s) return;
+    munmap(s->h, s->bytes);
+    close(s->fd);
+    keel_free(s);
+}
+
+/* Every segment of keel's in /dev/shm, and its header. */
+static int each_segment(void (*fn)(void *ctx, const char *path, const segment_header *h), void *ctx) {
+    DIR *d = opendir(SHM_DIR);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "keel-snap-", 10)) continue;
+        char path[512];
+        snprintf(path, sizeof path, SHM_DIR "/%s", e->d_name);
+        segment_header h;
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        bool ok = fd >= 0 && pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h;
+        if (fd >= 0) close(fd);
+        if (!ok) memset(&h, 0, sizeof h);
+        h.run_dir[sizeof h.run_dir - 1] = 0;
+        fn(ctx, path, &h);
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+typedef struct {
+    uint64_t run_id; /* remove this run's segments (0: only stale ones) */
+    int removed;
+} sweep;
+
+static void sweep_one(void *ctx, const char *path, const segment_header *h) {
+    sweep *w = ctx;
+    bool ours = !memcmp(h->magic, SNAP_MAGIC, 8) && h->uid == (uint32_t)getuid();
+    if (!ours && memcmp(h->magic, SNAP_MAGIC, 8)) ours = true; /* unreadable or torn: no one can use it */
+    if (!ours) return;
+    bool remove_it = w->run_id != 0 && h->run_id == w->run_id;
+    if (w->run_id == 0) { /* stale: its run directory is gone, or is another run now */
+        uint64_t id;
+        keel_error_capture(true);
+        remove_it = !h->run_dir[0] || keel_snap_run_id(h->run_dir, &id, NULL, 0) != KEEL_OK || id != h->run_id;
+        keel_error_capture(false);
+    }
+    if (remove_it && unlink(path) == 0) w->removed++;
+}
+
+int keel_snap_remove_run(const char *run_dir) {
+    sweep w = {0};
+    keel_error_capture(true);
+    keel_status st = keel_snap_run_id(run_dir, &w.run_id, NULL, 0);
+    keel_error_capture(false);
+    if (st != KEEL_OK) return 0;
+    each_segment(sweep_one, &w);
+    return w.removed;
+}
+
+int keel_snap_remove_stale(void) {
+    sweep w = {0};
+    each_segment(sweep_one, &w);
+    return w.removed;
+}

@@ -1,0 +1,95 @@
+/* In-memory snapshot segments: two slots committed in turn (the older one is
+ * overwritten), a slot being written is never offered, a flipped byte fails
+ * the checksum, a segment of another shape starts over, and removal by run
+ * and of stale runs (directory gone) leaves nothing in /dev/shm. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "keel/ckpt.h"
+
+#include "../testlib.h"
+
+#define FLOATS 1000
+
+static void fill(float *x, int64_t step) {
+    for (int i = 0; i < FLOATS; i++) x[i] = (float)step * 1000 + (float)i;
+}
+
+static void snapshot(keel_snap *s, int64_t step) {
+    int slot;
+    fill(keel_snap_begin(s, &slot), step);
+    keel_snap_commit(s, slot, step);
+}
+
+int main(void) {
+    char dir[256];
+    if (!temp_dir_create(dir, sizeof dir, "snapshot")) return 1;
+    keel_snap *s;
+    EXPECT(keel_snap_open(dir, 1, 2, FLOATS, &s) == KEEL_OK, "segment created");
+    int64_t steps[2];
+    EXPECT(keel_snap_steps(s, steps) == 0, "a new segment has no snapshot");
+    snapshot(s, 5);
+    EXPECT(keel_snap_steps(s, steps) == 1 && steps[0] == 5, "step 5 committed");
+    snapshot(s, 6);
+    snapshot(s, 7);
+    int n = keel_snap_steps(s, steps);
+    EXPECT(n == 2 && steps[0] == 7 && steps[1] == 6, "two slots: the newest two steps (%d: %lld %lld)", n,
+           (long long)steps[0], (long long)steps[1]);
+    const float *got;
+    float want[FLOATS];
+    fill(want, 6);
+    EXPECT(keel_snap_get(s, 6, &got) == KEEL_OK && !memcmp(got, want, sizeof want), "step 6 reads back");
+
+    /* a copy that never commits (the process died in it) takes the older slot out, never the newer */
+    int slot;
+    float *dst = keel_snap_begin(s, &slot);
+    dst[3] = -1;
+    keel_snap_close(s);
+    EXPECT(keel_snap_open(dir, 1, 2, FLOATS, &s) == KEEL_OK, "reopened");
+    n = keel_snap_steps(s, steps);
+    EXPECT(n == 1 && steps[0] == 7, "after a torn write only step 7 is offered (%d)", n);
+    fill(want, 7);
+    EXPECT(keel_snap_get(s, 7, &got) == KEEL_OK && !memcmp(got, want, sizeof want), "step 7 intact");
+    capture_begin();
+    keel_status st = keel_snap_get(s, 6, &got);
+    const char *err = capture_end();
+    EXPECT(st == KEEL_ERR_INPUT && strstr(err, "no committed snapshot of step 6"), "step 6 is gone: %s", err);
+
+    /* a flipped byte in the committed slot */
+    char path[512];
+    snprintf(path, sizeof path, "%s", keel_snap_path(s));
+    FILE *f = fopen(path, "r+b");
+    float x;
+    long at = -1;
+    for (long off = 4096; off < 4096 + 2L * FLOATS * 4 && at < 0; off += 4) { /* find step 7's value 7003 */
+        fseek(f, off, SEEK_SET);
+        if (fread(&x, 4, 1, f) == 1 && x == 7003.0f) at = off;
+    }
+    fseek(f, at, SEEK_SET);
+    x = 7003.5f;
+    fwrite(&x, 4, 1, f);
+    fclose(f);
+    capture_begin();
+    st = keel_snap_get(s, 7, &got);
+    err = capture_end();
+    EXPECT(at > 0 && st == KEEL_ERR_INPUT && strstr(err, "fails its checksum"), "a flipped value is caught: %s", err);
+    keel_snap_close(s);
+
+    /* another world size: the segment starts over */
+    EXPECT(keel_snap_open(dir, 1, 4, FLOATS, &s) == KEEL_OK && keel_snap_steps(s, steps) == 0,
+           "a segment of another shape is emptied");
+    snapshot(s, 9);
+    keel_snap_close(s);
+    EXPECT(access(path, F_OK) == 0, "closing keeps the segment");
+    EXPECT(keel_snap_remove_run(dir) == 1 && access(path, F_OK) != 0, "removed with its run");
+
+    /* stale: the run directory is gone */
+    EXPECT(keel_snap_open(dir, 0, 1, FLOATS, &s) == KEEL_OK, "a segment of a run about to be deleted");
+    snprintf(path, sizeof path, "%s", keel_snap_path(s));
+    keel_snap_close(s);
+    remove_tree(dir);
+    EXPECT(keel_snap_remove_stale() >= 1 && access(path, F_OK) != 0, "a run directory gone: its segment is stale");
+    return test_summary("test_snapshot");
+}
