@@ -178,7 +178,7 @@ int64_t keel_ckpt_bytes(const keel_model_config *model, int world_size);
  * XXH3 of the run directory's real path, device and inode.
  *
  *     keel_snap *s;
- *     keel_snap_open("runs/x", rank, world, floats, &s);  // attach, or create empty
+ *     keel_snap_open("runs/x", rank, world, floats, key, &s); // attach, or create empty
  *     int slot;
  *     float *dst = keel_snap_begin(s, &slot);               // the older slot, now "writing"
  *     ...copy the shard into dst...
@@ -187,20 +187,24 @@ int64_t keel_ckpt_bytes(const keel_model_config *model, int world_size);
  *     int n = keel_snap_steps(s, steps);                    // committed steps, newest first
  *     const float *src;
  *     keel_snap_get(s, steps[0], &src);                     // checksum verified
- *     keel_snap_close(s);                                   // the segment stays
+ *     keel_snap_close(s, false);                            // the segment stays
  *     keel_snap_remove_run("runs/x");                      // the run is over: every rank's segment goes
  *
- * A segment of another shape (world size, floats) or version is emptied on open. */
+ * A segment of another shape (world size, floats), key (what its state must
+ * match to be resumed) or version is emptied on open; its pages are allocated
+ * then (posix_fallocate), so a full /dev/shm is an error there, not a SIGBUS later. */
 typedef struct keel_snap keel_snap;
 keel_status keel_snap_run_id(const char *run_dir, uint64_t *id, char *real, size_t real_n);
-keel_status keel_snap_open(const char *run_dir, int rank, int world_size, int64_t floats, keel_snap **out);
+keel_status keel_snap_open(const char *run_dir, int rank, int world_size, int64_t floats, uint64_t key,
+                           keel_snap **out);
 int keel_snap_steps(const keel_snap *s, int64_t steps[2]);
 float *keel_snap_begin(keel_snap *s, int *slot);
 void keel_snap_commit(keel_snap *s, int slot, int64_t step);
 /* The committed slot of `step`, its checksum verified; an input error naming the segment otherwise. */
 keel_status keel_snap_get(const keel_snap *s, int64_t step, const float **data);
 const char *keel_snap_path(const keel_snap *s);
-void keel_snap_close(keel_snap *s);
+/* Unmap; remove: unlink the segment too (the rank's run is over). */
+void keel_snap_close(keel_snap *s, bool remove);
 /* Unlink every segment of this run; of runs whose directory is gone or is another run now
  * (this user's, and unreadable ones). How many went. */
 int keel_snap_remove_run(const char *run_dir);

@@ -409,6 +409,7 @@ typedef struct {
     double hang_timeout_s;   /* 0 = automatic: hang_factor x median step (>= hang_floor_s) once steady */
     double hang_factor, hang_floor_s;
     double backoff_s;
+    int snapshot_every_steps;/* in-memory snapshots under the supervisor (0 = off) */
     int crash_loop;          /* failures in a row, none in a later step than the first, that stop the run */
     double max_loss;         /* a loss above this has diverged (0 = 3 ln V) */
     int spares;              /* Slurm nodes held back as replacements */

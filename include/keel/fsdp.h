@@ -68,6 +68,7 @@ typedef struct {
     int64_t gathered;                 /* compute copies: gathered units, unit gradients, bf16 copies */
     int64_t activations;              /* one micro-batch's, as the model keeps them */
     int64_t checkpoint_buffer;        /* the async save's host buffer (on a rank that writes a file) */
+    int64_t snapshot;                 /* the in-memory snapshot's two slots in /dev/shm (mapped: in RSS) */
     int64_t accumulation;             /* gradient accumulation buffers (none: see memory.c) */
     int64_t workspaces;               /* token batch, NO_SHARD/HYBRID's bf16 all-reduce copy */
     int64_t runtime;                  /* fixed cost of a process: libraries, OpenMPI, kernel scratch, data */
@@ -82,7 +83,7 @@ void keel_fsdp_memory_plan_run(const keel_config *cfg, int world_size, bool dist
 int64_t keel_fsdp_memory_total(const keel_fsdp_memory *m);
 /* The categories in one fixed order, for everything that prints them:
  * name (a JSON key), what (a short label) and bytes. */
-#define KEEL_FSDP_MEMORY_CATEGORIES 9
+#define KEEL_FSDP_MEMORY_CATEGORIES 10
 typedef struct {
     const char *name, *what;
     int64_t bytes;

@@ -43,6 +43,7 @@ typedef struct {
     int32_t rank, world_size;
     uint32_t pad;
     uint64_t floats; /* per slot */
+    uint64_t key;    /* what the state must match to be resumed (the run's configuration) */
     slot_header slot[2];
     char run_dir[2048];
 } segment_header;
@@ -81,7 +82,8 @@ static void segment_path(char *out, size_t n, uint64_t run_id, int rank) {
 
 static size_t segment_bytes(int64_t floats) { return HEADER_BYTES + 2 * sizeof(float) * (size_t)floats; }
 
-keel_status keel_snap_open(const char *run_dir, int rank, int world_size, int64_t floats, keel_snap **out) {
+keel_status keel_snap_open(const char *run_dir, int rank, int world_size, int64_t floats, uint64_t key,
+                           keel_snap **out) {
     *out = NULL;
     uint64_t id;
     char real[2048];
@@ -104,10 +106,13 @@ keel_status keel_snap_open(const char *run_dir, int rank, int world_size, int64_
         segment_header h;
         fresh = pread(s->fd, &h, sizeof h, 0) != (ssize_t)sizeof h || memcmp(h.magic, SNAP_MAGIC, 8) ||
                 h.version != SNAP_VERSION || h.run_id != id || h.rank != rank || h.world_size != world_size ||
-                h.floats != (uint64_t)floats;
+                h.floats != (uint64_t)floats || h.key != key;
     }
-    if (fresh && (ftruncate(s->fd, 0) != 0 || ftruncate(s->fd, (off_t)s->bytes) != 0)) {
-        keel_errorf("%s: cannot size to %zu bytes: %s (/dev/shm too small?)", s->path, s->bytes, strerror(errno));
+    /* every page is allocated now: a tmpfs that fills up later would kill the writer with SIGBUS */
+    int err = 0;
+    if (fresh && (ftruncate(s->fd, 0) != 0 || (err = posix_fallocate(s->fd, 0, (off_t)s->bytes)) != 0)) {
+        keel_errorf("%s: cannot allocate %.1f MB: %s (" SHM_DIR " too small? resilience.snapshot_every_steps 0 "
+                    "turns snapshots off)", s->path, (double)s->bytes / 1e6, strerror(err ? err : errno));
         close(s->fd);
         unlink(s->path);
         keel_free(s);
@@ -128,7 +133,7 @@ keel_status keel_snap_open(const char *run_dir, int rank, int world_size, int64_
         memcpy(s->h->magic, SNAP_MAGIC, 8);
         s->h->version = SNAP_VERSION, s->h->header_bytes = HEADER_BYTES, s->h->run_id = id;
         s->h->uid = (uint32_t)getuid(), s->h->rank = rank, s->h->world_size = world_size;
-        s->h->floats = (uint64_t)floats;
+        s->h->floats = (uint64_t)floats, s->h->key = key;
         snprintf(s->h->run_dir, sizeof s->h->run_dir, "%s", real);
     }
     *out = s;
@@ -186,8 +191,9 @@ keel_status keel_snap_get(const keel_snap *s, int64_t step, const float **data) 
 
 const char *keel_snap_path(const keel_snap *s) { return s->path; }
 
-void keel_snap_close(keel_snap *s) {
+void keel_snap_close(keel_snap *s, bool remove) {
     if (!s) return;
+    if (remove) unlink(s->path);
     munmap(s->h, s->bytes);
     close(s->fd);
     keel_free(s);

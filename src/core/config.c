@@ -137,9 +137,15 @@ static const key_spec KEYS[] = {
      "automatic hang timeout once steps are steady: this many median step times without progress", NULL},
     {"resilience.hang_floor_s", K_DOUBLE, OFF(resilience.hang_floor_s), 0.5, 1e7,
      "automatic hang timeout once steps are steady: at least this many seconds", NULL},
+    {"resilience.snapshot_every_steps", K_INT, OFF(resilience.snapshot_every_steps), 0, 1 << 30,
+     "under the supervisor (keel train --nproc N), every rank copies its shard (parameters, AdamW "
+     "moments) into node-local shared memory (/dev/shm) after every N optimizer steps, alongside the "
+     "next step; a relaunch resumes from the newest snapshot every rank holds when it is newer than "
+     "the newest checkpoint (0 = off)", NULL},
     {"resilience.backoff_s", K_DOUBLE, OFF(resilience.backoff_s), 0, 3600,
-     "least time from a failure to the relaunch (the health checks run inside it); doubles with "
-     "each failure that made no progress (at most 300 s)", NULL},
+     "least time from a failure to the relaunch when the failure made no progress (the same step "
+     "failing again; the health checks run inside it), doubling with each more (at most 300 s); the "
+     "first failure after progress relaunches as soon as the health checks pass", NULL},
     {"resilience.crash_loop", K_INT, OFF(resilience.crash_loop), 1, 1 << 20,
      "this many failures in a row, none in a later step than the first of them (the same step failing "
      "again, or an earlier one), stop the run with a report; a failure further on than every one before it "
@@ -218,7 +224,7 @@ void keel_config_defaults(keel_config *cfg) {
     cfg->fsdp.mixed_precision = cfg->fsdp.reduce_dtype = KEEL_DTYPE_FP32;
     cfg->data.synthetic_branching = 4;
     cfg->resilience = (keel_resilience_config){.max_restarts = 10, .backoff_s = 1, .crash_loop = 3,
-                                               .hang_factor = 3, .hang_floor_s = 5,
+                                               .hang_factor = 3, .hang_floor_s = 5, .snapshot_every_steps = 1,
                                                .gemm_floor_gflops = 10, .straggler_factor = 1.3,
                                                .straggler_steps = 5};
     cfg->resilience.health_checks = (1u << KEEL_CHECK_COUNT) - 1;

@@ -1,7 +1,7 @@
 /* fsdp/memory.c: what one rank holds for a config on W ranks, by category,
  * before anything is allocated — persistent state per strategy, the
- * runtime's unit buffers, activations, the checkpoint buffer, workspaces and
- * the process's fixed cost (DESIGN §3). The one source of these numbers:
+ * runtime's unit buffers, activations, the checkpoint buffer, the in-memory
+ * snapshot, workspaces and the process's fixed cost (DESIGN §3). The one source of these numbers:
  * `keel train --dry-run`, the memory check before a run, `keel health` and
  * `keel plan` all read them from here. */
 #include "keel/fsdp.h"
@@ -75,6 +75,9 @@ void keel_fsdp_memory_plan_run(const keel_config *cfg, int world_size, bool dist
     else one_process(&lay, bf16, &m);
     m.optimizer = 2 * m.params; /* AdamW m and v */
     m.checkpoint_buffer = checkpoint_buffer_bytes(cfg, distributed, shard);
+    /* a rank's in-memory snapshot (ckpt/snapshot.c): two slots of parameters,
+     * m and v in node shared memory, mapped and written by the rank */
+    if (distributed && cfg->resilience.snapshot_every_steps > 0) m.snapshot = 2 * 3 * 4 * shard;
     /* Accumulation needs no buffer of its own: under FSDP every micro-batch
      * reduce-scatters into the gradient shard (keel_fsdp_zero_grads), and one
      * process adds into its full gradient, which it holds anyway. */
@@ -96,6 +99,7 @@ void keel_fsdp_memory_items(const keel_fsdp_memory *m,
         {"gathered", "compute copies", m->gathered},
         {"activations", "activations", m->activations},
         {"checkpoint_buffer", "checkpoint buffer", m->checkpoint_buffer},
+        {"snapshot", "in-memory snapshot", m->snapshot},
         {"accumulation", "accumulation", m->accumulation},
         {"workspaces", "workspaces", m->workspaces},
         {"runtime", "runtime (fixed)", m->runtime},

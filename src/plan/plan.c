@@ -149,6 +149,7 @@ static void memory(const keel_config *cfg, const keel_cluster *cl, keel_plan_ent
     int W = cl->nodes * cl->per_node;
     keel_fsdp_memory_plan_run(cfg, W, true, &e->memory);
     if (cl->device.runtime_bytes >= 0) e->memory.runtime = (int64_t)cl->device.runtime_bytes;
+    if (cl->device.kind != KEEL_DEVICE_CPU) e->memory.snapshot = 0; /* in the host's memory, not the GPU's */
     e->peak_bytes = keel_fsdp_memory_total(&e->memory);
     keel_config other = *cfg;
     other.fsdp.activation_checkpointing = !cfg->fsdp.activation_checkpointing;

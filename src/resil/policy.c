@@ -92,10 +92,12 @@ keel_action keel_policy_decide(const keel_resilience_config *rc, const keel_poli
     if (before->restarts >= rc->max_restarts)
         return act(KEEL_ACT_GIVE_UP, "stop", 1, "gave up after %d restart(s) (resilience.max_restarts); last "
                    "failure: %s", before->restarts, o->cause);
-    /* back off: doubling while failures make no progress (a divergence rolls
-     * back on purpose: no doubling), at most 5 minutes */
+    /* back off: none after progress (the first failure of a streak, a
+     * divergence's rollback: a snapshot or checkpoint holds the work, relaunch
+     * at once), then backoff_s, doubling while failures make no progress, at
+     * most 5 minutes */
     int streak = o->kind == KEEL_END_DIVERGED ? 1 : after->fail_streak;
-    a.backoff_s = fmin(300, rc->backoff_s * pow(2, streak - 1));
+    a.backoff_s = streak <= 1 ? 0 : fmin(300, rc->backoff_s * pow(2, streak - 2));
     after->restarts++;
     return a;
 }

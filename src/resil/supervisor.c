@@ -36,7 +36,7 @@ static void on_stop(int sig) { g_stop = sig; }
  * backoff -> ranks launched and their state loaded -> first step done. */
 typedef struct {
     double detect_s, health_s, backoff_s, launch_s, restore_s, first_step_s;
-    char source[16];             /* where the state came from: disk, none */
+    char source[16];             /* where the state came from: memory, disk, none */
 } recovery_split;
 
 typedef struct {
@@ -52,6 +52,7 @@ typedef struct {
     keel_run_state state;        /* RUN/supervisor.json */
     /* what happened */
     int64_t lost_steps, first_resumed;
+    int64_t lost_done, lost_step; /* a failure waiting for the relaunch's restored step: steps done, failed step (-1: none) */
     double recovery[MAX_RECOVERIES];
     int n_recovery;
     double pending_failure_unix; /* a failure waiting for the next first step: when it began (0: none) */
@@ -170,6 +171,18 @@ static void read_heartbeats(launch *l) {
     if (l->have[0]) l->last_step = h->step;
 }
 
+/* The steps a failure lost: those done after the state the run goes on from
+ * (`from`: the relaunch's restored step, or the newest checkpoint when the
+ * run stops). */
+static void record_lost(supervisor *sv, int64_t from, const char *source) {
+    if (sv->lost_done < 0) return;
+    int64_t lost = sv->lost_done > from ? sv->lost_done - from : 0;
+    sv->lost_steps += lost;
+    keel_event_with(sv->run_dir, "lost_work", sv->lost_step, &(keel_event_fields){.steps = lost},
+                    "%lld step(s) done after the state at step %lld (%s)", (long long)lost, (long long)from, source);
+    sv->lost_done = -1;
+}
+
 /* The first step after a failure: the recovery is complete. */
 static void note_recovery(launch *l) {
     supervisor *sv = l->sv;
@@ -181,6 +194,7 @@ static void note_recovery(launch *l) {
                         .launch_s = fmax(0, h->ready_unix_s - l->launched_unix - h->restore_s),
                         .first_step_s = fmax(0, h->first_step_unix_s - h->ready_unix_s)};
     snprintf(x.source, sizeof x.source, "%s", h->restore_source);
+    record_lost(sv, h->start_step, x.source);
     if (sv->n_recovery < MAX_RECOVERIES) sv->split[sv->n_recovery] = x, sv->recovery[sv->n_recovery++] = r;
     keel_event_with(sv->run_dir, "recovered", h->start_step + 1,
                     &(keel_event_fields){.has_seconds = true, .seconds = r}, "first step after the failure done %.2f s "
@@ -729,17 +743,18 @@ static void write_summary(supervisor *sv, const char *status, const char *reason
 
 /* ---- the loop ------------------------------------------------------------------------ */
 
-/* What a failed launch lost, for events and the summary. */
-static void record_failure(supervisor *sv, const launch *l, int64_t ckpt) {
-    int64_t step = l->done + 1, lost = l->done > ckpt ? l->done - ckpt : 0;
-    sv->lost_steps += lost;
+/* A failed launch, for events and the summary; what it lost is known when
+ * the relaunch has restored its state (a snapshot may hold more than the
+ * newest checkpoint), or now when the run stops. */
+static void record_failure(supervisor *sv, const launch *l, int64_t ckpt, bool relaunch) {
+    int64_t step = l->done + 1;
     /* a straggler was counted by its own event */
     keel_event_fields f = {.cause = l->kind == KEEL_END_STRAGGLER ? NULL : keel_end_name(l->kind),
                            .has_rank = l->rank >= 0, .rank = l->rank,
                            .node = l->node[0] ? l->node : NULL};
     keel_event_with(sv->run_dir, "failure", step, &f, "%s: %s", keel_end_name(l->kind), l->cause);
-    keel_event_with(sv->run_dir, "lost_work", step, &(keel_event_fields){.steps = lost},
-                    "%lld step(s) since the checkpoint at step %lld", (long long)lost, (long long)ckpt);
+    if (sv->lost_done < 0 || l->done > sv->lost_done) sv->lost_done = l->done, sv->lost_step = step;
+    if (!relaunch) record_lost(sv, ckpt, "the newest checkpoint");
 }
 
 /* Carry out a relaunch decision: skip a data window, health checks, back off.
@@ -755,8 +770,14 @@ static bool prepare_relaunch(supervisor *sv, const launch *l, keel_action *a, co
         sv->pending_detect_s = l->detected_unix - l->onset_unix;
         sv->pending_health_s = sv->pending_backoff_s = 0;
     }
-    keel_log_warn("%s: %s; restarting from the checkpoint at step %lld", keel_end_name(l->kind), l->cause,
-                  (long long)newest_checkpoint(sv->run_dir));
+    /* a divergence rolls back to a checkpoint: the snapshots hold the steps that led to it */
+    if (l->kind == KEEL_END_DIVERGED) keel_snap_remove_run(sv->run_dir);
+    if (sv->cfg->resilience.snapshot_every_steps > 0 && l->kind != KEEL_END_DIVERGED)
+        keel_log_warn("%s: %s; restarting from the newest in-memory snapshot (or the checkpoint at step %lld)",
+                      keel_end_name(l->kind), l->cause, (long long)newest_checkpoint(sv->run_dir));
+    else
+        keel_log_warn("%s: %s; restarting from the checkpoint at step %lld", keel_end_name(l->kind), l->cause,
+                      (long long)newest_checkpoint(sv->run_dir));
     char why[1024];
     double health0 = keel_unix_s();
     bool nodes_ok = check_nodes(sv, why, sizeof why);
@@ -805,7 +826,8 @@ static keel_action supervise_loop(supervisor *sv, int64_t *steps) {
                           .cause = l.cause};
         keel_policy_history next;
         keel_action a = keel_policy_decide(&sv->cfg->resilience, &sv->history, &o, &next);
-        if (a.kind == KEEL_ACT_RELAUNCH || a.kind == KEEL_ACT_GIVE_UP) record_failure(sv, &l, ckpt);
+        if (a.kind == KEEL_ACT_RELAUNCH || a.kind == KEEL_ACT_GIVE_UP)
+            record_failure(sv, &l, ckpt, a.kind == KEEL_ACT_RELAUNCH);
         if (a.kind != KEEL_ACT_RELAUNCH || !prepare_relaunch(sv, &l, &a, &next)) {
             if (a.event) keel_event(sv->run_dir, a.event, a.kind == KEEL_ACT_GIVE_UP ? l.done + 1 : l.done, "%s", a.reason);
             return a;
@@ -814,7 +836,7 @@ static keel_action supervise_loop(supervisor *sv, int64_t *steps) {
 }
 
 keel_status keel_supervise(const keel_config *cfg, const char *run_dir, int nproc, int *exit_code) {
-    supervisor sv = {.cfg = cfg, .run_dir = run_dir, .nproc = nproc, .first_resumed = -1};
+    supervisor sv = {.cfg = cfg, .run_dir = run_dir, .nproc = nproc, .first_resumed = -1, .lost_done = -1};
     keel_policy_history_init(&sv.history);
     keel_status st = keel_self_path(sv.self, sizeof sv.self);
     if (st == KEEL_OK) st = keel_run_state_read(run_dir, &sv.state);
@@ -842,8 +864,14 @@ keel_status keel_supervise(const keel_config *cfg, const char *run_dir, int npro
     keel_event(run_dir, "supervisor_start", -1, "%d rank(s)%s%s; max_restarts %d, hang timeout %s, health checks "
                "[%s]", nproc, sv.nodes ? " on Slurm nodes, spares " : "", sv.nodes ? (rc->spares ? "yes" : "none") : "",
                rc->max_restarts, hang, checks);
+    /* in-memory snapshots of runs whose directory is gone (or is another run now) */
+    int stale = keel_snap_remove_stale();
+    if (stale > 0) keel_log_info("removed %d stale in-memory snapshot segment(s) from /dev/shm", stale);
     int64_t steps = 0;
     keel_action a = supervise_loop(&sv, &steps);
+    record_lost(&sv, newest_checkpoint(run_dir), "the newest checkpoint");
+    /* the run is over (a later keel train resumes from its checkpoints): its snapshots go */
+    keel_snap_remove_run(run_dir);
     for (int i = 0; i < 3; i++) sigaction(sigs[i], &old[i], NULL);
     static const char *status[] = {"completed", "stopped", "failed", "failed"};
     write_summary(&sv, status[a.kind], a.reason, steps, keel_unix_s() - start);

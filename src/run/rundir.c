@@ -250,9 +250,25 @@ static keel_status create(const keel_config *cfg, const char *run_dir) {
     return st;
 }
 
+/* In-memory snapshots are worth having, not worth a run that no longer
+ * fits: when they are what would not fit here, they are turned off (the
+ * ranks read that from config.json) and failures resume from disk. */
+static void fit_snapshots(keel_config *cfg, int world_size, int ranks_here) {
+    keel_fsdp_memory m;
+    keel_fsdp_memory_plan(cfg, world_size, &m);
+    double need = (double)keel_fsdp_memory_total(&m) * ranks_here, snap = (double)m.snapshot * ranks_here,
+           avail = (double)keel_mem_available_bytes();
+    if (snap == 0 || avail <= 0 || need <= avail || need - snap > avail) return;
+    keel_log_warn("in-memory snapshots off: their %.1f GiB (%d rank(s) here) do not fit beside the run's %.1f GiB in "
+                  "the %.1f GiB available; a failure resumes from the last checkpoint (resilience."
+                  "snapshot_every_steps)", gib(snap), ranks_here, gib(need - snap), gib(avail));
+    cfg->resilience.snapshot_every_steps = 0;
+}
+
 keel_status keel_run_prepare(keel_config *cfg, const char *run_dir, int world_size) {
     bool resuming;
     keel_status st = check_dir(cfg, run_dir, world_size, &resuming);
+    if (st == KEEL_OK) fit_snapshots(cfg, world_size, planned_ranks_per_node(cfg, world_size));
     if (st == KEEL_OK) st = keel_run_check_memory(cfg, world_size, planned_ranks_per_node(cfg, world_size));
     if (st == KEEL_OK) st = keel_run_check_init_from(cfg);
     if (st == KEEL_OK) st = check_data(cfg);

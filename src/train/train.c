@@ -152,11 +152,11 @@ static double evaluate(trainer *t, uint64_t *tokens_out) {
 }
 
 /* What each rank holds, by category (summary.json "ranks"). */
-enum { MEM_PARAMS, MEM_GRADS, MEM_OPTIMIZER, MEM_COMPUTE, MEM_ACTIVATIONS, MEM_CKPT, MEM_PEAK_RSS,
+enum { MEM_PARAMS, MEM_GRADS, MEM_OPTIMIZER, MEM_COMPUTE, MEM_ACTIVATIONS, MEM_CKPT, MEM_SNAPSHOT, MEM_PEAK_RSS,
        MEM_FIELDS };
 static const char *MEM_NAMES[MEM_FIELDS] = {"params_bytes", "grads_bytes", "optimizer_bytes",
                                             "compute_copy_bytes", "activation_bytes",
-                                            "checkpoint_buffer_bytes", "peak_rss_bytes"};
+                                            "checkpoint_buffer_bytes", "snapshot_bytes", "peak_rss_bytes"};
 
 static void rank_memory(trainer *t, double out[MEM_FIELDS]) {
     const keel_model_layout *lay = keel_model_get_layout(t->model);
@@ -175,6 +175,7 @@ static void rank_memory(trainer *t, double out[MEM_FIELDS]) {
                                .bf16 = t->bf16};
     out[MEM_ACTIVATIONS] = (double)keel_model_activation_bytes(lay, t->cfg->train.micro_batch_size, &opts);
     out[MEM_CKPT] = (double)trainer_ckpt_buffer_bytes(t);
+    out[MEM_SNAPSHOT] = (double)trainer_ckpt_snapshot_bytes(t);
     out[MEM_PEAK_RSS] = (double)keel_peak_rss_bytes();
 }
 
@@ -292,11 +293,13 @@ static keel_status load_init_from(trainer *t, const keel_model_layout *lay) {
  * initialisation of which each rank computes only its shard. */
 static keel_status initial_params(trainer *t) {
     const keel_model_layout *lay = keel_model_get_layout(t->model);
-    if (t->cfg->init_from) return load_init_from(t, lay);
     init_fill x = {lay, t->cfg->train.seed};
-    if (t->fsdp) return keel_fsdp_fill(t->fsdp, fill_initial, &x);
-    keel_model_init_weights(t->model, t->cfg->train.seed);
-    return KEEL_OK;
+    keel_status st = KEEL_OK;
+    if (t->cfg->init_from) st = load_init_from(t, lay);
+    else if (t->fsdp) st = keel_fsdp_fill(t->fsdp, fill_initial, &x);
+    else keel_model_init_weights(t->model, t->cfg->train.seed);
+    if (!t->fsdp) keel_model_params_changed(t->model);
+    return st;
 }
 
 static keel_status open_inputs(trainer *t) {
@@ -464,19 +467,12 @@ static keel_status build_state(trainer *t) {
                                .bf16 = t->bf16,
                                .unit = cfg->fsdp.unit};
     keel_model_build_with(&cfg->model, B, &opts, &t->model);
-    /* A run directory with checkpoints resumes from one of them (or stops when
-     * none is usable): initializing the parameters first would be wasted time
-     * on every restart. */
-    int64_t *steps;
-    bool resuming = keel_ckpt_list(t->run_dir, &steps) > 0;
-    keel_free(steps);
     if (t->world) {
         st = keel_fsdp_build(t->model, t->world, cfg->fsdp.strategy, cfg->fsdp.shard_group_size, &t->fsdp);
         KEEL_CHECK(st == KEEL_OK, "fsdp setup failed after validation");
         keel_fsdp_set_prefetch(t->fsdp, cfg->fsdp.prefetch);
         keel_fsdp_set_reduce_bf16(t->fsdp, cfg->fsdp.reduce_dtype == KEEL_DTYPE_BF16);
         const keel_model_layout *lay = keel_model_get_layout(t->model);
-        if (!resuming) st = initial_params(t);
         const keel_fsdp_plan *plan = keel_fsdp_get_plan(t->fsdp);
         keel_param_range *ranges;
         int n = keel_fsdp_param_ranges(plan, keel_fsdp_shard_rank(t->fsdp), &ranges);
@@ -484,8 +480,6 @@ static keel_status build_state(trainer *t) {
         keel_free(ranges);
     } else {
         const keel_model_layout *lay = keel_model_get_layout(t->model);
-        if (!resuming) st = initial_params(t);
-        keel_model_params_changed(t->model);
         keel_optim_build(&cfg->train, lay, 0, lay->n_params, &t->opt);
     }
     return st;
@@ -535,7 +529,9 @@ static keel_status run(trainer *t) {
     trainer_ckpt_init(t);
     double restore0 = keel_now_s();
     if ((st = trainer_ckpt_resume(t)) != KEEL_OK) return st;
-    keel_heartbeat_restored(t->heartbeat, keel_now_s() - restore0, t->start_step > 0 ? "disk" : "none");
+    /* parameters are initialized only when nothing was resumed: wasted time on every restart otherwise */
+    if (t->start_step == 0 && (st = initial_params(t)) != KEEL_OK) return st;
+    keel_heartbeat_restored(t->heartbeat, keel_now_s() - restore0, t->restored_from);
     if (t->start_step >= cfg->train.steps) {
         if (t->leader)
             keel_log_info("%s is already trained to step %d (train.steps %d): nothing to do; raise "
@@ -564,11 +560,11 @@ static keel_status run(trainer *t) {
     return train_loop(t);
 }
 
-static void free_trainer(trainer *t) {
+static void free_trainer(trainer *t, keel_status st) {
     keel_jsonl_close(t->metrics);
     keel_data_close(t->train);
     keel_data_close(t->val);
-    trainer_ckpt_free(t);
+    trainer_ckpt_free(t, st == KEEL_OK);
     keel_optim_free(t->opt);
     keel_fsdp_free(t->fsdp);
     keel_model_free(t->model);
@@ -594,7 +590,7 @@ keel_status keel_train_run(keel_config *cfg, const char *run_dir) {
     }
     keel_heartbeat_beat(t.heartbeat, "exit", -1, keel_status_exit_code(st));
     keel_heartbeat_close(t.heartbeat);
-    free_trainer(&t);
+    free_trainer(&t, st);
     restore_stop_signals(old);
     return st;
 }
@@ -635,7 +631,7 @@ keel_status keel_train_worker(const char *run_dir) {
         st = run(&t);
         keel_kernels_shutdown();
     }
-    free_trainer(&t);
+    free_trainer(&t, st);
     keel_config_free(&cfg);
     keel_log_set_file(NULL);
     if (log) fclose(log);

@@ -32,7 +32,8 @@ typedef struct {
     double flops_per_token, peak_flops;
     double *step_tps;       /* (steps) tokens/s of each step, for the median */
     double sync_s;          /* the last step's final reductions (gradients, norm, loss): waits on peers */
-    int start_step;         /* 0, or the step of the checkpoint this run resumed from */
+    int start_step;         /* 0, or the step of the checkpoint or snapshot this run resumed from */
+    const char *restored_from; /* where the state came from: "disk", "memory" or "none" */
     trainer_ckpt *ckpt;     /* checkpoint saving (checkpointing.c) */
     keel_heartbeat *heartbeat; /* RUN/heartbeats/rank-R for the supervisor (workers only) */
     keel_run_state state;   /* RUN/supervisor.json: the data windows to skip */
@@ -47,10 +48,13 @@ int64_t trainer_global_batch(const trainer *t);
 /* ---- checkpointing.c ---------------------------------------------------------
  * Every function here is collective: all ranks call it at the same point. */
 void trainer_ckpt_init(trainer *t);
-void trainer_ckpt_free(trainer *t);
-/* Load the newest committed checkpoint that verifies (resharding as needed)
- * into the optimizer state; t->start_step becomes its step (0 if none). A
- * damaged one is reported (log line + event) and the previous one is tried. */
+/* completed: the run is over, its in-memory snapshot goes too. Not collective. */
+void trainer_ckpt_free(trainer *t, bool completed);
+/* Load the newest in-memory snapshot every rank holds, when it is at least as
+ * new as the newest checkpoint, else the newest committed checkpoint that
+ * verifies (resharding as needed), into the optimizer state; t->start_step
+ * becomes its step (0 if none) and t->restored_from says which. A damaged one
+ * is reported (log line + event) and the next is tried. */
 keel_status trainer_ckpt_resume(trainer *t);
 /* The step boundary after steps_done steps: agree on a stop signal, save if
  * due (or when `last` — the end of training or a stop — and checkpointing is
@@ -63,6 +67,8 @@ void trainer_ckpt_before_update(trainer *t);
 int trainer_ckpt_saved_step(const trainer *t);
 /* Bytes of the host buffer async saves copy into (0 without one). */
 int64_t trainer_ckpt_buffer_bytes(const trainer *t);
+/* Bytes of this rank's in-memory snapshot segment (0 without one). */
+int64_t trainer_ckpt_snapshot_bytes(const trainer *t);
 /* Seconds the loop was held up by checkpointing since the last call. */
 double trainer_ckpt_take_stall(trainer *t);
 

@@ -27,7 +27,7 @@ int main(void) {
     char dir[256];
     if (!temp_dir_create(dir, sizeof dir, "snapshot")) return 1;
     keel_snap *s;
-    EXPECT(keel_snap_open(dir, 1, 2, FLOATS, &s) == KEEL_OK, "segment created");
+    EXPECT(keel_snap_open(dir, 1, 2, FLOATS, 42, &s) == KEEL_OK, "segment created");
     int64_t steps[2];
     EXPECT(keel_snap_steps(s, steps) == 0, "a new segment has no snapshot");
     snapshot(s, 5);
@@ -46,8 +46,8 @@ int main(void) {
     int slot;
     float *dst = keel_snap_begin(s, &slot);
     dst[3] = -1;
-    keel_snap_close(s);
-    EXPECT(keel_snap_open(dir, 1, 2, FLOATS, &s) == KEEL_OK, "reopened");
+    keel_snap_close(s, false);
+    EXPECT(keel_snap_open(dir, 1, 2, FLOATS, 42, &s) == KEEL_OK, "reopened");
     n = keel_snap_steps(s, steps);
     EXPECT(n == 1 && steps[0] == 7, "after a torn write only step 7 is offered (%d)", n);
     fill(want, 7);
@@ -75,20 +75,30 @@ int main(void) {
     st = keel_snap_get(s, 7, &got);
     err = capture_end();
     EXPECT(at > 0 && st == KEEL_ERR_INPUT && strstr(err, "fails its checksum"), "a flipped value is caught: %s", err);
-    keel_snap_close(s);
+    keel_snap_close(s, false);
 
-    /* another world size: the segment starts over */
-    EXPECT(keel_snap_open(dir, 1, 4, FLOATS, &s) == KEEL_OK && keel_snap_steps(s, steps) == 0,
+    /* another key (configuration) or world size: the segment starts over */
+    EXPECT(keel_snap_open(dir, 1, 2, FLOATS, 43, &s) == KEEL_OK && keel_snap_steps(s, steps) == 0,
+           "a segment of another key is emptied");
+    snapshot(s, 8);
+    keel_snap_close(s, false);
+    EXPECT(keel_snap_open(dir, 1, 4, FLOATS, 43, &s) == KEEL_OK && keel_snap_steps(s, steps) == 0,
            "a segment of another shape is emptied");
     snapshot(s, 9);
-    keel_snap_close(s);
+    keel_snap_close(s, false);
     EXPECT(access(path, F_OK) == 0, "closing keeps the segment");
     EXPECT(keel_snap_remove_run(dir) == 1 && access(path, F_OK) != 0, "removed with its run");
 
-    /* stale: the run directory is gone */
-    EXPECT(keel_snap_open(dir, 0, 1, FLOATS, &s) == KEEL_OK, "a segment of a run about to be deleted");
+    /* a rank whose run is over removes its own */
+    EXPECT(keel_snap_open(dir, 1, 2, FLOATS, 42, &s) == KEEL_OK, "reopened");
     snprintf(path, sizeof path, "%s", keel_snap_path(s));
-    keel_snap_close(s);
+    keel_snap_close(s, true);
+    EXPECT(access(path, F_OK) != 0, "closed with remove: gone");
+
+    /* stale: the run directory is gone */
+    EXPECT(keel_snap_open(dir, 0, 1, FLOATS, 42, &s) == KEEL_OK, "a segment of a run about to be deleted");
+    snprintf(path, sizeof path, "%s", keel_snap_path(s));
+    keel_snap_close(s, false);
     remove_tree(dir);
     EXPECT(keel_snap_remove_stale() >= 1 && access(path, F_OK) != 0, "a run directory gone: its segment is stale");
     return test_summary("test_snapshot");

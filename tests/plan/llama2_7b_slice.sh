@@ -5,19 +5,40 @@
 # machine: ~9 GiB per rank. Checked: the run finishes, its loss is the
 # untrained model's (ln 32000 + dim x 0.02^2 / 2), every rank's real peak RSS
 # (summary.json, VmHWM at exit) is within 10% of `keel plan`'s peak_bytes,
-# and the final weights hold every parameter. One step is ~1.8e13 FLOPs:
+# and the final weights hold every parameter. In-memory snapshots (5.2 GiB a
+# rank more) do not fit beside it here: the run turns them off with a
+# warning when, by keel plan, they are what would not fit in the memory
+# available (and keeps them where they fit). One step is ~1.8e13 FLOPs:
 # minutes on 2 cores (label heavy; run alone: it needs most of the memory).
 source "$KEEL_SRC/tests/lib.sh"
 mpi_env
 # ASan's quarantine would keep freed buffers resident: the test measures what keel holds
 [ -z "${ASAN_OPTIONS:-}" ] || export ASAN_OPTIONS="$ASAN_OPTIONS:quarantine_size_mb=0"
 CFG=$KEEL_SRC/configs/llama2-7b-slice.json
-sets=(--set train.steps=1 --set fsdp.strategy=full_shard --set fsdp.activation_checkpointing=true)
+sets=(--set train.steps=1 --set fsdp.strategy=full_shard --set fsdp.activation_checkpointing=true
+      --set resilience.snapshot_every_steps=0)
 
 "$KEEL_BIN" plan "$CFG" "${sets[@]}" --per-node 2 --mfu 0.5 --intra 10 --json >"$TMP/plan.json" ||
   fail "keel plan says the slice does not fit 2 ranks here"
-"$KEEL_BIN" train "$CFG" "${sets[@]}" --nproc 2 --run-dir "$TMP/run" >"$TMP/log" 2>&1 ||
-  { tail -5 "$TMP/log"; fail "the 7B-width slice did not train a step on 2 ranks"; }
+"$KEEL_BIN" plan "$CFG" "${sets[@]}" --set resilience.snapshot_every_steps=1 --per-node 2 --mfu 0.5 --intra 10 \
+  --json >"$TMP/plan-snap.json" || true
+"$KEEL_BIN" train "$CFG" "${sets[@]}" --set resilience.snapshot_every_steps=1 --nproc 2 --run-dir "$TMP/run" \
+  >"$TMP/log" 2>&1 || { tail -5 "$TMP/log"; fail "the 7B-width slice did not train a step on 2 ranks"; }
+python3 - "$TMP/plan.json" "$TMP/plan-snap.json" "$TMP/run/config.json" "$TMP/log" <<'PY' || fail "snapshots and memory"
+import json, sys
+e = lambda f: next(s for s in json.load(open(f))["strategies"] if s["strategy"] == "full_shard")
+without, with_ = e(sys.argv[1]), e(sys.argv[2])
+avail = int(next(l for l in open("/proc/meminfo") if l.startswith("MemAvailable")).split()[1]) * 1024
+on = json.load(open(sys.argv[3]))["resilience"]["snapshot_every_steps"]
+warned = "in-memory snapshots off" in open(sys.argv[4]).read()
+assert with_["memory"]["snapshot"] > 0 and without["memory"]["snapshot"] == 0, (with_["memory"], without["memory"])
+# 2 ranks here: off (with a warning) exactly when only the snapshots do not fit (5% slack: memory moves)
+need, need_off = 2 * with_["peak_bytes"], 2 * without["peak_bytes"]
+if need > 1.05 * avail and need_off < 0.95 * avail: assert on == 0 and warned, (on, warned, need, avail)
+elif need < 0.95 * avail: assert on == 1 and not warned, (on, warned, need, avail)
+print(f"ok   snapshots {'off' if on == 0 else 'on'}: the run needs {need / 2**30:.1f} GiB with them, "
+      f"{need_off / 2**30:.1f} without, {avail / 2**30:.1f} available")
+PY
 python3 - "$TMP/plan.json" "$TMP/run" <<'PY' || fail "the 7B-width slice's run"
 import json, math, os, sys
 plan, run = json.load(open(sys.argv[1])), sys.argv[2]

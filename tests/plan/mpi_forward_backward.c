@@ -94,7 +94,8 @@ int main(int argc, char **argv) {
     keel_fsdp_memory plan_mem;
     keel_fsdp_memory_plan(&cfg, W, &plan_mem);
     /* what this program holds: the plan's rank without AdamW and a checkpoint buffer */
-    int64_t planned = keel_fsdp_memory_total(&plan_mem) - plan_mem.optimizer - plan_mem.checkpoint_buffer;
+    int64_t planned = keel_fsdp_memory_total(&plan_mem) - plan_mem.optimizer - plan_mem.checkpoint_buffer -
+                      plan_mem.snapshot;
     double peak = (double)keel_peak_rss_bytes(), peak_max = peak;
     keel_comm_allreduce_scalar(world, &peak_max, KEEL_COMM_MAX);
     if (rank == 0)

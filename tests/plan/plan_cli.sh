@@ -34,8 +34,8 @@ plan "$KEEL_SRC/configs/llama2-7b.json" --device h100 --nodes 2 --set fsdp.mixed
 python3 - "$TMP/7b.json" <<'PY' || fail "schema"
 import json, sys
 p = json.load(open(sys.argv[1]))
-cats = ["params", "grads", "optimizer", "gathered", "activations", "checkpoint_buffer", "accumulation",
-        "workspaces", "runtime"]
+cats = ["params", "grads", "optimizer", "gathered", "activations", "checkpoint_buffer", "snapshot",
+        "accumulation", "workspaces", "runtime"]
 assert p["cluster"]["ranks"] == 16 and p["cluster"]["device"] == "h100", p["cluster"]
 assert [e["strategy"] for e in p["strategies"]] == ["full_shard", "shard_grad_op", "no_shard", "hybrid_shard"]
 for e in p["strategies"] + [p["recommendation"]]:

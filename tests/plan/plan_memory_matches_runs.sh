@@ -3,7 +3,7 @@
 # machine: within 10% of summary.json's peak_rss_bytes (each rank's real
 # peak at exit, VmHWM) for one process, FSDP on 1, 2 and 4 ranks, every
 # strategy, fp32 and bf16, with and without activation checkpointing and an
-# async checkpoint buffer. Memory is deterministic, so the bound holds on a
+# async checkpoint buffer, with the in-memory snapshot's two slots. Memory is deterministic, so the bound holds on a
 # busy machine. Under AddressSanitizer the processes carry ASan's runtime
 # and allocator (~30-45 MiB more per process here, measured: its shadow of
 # large clean allocations stays untouched); the models are large enough
@@ -40,10 +40,11 @@ plan_peak() {
     python3 -c "import json,sys; print(next(e for e in json.load(sys.stdin)['strategies'] if e['strategy'] == '$s')['peak_bytes'])"
 }
 
-# run NAME NPROC STRATEGY CONFIG [--set ...]: train 2 steps, compare with the plan
+# run NAME NPROC STRATEGY CONFIG [--set ...]: train 3 steps (the in-memory
+# snapshots of steps 1 and 2 fill both of its slots), compare with the plan
 run() {
   local name=$1 nproc=$2 strategy=$3 config=$4; shift 4
-  local sets=(--set train.steps=2 --set fsdp.strategy="$strategy" "$@")
+  local sets=(--set train.steps=3 --set fsdp.strategy="$strategy" "$@")
   local nodes=1 per_node=$nproc
   if [ "$strategy" = hybrid_shard ]; then nodes=2 per_node=$((nproc / 2)); sets+=(--set fsdp.shard_group_size=$per_node); fi
   "$K" train "$config" "${sets[@]}" --nproc "$nproc" --run-dir "$TMP/$name" >"$TMP/$name.log" 2>&1 ||

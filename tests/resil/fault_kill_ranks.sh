@@ -3,10 +3,13 @@
 # supervisor relaunches from the last checkpoint each time and the run ends
 # with the uninterrupted run's params_xxh3; summary.json and events.jsonl
 # account for every failure (restarts, lost steps, recovery time, goodput).
+# In-memory snapshots are off: this is the disk path (fault_snapshot.sh
+# covers memory).
 source "$KEEL_SRC/tests/lib.sh"
 mpi_env
 CFG=$KEEL_SRC/tests/train/micro.json
-args=(--set train.steps=300 --set checkpoint.every_steps=10 --set resilience.backoff_s=0.1 --nproc 2)
+args=(--set train.steps=300 --set checkpoint.every_steps=10 --set resilience.backoff_s=0.1
+      --set resilience.snapshot_every_steps=0 --nproc 2)
 "$KEEL_BIN" train "$CFG" "${args[@]}" --run-dir "$TMP/ref" >"$TMP/ref.out" 2>&1 || { cat "$TMP/ref.out"; fail "reference run"; }
 want=$(json "$TMP/ref/summary.json" "j['params_xxh3']")
 

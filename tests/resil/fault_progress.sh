@@ -2,13 +2,14 @@
 # Attempts that fail further on each time are progress, not a crash loop:
 # disk checkpoints every 50 steps, a rank killed (kill -9) at steps 12, 27 and
 # 41 — three failures in a row with no new checkpoint between them — and the
-# run completes with resilience.crash_loop 3.
+# run completes with resilience.crash_loop 3. In-memory snapshots are off
+# here: every relaunch starts over (fault_snapshot.sh has them on).
 source "$KEEL_SRC/tests/lib.sh"
 mpi_env
 trap 'kill_leftovers; rm -rf "$TMP"' EXIT
 CFG=$KEEL_SRC/tests/train/micro.json
 "$KEEL_BIN" train "$CFG" --set train.steps=60 --set checkpoint.every_steps=50 --set resilience.crash_loop=3 \
-  --set resilience.backoff_s=0.1 --nproc 2 --run-dir "$TMP/run" >"$TMP/out" 2>"$TMP/err" &
+  --set resilience.snapshot_every_steps=0 --set resilience.backoff_s=0.1 --nproc 2 --run-dir "$TMP/run" >"$TMP/out" 2>"$TMP/err" &
 sup=$!
 last=x
 for at in 12 27 41; do
