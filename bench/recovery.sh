@@ -96,7 +96,7 @@ echo
 echo "| model | snapshot every | median step s (per round) | median | vs off | snapshot bytes per rank |"
 echo "|---|---|---|---|---|---|"
 for model in tiny small; do
-    n=60; [ "$model" = small ] && n=12
+    n=30; [ "$model" = small ] && n=8
     for r in $(seq 1 "$rounds"); do
         for k in 0 1 2 5; do
             "$KEEL_BIN" train "$root/configs/$model.json" --nproc 2 --set train.steps=$n \

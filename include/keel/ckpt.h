@@ -171,14 +171,14 @@ keel_status keel_ckpt_write_model(const char *out, const keel_config *cfg, keel_
 int64_t keel_ckpt_bytes(const keel_model_config *model, int world_size);
 
 /* ---- in-memory snapshots (snapshot.c) ---------------------------------------
- * One shared-memory segment per rank, /dev/shm/keel-snap-<run id>-r<rank>,
- * outliving the process: two slots of `floats` floats (the rank's packed
+ * One shared-memory segment per rank, /dev/shm/keel-snap-<run id>-r<rank>
+ * (a replica of rank R's that a buddy keeps: -b<R>), outliving the process: two slots of `floats` floats (the rank's packed
  * shard), each committed with its step and XXH3 after its bytes are written,
  * so a process killed mid-copy leaves the other slot good. The run id is the
  * XXH3 of the run directory's real path, device and inode.
  *
  *     keel_snap *s;
- *     keel_snap_open("runs/x", rank, world, floats, key, &s); // attach, or create empty
+ *     keel_snap_open("runs/x", rank, world, floats, key, false, &s); // attach, or create empty
  *     int slot;
  *     float *dst = keel_snap_begin(s, &slot);               // the older slot, now "writing"
  *     ...copy the shard into dst...
@@ -196,7 +196,7 @@ int64_t keel_ckpt_bytes(const keel_model_config *model, int world_size);
 typedef struct keel_snap keel_snap;
 keel_status keel_snap_run_id(const char *run_dir, uint64_t *id, char *real, size_t real_n);
 keel_status keel_snap_open(const char *run_dir, int rank, int world_size, int64_t floats, uint64_t key,
-                           keel_snap **out);
+                           bool replica, keel_snap **out);
 int keel_snap_steps(const keel_snap *s, int64_t steps[2]);
 float *keel_snap_begin(keel_snap *s, int *slot);
 void keel_snap_commit(keel_snap *s, int slot, int64_t step);

@@ -148,6 +148,16 @@ keel_status keel_comm_ibroadcast(keel_comm *c, void *buf, size_t count, keel_com
                                  int root, keel_comm_req **req);
 
 /* Returns (or completes) once every rank of c has reached it. */
+/* Point to point, issued like a collective: every rank of the group calls it
+ * at the same place in its sequence (it waits for all of them); this rank
+ * sends `count` elements to group rank `dest` while `count` arrive from
+ * `source` into recv. -1 for dest or source: nothing goes or comes that way
+ * (its buffer may be NULL). The pairs must match: rank r sends to d exactly
+ * when d receives from r. */
+keel_status keel_comm_sendrecv(keel_comm *c, const void *send, int dest, void *recv, int source, size_t count,
+                               keel_comm_dtype dtype);
+keel_status keel_comm_isendrecv(keel_comm *c, const void *send, int dest, void *recv, int source, size_t count,
+                                keel_comm_dtype dtype, keel_comm_req **req);
 keel_status keel_comm_barrier(keel_comm *c);
 keel_status keel_comm_ibarrier(keel_comm *c, keel_comm_req **req);
 

@@ -68,7 +68,8 @@ typedef struct {
     int64_t gathered;                 /* compute copies: gathered units, unit gradients, bf16 copies */
     int64_t activations;              /* one micro-batch's, as the model keeps them */
     int64_t checkpoint_buffer;        /* the async save's host buffer (on a rank that writes a file) */
-    int64_t snapshot;                 /* the in-memory snapshot's two slots in /dev/shm (mapped: in RSS) */
+    int64_t snapshot;                 /* the in-memory snapshot's two slots in /dev/shm (mapped: in RSS),
+                                         and a buddy's replica's two on more than one node */
     int64_t accumulation;             /* gradient accumulation buffers (none: see memory.c) */
     int64_t workspaces;               /* token batch, NO_SHARD/HYBRID's bf16 all-reduce copy */
     int64_t runtime;                  /* fixed cost of a process: libraries, OpenMPI, kernel scratch, data */
@@ -76,9 +77,10 @@ typedef struct {
 void keel_fsdp_memory_plan(const keel_config *cfg, int world_size, keel_fsdp_memory *out);
 /* The same, saying how the model runs: distributed (a rank of `keel train
  * --nproc N`, FSDP even when N is 1) or not (one process, `keel train`
- * without --nproc; world_size 1). keel_fsdp_memory_plan is this with
- * distributed = world_size > 1. */
-void keel_fsdp_memory_plan_run(const keel_config *cfg, int world_size, bool distributed,
+ * without --nproc; world_size 1), on how many nodes (over more than one, each
+ * rank also keeps a buddy's snapshot). keel_fsdp_memory_plan is this with
+ * distributed = world_size > 1 on one node. */
+void keel_fsdp_memory_plan_run(const keel_config *cfg, int world_size, bool distributed, int nodes,
                                keel_fsdp_memory *out);
 int64_t keel_fsdp_memory_total(const keel_fsdp_memory *m);
 /* The categories in one fixed order, for everything that prints them:

@@ -76,21 +76,21 @@ keel_status keel_snap_run_id(const char *run_dir, uint64_t *id, char *real, size
     return KEEL_OK;
 }
 
-static void segment_path(char *out, size_t n, uint64_t run_id, int rank) {
-    snprintf(out, n, SHM_DIR "/keel-snap-%016llx-r%d", (unsigned long long)run_id, rank);
+static void segment_path(char *out, size_t n, uint64_t run_id, int rank, bool replica) {
+    snprintf(out, n, SHM_DIR "/keel-snap-%016llx-%c%d", (unsigned long long)run_id, replica ? 'b' : 'r', rank);
 }
 
 static size_t segment_bytes(int64_t floats) { return HEADER_BYTES + 2 * sizeof(float) * (size_t)floats; }
 
 keel_status keel_snap_open(const char *run_dir, int rank, int world_size, int64_t floats, uint64_t key,
-                           keel_snap **out) {
+                           bool replica, keel_snap **out) {
     *out = NULL;
     uint64_t id;
     char real[2048];
     keel_status st = keel_snap_run_id(run_dir, &id, real, sizeof real);
     if (st != KEEL_OK) return st;
     keel_snap *s = keel_xcalloc(sizeof *s, "snapshot");
-    segment_path(s->path, sizeof s->path, id, rank);
+    segment_path(s->path, sizeof s->path, id, rank, replica);
     s->bytes = segment_bytes(floats);
     s->fd = open(s->path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (s->fd < 0) {

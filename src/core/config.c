@@ -140,8 +140,9 @@ static const key_spec KEYS[] = {
     {"resilience.snapshot_every_steps", K_INT, OFF(resilience.snapshot_every_steps), 0, 1 << 30,
      "under the supervisor (keel train --nproc N), every rank copies its shard (parameters, AdamW "
      "moments) into node-local shared memory (/dev/shm) after every N optimizer steps, alongside the "
-     "next step; a relaunch resumes from the newest snapshot every rank holds when it is newer than "
-     "the newest checkpoint (0 = off)", NULL},
+     "next step, and over several nodes also to a buddy rank on another node; a relaunch resumes from "
+     "the newest snapshot every rank can get when it is at least as new as the newest checkpoint "
+     "(0 = off)", NULL},
     {"resilience.backoff_s", K_DOUBLE, OFF(resilience.backoff_s), 0, 3600,
      "least time from a failure to the relaunch when the failure made no progress (the same step "
      "failing again; the health checks run inside it), doubling with each more (at most 300 s); the "

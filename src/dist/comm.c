@@ -324,6 +324,31 @@ keel_status keel_comm_ibroadcast(keel_comm *c, void *buf, size_t count, keel_com
     return run_async(broadcast_req(c, buf, count, dtype, root), req);
 }
 
+static keel_comm_req sendrecv_req(keel_comm *c, const void *send, int dest, void *recv, int source,
+                                  size_t count, keel_comm_dtype dtype) {
+    KEEL_CHECK(c, "NULL group");
+    check_dtype_op(dtype, KEEL_COMM_SUM);
+    check_count(count);
+    KEEL_CHECK(dest >= -1 && dest < c->size && source >= -1 && source < c->size,
+               "sendrecv to %d from %d in a group of %d", dest, source, c->size);
+    KEEL_CHECK((dest < 0 || send) && (source < 0 || recv), "NULL buffer");
+    size_t bytes = count * keel_comm_dtype_size(dtype);
+    KEEL_CHECK(dest < 0 || source < 0 || !overlap(send, bytes, recv, bytes), "sendrecv buffers overlap");
+    return (keel_comm_req){.kind = OP_SENDRECV, .comm = c, .send = send, .recv = recv, .count = count,
+                           .dtype = dtype, .dest = dest, .source = source};
+}
+
+keel_status keel_comm_sendrecv(keel_comm *c, const void *send, int dest, void *recv, int source, size_t count,
+                               keel_comm_dtype dtype) {
+    keel_comm_req req = sendrecv_req(c, send, dest, recv, source, count, dtype);
+    return run_blocking(&req);
+}
+
+keel_status keel_comm_isendrecv(keel_comm *c, const void *send, int dest, void *recv, int source, size_t count,
+                                keel_comm_dtype dtype, keel_comm_req **req) {
+    return run_async(sendrecv_req(c, send, dest, recv, source, count, dtype), req);
+}
+
 keel_status keel_comm_barrier(keel_comm *c) {
     KEEL_CHECK(c, "NULL group");
     keel_comm_req req = {.kind = OP_BARRIER, .comm = c};

@@ -14,6 +14,7 @@ typedef enum {
     OP_ALLREDUCE,
     OP_BROADCAST,
     OP_BARRIER,
+    OP_SENDRECV,
     OP_SPLIT,
     OP_FREE,
 } op_kind;
@@ -39,6 +40,7 @@ struct keel_comm_req {
     keel_comm_dtype dtype;
     keel_comm_op op;
     int root;
+    int dest, source;   /* OP_SENDRECV: group ranks, -1 for none */
     int color, key;     /* OP_SPLIT in */
     MPI_Comm child;     /* OP_SPLIT out */
     int child_rank, child_size;

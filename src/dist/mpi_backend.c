@@ -119,6 +119,19 @@ static void broadcast(const keel_comm_req *req, MPI_Datatype type) {
     }
 }
 
+/* send (count) to dest while recv (count) comes from source, in pieces; -1: that side is empty. */
+static void sendrecv(const keel_comm_req *req, MPI_Datatype type) {
+    size_t esize = keel_comm_dtype_size(req->dtype), piece_max = max_count();
+    int dest = req->dest >= 0 ? req->dest : MPI_PROC_NULL, source = req->source >= 0 ? req->source : MPI_PROC_NULL;
+    for (size_t lo = 0; lo < req->count; lo += piece_max) {
+        int n = (int)(req->count - lo < piece_max ? req->count - lo : piece_max);
+        /* an empty side sends or receives 0 elements: OpenMPI refuses a NULL buffer with a count */
+        MPI_Sendrecv(req->send ? (const char *)req->send + lo * esize : NULL, req->send ? n : 0, type, dest, 0,
+                     req->recv ? (char *)req->recv + lo * esize : NULL, req->recv ? n : 0, type, source, 0,
+                     req->comm->mpi, MPI_STATUS_IGNORE);
+    }
+}
+
 static void transfer(engine *eng, keel_comm_req *req) {
     keel_comm *c = req->comm;
     MPI_Datatype type = mpi_type(req->dtype);
@@ -133,6 +146,7 @@ static void transfer(engine *eng, keel_comm_req *req) {
                        req->count, req->dtype, req->op);
         break;
     case OP_BROADCAST: broadcast(req, type); break;
+    case OP_SENDRECV: sendrecv(req, type); break;
     case OP_BARRIER: break; /* await_peers was the barrier */
     case OP_SPLIT:
     case OP_FREE: KEEL_CHECK(false, "group operation %d reached transfer()", (int)req->kind);
@@ -144,6 +158,7 @@ static uint64_t payload_bytes(const keel_comm_req *req) {
     uint64_t bytes = (uint64_t)req->count * keel_comm_dtype_size(req->dtype);
     if (req->kind == OP_ALLGATHER || req->kind == OP_REDUCE_SCATTER)
         bytes *= (uint64_t)req->comm->size;
+    if (req->kind == OP_SENDRECV) bytes *= (uint64_t)(req->dest >= 0) + (req->source >= 0);
     return req->kind == OP_BARRIER ? 0 : bytes;
 }
 

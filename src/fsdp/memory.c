@@ -61,7 +61,7 @@ static int64_t one_rank(const keel_config *cfg, const keel_model_layout *lay, in
     return shard;
 }
 
-void keel_fsdp_memory_plan_run(const keel_config *cfg, int world_size, bool distributed,
+void keel_fsdp_memory_plan_run(const keel_config *cfg, int world_size, bool distributed, int nodes,
                                keel_fsdp_memory *out) {
     keel_model_layout lay;
     keel_model_layout_init_units(&lay, &cfg->model, cfg->fsdp.unit);
@@ -75,9 +75,10 @@ void keel_fsdp_memory_plan_run(const keel_config *cfg, int world_size, bool dist
     else one_process(&lay, bf16, &m);
     m.optimizer = 2 * m.params; /* AdamW m and v */
     m.checkpoint_buffer = checkpoint_buffer_bytes(cfg, distributed, shard);
-    /* a rank's in-memory snapshot (ckpt/snapshot.c): two slots of parameters,
-     * m and v in node shared memory, mapped and written by the rank */
-    if (distributed && cfg->resilience.snapshot_every_steps > 0) m.snapshot = 2 * 3 * 4 * shard;
+    /* a rank's in-memory snapshot (train/snapshots.c): two slots of
+     * parameters, m and v in node shared memory, mapped and written by the
+     * rank; over several nodes the two of the buddy's replica it keeps too */
+    if (distributed && cfg->resilience.snapshot_every_steps > 0) m.snapshot = (nodes > 1 ? 2 : 1) * 2 * 3 * 4 * shard;
     /* Accumulation needs no buffer of its own: under FSDP every micro-batch
      * reduce-scatters into the gradient shard (keel_fsdp_zero_grads), and one
      * process adds into its full gradient, which it holds anyway. */
@@ -87,7 +88,7 @@ void keel_fsdp_memory_plan_run(const keel_config *cfg, int world_size, bool dist
 }
 
 void keel_fsdp_memory_plan(const keel_config *cfg, int world_size, keel_fsdp_memory *out) {
-    keel_fsdp_memory_plan_run(cfg, world_size, world_size > 1, out);
+    keel_fsdp_memory_plan_run(cfg, world_size, world_size > 1, 1, out);
 }
 
 void keel_fsdp_memory_items(const keel_fsdp_memory *m,

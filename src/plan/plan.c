@@ -147,14 +147,14 @@ static int shard_ranks_of(const keel_config *cfg, int W) {
 
 static void memory(const keel_config *cfg, const keel_cluster *cl, keel_plan_entry *e) {
     int W = cl->nodes * cl->per_node;
-    keel_fsdp_memory_plan_run(cfg, W, true, &e->memory);
+    keel_fsdp_memory_plan_run(cfg, W, true, cl->nodes, &e->memory);
     if (cl->device.runtime_bytes >= 0) e->memory.runtime = (int64_t)cl->device.runtime_bytes;
     if (cl->device.kind != KEEL_DEVICE_CPU) e->memory.snapshot = 0; /* in the host's memory, not the GPU's */
     e->peak_bytes = keel_fsdp_memory_total(&e->memory);
     keel_config other = *cfg;
     other.fsdp.activation_checkpointing = !cfg->fsdp.activation_checkpointing;
     keel_fsdp_memory m;
-    keel_fsdp_memory_plan_run(&other, W, true, &m);
+    keel_fsdp_memory_plan_run(&other, W, true, cl->nodes, &m);
     e->activations_with = cfg->fsdp.activation_checkpointing ? e->memory.activations : m.activations;
     e->activations_without = cfg->fsdp.activation_checkpointing ? m.activations : e->memory.activations;
     const keel_device *d = &cl->device;

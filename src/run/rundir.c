@@ -187,7 +187,7 @@ keel_status keel_run_check_memory(const keel_config *cfg, int world_size, int ra
         return KEEL_ERR_INPUT;
     }
     keel_fsdp_memory m;
-    keel_fsdp_memory_plan(cfg, world_size, &m);
+    keel_fsdp_memory_plan_run(cfg, world_size, world_size > 1, (world_size + ranks_here - 1) / ranks_here, &m);
     double need = (double)keel_fsdp_memory_total(&m) * ranks_here, avail = (double)keel_mem_available_bytes();
     if (avail > 0 && need > avail) {
         keel_errorf("%s: this run needs %.1f GiB (%d rank(s) here) but %.1f GiB is available; lower "
@@ -255,7 +255,7 @@ static keel_status create(const keel_config *cfg, const char *run_dir) {
  * ranks read that from config.json) and failures resume from disk. */
 static void fit_snapshots(keel_config *cfg, int world_size, int ranks_here) {
     keel_fsdp_memory m;
-    keel_fsdp_memory_plan(cfg, world_size, &m);
+    keel_fsdp_memory_plan_run(cfg, world_size, world_size > 1, (world_size + ranks_here - 1) / ranks_here, &m);
     double need = (double)keel_fsdp_memory_total(&m) * ranks_here, snap = (double)m.snapshot * ranks_here,
            avail = (double)keel_mem_available_bytes();
     if (snap == 0 || avail <= 0 || need <= avail || need - snap > avail) return;

@@ -20,17 +20,7 @@
  * for it and commits it. A failed write (full disk, file-size limit) is an
  * error line and an event; the .tmp is removed and training goes on with the
  * older checkpoints intact.
- *
- * In-memory snapshots (resilience.snapshot_every_steps, ranks under the
- * supervisor): after every N steps each rank packs its arrays — all of them,
- * replicas too — into the older slot of its shared-memory segment
- * (ckpt/snapshot.c) on a thread of its own, in the layout of its checkpoint
- * file, and commits it with its step and checksum. The copy overlaps the next
- * forward and backward as a save's does; the update waits for it. A relaunch
- * takes the newest step committed on every rank if it is at least as new as
- * the newest checkpoint, falling back to the older common step and then to
- * the disk when a checksum fails anywhere. The step, the data position and
- * the learning rate all follow from the step number; no RNG state is kept. */
+ */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <pthread.h>
@@ -39,8 +29,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-#include <xxhash.h>
 
 #include "keel/ckpt.h"
 #include "keel/train.h"
@@ -70,37 +58,11 @@ struct trainer_ckpt {
     double write_s;                /* the thread's copy + write + fsync */
     char write_error[1024];
     keel_ckpt_file file;
-    /* in-memory snapshots */
-    keel_snap *snap;               /* this rank's segment (NULL: off) */
-    int snap_every;
-    int snap_step;                 /* the step the snapshot in flight holds */
-    pthread_t snap_thread;
-    bool snap_live;
-    atomic_bool snap_copied;
 };
 
 /* Where array a's floats for the file come from. */
 static const float *file_array(const trainer_ckpt *c, int a) {
     return c->host ? c->host + (int64_t)a * c->plan->shard_total : c->arrays[a];
-}
-
-/* This rank's segment, keyed by the run's configuration (a changed one
- * resumes from disk). Without one (a /dev/shm too small) training goes on
- * without snapshots. */
-static void open_snapshot(trainer *t) {
-    trainer_ckpt *c = t->ckpt;
-    char *config = keel_config_to_json(t->cfg);
-    uint64_t key = XXH3_64bits(config, strlen(config));
-    free(config);
-    keel_error_capture(true);
-    keel_status st = keel_snap_open(t->run_dir, t->rank, t->world_size, KEEL_CKPT_ARRAYS * c->plan->shard_total,
-                                    key, &c->snap);
-    keel_error_capture(false);
-    if (st != KEEL_OK) {
-        keel_log_warn("in-memory snapshots off: %s", keel_last_error());
-        keel_event(t->run_dir, "snapshot_failed", -1, "rank %d: %s", t->rank, keel_last_error());
-        c->snap_every = 0;
-    }
 }
 
 void trainer_ckpt_init(trainer *t) {
@@ -132,8 +94,6 @@ void trainer_ckpt_init(trainer *t) {
     c->last_save_s = keel_now_s();
     c->last_saved_step = -1;
     t->ckpt = c;
-    c->snap_every = t->world ? t->cfg->resilience.snapshot_every_steps : 0;
-    if (c->snap_every > 0) open_snapshot(t);
 }
 
 static void join(trainer_ckpt *c) {
@@ -141,17 +101,10 @@ static void join(trainer_ckpt *c) {
     c->thread_live = false;
 }
 
-static void join_snapshot(trainer_ckpt *c) {
-    if (c->snap_live) pthread_join(c->snap_thread, NULL);
-    c->snap_live = false;
-}
-
-void trainer_ckpt_free(trainer *t, bool completed) {
+void trainer_ckpt_free(trainer *t) {
     trainer_ckpt *c = t->ckpt;
     if (!c) return;
     join(c);
-    join_snapshot(c);
-    keel_snap_close(c->snap, completed); /* a run that completed has no use for it */
     if (c->plan == &c->own_plan) keel_fsdp_plan_free(&c->own_plan);
     keel_free(c->ranges);
     keel_free(c->host);
@@ -178,7 +131,7 @@ typedef struct {
 
 /* Copy the live arrays into `dst` in the file's layout (padding untouched),
  * or (unpack) back. */
-static void pack(trainer_ckpt *c, float *dst) {
+static void pack(const trainer_ckpt *c, float *dst) {
     for (int a = 0; a < KEEL_CKPT_ARRAYS; a++)
         for (int i = 0; i < c->n_ranges; i++) {
             const keel_param_range *r = &c->ranges[i];
@@ -187,13 +140,24 @@ static void pack(trainer_ckpt *c, float *dst) {
         }
 }
 
-static void unpack(trainer_ckpt *c, const float *src) {
+static void unpack(const trainer_ckpt *c, const float *src) {
     for (int a = 0; a < KEEL_CKPT_ARRAYS; a++)
         for (int i = 0; i < c->n_ranges; i++) {
             const keel_param_range *r = &c->ranges[i];
             memcpy(c->arrays[a] + r->buffer_offset, src + (int64_t)a * c->plan->shard_total + file_offset(c, r),
                    sizeof(float) * (size_t)r->len);
         }
+}
+
+int64_t trainer_ckpt_packed_floats(const trainer *t) { return KEEL_CKPT_ARRAYS * t->ckpt->plan->shard_total; }
+void trainer_ckpt_pack(const trainer *t, float *dst) { pack(t->ckpt, dst); }
+void trainer_ckpt_unpack(trainer *t, const float *src) { unpack(t->ckpt, src); }
+
+void trainer_ckpt_clear(trainer *t) {
+    const trainer_ckpt *c = t->ckpt;
+    for (int a = 0; a < KEEL_CKPT_ARRAYS; a++)
+        for (int i = 0; i < c->n_ranges; i++)
+            memset(c->arrays[a] + c->ranges[i].buffer_offset, 0, sizeof(float) * (size_t)c->ranges[i].len);
 }
 
 static void *write_thread(void *arg) {
@@ -243,38 +207,15 @@ static void start_save(trainer *t, int step) {
     c->thread_live = true;
 }
 
-static void wait_copied(trainer_ckpt *c, const atomic_bool *copied) {
-    if (atomic_load(copied)) return;
+void trainer_ckpt_before_update(trainer *t) {
+    trainer_ckpt *c = t->ckpt;
+    if (!c->pending || atomic_load(&c->copied)) return;
     double t0 = keel_now_s();
-    while (!atomic_load(copied)) {
+    while (!atomic_load(&c->copied)) {
         struct timespec ts = {0, 200000}; /* 0.2 ms */
         nanosleep(&ts, NULL);
     }
     c->stall_s += keel_now_s() - t0;
-}
-
-void trainer_ckpt_before_update(trainer *t) {
-    trainer_ckpt *c = t->ckpt;
-    if (c->pending) wait_copied(c, &c->copied);
-    if (c->snap_live) wait_copied(c, &c->snap_copied);
-}
-
-static void *snapshot_thread(void *arg) {
-    trainer_ckpt *c = arg;
-    int slot;
-    pack(c, keel_snap_begin(c->snap, &slot));
-    atomic_store(&c->snap_copied, true); /* the arrays may change; the checksum reads the copy */
-    keel_snap_commit(c->snap, slot, c->snap_step);
-    return NULL;
-}
-
-/* Snapshot the state after `step` steps into the older slot, alongside the next step. */
-static void start_snapshot(trainer_ckpt *c, int step) {
-    join_snapshot(c); /* the last one's checksum */
-    c->snap_step = step;
-    atomic_store(&c->snap_copied, false);
-    KEEL_CHECK(pthread_create(&c->snap_thread, NULL, snapshot_thread, c) == 0, "snapshot thread");
-    c->snap_live = true;
 }
 
 int trainer_ckpt_saved_step(const trainer *t) { return t->ckpt->last_committed_step; }
@@ -282,11 +223,6 @@ int trainer_ckpt_saved_step(const trainer *t) { return t->ckpt->last_committed_s
 int64_t trainer_ckpt_buffer_bytes(const trainer *t) {
     const trainer_ckpt *c = t->ckpt;
     return c->host ? (int64_t)sizeof(float) * KEEL_CKPT_ARRAYS * c->plan->shard_total : 0;
-}
-
-int64_t trainer_ckpt_snapshot_bytes(const trainer *t) {
-    const trainer_ckpt *c = t->ckpt;
-    return c->snap ? (int64_t)sizeof(float) * 2 * KEEL_CKPT_ARRAYS * c->plan->shard_total : 0;
 }
 
 double trainer_ckpt_take_stall(trainer *t) {
@@ -376,71 +312,6 @@ void trainer_ckpt_boundary(trainer *t, int steps_done, bool last, bool *stop) {
         if (!cc->async || last || *stop) finish_save(t);
     }
     if (flags[1] != 0 || c->pending) c->stall_s += keel_now_s() - t0;
-    if (c->snap_every > 0 && !last && !*stop && steps_done % c->snap_every == 0) {
-        double s0 = keel_now_s();
-        start_snapshot(c, steps_done);
-        c->stall_s += keel_now_s() - s0;
-    }
-}
-
-/* The newest snapshot step committed on every rank, at least `floor` and
- * older than `below` (0: none). Collective; every rank gets the same answer. */
-static int64_t common_snapshot(trainer *t, int64_t floor, int64_t below) {
-    trainer_ckpt *c = t->ckpt;
-    int64_t have[2] = {-1, -1};
-    keel_snap_steps(c->snap, have);
-    double mine[2] = {(double)have[0], (double)have[1]};
-    double *all = keel_xmalloc(sizeof(double) * 2 * (size_t)t->world_size, "snapshot steps");
-    keel_comm_allgather(t->world, mine, all, 2, KEEL_COMM_F64);
-    int64_t best = 0;
-    for (int i = 0; i < 2; i++) { /* rank 0's steps, as every rank sees them */
-        int64_t s = (int64_t)all[i];
-        bool everywhere = s >= floor && s > 0 && s < below && s > best;
-        for (int r = 1; r < t->world_size && everywhere; r++)
-            everywhere = (int64_t)all[2 * r] == s || (int64_t)all[2 * r + 1] == s;
-        if (everywhere) best = s;
-    }
-    keel_free(all);
-    return best;
-}
-
-/* Resume from the newest snapshot every rank holds that is at least as new
- * as the newest checkpoint (`disk`); a checksum that fails on any rank moves
- * every rank to the older common step, then to the disk. Collective. */
-static bool resume_from_memory(trainer *t, int64_t disk) {
-    trainer_ckpt *c = t->ckpt;
-    double t0 = keel_now_s();
-    bool unpacked = false;
-    for (int64_t step = common_snapshot(t, disk, INT64_MAX); step > 0; step = common_snapshot(t, disk, step)) {
-        const float *src;
-        keel_error_capture(true);
-        keel_status st = keel_snap_get(c->snap, step, &src);
-        keel_error_capture(false);
-        if (st == KEEL_OK) unpack(c, src), unpacked = true;
-        double bad = st != KEEL_OK;
-        keel_comm_allreduce_scalar(t->world, &bad, KEEL_COMM_MAX);
-        if (bad == 0) {
-            t->start_step = (int)step;
-            t->restored_from = "memory";
-            double s = keel_now_s() - t0;
-            if (t->leader) {
-                keel_log_info("resuming from the in-memory snapshot of step %lld, verified and loaded in %.2f s",
-                              (long long)step, s);
-                keel_event(t->run_dir, "resumed", step, "from memory (the snapshot of step %lld) on %d rank(s); "
-                           "load_s %.3f", (long long)step, t->world_size, s);
-            }
-            return true;
-        }
-        if (st != KEEL_OK) {
-            keel_log_warn("%s", keel_last_error());
-            keel_event(t->run_dir, "snapshot_damaged", step, "rank %d: %s", t->rank, keel_last_error());
-        }
-    }
-    /* a checkpoint overwrites every array; a fresh start only the parameters: AdamW's state starts at zero */
-    for (int a = 0; a < KEEL_CKPT_ARRAYS && unpacked; a++)
-        for (int i = 0; i < c->n_ranges; i++)
-            memset(c->arrays[a] + c->ranges[i].buffer_offset, 0, sizeof(float) * (size_t)c->ranges[i].len);
-    return false;
 }
 
 keel_status trainer_ckpt_resume(trainer *t) {
@@ -455,10 +326,7 @@ keel_status trainer_ckpt_resume(trainer *t) {
     keel_status result = KEEL_OK;
     double t0 = keel_now_s();
     int64_t disk = n > 0 ? steps[0] : 0;
-    /* every rank decides alike: a segment that failed to open on one rank means none for all */
-    double no_snap = c->snap == NULL;
-    if (t->world) keel_comm_allreduce_scalar(t->world, &no_snap, KEEL_COMM_MAX);
-    if (no_snap == 0 && resume_from_memory(t, disk)) n = 0;
+    if (trainer_snap_resume(t, disk)) n = 0; /* memory is as new or newer */
     for (int i = 0; i < n; i++) {
         char dir[4096];
         keel_ckpt_dir(dir, sizeof dir, t->run_dir, steps[i], false);

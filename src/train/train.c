@@ -119,6 +119,7 @@ static double train_step(trainer *t, int step, double *grad_norm_out) {
     double norm = sqrt(sumsq);
     *grad_norm_out = norm;
     trainer_ckpt_before_update(t); /* a save may still be copying the state */
+    trainer_snap_before_update(t); /* so may a snapshot */
     keel_heartbeat_progress(t->heartbeat, "optimizer");
     keel_optim_update(t->opt, params, grads, step, keel_lr_at(&cfg->train, step),
                       keel_clip_scale(norm, cfg->train.grad_clip));
@@ -175,7 +176,7 @@ static void rank_memory(trainer *t, double out[MEM_FIELDS]) {
                                .bf16 = t->bf16};
     out[MEM_ACTIVATIONS] = (double)keel_model_activation_bytes(lay, t->cfg->train.micro_batch_size, &opts);
     out[MEM_CKPT] = (double)trainer_ckpt_buffer_bytes(t);
-    out[MEM_SNAPSHOT] = (double)trainer_ckpt_snapshot_bytes(t);
+    out[MEM_SNAPSHOT] = (double)trainer_snap_bytes(t);
     out[MEM_PEAK_RSS] = (double)keel_peak_rss_bytes();
 }
 
@@ -228,7 +229,7 @@ static double comm_wait_s(const trainer *t) {
 }
 
 static void log_step(trainer *t, int step, double loss, double lr, double norm, double step_s,
-                     double exposed_comm_s, double ckpt_stall_s, double val_loss) {
+                     double exposed_comm_s, double ckpt_stall_s, double snapshot_stall_s, double val_loss) {
     const keel_model_layout *lay = keel_model_get_layout(t->model);
     double tokens = (double)trainer_global_batch(t) * lay->T;
     double tps = tokens / step_s;
@@ -245,6 +246,7 @@ static void log_step(trainer *t, int step, double loss, double lr, double norm, 
     cJSON_AddNumberToObject(o, "step_s", step_s);
     if (t->fsdp) cJSON_AddNumberToObject(o, "comm_wait_s", exposed_comm_s);
     if (ckpt_stall_s > 0) cJSON_AddNumberToObject(o, "ckpt_stall_s", ckpt_stall_s);
+    if (snapshot_stall_s > 0) cJSON_AddNumberToObject(o, "snapshot_stall_s", snapshot_stall_s);
     if (!isnan(val_loss)) cJSON_AddNumberToObject(o, "val_loss", val_loss);
     char *text = cJSON_PrintUnformatted(o);
     keel_jsonl_write(t->metrics, text);
@@ -425,13 +427,14 @@ static keel_status train_loop(trainer *t) {
         if (last) keel_heartbeat_beat(t->heartbeat, "finish", step + 1, 0);
         keel_heartbeat_progress(t->heartbeat, "checkpoint"); /* a save due here waits on disks, not peers */
         trainer_ckpt_boundary(t, step + 1, last, &stop);
+        trainer_snap_boundary(t, step + 1, last || stop);
         /* compute: the step less its waits on peers (FSDP collectives, the step's last reductions) */
         keel_heartbeat_step_done(t->heartbeat, step_s, fmax(0, step_s - step_wait_s - t->sync_s), t->threads);
         keel_heartbeat_beat(t->heartbeat, last || stop ? "finish" : "train", step + 1, 0);
-        double stall_s = trainer_ckpt_take_stall(t);
+        double stall_s = trainer_ckpt_take_stall(t), snap_stall_s = trainer_snap_take_stall(t);
         if (t->leader) {
             log_step(t, step, loss, keel_lr_at(&cfg->train, step), norm, step_s, step_wait_s, stall_s,
-                     val_loss);
+                     snap_stall_s, val_loss);
             double tps = (double)trainer_global_batch(t) * lay->T / step_s;
             keel_progress_step(&t->progress, step + 1, loss, tps,
                                tps * t->flops_per_token / t->peak_flops, keel_now_s() - start);
@@ -527,6 +530,7 @@ static keel_status run(trainer *t) {
     t->bf16 = bf16_usable(cfg);
     if ((st = build_state(t)) != KEEL_OK) return st;
     trainer_ckpt_init(t);
+    trainer_snap_init(t);
     double restore0 = keel_now_s();
     if ((st = trainer_ckpt_resume(t)) != KEEL_OK) return st;
     /* parameters are initialized only when nothing was resumed: wasted time on every restart otherwise */
@@ -564,7 +568,8 @@ static void free_trainer(trainer *t, keel_status st) {
     keel_jsonl_close(t->metrics);
     keel_data_close(t->train);
     keel_data_close(t->val);
-    trainer_ckpt_free(t, st == KEEL_OK);
+    trainer_snap_free(t, st == KEEL_OK);
+    trainer_ckpt_free(t);
     keel_optim_free(t->opt);
     keel_fsdp_free(t->fsdp);
     keel_model_free(t->model);

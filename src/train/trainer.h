@@ -13,6 +13,7 @@
 #include "keel/run.h"
 
 typedef struct trainer_ckpt trainer_ckpt;
+typedef struct trainer_snap trainer_snap;
 
 typedef struct {
     const keel_config *cfg;
@@ -35,6 +36,7 @@ typedef struct {
     int start_step;         /* 0, or the step of the checkpoint or snapshot this run resumed from */
     const char *restored_from; /* where the state came from: "disk", "memory" or "none" */
     trainer_ckpt *ckpt;     /* checkpoint saving (checkpointing.c) */
+    trainer_snap *snap;     /* in-memory snapshots (snapshots.c) */
     keel_heartbeat *heartbeat; /* RUN/heartbeats/rank-R for the supervisor (workers only) */
     keel_run_state state;   /* RUN/supervisor.json: the data windows to skip */
     struct {                /* $KEEL_FAULT: a fault injected on purpose (chaos tests) */
@@ -48,8 +50,7 @@ int64_t trainer_global_batch(const trainer *t);
 /* ---- checkpointing.c ---------------------------------------------------------
  * Every function here is collective: all ranks call it at the same point. */
 void trainer_ckpt_init(trainer *t);
-/* completed: the run is over, its in-memory snapshot goes too. Not collective. */
-void trainer_ckpt_free(trainer *t, bool completed);
+void trainer_ckpt_free(trainer *t);
 /* Load the newest in-memory snapshot every rank holds, when it is at least as
  * new as the newest checkpoint, else the newest committed checkpoint that
  * verifies (resharding as needed), into the optimizer state; t->start_step
@@ -67,9 +68,34 @@ void trainer_ckpt_before_update(trainer *t);
 int trainer_ckpt_saved_step(const trainer *t);
 /* Bytes of the host buffer async saves copy into (0 without one). */
 int64_t trainer_ckpt_buffer_bytes(const trainer *t);
-/* Bytes of this rank's in-memory snapshot segment (0 without one). */
-int64_t trainer_ckpt_snapshot_bytes(const trainer *t);
+/* The state in the layout of this rank's checkpoint file (parameters, m, v
+ * of its shard, padding included): its floats, a copy into dst, a copy back,
+ * and every array zeroed. Not collective. */
+int64_t trainer_ckpt_packed_floats(const trainer *t);
+void trainer_ckpt_pack(const trainer *t, float *dst);
+void trainer_ckpt_unpack(trainer *t, const float *src);
+void trainer_ckpt_clear(trainer *t);
 /* Seconds the loop was held up by checkpointing since the last call. */
 double trainer_ckpt_take_stall(trainer *t);
+
+/* ---- snapshots.c: in-memory snapshots -----------------------------------------
+ * Collective like the above, except free. Off (every call a no-op) outside
+ * the supervisor or with resilience.snapshot_every_steps 0. */
+void trainer_snap_init(trainer *t);
+/* completed: the run is over, its segments go too. Not collective. */
+void trainer_snap_free(trainer *t, bool completed);
+/* Load the newest snapshot every rank can get (its own, or its buddy's
+ * replica) that is at least as new as the newest checkpoint `disk`; true
+ * when loaded (t->start_step, t->restored_from set). */
+bool trainer_snap_resume(trainer *t, int64_t disk);
+/* Before the update: wait for the snapshot's copy, send it to the buddy. */
+void trainer_snap_before_update(trainer *t);
+/* The step boundary after steps_done steps (after trainer_ckpt_boundary):
+ * commit the buddy's replica, snapshot if due (never at the last step or a stop). */
+void trainer_snap_boundary(trainer *t, int steps_done, bool last_or_stop);
+/* Bytes of this rank's segments: its own and the replica it keeps. */
+int64_t trainer_snap_bytes(const trainer *t);
+/* Seconds the loop waited on snapshots since the last call. */
+double trainer_snap_take_stall(trainer *t);
 
 #endif

@@ -27,7 +27,7 @@ int main(void) {
     char dir[256];
     if (!temp_dir_create(dir, sizeof dir, "snapshot")) return 1;
     keel_snap *s;
-    EXPECT(keel_snap_open(dir, 1, 2, FLOATS, 42, &s) == KEEL_OK, "segment created");
+    EXPECT(keel_snap_open(dir, 1, 2, FLOATS, 42, false, &s) == KEEL_OK, "segment created");
     int64_t steps[2];
     EXPECT(keel_snap_steps(s, steps) == 0, "a new segment has no snapshot");
     snapshot(s, 5);
@@ -47,7 +47,7 @@ int main(void) {
     float *dst = keel_snap_begin(s, &slot);
     dst[3] = -1;
     keel_snap_close(s, false);
-    EXPECT(keel_snap_open(dir, 1, 2, FLOATS, 42, &s) == KEEL_OK, "reopened");
+    EXPECT(keel_snap_open(dir, 1, 2, FLOATS, 42, false, &s) == KEEL_OK, "reopened");
     n = keel_snap_steps(s, steps);
     EXPECT(n == 1 && steps[0] == 7, "after a torn write only step 7 is offered (%d)", n);
     fill(want, 7);
@@ -78,25 +78,32 @@ int main(void) {
     keel_snap_close(s, false);
 
     /* another key (configuration) or world size: the segment starts over */
-    EXPECT(keel_snap_open(dir, 1, 2, FLOATS, 43, &s) == KEEL_OK && keel_snap_steps(s, steps) == 0,
+    EXPECT(keel_snap_open(dir, 1, 2, FLOATS, 43, false, &s) == KEEL_OK && keel_snap_steps(s, steps) == 0,
            "a segment of another key is emptied");
     snapshot(s, 8);
     keel_snap_close(s, false);
-    EXPECT(keel_snap_open(dir, 1, 4, FLOATS, 43, &s) == KEEL_OK && keel_snap_steps(s, steps) == 0,
+    EXPECT(keel_snap_open(dir, 1, 4, FLOATS, 43, false, &s) == KEEL_OK && keel_snap_steps(s, steps) == 0,
            "a segment of another shape is emptied");
     snapshot(s, 9);
     keel_snap_close(s, false);
     EXPECT(access(path, F_OK) == 0, "closing keeps the segment");
-    EXPECT(keel_snap_remove_run(dir) == 1 && access(path, F_OK) != 0, "removed with its run");
+
+    /* a replica of rank 1 that its buddy keeps: a segment of its own */
+    keel_snap *rep;
+    EXPECT(keel_snap_open(dir, 1, 2, FLOATS, 42, true, &rep) == KEEL_OK && strstr(keel_snap_path(rep), "-b1") &&
+               keel_snap_steps(rep, steps) == 0, "a replica segment: %s", keel_snap_path(rep));
+    snapshot(rep, 11);
+    keel_snap_close(rep, false);
+    EXPECT(keel_snap_remove_run(dir) == 2 && access(path, F_OK) != 0, "removed with its run (own and replica)");
 
     /* a rank whose run is over removes its own */
-    EXPECT(keel_snap_open(dir, 1, 2, FLOATS, 42, &s) == KEEL_OK, "reopened");
+    EXPECT(keel_snap_open(dir, 1, 2, FLOATS, 42, false, &s) == KEEL_OK, "reopened");
     snprintf(path, sizeof path, "%s", keel_snap_path(s));
     keel_snap_close(s, true);
     EXPECT(access(path, F_OK) != 0, "closed with remove: gone");
 
     /* stale: the run directory is gone */
-    EXPECT(keel_snap_open(dir, 0, 1, FLOATS, 42, &s) == KEEL_OK, "a segment of a run about to be deleted");
+    EXPECT(keel_snap_open(dir, 0, 1, FLOATS, 42, false, &s) == KEEL_OK, "a segment of a run about to be deleted");
     snprintf(path, sizeof path, "%s", keel_snap_path(s));
     keel_snap_close(s, false);
     remove_tree(dir);

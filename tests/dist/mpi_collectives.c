@@ -288,6 +288,39 @@ static void check_sum_order(keel_comm *c, const char *group, keel_comm_dtype dt)
     free(recv);
 }
 
+/* A shift by one around the ring (blocking and not), then one where only
+ * rank 0 sends (to the last rank): the others send and receive nothing. */
+static void check_sendrecv(keel_comm *c, const char *group, keel_comm_dtype dt, size_t count) {
+    int rank = keel_comm_rank(c), size = keel_comm_size(c);
+    size_t esize = keel_comm_dtype_size(dt);
+    char *send = malloc(count * esize), *recv = malloc(count * esize), *want = malloc(count * esize);
+    int from = (rank + size - 1) % size, to = (rank + 1) % size;
+    fill_gather(send, dt, rank, count);
+    fill_gather(want, dt, from, count);
+    for (int blocking = 0; blocking < 2; blocking++) {
+        memset(recv, 0xAB, count * esize);
+        if (blocking) {
+            OK(keel_comm_sendrecv(c, send, to, recv, from, count, dt));
+        } else {
+            keel_comm_req *req;
+            OK(keel_comm_isendrecv(c, send, to, recv, from, count, dt, &req));
+            OK(keel_comm_wait(req));
+        }
+        EXPECT(memcmp(recv, want, count * esize) == 0, "%s sendrecv %s%s: rank %d's data from rank %d", group,
+               dtype_name(dt), blocking ? "" : " (async)", rank, from);
+    }
+    memset(recv, 0xAB, count * esize);
+    memcpy(want, recv, count * esize);
+    if (rank == size - 1 && size > 1) fill_gather(want, dt, 0, count);
+    OK(keel_comm_sendrecv(c, rank == 0 && size > 1 ? send : NULL, rank == 0 && size > 1 ? size - 1 : -1,
+                          rank == size - 1 && size > 1 ? recv : NULL, rank == size - 1 && size > 1 ? 0 : -1, count, dt));
+    EXPECT(memcmp(recv, want, count * esize) == 0, "%s sendrecv %s from rank 0 only: rank %d", group,
+           dtype_name(dt), rank);
+    free(send);
+    free(recv);
+    free(want);
+}
+
 static void check_all_collectives(keel_comm *c, const char *group) {
     /* 1 element (fewer than the ranks), an odd count, and one that spans
      * several 1 MiB ring segments with a partial last one */
@@ -296,6 +329,7 @@ static void check_all_collectives(keel_comm *c, const char *group) {
         for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
             check_allgather(c, group, DTYPES[d], counts[k]);
             check_broadcast(c, group, DTYPES[d], counts[k]);
+            check_sendrecv(c, group, DTYPES[d], counts[k]);
             for (keel_comm_op op = KEEL_COMM_SUM; op <= KEEL_COMM_MAX; op++) {
                 check_reduce_scatter(c, group, DTYPES[d], op, counts[k]);
                 check_allreduce(c, group, DTYPES[d], op, counts[k]);

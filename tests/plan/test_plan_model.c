@@ -33,7 +33,7 @@ static void check_memory(const keel_config *cfg) {
     keel_plan_entry e;
     entry(cfg, KEEL_FSDP_FULL_SHARD, &cl, &e);
     keel_fsdp_memory m;
-    keel_fsdp_memory_plan_run(cfg, 8, true, &m);
+    keel_fsdp_memory_plan_run(cfg, 8, true, 1, &m);
     keel_fsdp_memory_item items[KEEL_FSDP_MEMORY_CATEGORIES];
     keel_fsdp_memory_items(&e.memory, items);
     int64_t sum = 0;

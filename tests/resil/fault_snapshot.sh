@@ -9,6 +9,12 @@
 #     flipped, then it is killed: the checksum fails on rank 1 only, every rank
 #     falls back together to the newest checkpoint on disk, same result.
 # (3) a run that is given up (crash loop) leaves no segment either.
+# (4) node loss: 4 ranks on 2 simulated nodes (KEEL_SIMULATED_NODES=2: ranks
+#     0-1 and 2-3), each rank also keeping a replica of its buddy's snapshot
+#     (rank r's buddy: r + 2 mod 4). Both ranks of node 1 are frozen, every
+#     segment node 1 holds (its ranks' own, the replicas it keeps) removed,
+#     and both killed: ranks 2 and 3 resume from their buddies' replicas on
+#     node 0, and the run ends with the undisturbed 4-rank run's params_xxh3.
 source "$KEEL_SRC/tests/lib.sh"
 mpi_env
 trap 'kill_leftovers; rm -rf "$TMP"' EXIT
@@ -104,3 +110,29 @@ grep '"event":"resumed"' "$TMP/loop/events.jsonl" | grep -Eq '"step":[45],.*from
   fail "the relaunch did not resume from the snapshot of step 4 or 5: $(grep resumed "$TMP/loop/events.jsonl")"
 [ -z "$(segments "$TMP/loop")" ] || fail "segments left after the run was given up: $(segments "$TMP/loop")"
 pass "a run given up (crash loop in step 6, the relaunch from memory) leaves no segment in /dev/shm"
+
+# (4) a node lost with its memory
+export KEEL_SIMULATED_NODES=2
+"$KEEL_BIN" train "$CFG" "${args[@]}" --nproc 4 --run-dir "$TMP/ref4" >"$TMP/ref4.out" 2>&1 || { cat "$TMP/ref4.out"; fail "4-rank reference run"; }
+want4=$(json "$TMP/ref4/summary.json" "j['params_xxh3']")
+[ "$(json "$TMP/ref4/summary.json" "[r['snapshot_bytes'] > 0 for r in j['ranks']]")" = "[True, True, True, True]" ] ||
+  fail "no snapshot bytes in the 4-rank summary"
+"$KEEL_BIN" train "$CFG" "${args[@]}" --nproc 4 --run-dir "$TMP/node" >"$TMP/node.out" 2>&1 &
+sup=$!
+p3=$(wait_train_step "$TMP/node" 3 $(( 20 + RANDOM % 10 ))) p2=$(hb pid "$TMP/node" 2)
+kill -STOP "$p2" "$p3"
+gone=""
+for f in $(segments "$TMP/node"); do
+  case $f in *-r2|*-r3|*-b0|*-b1) rm "$f"; gone="$gone ${f##*-}";; esac # node 1's: its ranks' own and the replicas it keeps
+done
+[ "$gone" = " b0 b1 r2 r3" ] || fail "node 1's segments: got$gone, want b0 b1 r2 r3"
+kill -9 "$p2" "$p3"
+rc=0; wait "$sup" || rc=$?
+[ "$rc" = 0 ] || { tail -5 "$TMP/node.out"; fail "exit $rc after a node loss, want 0"; }
+res=$(grep '"event":"resumed"' "$TMP/node/events.jsonl")
+echo "$res" | grep -q "from memory (the snapshot of step [0-9]*) on 4 rank(s), 2 of them from their buddies' replicas" ||
+  fail "ranks 2 and 3 did not resume from their buddies: $res"
+got=$(json "$TMP/node/summary.json" "j['params_xxh3']")
+[ "$got" = "$want4" ] || fail "params_xxh3 $got after the node loss, undisturbed 4-rank run $want4"
+[ -z "$(segments "$TMP/node")" ] || fail "segments left: $(segments "$TMP/node")"
+pass "node 1 lost with its memory: $(echo "$res" | grep -o 'from memory[^;]*'), same params_xxh3 $want4"

@@ -1,0 +1,334 @@
+/* train/snapshots.c: in-memory snapshots (resilience.snapshot_every_steps,
+ * ranks under the supervisor) — the fast layer under the disk checkpoints.
+ *
+ * After every N steps each rank packs its arrays (parameters, AdamW m and v;
+ * replicas too, in the layout of its checkpoint file) into the older slot of
+ * its shared-memory segment (ckpt/snapshot.c) on a thread of its own, and
+ * commits it with its step and checksum. The copy overlaps the next forward
+ * and backward as a save's does; that step's update waits for the copy (not
+ * for the checksum). Nothing else is needed to resume: the data position and
+ * the learning rate follow from the step, and no RNG state is kept.
+ *
+ * Buddies: when the ranks span several nodes, each rank also keeps a replica
+ * of one rank of another node — rank r's buddy is the rank with r's place on
+ * the next node — in its own node's shared memory. The snapshot of step k
+ * goes to the buddy in one point-to-point exchange issued (like a collective:
+ * every rank at once, a ring over the nodes) as step k+1's update begins,
+ * when the copy is complete; it runs on the comm thread during the update,
+ * and the buddy commits it at the next boundary. A node lost with its memory
+ * then resumes from its ranks' replicas, one step older than the snapshots.
+ *
+ * Resume: the ranks all-gather the steps each holds, of its own and of the
+ * replica it keeps, and take the newest step that every rank can get — from
+ * its own segment, else from its buddy — when it is at least as new as the
+ * newest checkpoint; every copy is verified against its checksum, and a
+ * failure anywhere moves every rank to the next older step, then to disk. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <xxhash.h>
+
+#include "keel/ckpt.h"
+#include "keel/train.h"
+#include "train/trainer.h"
+
+struct trainer_snap {
+    int every;
+    int64_t floats;                /* the packed shard: parameters, m, v */
+    keel_snap *own, *replica;      /* this rank's segment; the replica it keeps of rank `from` */
+    int to, from;                  /* the buddy this rank's snapshots go to / come from (-1: none) */
+    int *holder;                   /* (world) which rank keeps each rank's replica (-1: none) */
+    /* the snapshot in flight */
+    int step;
+    float *dst;                    /* its slot */
+    pthread_t thread;
+    bool live;
+    atomic_bool copied;
+    bool send_due;                 /* copied into dst, not yet sent to the buddy */
+    /* the replica exchange in flight */
+    keel_comm_req *req;
+    int rep_slot, rep_step;
+    double stall_s;
+};
+
+/* The node of each rank: the hash of its host name, or with
+ * $KEEL_SIMULATED_NODES=N (tests, rehearsals) N equal blocks of ranks. */
+static void node_ids(trainer *t, uint64_t *node) {
+    const char *sim = getenv("KEEL_SIMULATED_NODES");
+    int n = sim ? atoi(sim) : 0;
+    if (n > 0 && t->world_size % n == 0) {
+        for (int r = 0; r < t->world_size; r++) node[r] = (uint64_t)(r / (t->world_size / n));
+        return;
+    }
+    char name[256];
+    keel_node_name(name, sizeof name);
+    uint64_t h = XXH3_64bits(name, strlen(name));
+    double mine[2] = {(double)(h >> 32), (double)(h & 0xffffffffu)};
+    double *all = keel_xmalloc(sizeof(double) * 2 * (size_t)t->world_size, "node ids");
+    keel_comm_allgather(t->world, mine, all, 2, KEEL_COMM_F64);
+    for (int r = 0; r < t->world_size; r++) node[r] = ((uint64_t)all[2 * r] << 32) | (uint64_t)all[2 * r + 1];
+    keel_free(all);
+}
+
+/* Each rank's buddy: the rank with its place (among its node's ranks, in
+ * rank order) on the next node, in order of the nodes' first ranks; none on
+ * one node. Every rank computes the same table. */
+static void pick_buddies(trainer *t, trainer_snap *s) {
+    int W = t->world_size;
+    uint64_t *node = keel_xmalloc(sizeof(uint64_t) * (size_t)W, "nodes");
+    int *first = keel_xmalloc(sizeof(int) * (size_t)W, "nodes"), *to = keel_xmalloc(sizeof(int) * (size_t)W, "buddies");
+    node_ids(t, node);
+    int n_nodes = 0;
+    for (int r = 0; r < W; r++) { /* first[k]: node k's first rank */
+        bool seen = false;
+        for (int k = 0; k < n_nodes && !seen; k++) seen = node[first[k]] == node[r];
+        if (!seen) first[n_nodes++] = r;
+    }
+    s->holder = keel_xmalloc(sizeof(int) * (size_t)W, "buddies");
+    for (int r = 0; r < W; r++) to[r] = s->holder[r] = -1;
+    for (int r = 0; r < W && n_nodes > 1; r++) {
+        int k = 0, place = 0;
+        while (node[first[k]] != node[r]) k++;
+        for (int q = 0; q < r; q++) place += node[q] == node[r];
+        uint64_t next = node[first[(k + 1) % n_nodes]];
+        int size = 0;
+        for (int q = 0; q < W; q++) size += node[q] == next;
+        for (int q = 0, i = 0; q < W; q++)
+            if (node[q] == next && i++ == place % size) to[r] = q;
+    }
+    for (int r = 0; r < W; r++) /* one replica per holder: the first rank that picked it */
+        if (to[r] >= 0 && s->holder[r] < 0) {
+            bool taken = false;
+            for (int q = 0; q < r; q++) taken |= to[q] == to[r] && s->holder[q] == to[r];
+            if (!taken) s->holder[r] = to[r];
+        }
+    s->to = s->holder[t->rank];
+    s->from = -1;
+    for (int r = 0; r < W; r++)
+        if (s->holder[r] == t->rank) s->from = r;
+    keel_free(node);
+    keel_free(first);
+    keel_free(to);
+}
+
+static void close_all(trainer_snap *s, bool remove) {
+    keel_snap_close(s->own, remove);
+    keel_snap_close(s->replica, remove);
+    s->own = s->replica = NULL;
+}
+
+void trainer_snap_init(trainer *t) {
+    trainer_snap *s = keel_xcalloc(sizeof *s, "snapshots");
+    t->snap = s;
+    s->to = s->from = -1;
+    s->every = t->world ? t->cfg->resilience.snapshot_every_steps : 0;
+    if (s->every <= 0) return;
+    s->floats = trainer_ckpt_packed_floats(t);
+    pick_buddies(t, s);
+    /* keyed by the run's configuration: a changed one resumes from disk */
+    char *config = keel_config_to_json(t->cfg);
+    uint64_t key = XXH3_64bits(config, strlen(config));
+    free(config);
+    keel_error_capture(true);
+    keel_status st = keel_snap_open(t->run_dir, t->rank, t->world_size, s->floats, key, false, &s->own);
+    if (st == KEEL_OK && s->from >= 0)
+        st = keel_snap_open(t->run_dir, s->from, t->world_size, s->floats, key, true, &s->replica);
+    keel_error_capture(false);
+    if (st != KEEL_OK) {
+        keel_log_warn("in-memory snapshots off: %s", keel_last_error());
+        keel_event(t->run_dir, "snapshot_failed", -1, "rank %d: %s", t->rank, keel_last_error());
+    }
+    /* every rank snapshots, or none: the buddies' exchanges are collective */
+    double failed = st != KEEL_OK;
+    keel_comm_allreduce_scalar(t->world, &failed, KEEL_COMM_MAX);
+    if (failed != 0) {
+        close_all(s, true);
+        s->every = 0;
+    }
+}
+
+static void join(trainer_snap *s) {
+    if (s->live) pthread_join(s->thread, NULL);
+    s->live = false;
+}
+
+/* The replica exchange issued at the last update: done, committed. */
+static void finish_exchange(trainer_snap *s) {
+    if (!s->req) return;
+    keel_comm_wait(s->req);
+    s->req = NULL;
+    if (s->replica) keel_snap_commit(s->replica, s->rep_slot, s->rep_step);
+}
+
+void trainer_snap_free(trainer *t, bool completed) {
+    trainer_snap *s = t->snap;
+    if (!s) return;
+    join(s);
+    finish_exchange(s);
+    close_all(s, completed); /* a run that completed has no use for them */
+    keel_free(s->holder);
+    keel_free(s);
+    t->snap = NULL;
+}
+
+int64_t trainer_snap_bytes(const trainer *t) {
+    const trainer_snap *s = t->snap;
+    return (int64_t)sizeof(float) * 2 * s->floats * ((s->own != NULL) + (s->replica != NULL));
+}
+
+double trainer_snap_take_stall(trainer *t) {
+    double x = t->snap->stall_s;
+    t->snap->stall_s = 0;
+    return x;
+}
+
+static void *snapshot_thread(void *arg) {
+    trainer *t = arg;
+    trainer_snap *s = t->snap;
+    int slot;
+    s->dst = keel_snap_begin(s->own, &slot);
+    trainer_ckpt_pack(t, s->dst);
+    atomic_store(&s->copied, true); /* the arrays may change; the checksum reads the copy */
+    keel_snap_commit(s->own, slot, s->step);
+    return NULL;
+}
+
+void trainer_snap_before_update(trainer *t) {
+    trainer_snap *s = t->snap;
+    if (!s->live) return;
+    if (!atomic_load(&s->copied)) {
+        double t0 = keel_now_s();
+        while (!atomic_load(&s->copied)) {
+            struct timespec ts = {0, 200000}; /* 0.2 ms */
+            nanosleep(&ts, NULL);
+        }
+        s->stall_s += keel_now_s() - t0;
+    }
+    if (!s->send_due) return;
+    /* to the buddy, from the rank whose replica this one keeps: on the comm thread, during the update */
+    s->send_due = false;
+    float *into = s->replica ? keel_snap_begin(s->replica, &s->rep_slot) : NULL;
+    s->rep_step = s->step;
+    keel_comm_isendrecv(t->world, s->dst, s->to, into, s->from, (size_t)s->floats, KEEL_COMM_F32, &s->req);
+}
+
+void trainer_snap_boundary(trainer *t, int steps_done, bool last_or_stop) {
+    trainer_snap *s = t->snap;
+    double t0 = keel_now_s();
+    finish_exchange(s);
+    if (s->every > 0 && !last_or_stop && steps_done % s->every == 0) {
+        join(s); /* the last one's checksum */
+        s->step = steps_done;
+        s->send_due = s->to >= 0 || s->from >= 0;
+        atomic_store(&s->copied, false);
+        KEEL_CHECK(pthread_create(&s->thread, NULL, snapshot_thread, t) == 0, "snapshot thread");
+        s->live = true;
+    }
+    s->stall_s += keel_now_s() - t0;
+}
+
+/* ---- resume --------------------------------------------------------------------- */
+
+/* What every rank holds: its own steps (2) and its replica's (2), -1 for none. */
+enum { HELD = 4 };
+
+static bool holds(const double *held, int r, int from, int64_t step) {
+    return held[HELD * r + from] == (double)step || held[HELD * r + from + 1] == (double)step;
+}
+
+/* The newest step below `below`, at least `floor`, that every rank can get
+ * from its own segment or its buddy's replica (0: none). */
+static int64_t newest_reachable(const trainer *t, const double *held, int64_t floor, int64_t below) {
+    const trainer_snap *s = t->snap;
+    int64_t best = 0;
+    for (int i = 0; i < HELD * t->world_size; i++) {
+        int64_t step = (int64_t)held[i];
+        bool ok = step > 0 && step >= floor && step < below && step > best;
+        for (int r = 0; r < t->world_size && ok; r++)
+            ok = holds(held, r, 0, step) || (s->holder[r] >= 0 && holds(held, s->holder[r], 2, step));
+        if (ok) best = step;
+    }
+    return best;
+}
+
+/* Verify this rank's copy of `step` in segment x (NULL: none); an event names a damaged one. */
+static const float *verified(trainer *t, keel_snap *x, int64_t step) {
+    int64_t have[2];
+    int n = x ? keel_snap_steps(x, have) : 0;
+    if (!(n > 0 && have[0] == step) && !(n > 1 && have[1] == step)) return NULL;
+    const float *data;
+    keel_error_capture(true);
+    keel_status st = keel_snap_get(x, step, &data);
+    keel_error_capture(false);
+    if (st == KEEL_OK) return data;
+    keel_log_warn("%s", keel_last_error());
+    keel_event(t->run_dir, "snapshot_damaged", step, "rank %d: %s", t->rank, keel_last_error());
+    return NULL;
+}
+
+/* Load `step` on every rank, from its own segment or its buddy's replica.
+ * false: some rank could not (a copy failed its checksum). Collective. */
+static bool load(trainer *t, int64_t step, int *from_buddies) {
+    trainer_snap *s = t->snap;
+    int W = t->world_size;
+    const float *own = verified(t, s->own, step), *rep = s->from >= 0 ? verified(t, s->replica, step) : NULL;
+    if (own) trainer_ckpt_unpack(t, own);
+    double mine[2] = {own != NULL, rep != NULL}, *ok = keel_xmalloc(sizeof(double) * 2 * (size_t)W, "snapshot");
+    keel_comm_allgather(t->world, mine, ok, 2, KEEL_COMM_F64);
+    bool all = true;
+    *from_buddies = 0;
+    for (int r = 0; r < W; r++) {
+        bool buddy = ok[2 * r] == 0 && s->holder[r] >= 0 && ok[2 * s->holder[r] + 1] != 0;
+        all &= ok[2 * r] != 0 || buddy;
+        *from_buddies += buddy;
+    }
+    if (all && *from_buddies > 0) { /* the replicas go home, into their ranks' own segments */
+        bool send = s->from >= 0 && ok[2 * s->from] == 0, get = !own;
+        int slot = 0;
+        float *into = get ? keel_snap_begin(s->own, &slot) : NULL;
+        keel_comm_sendrecv(t->world, send ? rep : NULL, send ? s->from : -1, into, get ? s->holder[t->rank] : -1,
+                           (size_t)s->floats, KEEL_COMM_F32);
+        if (get) {
+            keel_snap_commit(s->own, slot, step);
+            trainer_ckpt_unpack(t, into);
+        }
+    }
+    keel_free(ok);
+    return all;
+}
+
+bool trainer_snap_resume(trainer *t, int64_t disk) {
+    trainer_snap *s = t->snap;
+    if (s->every <= 0) return false;
+    double t0 = keel_now_s();
+    int64_t have[2];
+    double mine[HELD] = {-1, -1, -1, -1};
+    for (int i = 0, n = keel_snap_steps(s->own, have); i < n; i++) mine[i] = (double)have[i];
+    for (int i = 0, n = s->replica ? keel_snap_steps(s->replica, have) : 0; i < n; i++) mine[2 + i] = (double)have[i];
+    double *held = keel_xmalloc(sizeof(double) * HELD * (size_t)t->world_size, "snapshot steps");
+    keel_comm_allgather(t->world, mine, held, HELD, KEEL_COMM_F64);
+    bool loaded = false;
+    int from_buddies = 0;
+    int64_t step = newest_reachable(t, held, disk, INT64_MAX), tried = step;
+    while (step > 0 && !(loaded = load(t, step, &from_buddies))) step = newest_reachable(t, held, disk, step);
+    if (loaded && t->leader) {
+        double secs = keel_now_s() - t0;
+        char buddies[64] = "";
+        if (from_buddies) snprintf(buddies, sizeof buddies, ", %d of them from their buddies' replicas", from_buddies);
+        keel_log_info("resuming from the in-memory snapshot of step %lld, verified and loaded in %.2f s%s",
+                      (long long)step, secs, buddies);
+        keel_event(t->run_dir, "resumed", step, "from memory (the snapshot of step %lld) on %d rank(s)%s; "
+                   "load_s %.3f", (long long)step, t->world_size, buddies, secs);
+    }
+    keel_free(held);
+    if (loaded) {
+        t->start_step = (int)step;
+        t->restored_from = "memory";
+    } else if (tried > 0) {
+        trainer_ckpt_clear(t); /* a checkpoint overwrites every array; a fresh start only the parameters */
+    }
+    return loaded;
+}
