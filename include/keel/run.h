@@ -68,7 +68,7 @@ typedef struct keel_heartbeat keel_heartbeat;
 keel_heartbeat *keel_heartbeat_open(const char *run_dir, int rank); /* NULL: could not (warned) */
 void keel_heartbeat_beat(keel_heartbeat *hb, const char *phase, int64_t step, int exit_code);
 /* Work goes on: what the rank is doing now ("forward", "backward", "optimizer",
- * "checkpoint", "eval") and the time of this progress, kept for the next write
+ * "checkpoint", "eval", "snapshot") and the time of this progress, kept for the next write
  * (without a beat thread, written at most once a second). A step of a large
  * model takes minutes; its units take seconds each, and a rank stuck in one
  * stops making progress. */

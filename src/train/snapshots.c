@@ -200,6 +200,7 @@ void trainer_snap_before_update(trainer *t) {
     trainer_snap *s = t->snap;
     if (!s->live) return;
     if (!atomic_load(&s->copied)) {
+        keel_heartbeat_progress(t->heartbeat, "snapshot"); /* a copy in memory: the fast hang limit holds */
         double t0 = keel_now_s();
         while (!atomic_load(&s->copied)) {
             struct timespec ts = {0, 200000}; /* 0.2 ms */
