@@ -29,8 +29,11 @@ pass "impossible GEMM floor: node excluded, stopped: $(grep 'keel: error' "$TMP/
 "$KEEL_BIN" train "$CFG" "${args[@]}" --run-dir "$TMP/ro" >"$TMP/ro.out" 2>"$TMP/ro.err" &
 sup=$!
 pid=$(wait_train_step "$TMP/ro" 1 30)
-mount --bind "$TMP/ro/checkpoints" "$TMP/ro/checkpoints" && mount -o remount,bind,ro "$TMP/ro/checkpoints" \
-  || { kill "$sup"; fail "cannot remount a directory read-only (needs root and mount)"; }
+# a save writing into it at that moment makes the read-only remount busy: try again until one is not
+mount --bind "$TMP/ro/checkpoints" "$TMP/ro/checkpoints" || { kill "$sup"; fail "cannot bind-mount (needs root and mount)"; }
+ro=0
+for _ in $(seq 1 200); do mount -o remount,bind,ro "$TMP/ro/checkpoints" 2>"$TMP/mount.err" && { ro=1; break; }; sleep 0.02; done
+[ "$ro" = 1 ] || { kill "$sup"; fail "cannot remount a directory read-only: $(cat "$TMP/mount.err")"; }
 kill -9 "$pid"
 rc=0; wait "$sup" || rc=$?
 [ "$rc" = 1 ] || fail "read-only checkpoints: exit $rc, want 1"
