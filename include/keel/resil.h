@@ -147,7 +147,9 @@ typedef struct {
  * rolls back, the same step diverging again skips its data window once, a
  * divergence after that stops; resilience.crash_loop crashes or hangs in a
  * row, none in a later step than the first, stop; so does exceeding
- * max_restarts. */
+ * max_restarts. A relaunch after progress (the first failure of a streak, a
+ * rollback) has no backoff; each failure more without progress waits
+ * resilience.backoff_s, doubling. */
 keel_action keel_policy_decide(const keel_resilience_config *rc, const keel_policy_history *before,
                                const keel_outcome *o, keel_policy_history *after);
 

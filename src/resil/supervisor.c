@@ -1,14 +1,15 @@
 /* resil/supervisor.c: `keel train --nproc N` — launch the ranks, watch them,
- * and on failure ask the policy (policy.c) what to do: relaunch from the
- * last committed checkpoint after health checks, or stop with a report.
+ * and on failure ask the policy (policy.c) what to do: relaunch (from the
+ * newest in-memory snapshot or checkpoint) after health checks, or stop with
+ * a report.
  *
  * The supervisor is not an MPI rank: it starts the launcher (mpirun, or srun
  * in a Slurm allocation) in a process group of its own and polls every
  * 50 ms: the launcher's stderr (passed through; it names a failed rank), its
  * exit status, each rank's heartbeat (RUN/heartbeats/rank-R) and its own
  * signals. MPI is fail-stop here, so every failure ends the whole launch;
- * recovery is a relaunch, and the workers resume from the newest checkpoint
- * that verifies. What it decided and why goes to RUN/events.jsonl. */
+ * recovery is a relaunch, and the workers resume from the newest in-memory
+ * snapshot or checkpoint that verifies (train/snapshots.c, checkpointing.c). What it decided and why goes to RUN/events.jsonl. */
 #include <cjson/cJSON.h>
 #include <limits.h>
 #include <math.h>
@@ -772,12 +773,9 @@ static bool prepare_relaunch(supervisor *sv, const launch *l, keel_action *a, co
     }
     /* a divergence rolls back to a checkpoint: the snapshots hold the steps that led to it */
     if (l->kind == KEEL_END_DIVERGED) keel_snap_remove_run(sv->run_dir);
-    if (sv->cfg->resilience.snapshot_every_steps > 0 && l->kind != KEEL_END_DIVERGED)
-        keel_log_warn("%s: %s; restarting from the newest in-memory snapshot (or the checkpoint at step %lld)",
-                      keel_end_name(l->kind), l->cause, (long long)newest_checkpoint(sv->run_dir));
-    else
-        keel_log_warn("%s: %s; restarting from the checkpoint at step %lld", keel_end_name(l->kind), l->cause,
-                      (long long)newest_checkpoint(sv->run_dir));
+    bool snapshots = sv->cfg->resilience.snapshot_every_steps > 0 && l->kind != KEEL_END_DIVERGED;
+    keel_log_warn("%s: %s; restarting from %sthe checkpoint at step %lld", keel_end_name(l->kind), l->cause,
+                  snapshots ? "the newest in-memory snapshot, or " : "", (long long)newest_checkpoint(sv->run_dir));
     char why[1024];
     double health0 = keel_unix_s();
     bool nodes_ok = check_nodes(sv, why, sizeof why);
