@@ -180,7 +180,7 @@ int64_t keel_ckpt_bytes(const keel_model_config *model, int world_size);
  *     keel_snap *s;
  *     keel_snap_open("runs/x", rank, world, floats, key, false, &s); // attach, or create empty
  *     int slot;
- *     float *dst = keel_snap_begin(s, &slot);               // the older slot, now "writing"
+ *     float *dst = keel_snap_begin(s, step, &slot);         // the older slot, now "writing"
  *     ...copy the shard into dst...
  *     keel_snap_commit(s, slot, step);
  *     int64_t steps[2];
@@ -198,7 +198,10 @@ keel_status keel_snap_run_id(const char *run_dir, uint64_t *id, char *real, size
 keel_status keel_snap_open(const char *run_dir, int rank, int world_size, int64_t floats, uint64_t key,
                            bool replica, keel_snap **out);
 int keel_snap_steps(const keel_snap *s, int64_t steps[2]);
-float *keel_snap_begin(keel_snap *s, int *slot);
+/* The slot to write `step` into, marked "writing": an empty one, else the
+ * older. Committed steps at or after `step` are dropped first: they belong to
+ * a timeline a relaunch abandoned when it resumed from an older step. */
+float *keel_snap_begin(keel_snap *s, int64_t step, int *slot);
 void keel_snap_commit(keel_snap *s, int slot, int64_t step);
 /* The committed slot of `step`, its checksum verified; an input error naming the segment otherwise. */
 keel_status keel_snap_get(const keel_snap *s, int64_t step, const float **data);

@@ -160,7 +160,12 @@ static int next_slot(const keel_snap *s) {
     return a->step <= b->step ? 0 : 1;
 }
 
-float *keel_snap_begin(keel_snap *s, int *slot) {
+float *keel_snap_begin(keel_snap *s, int64_t step, int *slot) {
+    /* a committed step at or after this one is from a timeline a relaunch
+     * abandoned (it resumed from an older step): never to be offered again */
+    for (int i = 0; i < 2; i++)
+        if (atomic_load(&s->h->slot[i].state) == SLOT_COMMITTED && s->h->slot[i].step >= step)
+            atomic_store_explicit(&s->h->slot[i].state, SLOT_EMPTY, memory_order_release);
     *slot = next_slot(s);
     atomic_store_explicit(&s->h->slot[*slot].state, SLOT_WRITING, memory_order_release);
     return s->data[*slot];

@@ -189,7 +189,7 @@ static void *snapshot_thread(void *arg) {
     trainer *t = arg;
     trainer_snap *s = t->snap;
     int slot;
-    s->dst = keel_snap_begin(s->own, &slot);
+    s->dst = keel_snap_begin(s->own, s->step, &slot);
     trainer_ckpt_pack(t, s->dst);
     atomic_store(&s->copied, true); /* the arrays may change; the checksum reads the copy */
     keel_snap_commit(s->own, slot, s->step);
@@ -211,8 +211,8 @@ void trainer_snap_before_update(trainer *t) {
     if (!s->send_due) return;
     /* to the buddy, from the rank whose replica this one keeps: on the comm thread, during the update */
     s->send_due = false;
-    float *into = s->replica ? keel_snap_begin(s->replica, &s->rep_slot) : NULL;
     s->rep_step = s->step;
+    float *into = s->replica ? keel_snap_begin(s->replica, s->rep_step, &s->rep_slot) : NULL;
     keel_comm_isendrecv(t->world, s->dst, s->to, into, s->from, (size_t)s->floats, KEEL_COMM_F32, &s->req);
 }
 
@@ -289,7 +289,7 @@ static bool load(trainer *t, int64_t step, int *from_buddies) {
     if (all && *from_buddies > 0) { /* the replicas go home, into their ranks' own segments */
         bool send = s->from >= 0 && ok[2 * s->from] == 0, get = !own;
         int slot = 0;
-        float *into = get ? keel_snap_begin(s->own, &slot) : NULL;
+        float *into = get ? keel_snap_begin(s->own, step, &slot) : NULL;
         keel_comm_sendrecv(t->world, send ? rep : NULL, send ? s->from : -1, into, get ? s->holder[t->rank] : -1,
                            (size_t)s->floats, KEEL_COMM_F32);
         if (get) {

@@ -19,7 +19,7 @@ static void fill(float *x, int64_t step) {
 
 static void snapshot(keel_snap *s, int64_t step) {
     int slot;
-    fill(keel_snap_begin(s, &slot), step);
+    fill(keel_snap_begin(s, step, &slot), step);
     keel_snap_commit(s, slot, step);
 }
 
@@ -44,7 +44,7 @@ int main(void) {
 
     /* a copy that never commits (the process died in it) takes the older slot out, never the newer */
     int slot;
-    float *dst = keel_snap_begin(s, &slot);
+    float *dst = keel_snap_begin(s, 8, &slot);
     dst[3] = -1;
     keel_snap_close(s, false);
     EXPECT(keel_snap_open(dir, 1, 2, FLOATS, 42, false, &s) == KEEL_OK, "reopened");
@@ -80,6 +80,16 @@ int main(void) {
     /* another key (configuration) or world size: the segment starts over */
     EXPECT(keel_snap_open(dir, 1, 2, FLOATS, 43, false, &s) == KEEL_OK && keel_snap_steps(s, steps) == 0,
            "a segment of another key is emptied");
+    /* a relaunch resumed from step 7 of steps 8 and 7: its step 8 replaces the
+     * abandoned one, and step 7 stays (no slot holds two copies of step 8) */
+    snapshot(s, 7);
+    snapshot(s, 8);
+    snapshot(s, 8);
+    n = keel_snap_steps(s, steps);
+    EXPECT(n == 2 && steps[0] == 8 && steps[1] == 7, "step 8 again keeps step 7 (%d: %lld %lld)", n,
+           (long long)steps[0], (long long)steps[1]);
+    keel_snap_begin(s, 6, &slot); /* resumed from step 5 elsewhere: 8 and 7 are gone, even torn */
+    EXPECT(keel_snap_steps(s, steps) == 0, "steps after a resumed one are dropped");
     snapshot(s, 8);
     keel_snap_close(s, false);
     EXPECT(keel_snap_open(dir, 1, 4, FLOATS, 43, false, &s) == KEEL_OK && keel_snap_steps(s, steps) == 0,

@@ -46,8 +46,13 @@ run() {
   local name=$1 nproc=$2 strategy=$3 config=$4; shift 4
   local sets=(--set train.steps=3 --set fsdp.strategy="$strategy" "$@")
   local nodes=1 per_node=$nproc
-  if [ "$strategy" = hybrid_shard ]; then nodes=2 per_node=$((nproc / 2)); sets+=(--set fsdp.shard_group_size=$per_node); fi
-  "$K" train "$config" "${sets[@]}" --nproc "$nproc" --run-dir "$TMP/$name" >"$TMP/$name.log" 2>&1 ||
+  local sim=()
+  # two nodes: the plan's, and the ranks' as the snapshots see them (each keeps a buddy's replica)
+  if [ "$strategy" = hybrid_shard ]; then
+    nodes=2 per_node=$((nproc / 2)) sim=(KEEL_SIMULATED_NODES=2)
+    sets+=(--set fsdp.shard_group_size=$per_node)
+  fi
+  env "${sim[@]}" "$K" train "$config" "${sets[@]}" --nproc "$nproc" --run-dir "$TMP/$name" >"$TMP/$name.log" 2>&1 ||
     { tail -5 "$TMP/$name.log"; fail "$name: the run failed"; }
   check "$name" "$(plan_peak "$strategy" "$config" "${sets[@]}" --nodes $nodes --per-node $per_node)" "$TMP/$name"
 }

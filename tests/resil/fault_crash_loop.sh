@@ -2,7 +2,8 @@
 # A crash loop is the same step failing again: rank 1 kills itself (SIGKILL)
 # as it begins step 6 in every launch (KEEL_FAULT), no attempt gets further,
 # and after resilience.crash_loop failures the supervisor stops with a report
-# instead of burning the allocation. The killed ranks' OpenMPI shared-memory
+# instead of burning the allocation; each relaunch resumes from an in-memory
+# snapshot (step 4 or 5). The killed ranks' OpenMPI shared-memory
 # files go with each launch (the supervisor's backing directory).
 source "$KEEL_SRC/tests/lib.sh"
 mpi_env
@@ -17,6 +18,10 @@ KEEL_FAULT=kill@6:1 "$KEEL_BIN" train "$CFG" --set train.steps=50 --set checkpoi
 [ "$(event_count "$TMP/run" restart)" = 2 ] || fail "$(event_count "$TMP/run" restart) restarts, want 2"
 [ "$(grep -c '"event":"failure","step":6,"cause":"crash","rank":1' "$TMP/run/events.jsonl")" = 3 ] ||
   fail "the failures are not all rank 1's crash in step 6: $(grep '"failure"' "$TMP/run/events.jsonl")"
+# each relaunch resumed from memory: steps the failed attempt began, abandoned,
+# never mix into the next one's snapshots
+[ "$(grep -c '"event":"resumed".*from memory' "$TMP/run/events.jsonl")" = 2 ] ||
+  fail "the relaunches did not both resume from memory: $(grep -E '"resumed"|"recovered"' "$TMP/run/events.jsonl")"
 grep -q '"event":"stop".*crash loop: 3 failures in a row in step 6 or before' "$TMP/run/events.jsonl" ||
   fail "no crash-loop stop event: $(grep '"stop"' "$TMP/run/events.jsonl")"
 grep -q "keel: error: crash loop: 3 failures in a row" "$TMP/err" || fail "no report: $(tail -2 "$TMP/err")"
