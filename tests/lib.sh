@@ -56,5 +56,7 @@ wait_train_step() {
   done
   fail "rank $rank of $run never reached step $n (heartbeat: $(cat "$run/heartbeats/rank-$rank" 2>/dev/null))"
 }
+# segments RUN: RUN's in-memory snapshot segments in /dev/shm (their headers name the run directory)
+segments() { grep -l --null -a -- "$(realpath "$1")" /dev/shm/keel-snap-* 2>/dev/null | tr '\0' ' ' || true; }
 # event_count RUN TYPE: how many RUN/events.jsonl lines have this event type.
 event_count() { grep -c "\"event\":\"$2\"" "$1/events.jsonl" || true; }

@@ -171,14 +171,16 @@ keel_status keel_ckpt_write_model(const char *out, const keel_config *cfg, keel_
 int64_t keel_ckpt_bytes(const keel_model_config *model, int world_size);
 
 /* ---- in-memory snapshots (snapshot.c) ---------------------------------------
- * One shared-memory segment per rank, /dev/shm/keel-snap-<run id>-r<rank>
- * (a replica of rank R's that a buddy keeps: -b<R>), outliving the process: two slots of `floats` floats (the rank's packed
- * shard), each committed with its step and XXH3 after its bytes are written,
+ * One shared-memory segment per rank, /dev/shm/keel-snap-<run id>-w<world size>-r<rank>
+ * (a replica of rank R's that a buddy keeps: -b<R>), outliving the process:
+ * two slots of `floats` floats (the rank's packed shard, in the layout of shard
+ * rank `shard_rank` of `shard_ranks`' checkpoint file), each committed with
+ * its step and XXH3 after its bytes are written,
  * so a process killed mid-copy leaves the other slot good. The run id is the
  * XXH3 of the run directory's real path, device and inode.
  *
  *     keel_snap *s;
- *     keel_snap_open("runs/x", rank, world, floats, key, false, &s); // attach, or create empty
+ *     keel_snap_open("runs/x", &shape, key, false, &s);     // attach, or create empty
  *     int slot;
  *     float *dst = keel_snap_begin(s, step, &slot);         // the older slot, now "writing"
  *     ...copy the shard into dst...
@@ -190,13 +192,23 @@ int64_t keel_ckpt_bytes(const keel_model_config *model, int world_size);
  *     keel_snap_close(s, false);                            // the segment stays
  *     keel_snap_remove_run("runs/x");                      // the run is over: every rank's segment goes
  *
- * A segment of another shape (world size, floats), key (what its state must
+ * A segment of another shape (layout, floats), key (what its state must
  * match to be resumed) or version is emptied on open; its pages are allocated
  * then (posix_fallocate), so a full /dev/shm is an error there, not a SIGBUS later. */
 typedef struct keel_snap keel_snap;
+typedef struct {
+    int rank, world_size;        /* whose segment (a replica's: the rank it copies) */
+    int shard_ranks, shard_rank; /* the packed shard's layout */
+    int64_t floats;              /* per slot */
+} keel_snap_shape;
 keel_status keel_snap_run_id(const char *run_dir, uint64_t *id, char *real, size_t real_n);
-keel_status keel_snap_open(const char *run_dir, int rank, int world_size, int64_t floats, uint64_t key,
-                           bool replica, keel_snap **out);
+keel_status keel_snap_open(const char *run_dir, const keel_snap_shape *shape, uint64_t key, bool replica,
+                           keel_snap **out);
+keel_snap_shape keel_snap_get_shape(const keel_snap *s);
+/* This run's segments (own and replicas) of world sizes other than
+ * world_size with this key, mapped read-only: what a relaunch on another
+ * number of ranks reshards from. *out is malloc'd (keel_free; close each). */
+int keel_snap_open_others(const char *run_dir, int world_size, uint64_t key, keel_snap ***out);
 int keel_snap_steps(const keel_snap *s, int64_t steps[2]);
 /* The slot to write `step` into, marked "writing": an empty one, else the
  * older. Committed steps at or after `step` are dropped first: they belong to
@@ -212,5 +224,8 @@ void keel_snap_close(keel_snap *s, bool remove);
  * (this user's, and unreadable ones). How many went. */
 int keel_snap_remove_run(const char *run_dir);
 int keel_snap_remove_stale(void);
+/* Unlink this run's segments of world sizes other than world_size (a resume on
+ * world_size is done with them). How many went. */
+int keel_snap_remove_other_worlds(const char *run_dir, int world_size);
 
 #endif

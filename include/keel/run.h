@@ -41,6 +41,11 @@ void keel_run_path(char *out, size_t n, const char *run_dir, const char *name);
  * resumed run's atomically) are written. Input problems are one error line. */
 keel_status keel_run_prepare(keel_config *cfg, const char *run_dir, int world_size);
 
+/* What a run's saved state must match to be resumed (in-memory snapshots'
+ * key): the XXH3 of cfg without the keys a resume may change, and the
+ * global batch (sequences per step: the data order). */
+uint64_t keel_run_state_key(const keel_config *cfg, int64_t global_batch);
+
 /* The checks a rank repeats where it runs: the memory ranks_here ranks of a
  * world_size run need on this machine, and that init_from is a checkpoint of
  * cfg's model. */

@@ -1,5 +1,5 @@
 /* ckpt/snapshot.c: in-memory snapshots — one shared-memory segment per rank
- * (/dev/shm/keel-snap-<run id>-r<rank>) that outlives the process, holding
+ * (/dev/shm/keel-snap-<run id>-w<world size>-r<rank>) that outlives the process, holding
  * the rank's packed shard (parameters, AdamW m and v) of the newest steps in
  * two slots, with the commit discipline of disk checkpoints: a slot is marked
  * "writing" before its bytes change and "committed" (with its step and the
@@ -22,7 +22,7 @@
 #include "keel/ckpt.h"
 
 #define SNAP_MAGIC "KEELSNP1"
-#define SNAP_VERSION 1
+#define SNAP_VERSION 2
 #define HEADER_BYTES 4096
 #define SHM_DIR "/dev/shm"
 
@@ -41,7 +41,7 @@ typedef struct {
     uint64_t run_id;
     uint32_t uid;
     int32_t rank, world_size;
-    uint32_t pad;
+    int32_t shard_ranks, shard_rank; /* the layout of the packed shard (the checkpoint file's) */
     uint64_t floats; /* per slot */
     uint64_t key;    /* what the state must match to be resumed (the run's configuration) */
     slot_header slot[2];
@@ -76,21 +76,37 @@ keel_status keel_snap_run_id(const char *run_dir, uint64_t *id, char *real, size
     return KEEL_OK;
 }
 
-static void segment_path(char *out, size_t n, uint64_t run_id, int rank, bool replica) {
-    snprintf(out, n, SHM_DIR "/keel-snap-%016llx-%c%d", (unsigned long long)run_id, replica ? 'b' : 'r', rank);
+static void segment_path(char *out, size_t n, uint64_t run_id, int world_size, int rank, bool replica) {
+    snprintf(out, n, SHM_DIR "/keel-snap-%016llx-w%d-%c%d", (unsigned long long)run_id, world_size,
+             replica ? 'b' : 'r', rank);
+}
+
+/* Map an open segment of `bytes` (read-only: another world's, only read). */
+static keel_status map_segment(keel_snap *s, bool writable) {
+    void *map = mmap(NULL, s->bytes, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, s->fd, 0);
+    if (map == MAP_FAILED) {
+        keel_errorf("%s: cannot map %zu bytes: %s", s->path, s->bytes, strerror(errno));
+        return KEEL_ERR_IO;
+    }
+    s->h = map;
+    s->data[0] = (float *)((char *)map + HEADER_BYTES);
+    s->data[1] = s->data[0] + (s->bytes - HEADER_BYTES) / (2 * sizeof(float));
+    return KEEL_OK;
 }
 
 static size_t segment_bytes(int64_t floats) { return HEADER_BYTES + 2 * sizeof(float) * (size_t)floats; }
 
-keel_status keel_snap_open(const char *run_dir, int rank, int world_size, int64_t floats, uint64_t key,
-                           bool replica, keel_snap **out) {
+keel_status keel_snap_open(const char *run_dir, const keel_snap_shape *shape, uint64_t key, bool replica,
+                           keel_snap **out) {
+    int rank = shape->rank, world_size = shape->world_size;
+    int64_t floats = shape->floats;
     *out = NULL;
     uint64_t id;
     char real[2048];
     keel_status st = keel_snap_run_id(run_dir, &id, real, sizeof real);
     if (st != KEEL_OK) return st;
     keel_snap *s = keel_xcalloc(sizeof *s, "snapshot");
-    segment_path(s->path, sizeof s->path, id, rank, replica);
+    segment_path(s->path, sizeof s->path, id, world_size, rank, replica);
     s->bytes = segment_bytes(floats);
     s->fd = open(s->path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (s->fd < 0) {
@@ -106,6 +122,7 @@ keel_status keel_snap_open(const char *run_dir, int rank, int world_size, int64_
         segment_header h;
         fresh = pread(s->fd, &h, sizeof h, 0) != (ssize_t)sizeof h || memcmp(h.magic, SNAP_MAGIC, 8) ||
                 h.version != SNAP_VERSION || h.run_id != id || h.rank != rank || h.world_size != world_size ||
+                h.shard_ranks != shape->shard_ranks || h.shard_rank != shape->shard_rank ||
                 h.floats != (uint64_t)floats || h.key != key;
     }
     /* every page is allocated now: a tmpfs that fills up later would kill the writer with SIGBUS */
@@ -118,21 +135,17 @@ keel_status keel_snap_open(const char *run_dir, int rank, int world_size, int64_
         keel_free(s);
         return KEEL_ERR_IO;
     }
-    void *map = mmap(NULL, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
-    if (map == MAP_FAILED) {
-        keel_errorf("%s: cannot map %zu bytes: %s", s->path, s->bytes, strerror(errno));
+    if ((st = map_segment(s, true)) != KEEL_OK) {
         close(s->fd);
         keel_free(s);
-        return KEEL_ERR_IO;
+        return st;
     }
-    s->h = map;
-    s->data[0] = (float *)((char *)map + HEADER_BYTES);
-    s->data[1] = s->data[0] + floats;
     if (fresh) {
         memset(s->h, 0, sizeof *s->h);
         memcpy(s->h->magic, SNAP_MAGIC, 8);
         s->h->version = SNAP_VERSION, s->h->header_bytes = HEADER_BYTES, s->h->run_id = id;
         s->h->uid = (uint32_t)getuid(), s->h->rank = rank, s->h->world_size = world_size;
+        s->h->shard_ranks = shape->shard_ranks, s->h->shard_rank = shape->shard_rank;
         s->h->floats = (uint64_t)floats, s->h->key = key;
         snprintf(s->h->run_dir, sizeof s->h->run_dir, "%s", real);
     }
@@ -229,6 +242,7 @@ static int each_segment(void (*fn)(void *ctx, const char *path, const segment_he
 
 typedef struct {
     uint64_t run_id; /* remove this run's segments (0: only stale ones) */
+    int keep_world;  /* > 0: only this run's segments of other world sizes */
     int removed;
 } sweep;
 
@@ -237,7 +251,7 @@ static void sweep_one(void *ctx, const char *path, const segment_header *h) {
     bool ours = !memcmp(h->magic, SNAP_MAGIC, 8) && h->uid == (uint32_t)getuid();
     if (!ours && memcmp(h->magic, SNAP_MAGIC, 8)) ours = true; /* unreadable or torn: no one can use it */
     if (!ours) return;
-    bool remove_it = w->run_id != 0 && h->run_id == w->run_id;
+    bool remove_it = w->run_id != 0 && h->run_id == w->run_id && h->world_size != w->keep_world;
     if (w->run_id == 0) { /* stale: its run directory is gone, or is another run now */
         uint64_t id;
         keel_error_capture(true);
@@ -255,6 +269,62 @@ int keel_snap_remove_run(const char *run_dir) {
     if (st != KEEL_OK) return 0;
     each_segment(sweep_one, &w);
     return w.removed;
+}
+
+int keel_snap_remove_other_worlds(const char *run_dir, int world_size) {
+    sweep w = {.keep_world = world_size};
+    keel_error_capture(true);
+    keel_status st = keel_snap_run_id(run_dir, &w.run_id, NULL, 0);
+    keel_error_capture(false);
+    if (st != KEEL_OK) return 0;
+    each_segment(sweep_one, &w);
+    return w.removed;
+}
+
+keel_snap_shape keel_snap_get_shape(const keel_snap *s) {
+    return (keel_snap_shape){.rank = s->h->rank, .world_size = s->h->world_size, .shard_ranks = s->h->shard_ranks,
+                             .shard_rank = s->h->shard_rank, .floats = (int64_t)s->h->floats};
+}
+
+typedef struct {
+    uint64_t run_id, key;
+    int world_size;
+    keel_snap **found;
+    int n;
+} others;
+
+static void open_other(void *ctx, const char *path, const segment_header *h) {
+    others *o = ctx;
+    if (memcmp(h->magic, SNAP_MAGIC, 8) || h->version != SNAP_VERSION || h->uid != (uint32_t)getuid() ||
+        h->run_id != o->run_id || h->key != o->key || h->world_size == o->world_size)
+        return;
+    keel_snap *s = keel_xcalloc(sizeof *s, "snapshot");
+    snprintf(s->path, sizeof s->path, "%s", path);
+    s->bytes = segment_bytes((int64_t)h->floats);
+    struct stat fs;
+    s->fd = open(path, O_RDONLY | O_CLOEXEC);
+    keel_error_capture(true);
+    bool ok = s->fd >= 0 && fstat(s->fd, &fs) == 0 && (size_t)fs.st_size == s->bytes && map_segment(s, false) == KEEL_OK;
+    keel_error_capture(false);
+    if (!ok) {
+        if (s->fd >= 0) close(s->fd);
+        keel_free(s);
+        return;
+    }
+    o->found = keel_xrealloc(o->found, sizeof *o->found * (size_t)(o->n + 1), "snapshots");
+    o->found[o->n++] = s;
+}
+
+int keel_snap_open_others(const char *run_dir, int world_size, uint64_t key, keel_snap ***out) {
+    others o = {.key = key, .world_size = world_size};
+    *out = NULL;
+    keel_error_capture(true);
+    keel_status st = keel_snap_run_id(run_dir, &o.run_id, NULL, 0);
+    keel_error_capture(false);
+    if (st != KEEL_OK) return 0;
+    each_segment(open_other, &o);
+    *out = o.found;
+    return o.n;
 }
 
 int keel_snap_remove_stale(void) {

@@ -2,6 +2,7 @@
  * (mpirun locally, srun in a Slurm allocation), what their messages say about
  * a failed rank, a child whose stderr we read line by line, and commands run
  * from argv vectors with a time limit (never through a shell). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -71,9 +72,28 @@ void keel_launch_env(void) {
     setenv("KEEL_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);
 }
 
+/* The backing directories of supervisors that are gone (killed -9 with their
+ * job): this user's /dev/shm/keel-mpi-<pid> whose process is not alive. */
+static void remove_orphaned_shm(void) {
+    DIR *d = opendir("/dev/shm");
+    if (!d) return;
+    struct dirent *e;
+    int pid;
+    while ((e = readdir(d))) {
+        char path[300];
+        struct stat st;
+        snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+        if (sscanf(e->d_name, "keel-mpi-%d", &pid) == 1 && pid > 0 && !keel_pid_alive(pid) &&
+            stat(path, &st) == 0 && st.st_uid == getuid())
+            keel_ckpt_remove_tree(path);
+    }
+    closedir(d);
+}
+
 void keel_launch_shm_begin(char *dir, size_t n) {
     dir[0] = 0;
     if (keel_launch_in_slurm() || getenv("OMPI_MCA_btl_vader_backing_directory")) return;
+    remove_orphaned_shm();
     snprintf(dir, n, "/dev/shm/keel-mpi-%d", (int)getpid());
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
         keel_log_warn("%s: cannot create (%s): OpenMPI keeps its shared memory in /dev/shm", dir, strerror(errno));

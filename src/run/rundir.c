@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "keel/ckpt.h"
 #include "keel/data.h"
@@ -64,6 +65,29 @@ static void drop(cJSON *root, const char *dotted) {
     if (sec) cJSON_DeleteItemFromObjectCaseSensitive(sec, dot + 1);
 }
 
+/* cfg's JSON without the keys a resume may change (caller frees). */
+static cJSON *fixed_part(const keel_config *cfg) {
+    char *text = keel_config_to_json(cfg);
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    for (int i = 0; RESUMABLE[i]; i++) drop(j, RESUMABLE[i]);
+    return j;
+}
+
+uint64_t keel_run_state_key(const keel_config *cfg, int64_t global_batch) {
+    cJSON *j = fixed_part(cfg);
+    char *text = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    XXH3_state_t *x = XXH3_createState();
+    KEEL_CHECK(x && XXH3_64bits_reset(x) == XXH_OK, "XXH3 state");
+    XXH3_64bits_update(x, text, strlen(text));
+    XXH3_64bits_update(x, &global_batch, sizeof global_batch);
+    uint64_t key = XXH3_64bits_digest(x);
+    XXH3_freeState(x);
+    free(text);
+    return key;
+}
+
 /* The first dotted key whose value differs between a and b, or false. */
 static bool first_difference(const cJSON *a, const cJSON *b, const char *prefix, char *out, size_t n) {
     const cJSON *x;
@@ -94,15 +118,11 @@ static keel_status check_same_run(const keel_config *cfg, const char *run_dir) {
         keel_config_free(&saved);
         return st;
     }
-    char *ta = keel_config_to_json(&saved), *tb = keel_config_to_json(cfg);
-    cJSON *a = cJSON_Parse(ta), *b = cJSON_Parse(tb);
-    for (int i = 0; RESUMABLE[i]; i++) drop(a, RESUMABLE[i]), drop(b, RESUMABLE[i]);
+    cJSON *a = fixed_part(&saved), *b = fixed_part(cfg);
     char key[256];
     bool differs = first_difference(a, b, "", key, sizeof key);
     cJSON_Delete(a);
     cJSON_Delete(b);
-    free(ta);
-    free(tb);
     keel_config_free(&saved);
     if (!differs) return KEEL_OK;
     keel_errorf("%s: this run directory holds a run whose %s differs from the config given; a "

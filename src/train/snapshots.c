@@ -32,6 +32,8 @@
 #include <xxhash.h>
 
 #include "keel/ckpt.h"
+#include "keel/fsdp.h"
+#include "keel/run.h"
 #include "keel/train.h"
 #include "train/trainer.h"
 
@@ -41,6 +43,8 @@ struct trainer_snap {
     keel_snap *own, *replica;      /* this rank's segment; the replica it keeps of rank `from` */
     int to, from;                  /* the buddy this rank's snapshots go to / come from (-1: none) */
     int *holder;                   /* (world) which rank keeps each rank's replica (-1: none) */
+    int *shard_of;                 /* (world) each rank's shard rank */
+    uint64_t key;                  /* what the state must match: keel_run_state_key */
     /* the snapshot in flight */
     int step;
     float *dst;                    /* its slot */
@@ -128,14 +132,21 @@ void trainer_snap_init(trainer *t) {
     if (s->every <= 0) return;
     s->floats = trainer_ckpt_packed_floats(t);
     pick_buddies(t, s);
-    /* keyed by the run's configuration: a changed one resumes from disk */
-    char *config = keel_config_to_json(t->cfg);
-    uint64_t key = XXH3_64bits(config, strlen(config));
-    free(config);
+    const keel_fsdp_plan *plan = keel_fsdp_get_plan(t->fsdp);
+    double mine = keel_fsdp_shard_rank(t->fsdp), *all = keel_xmalloc(sizeof(double) * (size_t)t->world_size, "shards");
+    keel_comm_allgather(t->world, &mine, all, 1, KEEL_COMM_F64);
+    s->shard_of = keel_xmalloc(sizeof(int) * (size_t)t->world_size, "shards");
+    for (int r = 0; r < t->world_size; r++) s->shard_of[r] = (int)all[r];
+    keel_free(all);
+    /* keyed by the run's model, data and global batch: another one resumes from disk */
+    s->key = keel_run_state_key(t->cfg, trainer_global_batch(t));
+    keel_snap_shape own = {t->rank, t->world_size, plan->shard_ranks, s->shard_of[t->rank], s->floats};
     keel_error_capture(true);
-    keel_status st = keel_snap_open(t->run_dir, t->rank, t->world_size, s->floats, key, false, &s->own);
-    if (st == KEEL_OK && s->from >= 0)
-        st = keel_snap_open(t->run_dir, s->from, t->world_size, s->floats, key, true, &s->replica);
+    keel_status st = keel_snap_open(t->run_dir, &own, s->key, false, &s->own);
+    if (st == KEEL_OK && s->from >= 0) {
+        keel_snap_shape rep = {s->from, t->world_size, plan->shard_ranks, s->shard_of[s->from], s->floats};
+        st = keel_snap_open(t->run_dir, &rep, s->key, true, &s->replica);
+    }
     keel_error_capture(false);
     if (st != KEEL_OK) {
         keel_log_warn("in-memory snapshots off: %s", keel_last_error());
@@ -170,6 +181,7 @@ void trainer_snap_free(trainer *t, bool completed) {
     finish_exchange(s);
     close_all(s, completed); /* a run that completed has no use for them */
     keel_free(s->holder);
+    keel_free(s->shard_of);
     keel_free(s);
     t->snap = NULL;
 }
@@ -301,6 +313,194 @@ static bool load(trainer *t, int64_t step, int *from_buddies) {
     return all;
 }
 
+/* ---- resume at another world size ---------------------------------------------
+ *
+ * A relaunch on another number of ranks (a shrink after a node is lost, a
+ * larger allocation) finds the last world's segments in its nodes' shared
+ * memory under their own names (-w<world size>-), in the layout of that
+ * world's checkpoint files. The ranks agree on the newest step every old
+ * shard can be had at, each old shard served by the first rank whose node
+ * holds it (its own segment or a buddy's replica) and verified there; then,
+ * in W rounds of one exchange (a ring: round d, rank r serves rank r+d), every
+ * rank gathers the canonical ranges it now owns into its own new segment,
+ * commits it and loads it — as a disk checkpoint is resharded. */
+
+typedef struct {
+    const keel_fsdp_plan *old, *plan; /* the last world's layout, this one's */
+    const int *server;                /* (old shard ranks) which rank serves each old shard */
+} reshard_map;
+
+/* Each piece rank q (shard rank `shard`) needs, in order: fn(ctx, old shard,
+ * where in it, where in q's packed shard, floats). */
+static void each_piece(const reshard_map *m, int shard, void (*fn)(void *, int, int64_t, int64_t, int64_t),
+                       void *ctx) {
+    keel_param_range *ranges;
+    int n = keel_fsdp_param_ranges(m->plan, shard, &ranges);
+    for (int a = 0; a < KEEL_CKPT_ARRAYS; a++)
+        for (int i = 0; i < n; i++) {
+            int64_t p = ranges[i].begin, len = ranges[i].len, dst = a * m->plan->shard_total + ranges[i].buffer_offset;
+            int u = 0;
+            while (len > 0) {
+                while (p >= m->old->units[u].offset + m->old->units[u].logical) u++;
+                const keel_fsdp_unit *x = &m->old->units[u];
+                int64_t pos = p - x->offset, within = pos % x->shard, k = x->shard - within;
+                k = k < len ? k : len;
+                fn(ctx, (int)(pos / x->shard), a * m->old->shard_total + x->shard_offset + within, dst, k);
+                p += k, dst += k, len -= k;
+            }
+        }
+    keel_free(ranges);
+}
+
+typedef struct {
+    const reshard_map *m;
+    int server;                /* pieces served by this rank only */
+    int64_t count;             /* floats */
+    float *buf;                /* pack from src[], or unpack into dst (NULL: count only) */
+    const float *const *src;   /* (old shard ranks) the verified data this rank serves */
+    float *dst;
+    bool unpack;
+} piece_walk;
+
+static void walk_piece(void *ctx, int shard, int64_t from, int64_t to, int64_t n) {
+    piece_walk *w = ctx;
+    if (w->m->server[shard] != w->server) return;
+    if (w->buf && !w->unpack) memcpy(w->buf + w->count, w->src[shard] + from, sizeof(float) * (size_t)n);
+    if (w->buf && w->unpack) memcpy(w->dst + to, w->buf + w->count, sizeof(float) * (size_t)n);
+    w->count += n;
+}
+
+/* The floats rank q (shard rank `shard`) gets from rank `server`. */
+static int64_t piece_floats(const reshard_map *m, int shard, int server) {
+    piece_walk w = {.m = m, .server = server};
+    each_piece(m, shard, walk_piece, &w);
+    return w.count;
+}
+
+/* This node's segments of the last world that hold `step` (every one when step < 0). */
+static int64_t newest_other(keel_snap *const *seg, int n, int64_t floor, int64_t below) {
+    int64_t best = 0, have[2];
+    for (int i = 0; i < n; i++)
+        for (int j = 0, k = keel_snap_steps(seg[i], have); j < k; j++)
+            if (have[j] >= floor && have[j] < below && have[j] > best) best = have[j];
+    return best;
+}
+
+static bool seg_holds(const keel_snap *x, int64_t step) {
+    int64_t have[2];
+    int n = keel_snap_steps(x, have);
+    return (n > 0 && have[0] == step) || (n > 1 && have[1] == step);
+}
+
+/* Gather step `step` of the last world (world_size wo, shard ranks so) into
+ * this rank's segment and arrays. false: an old shard is nowhere, or failed
+ * its checksum (every rank agrees). Collective. */
+static bool reshard_step(trainer *t, keel_snap *const *seg, int n, int64_t step, int wo, int so) {
+    trainer_snap *s = t->snap;
+    int W = t->world_size;
+    const keel_fsdp_plan *plan = keel_fsdp_get_plan(t->fsdp);
+    const keel_model_layout *lay = keel_model_get_layout(t->model);
+    const float **src = keel_xcalloc(sizeof(float *) * (size_t)so, "reshard");
+    keel_snap **here = keel_xcalloc(sizeof(keel_snap *) * (size_t)so, "reshard");
+    double *have = keel_xcalloc(sizeof(double) * (size_t)so, "reshard");
+    double *all = keel_xmalloc(sizeof(double) * (size_t)so * (size_t)W, "reshard");
+    int *server = keel_xmalloc(sizeof(int) * (size_t)so, "reshard");
+    for (int i = 0; i < n; i++) {
+        keel_snap_shape x = keel_snap_get_shape(seg[i]);
+        if (x.world_size == wo && x.shard_ranks == so && x.shard_rank >= 0 && x.shard_rank < so &&
+            seg_holds(seg[i], step) && !here[x.shard_rank])
+            here[x.shard_rank] = seg[i], have[x.shard_rank] = 1;
+    }
+    keel_comm_allgather(t->world, have, all, (size_t)so, KEEL_COMM_F64);
+    double bad = 0;
+    for (int j = 0; j < so; j++) {
+        server[j] = -1;
+        for (int r = W - 1; r >= 0; r--)
+            if (all[(size_t)r * (size_t)so + (size_t)j] != 0) server[j] = r;
+        if (server[j] < 0) bad = 1;
+        if (server[j] != t->rank) continue;
+        keel_error_capture(true);
+        keel_status st = keel_snap_get(here[j], step, &src[j]);
+        keel_error_capture(false);
+        if (st != KEEL_OK) {
+            keel_log_warn("%s", keel_last_error());
+            keel_event(t->run_dir, "snapshot_damaged", step, "rank %d: %s", t->rank, keel_last_error());
+            bad = 1;
+        }
+    }
+    keel_comm_allreduce_scalar(t->world, &bad, KEEL_COMM_MAX);
+    if (bad == 0) {
+        keel_fsdp_plan old;
+        keel_fsdp_plan_init(&old, lay, so);
+        reshard_map m = {&old, plan, server};
+        int slot;
+        float *into = keel_snap_begin(s->own, step, &slot);
+        /* round d: rank r serves rank r+d and is served by rank r-d; the
+         * exchange is as long as the longest of the round's (every rank agrees) */
+        int64_t most = 0;
+        for (int d = 0; d < W; d++)
+            for (int r = 0; r < W; r++) {
+                int64_t k = piece_floats(&m, s->shard_of[(r + d) % W], r);
+                most = k > most ? k : most;
+            }
+        float *out = keel_xmalloc(sizeof(float) * (size_t)most + 1, "reshard"), *in = keel_xmalloc(sizeof(float) * (size_t)most + 1, "reshard");
+        for (int d = 0; d < W; d++) {
+            int to = (t->rank + d) % W, from = (t->rank - d + W) % W;
+            int64_t count = 0;
+            for (int r = 0; r < W; r++) {
+                int64_t k = piece_floats(&m, s->shard_of[(r + d) % W], r);
+                count = k > count ? k : count;
+            }
+            if (count == 0) continue;
+            piece_walk give = {.m = &m, .server = t->rank, .buf = out, .src = src};
+            each_piece(&m, s->shard_of[to], walk_piece, &give);
+            piece_walk take = {.m = &m, .server = from, .buf = d ? in : out, .dst = into, .unpack = true};
+            if (d) keel_comm_sendrecv(t->world, out, to, in, from, (size_t)count, KEEL_COMM_F32);
+            each_piece(&m, s->shard_of[t->rank], walk_piece, &take);
+        }
+        keel_free(out);
+        keel_free(in);
+        keel_snap_commit(s->own, slot, step);
+        trainer_ckpt_unpack(t, into);
+        keel_fsdp_plan_free(&old);
+    }
+    keel_free(src);
+    keel_free(here);
+    keel_free(have);
+    keel_free(all);
+    keel_free(server);
+    return bad == 0;
+}
+
+/* Resume from the last world's segments: the newest step at least `disk`
+ * that every old shard can be had at, then older ones. The step, or 0. */
+static int64_t reshard(trainer *t, int64_t disk, char *how, size_t how_n) {
+    keel_snap **seg;
+    int n = keel_snap_open_others(t->run_dir, t->world_size, t->snap->key, &seg);
+    int64_t below = INT64_MAX, done = 0;
+    for (;;) {
+        double step = (double)newest_other(seg, n, disk > 1 ? disk : 1, below), wo = 0, so = 0;
+        keel_comm_allreduce_scalar(t->world, &step, KEEL_COMM_MAX);
+        if (step <= 0) break;
+        for (int i = 0; i < n; i++) /* the world that saved it (the newest, should two have) */
+            if (seg_holds(seg[i], (int64_t)step)) {
+                keel_snap_shape x = keel_snap_get_shape(seg[i]);
+                if (x.world_size > wo) wo = x.world_size, so = x.shard_ranks;
+            }
+        keel_comm_allreduce_scalar(t->world, &wo, KEEL_COMM_MAX);
+        keel_comm_allreduce_scalar(t->world, &so, KEEL_COMM_MAX);
+        if (reshard_step(t, seg, n, (int64_t)step, (int)wo, (int)so)) {
+            done = (int64_t)step;
+            snprintf(how, how_n, ", resharded from %d rank(s)", (int)wo);
+            break;
+        }
+        below = (int64_t)step;
+    }
+    for (int i = 0; i < n; i++) keel_snap_close(seg[i], false);
+    keel_free(seg);
+    return done;
+}
+
 bool trainer_snap_resume(trainer *t, int64_t disk) {
     trainer_snap *s = t->snap;
     if (s->every <= 0) return false;
@@ -315,10 +515,17 @@ bool trainer_snap_resume(trainer *t, int64_t disk) {
     int from_buddies = 0;
     int64_t step = newest_reachable(t, held, disk, INT64_MAX), tried = step;
     while (step > 0 && !(loaded = load(t, step, &from_buddies))) step = newest_reachable(t, held, disk, step);
+    char how[96] = "";
+    int64_t resharded = loaded ? 0 : reshard(t, disk, how, sizeof how);
+    if (resharded > 0) loaded = true, step = resharded;
+    /* the last world's segments have served: every rank has read what it needs */
+    keel_comm_barrier(t->world);
+    keel_snap_remove_other_worlds(t->run_dir, t->world_size);
     if (loaded && t->leader) {
         double secs = keel_now_s() - t0;
         char buddies[64] = "";
         if (from_buddies) snprintf(buddies, sizeof buddies, ", %d of them from their buddies' replicas", from_buddies);
+        snprintf(buddies + strlen(buddies), sizeof buddies - strlen(buddies), "%s", how);
         keel_log_info("resuming from the in-memory snapshot of step %lld, verified and loaded in %.2f s%s",
                       (long long)step, secs, buddies);
         keel_event(t->run_dir, "resumed", step, "from memory (the snapshot of step %lld) on %d rank(s)%s; "

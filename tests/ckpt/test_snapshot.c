@@ -17,6 +17,12 @@ static void fill(float *x, int64_t step) {
     for (int i = 0; i < FLOATS; i++) x[i] = (float)step * 1000 + (float)i;
 }
 
+/* rank's segment of a world_size run, one shard per rank */
+static keel_status open_seg(const char *dir, int rank, int world_size, uint64_t key, bool replica, keel_snap **s) {
+    keel_snap_shape shape = {rank, world_size, world_size, rank, FLOATS};
+    return keel_snap_open(dir, &shape, key, replica, s);
+}
+
 static void snapshot(keel_snap *s, int64_t step) {
     int slot;
     fill(keel_snap_begin(s, step, &slot), step);
@@ -27,7 +33,7 @@ int main(void) {
     char dir[256];
     if (!temp_dir_create(dir, sizeof dir, "snapshot")) return 1;
     keel_snap *s;
-    EXPECT(keel_snap_open(dir, 1, 2, FLOATS, 42, false, &s) == KEEL_OK, "segment created");
+    EXPECT(open_seg(dir, 1, 2, 42, false, &s) == KEEL_OK, "segment created");
     int64_t steps[2];
     EXPECT(keel_snap_steps(s, steps) == 0, "a new segment has no snapshot");
     snapshot(s, 5);
@@ -47,7 +53,7 @@ int main(void) {
     float *dst = keel_snap_begin(s, 8, &slot);
     dst[3] = -1;
     keel_snap_close(s, false);
-    EXPECT(keel_snap_open(dir, 1, 2, FLOATS, 42, false, &s) == KEEL_OK, "reopened");
+    EXPECT(open_seg(dir, 1, 2, 42, false, &s) == KEEL_OK, "reopened");
     n = keel_snap_steps(s, steps);
     EXPECT(n == 1 && steps[0] == 7, "after a torn write only step 7 is offered (%d)", n);
     fill(want, 7);
@@ -78,7 +84,7 @@ int main(void) {
     keel_snap_close(s, false);
 
     /* another key (configuration) or world size: the segment starts over */
-    EXPECT(keel_snap_open(dir, 1, 2, FLOATS, 43, false, &s) == KEEL_OK && keel_snap_steps(s, steps) == 0,
+    EXPECT(open_seg(dir, 1, 2, 43, false, &s) == KEEL_OK && keel_snap_steps(s, steps) == 0,
            "a segment of another key is emptied");
     /* a relaunch resumed from step 7 of steps 8 and 7: its step 8 replaces the
      * abandoned one, and step 7 stays (no slot holds two copies of step 8) */
@@ -92,28 +98,48 @@ int main(void) {
     EXPECT(keel_snap_steps(s, steps) == 0, "steps after a resumed one are dropped");
     snapshot(s, 8);
     keel_snap_close(s, false);
-    EXPECT(keel_snap_open(dir, 1, 4, FLOATS, 43, false, &s) == KEEL_OK && keel_snap_steps(s, steps) == 0,
-           "a segment of another shape is emptied");
-    snapshot(s, 9);
+    keel_snap_shape other = {1, 2, 1, 0, FLOATS};
+    EXPECT(keel_snap_open(dir, &other, 43, false, &s) == KEEL_OK && keel_snap_steps(s, steps) == 0,
+           "a segment of another layout is emptied");
+    snapshot(s, 8);
     keel_snap_close(s, false);
     EXPECT(access(path, F_OK) == 0, "closing keeps the segment");
 
+    /* another world size is a segment of its own: the last world's stay for a relaunch to reshard from */
+    keel_snap *w4, **found;
+    EXPECT(open_seg(dir, 1, 4, 43, false, &w4) == KEEL_OK && keel_snap_steps(w4, steps) == 0 &&
+               strstr(keel_snap_path(w4), "-w4-r1"), "world 4's segment: %s", keel_snap_path(w4));
+    snapshot(w4, 9);
+    n = keel_snap_open_others(dir, 4, 43, &found);
+    EXPECT(n == 1 && keel_snap_get_shape(found[0]).world_size == 2 && keel_snap_get_shape(found[0]).shard_ranks == 1 &&
+               keel_snap_get(found[0], 8, &got) == KEEL_OK, "world 4 finds world 2's segment, read-only (%d)", n);
+    for (int i = 0; i < n; i++) keel_snap_close(found[i], false);
+    keel_free(found);
+    EXPECT(keel_snap_open_others(dir, 4, 44, &found) == 0, "another key: none");
+    keel_free(found);
+    EXPECT(keel_snap_remove_other_worlds(dir, 4) == 1 && access(path, F_OK) != 0 &&
+               access(keel_snap_path(w4), F_OK) == 0, "world 2's removed, world 4's kept");
+    keel_snap_close(w4, true);
+
     /* a replica of rank 1 that its buddy keeps: a segment of its own */
     keel_snap *rep;
-    EXPECT(keel_snap_open(dir, 1, 2, FLOATS, 42, true, &rep) == KEEL_OK && strstr(keel_snap_path(rep), "-b1") &&
+    EXPECT(open_seg(dir, 1, 2, 42, true, &rep) == KEEL_OK && strstr(keel_snap_path(rep), "-b1") &&
                keel_snap_steps(rep, steps) == 0, "a replica segment: %s", keel_snap_path(rep));
     snapshot(rep, 11);
     keel_snap_close(rep, false);
+    EXPECT(open_seg(dir, 1, 2, 42, false, &s) == KEEL_OK, "reopened");
+    snprintf(path, sizeof path, "%s", keel_snap_path(s));
+    keel_snap_close(s, false);
     EXPECT(keel_snap_remove_run(dir) == 2 && access(path, F_OK) != 0, "removed with its run (own and replica)");
 
     /* a rank whose run is over removes its own */
-    EXPECT(keel_snap_open(dir, 1, 2, FLOATS, 42, false, &s) == KEEL_OK, "reopened");
+    EXPECT(open_seg(dir, 1, 2, 42, false, &s) == KEEL_OK, "reopened");
     snprintf(path, sizeof path, "%s", keel_snap_path(s));
     keel_snap_close(s, true);
     EXPECT(access(path, F_OK) != 0, "closed with remove: gone");
 
     /* stale: the run directory is gone */
-    EXPECT(keel_snap_open(dir, 0, 1, FLOATS, 42, false, &s) == KEEL_OK, "a segment of a run about to be deleted");
+    EXPECT(open_seg(dir, 0, 1, 42, false, &s) == KEEL_OK, "a segment of a run about to be deleted");
     snprintf(path, sizeof path, "%s", keel_snap_path(s));
     keel_snap_close(s, false);
     remove_tree(dir);

@@ -23,8 +23,6 @@ args=(--set train.steps=60 --set checkpoint.every_steps=50 --set resilience.back
 "$KEEL_BIN" train "$CFG" "${args[@]}" --run-dir "$TMP/ref" >"$TMP/ref.out" 2>&1 || { cat "$TMP/ref.out"; fail "reference run"; }
 want=$(json "$TMP/ref/summary.json" "j['params_xxh3']")
 
-# segments RUN: this run's snapshot segments in /dev/shm (their headers name the run directory)
-segments() { grep -l --null -a -- "$(realpath "$1")" /dev/shm/keel-snap-* 2>/dev/null | tr '\0' ' ' || true; }
 [ -z "$(segments "$TMP/ref")" ] || fail "segments left after a completed run: $(segments "$TMP/ref")"
 
 # (1) three kills, each of a random rank at a random step

@@ -7,8 +7,10 @@
 #   - with a spare node in the allocation, the spare takes its place and the run
 #     ends with the uninterrupted run's params_xxh3;
 #   - with no spare and resilience.min_ranks allowing it, the job shrinks to one
-#     rank, resumes resharded with accumulation keeping the global batch, and
-#     ends with the uninterrupted run's losses.
+#     rank, resumes resharded from the in-memory snapshots (the lost node's
+#     memory gone: its rank's state from the replica the other node kept) with
+#     accumulation keeping the global batch, and ends with the uninterrupted
+#     run's losses.
 source "$KEEL_SRC/tests/lib.sh"
 source "$KEEL_SRC/tests/slurm_cluster.sh"
 mpi_env
@@ -17,14 +19,21 @@ args=(--set train.steps=200 --set checkpoint.every_steps=10 --set resilience.bac
 "$KEEL_BIN" train "$CFG" "${args[@]}" --run-dir "$TMP/ref" >"$TMP/ref.out" 2>&1 || { cat "$TMP/ref.out"; fail "reference run"; }
 want=$(json "$TMP/ref/summary.json" "j['params_xxh3']")
 
-# break_rank_node RUN: make rank 1's node's checkpoint directory read-only there,
-# then kill rank 1; prints the node
+# break_rank_node RUN [lose_memory]: make rank 1's node's checkpoint directory
+# read-only there, then kill rank 1 (and with lose_memory remove the snapshot
+# segments that node held: rank 1's own and the replica of rank 0 it kept, as
+# if the node's memory were gone with it); prints the node
 break_rank_node() {
   local pid node
   pid=$(wait_train_step "$1" 1 50)
   node=$(hb node "$1" 1)
   node_mount_ro "$node" "$1/checkpoints"
   kill -9 "$pid"
+  if [ "${2:-}" = lose_memory ]; then
+    for seg in $(segments "$1"); do
+      case $seg in *-w2-r1|*-w2-b0) rm -f "$seg" ;; esac
+    done
+  fi
   echo "$node"
 }
 
@@ -54,12 +63,15 @@ slurm_cluster_start 2
 timeout 300 salloc -N 2 "$KEEL_BIN" train "$CFG" "${args[@]}" --set resilience.min_ranks=1 --run-dir "$TMP/shrink" \
   >"$TMP/shrink.out" 2>&1 &
 sup=$!
-bad=$(break_rank_node "$TMP/shrink")
+bad=$(break_rank_node "$TMP/shrink" lose_memory)
 rc=0; wait "$sup" || rc=$?
 [ "$rc" = 0 ] || { tail -20 "$TMP/shrink.out"; fail "shrink: exit $rc, want 0"; }
 grep -q '"event":"shrink".*2 -> 1 rank' "$TMP/shrink/events.jsonl" || fail "shrink: no shrink event"
 [ "$(json "$TMP/shrink/summary.json" "j['world_size']")" = 1 ] || fail "shrink: final world size is not 1"
 [ "$(json "$TMP/shrink/config.json" "j['train']['grad_accum_steps']")" = 2 ] || fail "shrink: accumulation not raised to 2"
+# the lost node's ranks' state came from the replica on the other node (one step behind), resharded
+grep '"event":"resumed"' "$TMP/shrink/events.jsonl" | tail -1 | grep -q "from memory.*resharded from 2 rank(s)" ||
+  fail "shrink: not resumed from memory: $(grep '"event":"resumed"' "$TMP/shrink/events.jsonl" | tail -1)"
 python3 - "$TMP/ref/metrics.jsonl" "$TMP/shrink/metrics.jsonl" <<'PY' || fail "shrink: losses differ from the uninterrupted run"
 import json, sys
 def losses(p):
