@@ -32,6 +32,7 @@ typedef enum {
     KEEL_ERR_NUMERIC = 4,  /* non-finite or diverged loss or gradient */
     KEEL_ERR_INTERNAL = 5, /* a bug in keel */
     KEEL_ERR_STOPPED = 6,  /* stopped on a signal after saving a checkpoint: resume me */
+    KEEL_ERR_UNHEALTHY = 7, /* a health check failed where the job runs */
 } keel_status;
 
 /* Exit codes of keel train and keel worker (README "Failure behaviour"). */
@@ -40,6 +41,7 @@ enum {
                                  saved: run the same keel train again to go on (EX_TEMPFAIL) */
     KEEL_EXIT_DIVERGED = 76,  /* the loss or gradient norm became NaN/Inf, or the loss
                                  exceeded resilience.max_loss */
+    KEEL_EXIT_UNHEALTHY = 77, /* a worker's health check (the mpi all-reduce) failed */
 };
 
 /* Exit code for a status: 0 ok, 2 bad input, 75 stopped (resume me),

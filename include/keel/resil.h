@@ -96,16 +96,26 @@ int keel_health_run(const keel_health_options *o, keel_health_result *out);
 bool keel_health_all_ok(const keel_health_result *r, int n);
 /* {"node": ..., "ok": ..., "checks": [{"name", "status", "value", "limit", "unit", "detail"}]} */
 char *keel_health_json(const char *node, const keel_health_result *r, int n);
-/* One rank of the mpi check (`keel health --mpi-probe`): all-reduce known
- * values, check the sum exactly, time it; rank 0 prints one JSON line. */
+/* The mpi check on a world: all-reduce 16 MB of known values, check the sum
+ * exactly (every rank agrees), time it. Collective. */
+typedef struct keel_comm keel_comm;
+bool keel_health_mpi_allreduce(keel_comm *world, double *bus_gbps, char *detail, size_t detail_n);
+/* One rank of the mpi check as a job of its own (`keel health --mpi-probe`):
+ * rank 0 prints one JSON line. */
 keel_status keel_health_mpi_probe(void);
+/* In a relaunch after a failure the supervisor sets this in the ranks'
+ * environment: they run the mpi check as their first collective instead of a
+ * probe job of its own, log its `health` event, and a failure exits
+ * KEEL_EXIT_UNHEALTHY. */
+#define KEEL_MPI_PROBE_ENV "KEEL_MPI_PROBE"
 
 /* ---- the policy (policy.c): pure functions, no I/O ------------------------------- */
 
 /* How a launch ended. */
 typedef enum { KEEL_END_COMPLETED, KEEL_END_STOPPED, KEEL_END_CRASHED, KEEL_END_HUNG, KEEL_END_DIVERGED,
-               KEEL_END_INPUT, KEEL_END_STRAGGLER } keel_end;
-/* completed, stopped, crash, hang, diverged, input_error, straggler (killed to drain its node) */
+               KEEL_END_INPUT, KEEL_END_STRAGGLER, KEEL_END_UNHEALTHY } keel_end;
+/* completed, stopped, crash, hang, diverged, input_error, straggler (killed to
+ * drain its node), unhealthy (the ranks' mpi check failed) */
 const char *keel_end_name(keel_end e);
 
 typedef struct {

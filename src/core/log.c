@@ -14,6 +14,7 @@ int keel_status_exit_code(keel_status st) {
     case KEEL_ERR_INPUT: return 2;
     case KEEL_ERR_STOPPED: return KEEL_EXIT_RESUME;
     case KEEL_ERR_NUMERIC: return KEEL_EXIT_DIVERGED;
+    case KEEL_ERR_UNHEALTHY: return KEEL_EXIT_UNHEALTHY;
     default: return 1;
     }
 }
@@ -27,6 +28,7 @@ const char *keel_status_str(keel_status st) {
     case KEEL_ERR_NUMERIC: return "non-finite value";
     case KEEL_ERR_INTERNAL: return "internal error";
     case KEEL_ERR_STOPPED: return "stopped on a signal";
+    case KEEL_ERR_UNHEALTHY: return "failed a health check";
     }
     return "unknown status";
 }

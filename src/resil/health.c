@@ -157,10 +157,7 @@ static void check_mpi(const keel_health_options *o, keel_health_result *r) {
     keel_launch_argv_free(argv);
 }
 
-keel_status keel_health_mpi_probe(void) {
-    keel_comm *world;
-    keel_status st = keel_comm_init(&world);
-    if (st != KEEL_OK) return st;
+bool keel_health_mpi_allreduce(keel_comm *world, double *bus_gbps, char *detail, size_t detail_n) {
     int rank = keel_comm_rank(world), W = keel_comm_size(world);
     const int64_t n = 4 << 20; /* 16 MB of floats */
     float *x = keel_xmalloc(sizeof(float) * (size_t)n, "mpi probe");
@@ -179,14 +176,24 @@ keel_status keel_health_mpi_probe(void) {
     keel_free(x);
     double all_bad = (double)bad;
     keel_comm_allreduce_scalar(world, &all_bad, KEEL_COMM_SUM);
-    double bus = W > 1 ? 2.0 * (W - 1) / W * (double)n * 4 / best / 1e9 : 0;
-    if (rank == 0)
-        printf("{\"ok\": %s, \"bus_gbps\": %.3f, \"detail\": \"%d rank(s): all-reduce of 16 MB %s, bus "
-               "bandwidth %.2f GB/s\"}\n", all_bad == 0 ? "true" : "false", bus, W,
-               all_bad == 0 ? "exact" : "WRONG", bus);
+    *bus_gbps = W > 1 ? 2.0 * (W - 1) / W * (double)n * 4 / best / 1e9 : 0;
+    snprintf(detail, detail_n, "%d rank(s): all-reduce of 16 MB %s, bus bandwidth %.2f GB/s", W,
+             all_bad == 0 ? "exact" : "WRONG", *bus_gbps);
+    return all_bad == 0;
+}
+
+keel_status keel_health_mpi_probe(void) {
+    keel_comm *world;
+    keel_status st = keel_comm_init(&world);
+    if (st != KEEL_OK) return st;
+    char detail[256];
+    double bus;
+    bool ok = keel_health_mpi_allreduce(world, &bus, detail, sizeof detail);
+    if (keel_comm_rank(world) == 0)
+        printf("{\"ok\": %s, \"bus_gbps\": %.3f, \"detail\": \"%s\"}\n", ok ? "true" : "false", bus, detail);
     fflush(stdout);
     keel_comm_finalize(world);
-    return all_bad == 0 ? KEEL_OK : KEEL_ERR_IO;
+    return ok ? KEEL_OK : KEEL_ERR_IO;
 }
 
 /* ---- gpu: this node's GPUs through NVML (keel_gpus, core/gpu.c) --------------- */

@@ -9,7 +9,7 @@
 
 const char *keel_end_name(keel_end e) {
     static const char *const names[] = {"completed", "stopped", "crash", "hang", "diverged", "input_error",
-                                        "straggler"};
+                                        "straggler", "unhealthy"};
     return names[e];
 }
 
@@ -86,6 +86,7 @@ keel_action keel_policy_decide(const keel_resilience_config *rc, const keel_poli
         return act(KEEL_ACT_STOP_RESUME, "stopped", KEEL_EXIT_RESUME, "stopped on a signal; state saved at "
                    "step %lld: run the same keel train command again to resume", (long long)o->checkpoint);
     if (o->kind == KEEL_END_INPUT) return act(KEEL_ACT_GIVE_UP, "stop", 2, "%s", o->cause);
+    if (o->kind == KEEL_END_UNHEALTHY) return act(KEEL_ACT_GIVE_UP, "stop", 1, "%s", o->cause);
     keel_action a = o->kind == KEEL_END_DIVERGED ? diverged(after, step, o->checkpoint)
                                                  : failed(rc, after, o, step);
     if (a.kind != KEEL_ACT_RELAUNCH) return a;

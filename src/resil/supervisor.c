@@ -62,6 +62,7 @@ typedef struct {
     double slowest_gap_s;        /* longest time between two progress marks of a training rank seen */
     char straggler_node[64];     /* resilience.straggler_action drain: the node to take out (empty: none) */
     char mpi_shm[64];            /* OpenMPI's shared-memory files of the local ranks ("": not ours to clean) */
+    bool probe_mpi;              /* the next launch's ranks run the mpi check first (KEEL_MPI_PROBE) */
 } supervisor;
 
 /* One launch, watched until its launcher exits. */
@@ -347,6 +348,7 @@ static void classify_exit(launch *l) {
     l->kind = code == 0                    ? KEEL_END_COMPLETED
               : code == KEEL_EXIT_RESUME   ? KEEL_END_STOPPED
               : code == KEEL_EXIT_DIVERGED ? KEEL_END_DIVERGED
+              : code == KEEL_EXIT_UNHEALTHY ? KEEL_END_UNHEALTHY
               : code == 2                  ? KEEL_END_INPUT
                                            : KEEL_END_CRASHED;
     if (l->kind == KEEL_END_CRASHED && l->rank >= 0)
@@ -361,6 +363,9 @@ static void classify_exit(launch *l) {
                  (long long)l->done + 1);
     else if (l->kind == KEEL_END_INPUT)
         snprintf(l->cause, sizeof l->cause, "a rank rejected its input (exit 2); see %s/logs/", run_dir);
+    else if (l->kind == KEEL_END_UNHEALTHY)
+        snprintf(l->cause, sizeof l->cause, "the MPI all-reduce check failed on the relaunched ranks (the mpi "
+                 "health event in %s/events.jsonl)", run_dir);
 }
 
 /* Every rank at the same step in training: compare their compute times; a
@@ -423,7 +428,10 @@ static keel_status run_launch(supervisor *sv, launch *l) {
     }
     const char *args[] = {"worker", sv->run_dir, NULL};
     char **argv = keel_launch_argv(sv->self, &spec, args);
+    if (sv->probe_mpi) setenv(KEEL_MPI_PROBE_ENV, "1", 1);
     keel_status st = keel_proc_start(argv, &l->proc);
+    unsetenv(KEEL_MPI_PROBE_ENV);
+    sv->probe_mpi = false;
     if (st != KEEL_OK) {
         keel_launch_argv_free(argv);
         return st;
@@ -602,20 +610,6 @@ static bool shrink_config(supervisor *sv, int nproc, char *why, size_t why_n) {
     return st == KEEL_OK;
 }
 
-/* The MPI all-reduce over the ranks that will run next. */
-static bool check_mpi(supervisor *sv, char *why, size_t why_n) {
-    char nodelist[4096] = "";
-    if (sv->nodes) active_nodelist(sv, nodelist, sizeof nodelist);
-    keel_health_options o = {.cfg = sv->cfg, .nproc = sv->nproc, .checks = 1u << KEEL_CHECK_MPI,
-                             .nodelist = nodelist[0] ? nodelist : NULL, .nodes = sv->nodes ? sv->active : 0};
-    keel_health_result r;
-    keel_health_run(&o, &r);
-    bool ok = r.status != KEEL_HEALTH_FAIL;
-    keel_event(sv->run_dir, "health", -1, "ranks %d: mpi %s: %s", sv->nproc, ok ? "pass" : "fail", r.detail);
-    if (!ok) snprintf(why, why_n, "the MPI all-reduce check failed: %s", r.detail);
-    return ok;
-}
-
 /* Health-check every active node; exclude (local) or drain (Slurm) the ones
  * that fail, then fill the gap with a spare, or shrink if resilience.min_ranks
  * allows. false: nothing left to run on (the run stops, *why says so). */
@@ -660,7 +654,9 @@ static bool check_nodes(supervisor *sv, char *why, size_t why_n) {
         break;
     case KEEL_NODES_KEEP: break;
     }
-    return !(sv->cfg->resilience.health_checks & (1u << KEEL_CHECK_MPI)) || check_mpi(sv, why, why_n);
+    /* the mpi check: the relaunched ranks' first collective (a probe job of its own would cost a launch) */
+    sv->probe_mpi = sv->cfg->resilience.health_checks & (1u << KEEL_CHECK_MPI);
+    return true;
 }
 
 /* ---- the end: summary.json ----------------------------------------------------------- */

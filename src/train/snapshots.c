@@ -377,7 +377,7 @@ static int64_t piece_floats(const reshard_map *m, int shard, int server) {
     return w.count;
 }
 
-/* This node's segments of the last world that hold `step` (every one when step < 0). */
+/* The newest step committed in these segments, at least floor and below `below` (0: none). */
 static int64_t newest_other(keel_snap *const *seg, int n, int64_t floor, int64_t below) {
     int64_t best = 0, have[2];
     for (int i = 0; i < n; i++)
@@ -437,29 +437,28 @@ static bool reshard_step(trainer *t, keel_snap *const *seg, int n, int64_t step,
         float *into = keel_snap_begin(s->own, step, &slot);
         /* round d: rank r serves rank r+d and is served by rank r-d; the
          * exchange is as long as the longest of the round's (every rank agrees) */
-        int64_t most = 0;
+        int64_t most = 0, *round = keel_xcalloc(sizeof(int64_t) * (size_t)W, "reshard");
         for (int d = 0; d < W; d++)
             for (int r = 0; r < W; r++) {
                 int64_t k = piece_floats(&m, s->shard_of[(r + d) % W], r);
+                round[d] = k > round[d] ? k : round[d];
                 most = k > most ? k : most;
             }
-        float *out = keel_xmalloc(sizeof(float) * (size_t)most + 1, "reshard"), *in = keel_xmalloc(sizeof(float) * (size_t)most + 1, "reshard");
+        float *out = keel_xmalloc(sizeof(float) * (size_t)most + 1, "reshard");
+        float *in = keel_xmalloc(sizeof(float) * (size_t)most + 1, "reshard");
         for (int d = 0; d < W; d++) {
             int to = (t->rank + d) % W, from = (t->rank - d + W) % W;
-            int64_t count = 0;
-            for (int r = 0; r < W; r++) {
-                int64_t k = piece_floats(&m, s->shard_of[(r + d) % W], r);
-                count = k > count ? k : count;
-            }
-            if (count == 0) continue;
+            if (round[d] == 0) continue;
             piece_walk give = {.m = &m, .server = t->rank, .buf = out, .src = src};
             each_piece(&m, s->shard_of[to], walk_piece, &give);
+            memset(out + give.count, 0, sizeof(float) * (size_t)(round[d] - give.count)); /* the round's padding */
             piece_walk take = {.m = &m, .server = from, .buf = d ? in : out, .dst = into, .unpack = true};
-            if (d) keel_comm_sendrecv(t->world, out, to, in, from, (size_t)count, KEEL_COMM_F32);
+            if (d) keel_comm_sendrecv(t->world, out, to, in, from, (size_t)round[d], KEEL_COMM_F32);
             each_piece(&m, s->shard_of[t->rank], walk_piece, &take);
         }
         keel_free(out);
         keel_free(in);
+        keel_free(round);
         keel_snap_commit(s->own, slot, step);
         trainer_ckpt_unpack(t, into);
         keel_fsdp_plan_free(&old);

@@ -18,6 +18,7 @@
 #include "keel/model.h"
 #include "keel/obs.h"
 #include "keel/optim.h"
+#include "keel/resil.h"
 #include "keel/run.h"
 #include "keel/train.h"
 #include "train/trainer.h"
@@ -600,6 +601,20 @@ keel_status keel_train_run(keel_config *cfg, const char *run_dir) {
     return st;
 }
 
+/* A relaunch after a failure: the supervisor's mpi health check is the job's
+ * first collective, on the ranks that will train (KEEL_MPI_PROBE_ENV). */
+static keel_status check_mpi(trainer *t) {
+    keel_heartbeat_progress(t->heartbeat, "mpi check");
+    char detail[256];
+    double bus;
+    bool ok = keel_health_mpi_allreduce(t->world, &bus, detail, sizeof detail);
+    if (t->leader)
+        keel_event(t->run_dir, "health", -1, "ranks %d: mpi %s: %s", t->world_size, ok ? "pass" : "fail", detail);
+    if (ok) return KEEL_OK;
+    keel_errorf("the MPI all-reduce check failed: %s", detail);
+    return KEEL_ERR_UNHEALTHY;
+}
+
 keel_status keel_train_worker(const char *run_dir) {
     struct sigaction old[3];
     catch_stop_signals(old);
@@ -622,8 +637,9 @@ keel_status keel_train_worker(const char *run_dir) {
     } else if (log) {
         keel_log_set_file(log);
     }
-    keel_config cfg;
-    st = keel_run_load_config(run_dir, &cfg);
+    if (getenv(KEEL_MPI_PROBE_ENV)) st = check_mpi(&t);
+    keel_config cfg = {0};
+    if (st == KEEL_OK) st = keel_run_load_config(run_dir, &cfg);
     t.cfg = &cfg;
     if (st == KEEL_OK) st = open_inputs(&t);
     if (st == KEEL_OK) {

@@ -12,7 +12,9 @@ shm_before=$(ls /dev/shm | grep -c '^vader_segment' || true)
 rc=0
 KEEL_FAULT=kill@6:1 "$KEEL_BIN" train "$CFG" --set train.steps=50 --set checkpoint.every_steps=40 \
   --set resilience.crash_loop=3 --set resilience.max_restarts=10 --set resilience.backoff_s=0.1 --nproc 2 \
-  --run-dir "$TMP/run" >"$TMP/out" 2>"$TMP/err" || rc=$?
+  --run-dir "$TMP/run" >"$TMP/out" 2>"$TMP/err" &
+sup=$!
+wait "$sup" || rc=$?
 [ "$rc" = 1 ] || fail "exit $rc, want 1: $(tail -3 "$TMP/err")"
 [ "$(event_count "$TMP/run" failure)" = 3 ] || fail "$(event_count "$TMP/run" failure) failures, want 3"
 [ "$(event_count "$TMP/run" restart)" = 2 ] || fail "$(event_count "$TMP/run" restart) restarts, want 2"
@@ -22,14 +24,17 @@ KEEL_FAULT=kill@6:1 "$KEEL_BIN" train "$CFG" --set train.steps=50 --set checkpoi
 # never mix into the next one's snapshots
 [ "$(grep -c '"event":"resumed".*from memory' "$TMP/run/events.jsonl")" = 2 ] ||
   fail "the relaunches did not both resume from memory: $(grep -E '"resumed"|"recovered"' "$TMP/run/events.jsonl")"
+# the mpi health check of each relaunch runs on its ranks, as their first collective
+[ "$(grep -c '"event":"health".*ranks 2: mpi pass: 2 rank(s): all-reduce of 16 MB exact' "$TMP/run/events.jsonl")" = 2 ] ||
+  fail "no mpi check by each relaunch's ranks: $(grep '"health"' "$TMP/run/events.jsonl")"
 grep -q '"event":"stop".*crash loop: 3 failures in a row in step 6 or before' "$TMP/run/events.jsonl" ||
   fail "no crash-loop stop event: $(grep '"stop"' "$TMP/run/events.jsonl")"
 grep -q "keel: error: crash loop: 3 failures in a row" "$TMP/err" || fail "no report: $(tail -2 "$TMP/err")"
 [ "$(json "$TMP/run/summary.json" "j['status']")" = failed ] || fail "summary status"
 pass "crash loop stopped after 3 failures in step 6: $(grep 'keel: error' "$TMP/err")"
 shm_after=$(ls /dev/shm | grep -c '^vader_segment' || true)
-[ "$shm_after" -le "$shm_before" ] && ! ls -d /dev/shm/keel-mpi-* >/dev/null 2>&1 ||
-  fail "OpenMPI shared memory left in /dev/shm: vader segments $shm_before -> $shm_after, $(ls -d /dev/shm/keel-mpi-* 2>/dev/null)"
+[ "$shm_after" -le "$shm_before" ] && [ ! -e "/dev/shm/keel-mpi-$sup" ] ||
+  fail "OpenMPI shared memory left in /dev/shm: vader segments $shm_before -> $shm_after, $(ls -d /dev/shm/keel-mpi-$sup 2>/dev/null)"
 pass "no OpenMPI shared memory left behind by 3 killed launches"
 
 expect_input_error "bad KEEL_FAULT" "KEEL_FAULT=explode@3: expected kill@STEP, stop@STEP or hang@STEP" \

@@ -70,6 +70,8 @@ static const scenario SCENARIOS[] = {
      {{KEEL_END_CRASHED, 30, 25, true, KEEL_ACT_STOP_RESUME, "stopped", KEEL_EXIT_RESUME, 0, 0, "run the same keel train command again"}}, 1},
     {"bad input stops at once with exit 2, even when asked to stop", 10, 3,
      {{KEEL_END_INPUT, 0, 0, true, KEEL_ACT_GIVE_UP, "stop", 2, 0, 0, "rejected"}}, 1},
+    {"the relaunched ranks' mpi check failed: stop, not relaunch", 10, 3,
+     {{KEEL_END_UNHEALTHY, 12, 10, false, KEEL_ACT_GIVE_UP, "stop", 1, 0, 0, "rejected"}}, 1},
     {"max_restarts gives up", 1, 5,
      {RELAUNCH(KEEL_END_CRASHED, 12, 10, 0),
       {KEEL_END_CRASHED, 22, 20, false, KEEL_ACT_GIVE_UP, "stop", 1, 0, 0, "gave up after 1 restart(s) (resilience.max_restarts)"}}, 2},
