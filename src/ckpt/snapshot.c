@@ -264,25 +264,25 @@ static void sweep_one(void *ctx, const char *path, const segment_header *h) {
     if (remove_it && unlink(path) == 0) w->removed++;
 }
 
-int keel_snap_remove_run(const char *run_dir) {
-    sweep w = {0};
+/* The run id of run_dir, or false (a directory gone has no segments to find). */
+static bool run_id_of(const char *run_dir, uint64_t *id) {
     keel_error_capture(true);
-    keel_status st = keel_snap_run_id(run_dir, &w.run_id, NULL, 0);
+    keel_status st = keel_snap_run_id(run_dir, id, NULL, 0);
     keel_error_capture(false);
-    if (st != KEEL_OK) return 0;
+    return st == KEEL_OK;
+}
+
+/* Unlink run_dir's segments but those of world size keep_world (0: none kept). */
+static int remove_of_run(const char *run_dir, int keep_world) {
+    sweep w = {.keep_world = keep_world};
+    if (!run_id_of(run_dir, &w.run_id)) return 0;
     each_segment(sweep_one, &w);
     return w.removed;
 }
 
-int keel_snap_remove_other_worlds(const char *run_dir, int world_size) {
-    sweep w = {.keep_world = world_size};
-    keel_error_capture(true);
-    keel_status st = keel_snap_run_id(run_dir, &w.run_id, NULL, 0);
-    keel_error_capture(false);
-    if (st != KEEL_OK) return 0;
-    each_segment(sweep_one, &w);
-    return w.removed;
-}
+int keel_snap_remove_run(const char *run_dir) { return remove_of_run(run_dir, 0); }
+
+int keel_snap_remove_other_worlds(const char *run_dir, int world_size) { return remove_of_run(run_dir, world_size); }
 
 keel_snap_shape keel_snap_get_shape(const keel_snap *s) {
     return (keel_snap_shape){.rank = s->h->rank, .world_size = s->h->world_size, .shard_ranks = s->h->shard_ranks,
@@ -322,10 +322,7 @@ static void open_other(void *ctx, const char *path, const segment_header *h) {
 int keel_snap_open_others(const char *run_dir, int world_size, uint64_t key, keel_snap ***out) {
     others o = {.key = key, .world_size = world_size};
     *out = NULL;
-    keel_error_capture(true);
-    keel_status st = keel_snap_run_id(run_dir, &o.run_id, NULL, 0);
-    keel_error_capture(false);
-    if (st != KEEL_OK) return 0;
+    if (!run_id_of(run_dir, &o.run_id)) return 0;
     each_segment(open_other, &o);
     *out = o.found;
     return o.n;
