@@ -2,7 +2,8 @@
 # tests (sourced after tests/lib.sh). Debian's Slurm runs several slurmd on one
 # host, each its own node (../shared/notes/slurm-mpi.md): slurm_cluster_start N
 # starts slurmctld and nodes n1..nN (auth/none, ~1 s) and exports SLURM_CONF;
-# slurm_cluster_stop (also run on exit) stops them. Each slurmd runs in a mount
+# slurm_cluster_stop (also run on exit) stops them; $SLURM_EXTRA_CONF (lines)
+# goes at the end of slurm.conf. Each slurmd runs in a mount
 # namespace of its own, which its jobs share: node_mount_ro NODE DIR makes DIR
 # read-only on that node alone, like a node whose mount went bad.
 SLURM_BASE=
@@ -55,6 +56,7 @@ TmpFS=$SLURM_BASE/tmpfs/%n
 SlurmdTimeout=10
 NodeName=n[1-$n] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$(( port + 1 ))-$(( port + n ))] CPUs=4 RealMemory=2000
 PartitionName=debug Nodes=n[1-$n] Default=YES MaxTime=INFINITE State=UP
+${SLURM_EXTRA_CONF:-}
 CONF
   export SLURM_CONF=$SLURM_BASE/slurm.conf
   trap 'slurm_cluster_stop; rm -rf "$TMP"' EXIT

@@ -103,6 +103,12 @@ bool keel_health_mpi_allreduce(keel_comm *world, double *bus_gbps, char *detail,
 /* One rank of the mpi check as a job of its own (`keel health --mpi-probe`):
  * rank 0 prints one JSON line. */
 keel_status keel_health_mpi_probe(void);
+/* `keel health --epilog` (epilog.c): carry this node's results r out in
+ * Slurm — a failed check drains the node with reason "keel: <check>"; all
+ * passing returns it to service if keel drained it (another reason's drain
+ * stays). *said gets what was done, in words. KEEL_ERR_IO (one line) when
+ * scontrol does not answer in 30 s or does not know the node. */
+keel_status keel_health_epilog(const char *node, const keel_health_result *r, int n, char *said, size_t said_n);
 /* In a relaunch after a failure the supervisor sets this in the ranks'
  * environment: they run the mpi check as their first collective instead of a
  * probe job of its own, log its `health` event, and a failure exits

@@ -1,5 +1,5 @@
 /* cli/cmd_health.c: `keel health [--json] [--dir PATH] [--config CONFIG] [--nproc N]
- * [--checks a,b] [--gemm-floor GFLOPS]` — node health checks (keel/resil.h). */
+ * [--checks a,b] [--gemm-floor GFLOPS] [--epilog]` — node health checks (keel/resil.h). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +11,7 @@
 static void usage(FILE *out) {
     fprintf(out,
             "usage: keel health [--json] [--dir PATH] [--config CONFIG.json] [--nproc N] [--checks LIST]\n"
-            "                   [--gemm-floor GFLOPS]\n"
+            "                   [--gemm-floor GFLOPS] [--epilog]\n"
             "  --json            print the report as JSON (one object: node, ok, checks[])\n"
             "  --dir PATH        checkpoint directory to probe (default: the current directory)\n"
             "  --config FILE     the job: memory need, checkpoint size, resilience.health_checks,\n"
@@ -20,7 +20,11 @@ static void usage(FILE *out) {
             "  --checks LIST     comma-separated: gemm, memory, checkpoint_dir, mpi, gpu (default: all,\n"
             "                    or the config's resilience.health_checks)\n"
             "  --gemm-floor X    fail the gemm check below X GFLOP/s per core (default 10, or the config's)\n"
-            "exit status: 0 healthy, 1 a check failed, 2 bad arguments\n");
+            "  --epilog          Slurm's Epilog or HealthCheckProgram (as root, on the node): a failed check\n"
+            "                    drains this node (SLURMD_NODENAME) with reason \"keel: <check>\", passing\n"
+            "                    returns a node keel drained to service; the node-local checks only\n"
+            "exit status: 0 healthy, 1 a check failed, 2 bad arguments; --epilog: 0 when the verdict was\n"
+            "carried out (drained or not), 1 when scontrol failed\n");
 }
 
 int keel_cmd_health(int argc, char **argv) {
@@ -28,10 +32,11 @@ int keel_cmd_health(int argc, char **argv) {
         {"json", no_argument, NULL, 'j'},           {"dir", required_argument, NULL, 'd'},
         {"config", required_argument, NULL, 'c'},   {"nproc", required_argument, NULL, 'p'},
         {"checks", required_argument, NULL, 'k'},   {"gemm-floor", required_argument, NULL, 'g'},
-        {"mpi-probe", no_argument, NULL, 'm'},      {"help", no_argument, NULL, 'h'},
+        {"mpi-probe", no_argument, NULL, 'm'},      {"epilog", no_argument, NULL, 'e'},
+        {"help", no_argument, NULL, 'h'},
         {0, 0, 0, 0},
     };
-    bool json = false, probe = false;
+    bool json = false, probe = false, epilog = false;
     const char *dir = ".", *config = NULL, *checks = NULL;
     int nproc = 2, c;
     double floor = -1;
@@ -44,6 +49,7 @@ int keel_cmd_health(int argc, char **argv) {
         case 'c': config = optarg; break;
         case 'k': checks = optarg; break;
         case 'm': probe = true; break;
+        case 'e': epilog = true; break;
         case 'p':
             if (!cli_parse_int("--nproc", optarg, 1, 4096, &number)) return 2;
             nproc = (int)number;
@@ -70,8 +76,15 @@ int keel_cmd_health(int argc, char **argv) {
             return keel_status_exit_code(st);
         }
     }
-    unsigned mask = cfg.resilience.health_checks;
+    /* an epilog runs on one node after a job: no ranks to all-reduce over */
+    unsigned mask = cfg.resilience.health_checks & (epilog ? ~(1u << KEEL_CHECK_MPI) : ~0u);
     if (checks && keel_health_checks_parse(checks, "--checks", &mask) != KEEL_OK) {
+        keel_config_free(&cfg);
+        return 2;
+    }
+    if (epilog && (mask & (1u << KEEL_CHECK_MPI))) {
+        keel_errorf("--checks %s: the mpi check needs a job's ranks; keel health --epilog runs the node-local "
+                    "checks (gemm, memory, checkpoint_dir, gpu)", checks);
         keel_config_free(&cfg);
         return 2;
     }
@@ -94,5 +107,11 @@ int keel_cmd_health(int argc, char **argv) {
         printf("%s\n", keel_health_all_ok(r, n) ? "healthy" : "UNHEALTHY");
     }
     keel_config_free(&cfg);
-    return keel_health_all_ok(r, n) ? 0 : 1;
+    if (!epilog) return keel_health_all_ok(r, n) ? 0 : 1;
+    /* exit 0 once the verdict is carried out: a failing Epilog would make
+     * Slurm drain the node again as "Epilog error", hiding the check's name */
+    char said[768];
+    keel_status st = keel_health_epilog(node, r, n, said, sizeof said);
+    if (st == KEEL_OK) keel_log_info("%s", said); /* stderr: --json keeps stdout one object */
+    return st == KEEL_OK ? 0 : 1;
 }

@@ -1,0 +1,86 @@
+/* resil/epilog.c: `keel health --epilog` — a node's own health verdict
+ * carried out in Slurm. Run as root by slurmd (slurm.conf Epilog= after
+ * every job, or HealthCheckProgram= every HealthCheckInterval): a node that
+ * fails a check is drained with reason "keel: <check>"; a node that passes
+ * again, and was drained by keel, returns to service. A node drained for any
+ * other reason (an administrator's) is never touched. Every scontrol call is
+ * time-bounded. */
+#include <stdio.h>
+#include <string.h>
+
+#include "keel/resil.h"
+
+#define SCONTROL_TIMEOUT_S 30 /* a slurmctld that stops answering must not hold the epilog */
+#define KEEL_REASON "keel: "
+
+/* Whether node is drained (or draining), and its reason without Slurm's
+ * " [user@time]" suffix. false: scontrol did not answer for it. */
+static bool drain_state(const char *node, bool *drained, char *reason, size_t n) {
+    char name[256], out[8192];
+    snprintf(name, sizeof name, "%s", node);
+    char *argv[] = {"scontrol", "-o", "show", "node", name, NULL};
+    if (keel_run_capture(argv, SCONTROL_TIMEOUT_S, out, sizeof out) != 0 || !strstr(out, "NodeName=")) return false;
+    char state[128] = ""; /* IDLE+DRAIN, MIXED+DRAIN, DRAINED, ... */
+    const char *at = strstr(out, " State=");
+    if (at) sscanf(at + 7, "%127s", state);
+    *drained = strstr(state, "DRAIN") != NULL;
+    reason[0] = 0;
+    const char *r = strstr(out, " Reason=");
+    if (r) {
+        snprintf(reason, n, "%s", r + 8);
+        char *cut = strstr(reason, " [");
+        if (!cut) cut = strchr(reason, '\n');
+        if (cut) *cut = 0;
+    }
+    return true;
+}
+
+static bool update(const char *node, const char *state, const char *reason) {
+    char name[300], st[64], why[128], out[1024];
+    snprintf(name, sizeof name, "nodename=%s", node);
+    snprintf(st, sizeof st, "state=%s", state);
+    snprintf(why, sizeof why, "reason=%s", reason ? reason : "");
+    char *argv[] = {"scontrol", "update", name, st, reason ? why : NULL, NULL};
+    return keel_run_capture(argv, SCONTROL_TIMEOUT_S, out, sizeof out) == 0;
+}
+
+keel_status keel_health_epilog(const char *node, const keel_health_result *r, int n, char *said, size_t said_n) {
+    const char *failed = NULL;
+    for (int i = 0; i < n && !failed; i++)
+        if (r[i].status == KEEL_HEALTH_FAIL) failed = keel_health_check_name(r[i].check);
+    bool drained;
+    char reason[512];
+    if (!drain_state(node, &drained, reason, sizeof reason)) {
+        keel_errorf("scontrol show node %s: no answer in %d s, or no such node (is SLURM_CONF right, and "
+                    "SLURMD_NODENAME this node's name?)", node, SCONTROL_TIMEOUT_S);
+        return KEEL_ERR_IO;
+    }
+    bool ours = drained && !strncmp(reason, KEEL_REASON, strlen(KEEL_REASON));
+    if (failed) {
+        char why[96];
+        snprintf(why, sizeof why, KEEL_REASON "%s", failed);
+        if (drained && !ours) { /* an administrator's drain stays as it is */
+            snprintf(said, said_n, "node %s failed the %s check; already drained (%s)", node, failed, reason);
+            return KEEL_OK;
+        }
+        if (!update(node, "drain", why)) {
+            keel_errorf("scontrol update nodename=%s state=drain: failed or no answer in %d s", node,
+                        SCONTROL_TIMEOUT_S);
+            return KEEL_ERR_IO;
+        }
+        snprintf(said, said_n, "node %s failed the %s check: drained (reason \"%s\")", node, failed, why);
+        return KEEL_OK;
+    }
+    if (!ours) {
+        snprintf(said, said_n, "node %s healthy%s%s%s", node, drained ? " (drained by someone else: " : "",
+                 drained ? reason : "", drained ? "; left drained)" : "");
+        return KEEL_OK;
+    }
+    if (!update(node, "resume", NULL)) {
+        keel_errorf("scontrol update nodename=%s state=resume: failed or no answer in %d s", node,
+                    SCONTROL_TIMEOUT_S);
+        return KEEL_ERR_IO;
+    }
+    snprintf(said, said_n, "node %s healthy again: returned to service (was drained: %s)", node, reason);
+    return KEEL_OK;
+}
