@@ -81,6 +81,7 @@ typedef struct {
     int nodes;              /* Slurm: how many */
     unsigned checks;        /* mask of (1u << keel_health_check) */
     double gemm_floor_gflops;
+    double memory_floor_gib;  /* no job: the memory check fails below this MemAvailable (0 = any) */
 } keel_health_options;
 
 typedef struct {

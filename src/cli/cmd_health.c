@@ -1,5 +1,6 @@
 /* cli/cmd_health.c: `keel health [--json] [--dir PATH] [--config CONFIG] [--nproc N]
  * [--checks a,b] [--gemm-floor GFLOPS] [--epilog]` — node health checks (keel/resil.h). */
+#include <cjson/cJSON.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,10 +9,73 @@
 #include "cli/cli.h"
 #include "keel/resil.h"
 
+/* What a node config sets (--node-config): its checks and thresholds. */
+typedef struct {
+    unsigned checks;
+    bool has_checks;
+    double gemm_floor, memory_floor; /* < 0: not set */
+    char *dir;
+} node_config;
+
+/* --node-config FILE: {"checks": ["gemm", ...], "gemm_floor_gflops": X,
+ * "memory_floor_gib": Y, "dir": "PATH"}, every key optional, no other key. */
+static keel_status load_node_config(const char *path, node_config *nc) {
+    *nc = (node_config){.gemm_floor = -1, .memory_floor = -1};
+    char *text;
+    keel_status st = keel_read_file(path, &text, NULL);
+    if (st != KEEL_OK) return st;
+    cJSON *j = cJSON_Parse(text);
+    keel_free(text);
+    if (!cJSON_IsObject(j)) {
+        keel_errorf("%s: not a JSON object (a node config: {\"checks\": [...], \"gemm_floor_gflops\": X, "
+                    "\"memory_floor_gib\": Y, \"dir\": \"PATH\"})", path);
+        cJSON_Delete(j);
+        return KEEL_ERR_INPUT;
+    }
+    const cJSON *x;
+    cJSON_ArrayForEach(x, j) {
+        const char *k = x->string;
+        bool number = cJSON_IsNumber(x) && x->valuedouble >= 0;
+        if (!strcmp(k, "checks") && cJSON_IsArray(x)) {
+            char list[256] = "";
+            const cJSON *c;
+            cJSON_ArrayForEach(c, x) {
+                if (!cJSON_IsString(c)) break;
+                size_t at = strlen(list);
+                snprintf(list + at, sizeof list - at, "%s%s", at ? "," : "", c->valuestring);
+            }
+            char origin[600];
+            snprintf(origin, sizeof origin, "%s: checks", path);
+            if (c || keel_health_checks_parse(list, origin, &nc->checks) != KEEL_OK) {
+                if (c) keel_errorf("%s: checks: a list of check names, got a %s in it", path,
+                                   cJSON_IsNumber(c) ? "number" : "non-string");
+                st = KEEL_ERR_INPUT;
+                break;
+            }
+            nc->has_checks = true;
+        } else if (!strcmp(k, "gemm_floor_gflops") && number) {
+            nc->gemm_floor = x->valuedouble;
+        } else if (!strcmp(k, "memory_floor_gib") && number) {
+            nc->memory_floor = x->valuedouble;
+        } else if (!strcmp(k, "dir") && cJSON_IsString(x) && x->valuestring[0]) {
+            nc->dir = keel_xstrdup(x->valuestring);
+        } else {
+            bool known = !strcmp(k, "checks") || !strcmp(k, "gemm_floor_gflops") ||
+                         !strcmp(k, "memory_floor_gib") || !strcmp(k, "dir");
+            keel_errorf("%s: %s '%s' (a node config has checks: a list of names, gemm_floor_gflops and "
+                        "memory_floor_gib: numbers >= 0, dir: a path)", path, known ? "bad value for" : "unknown key", k);
+            st = KEEL_ERR_INPUT;
+            break;
+        }
+    }
+    cJSON_Delete(j);
+    return st;
+}
+
 static void usage(FILE *out) {
     fprintf(out,
             "usage: keel health [--json] [--dir PATH] [--config CONFIG.json] [--nproc N] [--checks LIST]\n"
-            "                   [--gemm-floor GFLOPS] [--epilog]\n"
+            "                   [--gemm-floor GFLOPS] [--node-config NODE.json] [--epilog]\n"
             "  --json            print the report as JSON (one object: node, ok, checks[])\n"
             "  --dir PATH        checkpoint directory to probe (default: the current directory)\n"
             "  --config FILE     the job: memory need, checkpoint size, resilience.health_checks,\n"
@@ -20,6 +84,8 @@ static void usage(FILE *out) {
             "  --checks LIST     comma-separated: gemm, memory, checkpoint_dir, mpi, gpu (default: all,\n"
             "                    or the config's resilience.health_checks)\n"
             "  --gemm-floor X    fail the gemm check below X GFLOP/s per core (default 10, or the config's)\n"
+            "  --node-config F   this node's checks and thresholds: {\"checks\": [...], \"gemm_floor_gflops\":\n"
+            "                    X, \"memory_floor_gib\": Y, \"dir\": PATH} (the options above win)\n"
             "  --epilog          Slurm's Epilog or HealthCheckProgram (as root, on the node): a failed check\n"
             "                    drains this node (SLURMD_NODENAME) with reason \"keel: <check>\", passing\n"
             "                    returns a node keel drained to service; the node-local checks only\n"
@@ -33,11 +99,11 @@ int keel_cmd_health(int argc, char **argv) {
         {"config", required_argument, NULL, 'c'},   {"nproc", required_argument, NULL, 'p'},
         {"checks", required_argument, NULL, 'k'},   {"gemm-floor", required_argument, NULL, 'g'},
         {"mpi-probe", no_argument, NULL, 'm'},      {"epilog", no_argument, NULL, 'e'},
-        {"help", no_argument, NULL, 'h'},
+        {"node-config", required_argument, NULL, 'n'}, {"help", no_argument, NULL, 'h'},
         {0, 0, 0, 0},
     };
     bool json = false, probe = false, epilog = false;
-    const char *dir = ".", *config = NULL, *checks = NULL;
+    const char *dir = NULL, *config = NULL, *checks = NULL, *node_path = NULL;
     int nproc = 2, c;
     double floor = -1;
     long long number;
@@ -50,6 +116,7 @@ int keel_cmd_health(int argc, char **argv) {
         case 'k': checks = optarg; break;
         case 'm': probe = true; break;
         case 'e': epilog = true; break;
+        case 'n': node_path = optarg; break;
         case 'p':
             if (!cli_parse_int("--nproc", optarg, 1, 4096, &number)) return 2;
             nproc = (int)number;
@@ -66,6 +133,16 @@ int keel_cmd_health(int argc, char **argv) {
         return 2;
     }
     if (probe) return keel_status_exit_code(keel_health_mpi_probe());
+    node_config nc = {.gemm_floor = -1, .memory_floor = -1};
+    if (node_path) {
+        keel_status st = load_node_config(node_path, &nc);
+        if (st != KEEL_OK) {
+            keel_free(nc.dir);
+            return keel_status_exit_code(st);
+        }
+    }
+    if (!dir) dir = nc.dir ? nc.dir : ".";
+    if (floor < 0) floor = nc.gemm_floor;
     keel_config cfg;
     keel_config_defaults(&cfg);
     if (config) {
@@ -73,24 +150,30 @@ int keel_cmd_health(int argc, char **argv) {
         if (st == KEEL_OK) st = keel_config_finalize(&cfg);
         if (st != KEEL_OK) {
             keel_config_free(&cfg);
+            keel_free(nc.dir);
             return keel_status_exit_code(st);
         }
     }
     /* an epilog runs on one node after a job: no ranks to all-reduce over */
-    unsigned mask = cfg.resilience.health_checks & (epilog ? ~(1u << KEEL_CHECK_MPI) : ~0u);
+    unsigned mask = (nc.has_checks ? nc.checks : cfg.resilience.health_checks) &
+                    (epilog && !nc.has_checks ? ~(1u << KEEL_CHECK_MPI) : ~0u);
     if (checks && keel_health_checks_parse(checks, "--checks", &mask) != KEEL_OK) {
         keel_config_free(&cfg);
+        keel_free(nc.dir);
         return 2;
     }
     if (epilog && (mask & (1u << KEEL_CHECK_MPI))) {
-        keel_errorf("--checks %s: the mpi check needs a job's ranks; keel health --epilog runs the node-local "
-                    "checks (gemm, memory, checkpoint_dir, gpu)", checks);
+        keel_errorf("%s%s: the mpi check needs a job's ranks; keel health --epilog runs the node-local checks "
+                    "(gemm, memory, checkpoint_dir, gpu)", checks ? "--checks " : node_path,
+                    checks ? checks : ": checks");
         keel_config_free(&cfg);
+        keel_free(nc.dir);
         return 2;
     }
     keel_health_options o = {.cfg = config ? &cfg : NULL, .dir = dir, .nproc = nproc,
                              .checks = mask,
-                             .gemm_floor_gflops = floor >= 0 ? floor : cfg.resilience.gemm_floor_gflops};
+                             .gemm_floor_gflops = floor >= 0 ? floor : cfg.resilience.gemm_floor_gflops,
+                             .memory_floor_gib = nc.memory_floor > 0 ? nc.memory_floor : 0};
     keel_health_result r[KEEL_CHECK_COUNT];
     int n = keel_health_run(&o, r);
     char node[64];
@@ -107,6 +190,7 @@ int keel_cmd_health(int argc, char **argv) {
         printf("%s\n", keel_health_all_ok(r, n) ? "healthy" : "UNHEALTHY");
     }
     keel_config_free(&cfg);
+    keel_free(nc.dir);
     if (!epilog) return keel_health_all_ok(r, n) ? 0 : 1;
     /* exit 0 once the verdict is carried out: a failing Epilog would make
      * Slurm drain the node again as "Epilog error", hiding the check's name */

@@ -77,7 +77,9 @@ static void check_memory(const keel_health_options *o, keel_health_result *r) {
     r->value = gib((double)keel_mem_available_bytes());
     snprintf(r->unit, sizeof r->unit, "GiB");
     if (!o->cfg) {
-        say(r, r->value > 0 ? KEEL_HEALTH_PASS : KEEL_HEALTH_FAIL, "%.1f GiB available (no job given)", r->value);
+        r->limit = o->memory_floor_gib;
+        say(r, r->value > 0 && r->value >= r->limit ? KEEL_HEALTH_PASS : KEEL_HEALTH_FAIL,
+            "%.1f GiB available (no job given; floor %.1f GiB)", r->value, r->limit);
         return;
     }
     int world = o->nproc > 0 ? o->nproc : 1;

@@ -11,10 +11,14 @@ source "$KEEL_SRC/tests/lib.sh"
 source "$KEEL_SRC/tests/slurm_cluster.sh"
 LOCAL=$TMP/node-local
 mkdir -p "$LOCAL"
+# the node's checks and thresholds from a node config, as on a real cluster
+cat >"$TMP/node.json" <<EOF
+{"checks": ["checkpoint_dir", "gemm", "memory"], "gemm_floor_gflops": 1, "memory_floor_gib": 0.5, "dir": "$LOCAL"}
+EOF
 cat >"$TMP/epilog.sh" <<EOF
 #!/bin/sh
 export SLURM_CONF=$TMP/slurm/slurm.conf
-exec "$KEEL_BIN" health --epilog --checks checkpoint_dir,gemm --dir "$LOCAL" >>"$TMP/epilog-\$SLURMD_NODENAME.log" 2>&1
+exec "$KEEL_BIN" health --epilog --node-config "$TMP/node.json" >>"$TMP/epilog-\$SLURMD_NODENAME.log" 2>&1
 EOF
 chmod +x "$TMP/epilog.sh"
 export SLURM_EXTRA_CONF="Epilog=$TMP/epilog.sh"
@@ -49,13 +53,25 @@ for _ in $(seq 1 100); do
   sleep 0.2
 done
 [[ "$(node_field n1 State)" == *DRAIN* ]] && [ "$(node_field n1 Reason)" = "keel: checkpoint_dir" ] ||
-  fail "the Epilog did not drain n1: State=$(node_field n1 State) Reason=$(node_field n1 Reason); its log: $(cat "$TMP/epilog-n1.log" 2>/dev/null)"
+  fail "the Epilog did not drain n1: State=$(node_field n1 State) Reason=$(node_field n1 Reason);" \
+    "its log: $(cat "$TMP/epilog-n1.log" 2>/dev/null)"
 grep -q "drained" "$TMP/epilog-n1.log" || fail "n1's epilog log: $(cat "$TMP/epilog-n1.log")"
-[[ "$(node_field n2 State)" != *DRAIN* ]] || fail "n2 drained: $(node_field n2 Reason); its log: $(cat "$TMP/epilog-n2.log")"
+[[ "$(node_field n2 State)" != *DRAIN* ]] ||
+  fail "n2 drained: $(node_field n2 Reason); its log: $(cat "$TMP/epilog-n2.log")"
 pass "Epilog after a job: n1 (read-only node-local dir) drained \"keel: checkpoint_dir\", n2 in service"
 
 # ---- bad input ----
 expect_input_error "mpi in an epilog" "checks mpi: the mpi check needs a job's ranks" epilog n2 --checks mpi
+echo '{"checks": ["gemm"], "gemm_floor": 5}' >"$TMP/bad.json"
+expect_input_error "unknown node config key" "bad.json: unknown key 'gemm_floor' \\(a node config has" \
+  epilog n2 --node-config "$TMP/bad.json"
+echo '{"checks": ["gemm", "mpi"]}' >"$TMP/bad.json"
+expect_input_error "mpi in a node config" "bad.json: checks: the mpi check needs a job's ranks" \
+  epilog n2 --node-config "$TMP/bad.json"
+echo '{"memory_floor_gib": "lots"}' >"$TMP/bad.json"
+expect_input_error "a node config's bad value" "bad.json: bad value for 'memory_floor_gib'" \
+  epilog n2 --node-config "$TMP/bad.json"
+[[ "$(node_field n2 State)" != *DRAIN* ]] || fail "bad input drained n2"
 rc=0
 epilog nosuch --checks gemm >"$TMP/out" 2>"$TMP/err" || rc=$?
 [ "$rc" = 1 ] && grep -q "scontrol show node nosuch: no answer in 30 s, or no such node" "$TMP/err" ||
