@@ -32,6 +32,7 @@ KEEL_BUILD_DEPS=(
     slurmd                   #   its nodes (several slurmd on one host)
     slurm-client             #   srun, salloc, scontrol: keel train launches with srun in an allocation
     libpmix-dev              # srun --mpi=pmix for OpenMPI ranks
+    libslurm-dev             # slurm/spank.h: the srun --auto-resume plugin (plugins/slurm)
 )
 KEEL_CORPUS_DEPS=(
     r-base-core              # Rscript: reads the .rda/lazy-load data of the R text packages

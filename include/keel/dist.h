@@ -159,6 +159,11 @@ keel_status keel_comm_sendrecv(keel_comm *c, const void *send, int dest, void *r
 keel_status keel_comm_isendrecv(keel_comm *c, const void *send, int dest, void *recv, int source, size_t count,
                                 keel_comm_dtype dtype, keel_comm_req **req);
 keel_status keel_comm_barrier(keel_comm *c);
+/* Is the network between the ranks sound: all-reduce 16 MB of known values
+ * (small integers: exact in any order), check every sum (every rank agrees),
+ * best of 4 timed. *detail: "W rank(s): all-reduce of 16 MB exact|WRONG, bus
+ * bandwidth X GB/s". Collective. */
+bool keel_comm_probe(keel_comm *c, double *bus_gbps, char *detail, size_t detail_n);
 keel_status keel_comm_ibarrier(keel_comm *c, keel_comm_req **req);
 
 /* ---- requests ------------------------------------------------------------ */

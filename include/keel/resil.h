@@ -97,10 +97,6 @@ int keel_health_run(const keel_health_options *o, keel_health_result *out);
 bool keel_health_all_ok(const keel_health_result *r, int n);
 /* {"node": ..., "ok": ..., "checks": [{"name", "status", "value", "limit", "unit", "detail"}]} */
 char *keel_health_json(const char *node, const keel_health_result *r, int n);
-/* The mpi check on a world: all-reduce 16 MB of known values, check the sum
- * exactly (every rank agrees), time it. Collective. */
-typedef struct keel_comm keel_comm;
-bool keel_health_mpi_allreduce(keel_comm *world, double *bus_gbps, char *detail, size_t detail_n);
 /* One rank of the mpi check as a job of its own (`keel health --mpi-probe`):
  * rank 0 prints one JSON line. */
 keel_status keel_health_mpi_probe(void);
@@ -110,11 +106,6 @@ keel_status keel_health_mpi_probe(void);
  * stays). *said gets what was done, in words. KEEL_ERR_IO (one line) when
  * scontrol does not answer in 30 s or does not know the node. */
 keel_status keel_health_epilog(const char *node, const keel_health_result *r, int n, char *said, size_t said_n);
-/* In a relaunch after a failure the supervisor sets this in the ranks'
- * environment: they run the mpi check as their first collective instead of a
- * probe job of its own, log its `health` event, and a failure exits
- * KEEL_EXIT_UNHEALTHY. */
-#define KEEL_MPI_PROBE_ENV "KEEL_MPI_PROBE"
 
 /* ---- the policy (policy.c): pure functions, no I/O ------------------------------- */
 

@@ -41,6 +41,12 @@ void keel_run_path(char *out, size_t n, const char *run_dir, const char *name);
  * resumed run's atomically) are written. Input problems are one error line. */
 keel_status keel_run_prepare(keel_config *cfg, const char *run_dir, int world_size);
 
+/* In a relaunch after a failure the supervisor sets this in the ranks'
+ * environment: they run the mpi health check (keel_comm_probe) as their first
+ * collective instead of a probe job of its own, rank 0 logs its `health`
+ * event, and a failure exits KEEL_EXIT_UNHEALTHY. */
+#define KEEL_MPI_PROBE_ENV "KEEL_MPI_PROBE"
+
 /* What a run's saved state must match to be resumed (in-memory snapshots'
  * key): the XXH3 of cfg without the keys a resume may change, and the
  * global batch (sequences per step: the data order). */

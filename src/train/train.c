@@ -18,7 +18,6 @@
 #include "keel/model.h"
 #include "keel/obs.h"
 #include "keel/optim.h"
-#include "keel/resil.h"
 #include "keel/run.h"
 #include "keel/train.h"
 #include "train/trainer.h"
@@ -607,7 +606,7 @@ static keel_status check_mpi(trainer *t) {
     keel_heartbeat_progress(t->heartbeat, "mpi check");
     char detail[256];
     double bus;
-    bool ok = keel_health_mpi_allreduce(t->world, &bus, detail, sizeof detail);
+    bool ok = keel_comm_probe(t->world, &bus, detail, sizeof detail);
     if (t->leader)
         keel_event(t->run_dir, "health", -1, "ranks %d: mpi %s: %s", t->world_size, ok ? "pass" : "fail", detail);
     if (ok) return KEEL_OK;

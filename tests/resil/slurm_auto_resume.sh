@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# srun --auto-resume[=N] (plugins/slurm, the keel_auto_resume SPANK plugin) on
+# a real local Slurm cluster (tests/slurm_cluster.sh, 2 nodes, the plugin in
+# plugstack.conf): bad values are refused at submission by srun and sbatch —
+# no job left pending, no node drained; a failing step of any command is run
+# again up to N times, each attempt numbered in its environment, and srun
+# exits with the last attempt's code; a step that succeeds is not run again;
+# inside an allocation the attempts are steps of the one job; sbatch
+# --auto-resume=N gives every srun of its script the option. Every srun here
+# is time-bounded.
+source "$KEEL_SRC/tests/lib.sh"
+source "$KEEL_SRC/tests/slurm_cluster.sh"
+: "${KEEL_SPANK_PLUGIN:?KEEL_SPANK_PLUGIN must point at keel_auto_resume.so}"
+echo "required $KEEL_SPANK_PLUGIN" >"$TMP/plugstack.conf"
+export SLURM_EXTRA_CONF="PlugStackConfig=$TMP/plugstack.conf"
+slurm_cluster_start 2
+
+srun --help 2>&1 | grep -q -- "--auto-resume=N  *relaunch the step when it fails" || fail "srun --help does not list --auto-resume: $(srun --help 2>&1 | tail -5)"
+
+# ---- refused at submission ----
+nothing_left() { # no job in the queue, both nodes idle
+  [ -z "$(squeue -h 2>&1)" ] && [ "$(sinfo -h -N -o '%t' | sort -u)" = idle ] ||
+    fail "$1 left something behind: queue '$(squeue -h 2>&1)', nodes $(sinfo -h -N -o '%N %t' | tr '\n' ' ')"
+}
+for bad in abc -1 1x 101 ""; do
+  rc=0
+  timeout 30 srun --auto-resume="$bad" -N1 true >"$TMP/out" 2>"$TMP/err" || rc=$?
+  [ "$rc" != 0 ] && [ "$rc" != 124 ] || fail "srun --auto-resume=$bad: exit $rc"
+  grep -q -- "--auto-resume=$bad: expected how many times to relaunch a failed step, a whole number from 0 to 100" "$TMP/err" ||
+    fail "srun --auto-resume=$bad: $(cat "$TMP/err")"
+  nothing_left "srun --auto-resume=$bad"
+  rc=0
+  timeout 30 sbatch --auto-resume="$bad" -N1 --wrap true >"$TMP/out" 2>"$TMP/err" || rc=$?
+  [ "$rc" != 0 ] && [ "$rc" != 124 ] && grep -q -- "--auto-resume=$bad: expected" "$TMP/err" ||
+    fail "sbatch --auto-resume=$bad: exit $rc, $(cat "$TMP/err")"
+  nothing_left "sbatch --auto-resume=$bad"
+done
+pass "srun and sbatch refuse --auto-resume=abc, -1, 1x, 101 and '' at submission: $(grep -m1 auto-resume "$TMP/err")"
+
+# ---- any command: relaunched up to N times ----
+rc=0
+timeout 120 srun --auto-resume=2 -N1 bash -c "echo \$KEEL_AUTO_RESUME_ATTEMPT >>'$TMP/attempts'; exit 3" \
+  >"$TMP/out" 2>"$TMP/err" || rc=$?
+[ "$rc" = 3 ] || fail "a step that always fails: exit $rc, want 3 ($(cat "$TMP/err"))"
+[ "$(tr '\n' ' ' <"$TMP/attempts")" = "1 2 3 " ] || fail "attempts: $(cat "$TMP/attempts")"
+grep -q "the step failed 3 time(s); giving up with exit 3" "$TMP/err" || fail "no give-up line: $(cat "$TMP/err")"
+pass "a step that always fails (exit 3): run 3 times with --auto-resume=2, attempts 1 2 3, exit 3"
+
+rm -f "$TMP/attempts"
+timeout 120 srun --auto-resume -N1 bash -c "echo \$KEEL_AUTO_RESUME_ATTEMPT >>'$TMP/attempts'; [ \$KEEL_AUTO_RESUME_ATTEMPT -ge 2 ] || exit 5" \
+  >"$TMP/out" 2>"$TMP/err" || fail "a step that fails once, --auto-resume (1): $(cat "$TMP/err")"
+[ "$(tr '\n' ' ' <"$TMP/attempts")" = "1 2 " ] || fail "attempts: $(cat "$TMP/attempts")"
+rm -f "$TMP/attempts"
+timeout 60 srun --auto-resume=3 -N1 bash -c "echo \$KEEL_AUTO_RESUME_ATTEMPT >>'$TMP/attempts'" ||
+  fail "a step that succeeds"
+[ "$(cat "$TMP/attempts")" = 1 ] || fail "a step that succeeded was run again: $(cat "$TMP/attempts")"
+rm -f "$TMP/attempts"
+rc=0
+timeout 60 srun --auto-resume=0 -N1 bash -c "echo x >>'$TMP/attempts'; exit 4" 2>/dev/null || rc=$?
+[ "$rc" = 4 ] && [ "$(wc -l <"$TMP/attempts")" = 1 ] || fail "--auto-resume=0: exit $rc, $(wc -l <"$TMP/attempts") attempt(s)"
+pass "a step that fails once comes back (bare --auto-resume: 1 relaunch); success and --auto-resume=0 run once"
+
+# ---- inside an allocation: each attempt a step of the job ----
+rm -f "$TMP/attempts"
+rc=0
+timeout 120 salloc -N1 srun --auto-resume=1 bash -c "echo \$SLURM_JOB_ID.\$SLURM_STEP_ID >>'$TMP/attempts'; exit 7" \
+  >"$TMP/out" 2>"$TMP/err" || rc=$?
+[ "$rc" = 7 ] || fail "inside salloc: exit $rc ($(cat "$TMP/err"))"
+mapfile -t steps <"$TMP/attempts"
+[ "${#steps[@]}" = 2 ] && [ "${steps[0]%.*}" = "${steps[1]%.*}" ] && [ "${steps[0]}" != "${steps[1]}" ] ||
+  fail "inside salloc the attempts were not two steps of one job: ${steps[*]}"
+pass "inside an allocation: attempts are steps ${steps[*]} of one job, exit 7"
+
+# ---- sbatch --auto-resume=N: every srun of the batch script relaunches ----
+rm -f "$TMP/attempts"
+jobid=$(timeout 30 sbatch --parsable --auto-resume=1 -N1 -o "$TMP/job.out" \
+  --wrap "srun bash -c 'echo \$KEEL_AUTO_RESUME_ATTEMPT >>$TMP/attempts; exit 3'") || fail "sbatch --auto-resume=1"
+for _ in $(seq 1 300); do [ -z "$(squeue -h -j "$jobid" 2>/dev/null)" ] && break; sleep 0.2; done
+[ -z "$(squeue -h -j "$jobid" 2>/dev/null)" ] || fail "batch job $jobid still queued or running"
+[ "$(tr '\n' ' ' <"$TMP/attempts")" = "1 2 " ] || fail "sbatch --auto-resume=1: attempts $(cat "$TMP/attempts"); $(cat "$TMP/job.out")"
+pass "sbatch --auto-resume=1: the script's srun ran its failing step twice"
