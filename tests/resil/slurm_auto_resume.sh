@@ -11,9 +11,16 @@
 source "$KEEL_SRC/tests/lib.sh"
 source "$KEEL_SRC/tests/slurm_cluster.sh"
 : "${KEEL_SPANK_PLUGIN:?KEEL_SPANK_PLUGIN must point at keel_auto_resume.so}"
-echo "required $KEEL_SPANK_PLUGIN" >"$TMP/plugstack.conf"
+# after a failure the plugin runs `keel health --epilog` on each node of the
+# step (a node config: the checkpoint_dir check of a node-local directory)
+LOCAL=$TMP/node-local
+mkdir -p "$LOCAL"
+echo "{\"checks\": [\"checkpoint_dir\"], \"dir\": \"$LOCAL\"}" >"$TMP/node.json"
+printf '#!/bin/sh\nexec "%s" health --epilog --node-config "%s"\n' "$KEEL_BIN" "$TMP/node.json" >"$TMP/health.sh"
+chmod +x "$TMP/health.sh"
+echo "required $KEEL_SPANK_PLUGIN health=$TMP/health.sh health_timeout=60" >"$TMP/plugstack.conf"
 export SLURM_EXTRA_CONF="PlugStackConfig=$TMP/plugstack.conf"
-slurm_cluster_start 2
+slurm_cluster_start 3
 
 srun --help 2>&1 | grep -q -- "--auto-resume=N  *relaunch the step when it fails" || fail "srun --help does not list --auto-resume: $(srun --help 2>&1 | tail -5)"
 
@@ -79,3 +86,32 @@ for _ in $(seq 1 300); do [ -z "$(squeue -h -j "$jobid" 2>/dev/null)" ] && break
 [ -z "$(squeue -h -j "$jobid" 2>/dev/null)" ] || fail "batch job $jobid still queued or running"
 [ "$(tr '\n' ' ' <"$TMP/attempts")" = "1 2 " ] || fail "sbatch --auto-resume=1: attempts $(cat "$TMP/attempts"); $(cat "$TMP/job.out")"
 pass "sbatch --auto-resume=1: the script's srun ran its failing step twice"
+
+# ---- a node that fails its health check is drained and left out ----
+# attempt 1 runs on n1 and n2 (Slurm's first pick); n1's node-local directory
+# is read-only there alone, and its task is killed (kill -9): the plugin's
+# health check drains n1 ("keel: checkpoint_dir"), attempt 2 runs on n2 and n3.
+node_mount_ro n1 "$LOCAL"
+rm -f "$TMP/attempts"
+rc=0
+timeout 120 salloc -N3 srun --auto-resume=1 -N2 -n2 bash -c \
+  "echo \$KEEL_AUTO_RESUME_ATTEMPT \$SLURMD_NODENAME >>'$TMP/attempts'; sleep 0.5
+   [ \$KEEL_AUTO_RESUME_ATTEMPT = 1 ] && [ \$SLURMD_NODENAME = n1 ] && kill -9 \$\$; exit 0" \
+  >"$TMP/out" 2>"$TMP/err" || rc=$?
+[ "$rc" = 0 ] || fail "relaunch on the healthy nodes: exit $rc ($(cat "$TMP/err"))"
+[ "$(grep '^1 ' "$TMP/attempts" | cut -d' ' -f2 | sort | tr '\n' ' ')" = "n1 n2 " ] &&
+  [ "$(grep '^2 ' "$TMP/attempts" | cut -d' ' -f2 | sort | tr '\n' ' ')" = "n2 n3 " ] ||
+  fail "attempts and their nodes: $(tr '\n' ';' <"$TMP/attempts")"
+scontrol show node n1 | grep -q "Reason=keel: checkpoint_dir" || fail "n1 not drained: $(scontrol show node n1 | grep -E 'State|Reason')"
+grep -q "node n1 is drained: the next attempts exclude it" "$TMP/err" || fail "no exclusion line: $(cat "$TMP/err")"
+pass "n1 failed its health check after the kill: drained (keel: checkpoint_dir), attempt 2 ran on n2 and n3"
+
+# ---- too few nodes left in the allocation: requeue, or give up when not a batch job ----
+rc=0
+timeout 120 salloc -N2 -w n2,n3 srun --auto-resume=1 -N2 -n2 bash -c \
+  "[ \$SLURMD_NODENAME = n2 ] && scontrol update nodename=n2 state=drain reason='keel: test'; exit 6" \
+  >"$TMP/out" 2>"$TMP/err" || rc=$?
+[ "$rc" = 6 ] && grep -q "1 of the job's 2 node(s) drained, the step needs 2: requeue failed (not a batch job?), giving up" "$TMP/err" ||
+  fail "too few nodes: exit $rc, $(cat "$TMP/err")"
+pass "too few nodes left (n2 drained, 2 needed of 2): requeue tried, given up with the step's exit 6"
+
