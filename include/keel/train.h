@@ -20,6 +20,15 @@ keel_status keel_train_run(keel_config *cfg, const char *run_dir);
  * logs to RUN/logs/rank-R.log and beats RUN/heartbeats/rank-R (keel/run.h). */
 keel_status keel_train_worker(const char *run_dir);
 
+/* One task of a Slurm step that is the whole job (`srun -n N --mpi=pmix
+ * keel train CONFIG --run-dir RUN`, under srun --auto-resume: no supervisor
+ * of keel's): joins MPI; rank 0 prepares RUN (new, or resumed from its newest
+ * in-memory snapshot or checkpoint) and the others wait for it; then each
+ * trains as keel_train_worker. keel_train_is_task says whether this process
+ * is one (SLURM_STEP_ID set and more than one task in the step). */
+bool keel_train_is_task(void);
+keel_status keel_train_task(keel_config *cfg, const char *run_dir);
+
 /* Print what a config needs (parameters, memory per rank by category) on
  * world_size ranks without allocating it: `keel train --dry-run [--nproc N]`. */
 keel_status keel_train_dry_run(const keel_config *cfg, int world_size);

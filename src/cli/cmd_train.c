@@ -73,6 +73,14 @@ int keel_cmd_train(int argc, char **argv) {
                     argc - optind);
         return 2;
     }
+    /* two layers that relaunch failed ranks must not nest */
+    if (nproc > 0 && (getenv("KEEL_AUTO_RESUME_ATTEMPT") ||
+                      getenv("SLURM_SPANK__SLURM_SPANK_OPTION_keel_auto_resume_auto_resume"))) {
+        keel_errorf("keel train --nproc under srun/sbatch --auto-resume: keel's supervisor and the plugin "
+                    "would both relaunch the ranks; drop --auto-resume, or run one rank per task without "
+                    "--nproc: srun -n N --mpi=pmix --auto-resume keel train CONFIG --run-dir RUN");
+        return 2;
+    }
     keel_config cfg;
     keel_status st = load_config(&cfg, argv[optind], sets, n_sets);
     if (st == KEEL_OK && dry_run) st = keel_train_dry_run(&cfg, nproc > 0 ? nproc : 1);
@@ -90,11 +98,15 @@ int keel_cmd_train(int argc, char **argv) {
             snprintf(default_dir, sizeof default_dir, "runs/%s-%s", stem, stamp);
             run_dir = default_dir;
         }
-        /* the endpoint first: a port in use stops the run before anything is written */
-        keel_metrics_server *metrics;
-        st = keel_metrics_serve(&cfg.metrics, run_dir, &metrics);
+        /* a task of a Slurm step that is the whole job: one rank, no supervisor (srun --auto-resume) */
+        bool task = nproc == 0 && keel_train_is_task();
+        const char *procid = getenv("SLURM_PROCID");
+        /* the endpoint first: a port in use stops the run before anything is written (one per job) */
+        keel_metrics_server *metrics = NULL;
+        if (!task || (procid && atoi(procid) == 0)) st = keel_metrics_serve(&cfg.metrics, run_dir, &metrics);
         if (metrics) keel_log_info("metrics: %s", keel_metrics_url(metrics));
-        if (st == KEEL_OK && nproc == 0) st = keel_train_run(&cfg, run_dir);
+        if (st == KEEL_OK && task) st = keel_train_task(&cfg, run_dir);
+        else if (st == KEEL_OK && nproc == 0) st = keel_train_run(&cfg, run_dir);
         else if (st == KEEL_OK && (st = keel_run_prepare(&cfg, run_dir, nproc)) == KEEL_OK) {
             int code;
             keel_supervise(&cfg, run_dir, nproc, &code);

@@ -614,12 +614,35 @@ static keel_status check_mpi(trainer *t) {
     return KEEL_ERR_UNHEALTHY;
 }
 
+static keel_status worker(keel_comm *world, const char *run_dir);
+
 keel_status keel_train_worker(const char *run_dir) {
-    struct sigaction old[3];
-    catch_stop_signals(old);
-    static keel_comm *world; /* static: a failed rank exits without finalizing (below) */
+    static keel_comm *world; /* static: a failed rank exits without finalizing (worker) */
+    keel_status st = keel_comm_init(&world);
+    return st == KEEL_OK ? worker(world, run_dir) : st;
+}
+
+bool keel_train_is_task(void) {
+    const char *tasks = getenv("SLURM_STEP_NUM_TASKS");
+    return getenv("SLURM_STEP_ID") && tasks && atoi(tasks) > 1;
+}
+
+keel_status keel_train_task(keel_config *cfg, const char *run_dir) {
+    static keel_comm *world;
     keel_status st = keel_comm_init(&world);
     if (st != KEEL_OK) return st;
+    /* rank 0 makes or resumes the run directory; its verdict is everyone's */
+    double verdict = 0;
+    if (keel_comm_rank(world) == 0) verdict = keel_run_prepare(cfg, run_dir, keel_comm_size(world));
+    keel_comm_allreduce_scalar(world, &verdict, KEEL_COMM_MAX);
+    if (verdict != 0) return (keel_status)verdict; /* rank 0 said why */
+    return worker(world, run_dir);
+}
+
+static keel_status worker(keel_comm *world, const char *run_dir) {
+    struct sigaction old[3];
+    catch_stop_signals(old);
+    keel_status st = KEEL_OK;
     trainer t = {.run_dir = run_dir, .world = world, .rank = keel_comm_rank(world),
                  .world_size = keel_comm_size(world)};
     t.leader = t.rank == 0;
