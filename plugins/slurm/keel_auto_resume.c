@@ -14,7 +14,8 @@
  *     aside), waits for it, and on failure runs it again, up to N more
  *     times; then it exits with the last attempt's status. Inside an
  *     allocation each attempt is a new step of the job; a standalone srun
- *     makes a new job for each. SIGINT, SIGTERM and SIGHUP go on to the child.
+ *     makes a new job for each. SIGINT, SIGTERM and SIGHUP go on to the child,
+ *     and end the relaunches (a stop asked for is not a failure).
  *   - the child srun, as it launches its tasks (slurm_spank_local_user_init),
  *     writes its step's node list and node count to a file the monitor named
  *     (KEEL_AUTO_RESUME_NODES_FILE), from `scontrol show step`.
@@ -52,6 +53,7 @@ SPANK_PLUGIN(keel_auto_resume, 1);
 
 static int relaunches = -1; /* -1: the option was not given */
 static volatile pid_t child = 0;
+static volatile sig_atomic_t stopping = 0; /* SIGINT, SIGTERM or SIGHUP came: no more attempts */
 /* plugstack.conf arguments */
 static char health[1024];       /* health=PROGRAM: run on each node of a failed step */
 static int health_timeout = 300; /* health_timeout=S: per node */
@@ -192,6 +194,7 @@ static char **own_argv(void) {
 }
 
 static void forward(int sig) {
+    stopping = 1;
     if (child > 0) kill(child, sig);
 }
 
@@ -283,6 +286,13 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
+    /* srun has these blocked by now: the monitor takes them; each attempt starts with srun's mask */
+    sigset_t stops, srun_mask;
+    sigemptyset(&stops);
+    sigaddset(&stops, SIGINT);
+    sigaddset(&stops, SIGTERM);
+    sigaddset(&stops, SIGHUP);
+    sigprocmask(SIG_UNBLOCK, &stops, &srun_mask);
     char value[16], nodes_file[64], excluded[8192] = "", exclude_arg[8300];
     snprintf(value, sizeof value, "%d", relaunches);
     setenv(RELAUNCHES_ENV, value, 1);
@@ -317,6 +327,7 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av) {
             _exit(1);
         }
         if (pid == 0) {
+            sigprocmask(SIG_SETMASK, &srun_mask, NULL);
             execvp(use[0], use);
             slurm_error("keel_auto_resume: cannot run %s again: %s", argv[0], strerror(errno));
             _exit(127);
@@ -327,6 +338,10 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av) {
         child = 0;
         code = status_code(status);
         if (code == 0) break;
+        if (stopping) { /* Ctrl-C, scancel: the user's stop, not a failure to repair */
+            slurm_info("keel_auto_resume: stopped by a signal; no relaunch");
+            break;
+        }
     }
     if (code != 0 && relaunches > 0)
         slurm_info("keel_auto_resume: the step failed %d time(s); giving up with exit %d", relaunches + 1, code);

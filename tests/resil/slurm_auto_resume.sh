@@ -67,6 +67,19 @@ timeout 60 srun --auto-resume=0 -N1 bash -c "echo x >>'$TMP/attempts'; exit 4" 2
 [ "$rc" = 4 ] && [ "$(wc -l <"$TMP/attempts")" = 1 ] || fail "--auto-resume=0: exit $rc, $(wc -l <"$TMP/attempts") attempt(s)"
 pass "a step that fails once comes back (bare --auto-resume: 1 relaunch); success and --auto-resume=0 run once"
 
+# ---- a stop asked for (SIGTERM, as scancel sends) is not a failure: no relaunch ----
+rm -f "$TMP/attempts"
+timeout 60 srun --auto-resume=3 -N1 bash -c "echo \$KEEL_AUTO_RESUME_ATTEMPT >>'$TMP/attempts'; sleep 30" \
+  >"$TMP/out" 2>"$TMP/err" &
+mon=$!
+for _ in $(seq 1 100); do [ -s "$TMP/attempts" ] && break; sleep 0.1; done
+sleep 0.5
+kill -TERM "$mon"
+wait "$mon" || true
+[ "$(cat "$TMP/attempts")" = 1 ] && grep -q "stopped by a signal; no relaunch" "$TMP/err" ||
+  fail "SIGTERM: attempts $(cat "$TMP/attempts" | tr '\n' ' '), $(cat "$TMP/err")"
+pass "SIGTERM to srun --auto-resume=3 ends the step without a relaunch"
+
 # ---- inside an allocation: each attempt a step of the job ----
 rm -f "$TMP/attempts"
 rc=0

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# slurm_resume.sh: from kill -9 to the first new step under srun
+# --auto-resume, on the local Slurm cluster (tests/slurm_cluster.sh: 4 nodes,
+# the plugin in plugstack.conf with keel health --epilog as its health
+# program). An sbatch job runs
+#   srun -N2 -n2 --mpi=pmix --kill-on-bad-exit=1 --auto-resume=3 keel train configs/tiny.json
+# (one rank per task, no supervisor of keel's); rank 1 is killed three times,
+# each once the relaunch has done a few steps. Per kill: the time to the first
+# step the relaunch completes (rank 0's heartbeat: a new pid past its restored
+# step), the state it resumed from, steps lost. Target: median <= 10 s. Not a test.
+#
+#   bash bench/slurm_resume.sh
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [ -z "${KEEL_BIN:-}" ]; then
+    make -C "$root" keel >/dev/null
+    KEEL_BIN="$root/build/keel"
+fi
+plugin="$(dirname "$KEEL_BIN")/plugins/keel_auto_resume.so"
+[ -f "$plugin" ] || { echo "no $plugin: build keel first (make keel)" >&2; exit 1; }
+export KEEL_SRC="$root" KEEL_BIN KEEL_BUILD="$(dirname "$KEEL_BIN")" WAIT_STEP_S=600
+source "$root/tests/lib.sh"
+source "$root/tests/slurm_cluster.sh"
+mpi_env
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load $(cut -d' ' -f1-3 /proc/loadavg)"
+mkdir -p "$TMP/local"
+echo "{\"checks\": [\"gemm\", \"memory\", \"checkpoint_dir\"], \"dir\": \"$TMP/local\"}" >"$TMP/node.json"
+printf '#!/bin/sh\nexec "%s" health --epilog --node-config "%s"\n' "$KEEL_BIN" "$TMP/node.json" >"$TMP/health.sh"
+chmod +x "$TMP/health.sh"
+echo "required $plugin health=$TMP/health.sh health_timeout=120" >"$TMP/plugstack.conf"
+export SLURM_EXTRA_CONF="PlugStackConfig=$TMP/plugstack.conf"
+slurm_cluster_start 4
+run=$TMP/run
+cat >"$TMP/job.sh" <<EOF
+#!/bin/sh
+exec srun -N2 -n2 --mpi=pmix --kill-on-bad-exit=1 --auto-resume=3 "$KEEL_BIN" train "$root/configs/tiny.json" \
+  --set train.steps=200 --set checkpoint.every_steps=50 --run-dir "$run"
+EOF
+jobid=$(timeout 30 sbatch --parsable -N4 -o "$TMP/job.out" "$TMP/job.sh")
+trap 'scancel "$jobid" 2>/dev/null || true; slurm_cluster_stop; rm -rf "$TMP"' EXIT
+: >"$TMP/kills"
+prev=x
+for k in 1 2 3; do
+    pid=$(wait_train_step "$run" 1 $(( k * 25 )) "$prev")
+    at=$(hb step "$run" 1) old0=$(hb pid "$run" 0)
+    t0=$(date +%s.%N)
+    kill -9 "$pid"
+    # the first step the relaunch completes: rank 0 in a new process, past the step it resumed at
+    while :; do
+        p=$(hb pid "$run" 0) s=$(hb step "$run" 0) ph=$(hb phase "$run" 0)
+        if [ -n "$p" ] && [ "$p" != "$old0" ] && [ "$ph" = train ] && [ -n "$s" ]; then
+            start=$(grep '"event":"resumed"' "$run/events.jsonl" 2>/dev/null | tail -1 | sed 's/.*"step":\([0-9]*\).*/\1/')
+            [ -n "$start" ] && [ "$s" -gt "$start" ] && break
+        fi
+        sleep 0.02
+    done
+    t1=$(date +%s.%N)
+    src=$(grep '"event":"resumed"' "$run/events.jsonl" | tail -1 | sed 's/.*"detail":"\([^;]*\);.*/\1/')
+    echo "$k $at $start $(python3 -c "print(f'{$t1 - $t0:.2f}')") $src" >>"$TMP/kills"
+    prev=$pid
+done
+for _ in $(seq 1 3000); do [ -z "$(squeue -h -j "$jobid" 2>/dev/null)" ] && break; sleep 0.2; done
+python3 - "$TMP/kills" "$run" <<'PY'
+import json, statistics, sys
+rows = [l.split(" ", 4) for l in open(sys.argv[1])]
+print("| kill | killed after step | resumed at step | lost steps | kill -9 -> first new step s | from |")
+print("|---|---|---|---|---|---|")
+for k, at, start, secs, src in rows:
+    print(f"| {k} | {at} | {start} | {int(at) - int(start)} | {secs} | {src.strip()} |")
+med = statistics.median(float(r[3]) for r in rows)
+s = json.load(open(f"{sys.argv[2]}/summary.json"))
+print(f"\nmedian {med:.2f} s (target <= 10 s: {'met' if med <= 10 else 'MISSED'}); run {s['status']}, "
+      f"{s['steps']} steps, median step {s['tokens'] / s['steps'] / s['tokens_per_s_median']:.2f} s")
+PY
+grep "keel_auto_resume" "$TMP/job.out" | sed 's/^/  /'
