@@ -16,25 +16,20 @@ if [ -z "${KEEL_BIN:-}" ]; then
     make -C "$root" keel >/dev/null
     KEEL_BIN="$root/build/keel"
 fi
-plugin="$(dirname "$KEEL_BIN")/plugins/keel_auto_resume.so"
-[ -f "$plugin" ] || { echo "no $plugin: build keel first (make keel)" >&2; exit 1; }
-export KEEL_SRC="$root" KEEL_BIN KEEL_BUILD="$(dirname "$KEEL_BIN")" WAIT_STEP_S=600
+KEEL_SPANK_PLUGIN="$(dirname "$KEEL_BIN")/plugins/keel_auto_resume.so"
+[ -f "$KEEL_SPANK_PLUGIN" ] || { echo "no $KEEL_SPANK_PLUGIN: build keel first (make keel)" >&2; exit 1; }
+export KEEL_SRC="$root" KEEL_BIN KEEL_BUILD="$(dirname "$KEEL_BIN")" KEEL_SPANK_PLUGIN WAIT_STEP_S=600
 source "$root/tests/lib.sh"
 source "$root/tests/slurm_cluster.sh"
 mpi_env
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load $(cut -d' ' -f1-3 /proc/loadavg)"
-mkdir -p "$TMP/local"
-echo "{\"checks\": [\"gemm\", \"memory\", \"checkpoint_dir\"], \"dir\": \"$TMP/local\"}" >"$TMP/node.json"
-printf '#!/bin/sh\nexec "%s" health --epilog --node-config "%s"\n' "$KEEL_BIN" "$TMP/node.json" >"$TMP/health.sh"
-chmod +x "$TMP/health.sh"
-echo "required $plugin health=$TMP/health.sh health_timeout=120" >"$TMP/plugstack.conf"
-export SLURM_EXTRA_CONF="PlugStackConfig=$TMP/plugstack.conf"
+slurm_auto_resume_plugin "$TMP/local" '"gemm", "memory", "checkpoint_dir"'
 slurm_cluster_start 4
 run=$TMP/run
 cat >"$TMP/job.sh" <<EOF
 #!/bin/sh
 exec srun -N2 -n2 --mpi=pmix --kill-on-bad-exit=1 --auto-resume=3 "$KEEL_BIN" train "$root/configs/tiny.json" \
-  --set train.steps=200 --set checkpoint.every_steps=50 --run-dir "$run"
+  --set train.steps=100 --set checkpoint.every_steps=50 --run-dir "$run"
 EOF
 jobid=$(timeout 30 sbatch --parsable -N4 -o "$TMP/job.out" "$TMP/job.sh")
 trap 'scancel "$jobid" 2>/dev/null || true; slurm_cluster_stop; rm -rf "$TMP"' EXIT

@@ -72,6 +72,19 @@ CONF
   done
   fail "the Slurm nodes never became idle: $(sinfo -N 2>&1)"
 }
+# slurm_auto_resume_plugin DIR [CHECKS]: before slurm_cluster_start, put the
+# keel_auto_resume plugin ($KEEL_SPANK_PLUGIN) in plugstack.conf with `keel
+# health --epilog` as its health program: a node config of CHECKS (JSON list
+# items, default "checkpoint_dir") on the node-local directory DIR.
+slurm_auto_resume_plugin() {
+  : "${KEEL_SPANK_PLUGIN:?KEEL_SPANK_PLUGIN must point at keel_auto_resume.so}"
+  mkdir -p "$1"
+  echo "{\"checks\": [${2:-\"checkpoint_dir\"}], \"dir\": \"$1\"}" >"$TMP/node.json"
+  printf '#!/bin/sh\nexec "%s" health --epilog --node-config "%s"\n' "$KEEL_BIN" "$TMP/node.json" >"$TMP/health.sh"
+  chmod +x "$TMP/health.sh"
+  echo "required $KEEL_SPANK_PLUGIN health=$TMP/health.sh health_timeout=120" >"$TMP/plugstack.conf"
+  export SLURM_EXTRA_CONF="PlugStackConfig=$TMP/plugstack.conf"
+}
 node_mount_ro() {
   local pid
   pid=$(cat "$SLURM_BASE/slurmd-$1.pid")

@@ -10,16 +10,10 @@
 # is time-bounded.
 source "$KEEL_SRC/tests/lib.sh"
 source "$KEEL_SRC/tests/slurm_cluster.sh"
-: "${KEEL_SPANK_PLUGIN:?KEEL_SPANK_PLUGIN must point at keel_auto_resume.so}"
 # after a failure the plugin runs `keel health --epilog` on each node of the
 # step (a node config: the checkpoint_dir check of a node-local directory)
 LOCAL=$TMP/node-local
-mkdir -p "$LOCAL"
-echo "{\"checks\": [\"checkpoint_dir\"], \"dir\": \"$LOCAL\"}" >"$TMP/node.json"
-printf '#!/bin/sh\nexec "%s" health --epilog --node-config "%s"\n' "$KEEL_BIN" "$TMP/node.json" >"$TMP/health.sh"
-chmod +x "$TMP/health.sh"
-echo "required $KEEL_SPANK_PLUGIN health=$TMP/health.sh health_timeout=60" >"$TMP/plugstack.conf"
-export SLURM_EXTRA_CONF="PlugStackConfig=$TMP/plugstack.conf"
+slurm_auto_resume_plugin "$LOCAL"
 slurm_cluster_start 3
 
 srun --help 2>&1 | grep -q -- "--auto-resume=N  *relaunch the step when it fails" || fail "srun --help does not list --auto-resume: $(srun --help 2>&1 | tail -5)"

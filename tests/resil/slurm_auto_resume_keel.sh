@@ -13,7 +13,6 @@
 source "$KEEL_SRC/tests/lib.sh"
 source "$KEEL_SRC/tests/slurm_cluster.sh"
 mpi_env
-: "${KEEL_SPANK_PLUGIN:?KEEL_SPANK_PLUGIN must point at keel_auto_resume.so}"
 CFG=$KEEL_SRC/tests/train/micro.json
 args=(--set train.steps=120 --set checkpoint.every_steps=20)
 "$KEEL_BIN" train "$CFG" "${args[@]}" --nproc 2 --run-dir "$TMP/ref" >"$TMP/ref.out" 2>&1 ||
@@ -21,12 +20,7 @@ args=(--set train.steps=120 --set checkpoint.every_steps=20)
 want=$(json "$TMP/ref/summary.json" "j['params_xxh3']")
 
 LOCAL=$TMP/node-local
-mkdir -p "$LOCAL"
-echo "{\"checks\": [\"checkpoint_dir\"], \"dir\": \"$LOCAL\"}" >"$TMP/node.json"
-printf '#!/bin/sh\nexec "%s" health --epilog --node-config "%s"\n' "$KEEL_BIN" "$TMP/node.json" >"$TMP/health.sh"
-chmod +x "$TMP/health.sh"
-echo "required $KEEL_SPANK_PLUGIN health=$TMP/health.sh health_timeout=60" >"$TMP/plugstack.conf"
-export SLURM_EXTRA_CONF="PlugStackConfig=$TMP/plugstack.conf"
+slurm_auto_resume_plugin "$LOCAL"
 slurm_cluster_start 4
 
 cat >"$TMP/job.sh" <<EOF
