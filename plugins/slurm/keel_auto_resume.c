@@ -237,22 +237,54 @@ static void check_nodes(const char *nodes_file, char *excluded, size_t n, int *s
         return;
     }
     unsetenv(NODES_FILE_ENV); /* the health sruns' steps are not the one to report */
-    for (char *save = NULL, *node = strtok_r(names, "\n", &save); node; node = strtok_r(NULL, "\n", &save)) {
-        if (listed(excluded, node)) continue;
-        if (health[0] && !is_drained(node)) {
-            char where[300], limit[32];
-            snprintf(where, sizeof where, "--nodelist=%s", node);
-            snprintf(limit, sizeof limit, "--time=%d", (health_timeout + 59) / 60);
-            char *argv[] = {"srun", "-N1", "-n1", where, limit, "--job-name=keel-health", health, NULL};
-            int rc = run(argv, health_timeout, NULL, 0);
-            if (rc != 0) slurm_info("keel_auto_resume: health check on %s: exit %d", node, rc);
-        }
-        if (is_drained(node)) {
-            size_t at = strlen(excluded);
-            snprintf(excluded + at, n - at, "%s%s", at ? "," : "", node);
-            slurm_info("keel_auto_resume: node %s is drained: the next attempts exclude it", node);
+    char *node[MAX_NODES];
+    pid_t check[MAX_NODES];
+    int count = 0;
+    for (char *save = NULL, *x = strtok_r(names, "\n", &save); x && count < MAX_NODES; x = strtok_r(NULL, "\n", &save))
+        if (!listed(excluded, x)) node[count++] = x;
+    /* the checks of all the nodes at once, each its own srun, all within health_timeout */
+    for (int i = 0; i < count; i++) {
+        check[i] = -1;
+        if (!health[0] || is_drained(node[i])) continue;
+        char where[300], limit[32];
+        snprintf(where, sizeof where, "--nodelist=%s", node[i]);
+        snprintf(limit, sizeof limit, "--time=%d", (health_timeout + 59) / 60);
+        char *argv[] = {"srun", "-N1", "-n1", where, limit, "--job-name=keel-health", health, NULL};
+        if ((check[i] = fork()) == 0) {
+            execvp(argv[0], argv);
+            _exit(127);
         }
     }
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int left = count; left > 0;) {
+        left = 0;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        bool late = now.tv_sec - t0.tv_sec > health_timeout;
+        for (int i = 0; i < count; i++) {
+            int status, rc;
+            if (check[i] <= 0) continue;
+            if (late) {
+                kill(check[i], SIGKILL);
+                waitpid(check[i], &status, 0);
+                rc = 124;
+            } else if (waitpid(check[i], &status, WNOHANG) == check[i]) {
+                rc = status_code(status);
+            } else {
+                left++;
+                continue;
+            }
+            if (rc != 0) slurm_info("keel_auto_resume: health check on %s: exit %d", node[i], rc);
+            check[i] = 0;
+        }
+        if (left) usleep(20000);
+    }
+    for (int i = 0; i < count; i++)
+        if (is_drained(node[i])) {
+            size_t at = strlen(excluded);
+            snprintf(excluded + at, n - at, "%s%s", at ? "," : "", node[i]);
+            slurm_info("keel_auto_resume: node %s is drained: the next attempts exclude it", node[i]);
+        }
 }
 
 /* Inside an allocation with fewer usable nodes than the step needs: requeue

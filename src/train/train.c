@@ -23,19 +23,42 @@
 #include "train/trainer.h"
 
 static volatile sig_atomic_t g_stop_signal;
-static void on_stop_signal(int sig) { g_stop_signal = sig; }
+/* A rank of a distributed run: after a stop signal, the most seconds it may
+ * take to reach its step's end (0: no limit). A peer that is gone keeps it in
+ * a collective for good, and Slurm, having cancelled the step for that peer,
+ * would wait KillWait (30 s by default) before SIGKILL: a relaunch's time. */
+static volatile sig_atomic_t g_stop_grace_s;
+static void on_stop_signal(int sig) {
+    if (!g_stop_signal && g_stop_grace_s > 0) alarm((unsigned)g_stop_grace_s);
+    g_stop_signal = sig;
+}
+static void on_stop_deadline(int sig) {
+    (void)sig;
+    static const char msg[] = "keel: error: a stop signal came and this rank did not reach the end of its step "
+                              "in time (a peer gone?): exiting\n";
+    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)w;
+    _exit(1);
+}
 
 /* SIGINT, SIGTERM, SIGUSR1: stop after the current step (checkpointing first).
- * Caught from the start, so a stop during set-up ends the run after one step. */
-static const int STOP_SIGNALS[3] = {SIGINT, SIGTERM, SIGUSR1};
-static void catch_stop_signals(struct sigaction old[3]) {
+ * Caught from the start, so a stop during set-up ends the run after one step.
+ * SIGALRM: the stop's deadline (g_stop_grace_s). */
+#define STOP_SIGNALS_N 4
+static const int STOP_SIGNALS[STOP_SIGNALS_N] = {SIGINT, SIGTERM, SIGUSR1, SIGALRM};
+static void catch_stop_signals(struct sigaction old[STOP_SIGNALS_N]) {
     struct sigaction sa = {.sa_handler = on_stop_signal};
     sigemptyset(&sa.sa_mask);
     g_stop_signal = 0;
-    for (int i = 0; i < 3; i++) sigaction(STOP_SIGNALS[i], &sa, &old[i]);
+    for (int i = 0; i < STOP_SIGNALS_N; i++) {
+        sa.sa_handler = STOP_SIGNALS[i] == SIGALRM ? on_stop_deadline : on_stop_signal;
+        sigaction(STOP_SIGNALS[i], &sa, &old[i]);
+    }
 }
-static void restore_stop_signals(const struct sigaction old[3]) {
-    for (int i = 0; i < 3; i++) sigaction(STOP_SIGNALS[i], &old[i], NULL);
+static void restore_stop_signals(const struct sigaction old[STOP_SIGNALS_N]) {
+    alarm(0);
+    g_stop_grace_s = 0;
+    for (int i = 0; i < STOP_SIGNALS_N; i++) sigaction(STOP_SIGNALS[i], &old[i], NULL);
 }
 
 /* fsdp.mixed_precision bf16 runs bf16 GEMMs on bf16 instructions where the
@@ -423,6 +446,9 @@ static keel_status train_loop(trainer *t) {
         }
         /* every rank must stop at the same step: the boundary agrees on signals */
         bool stop = g_stop_signal != 0, last = step + 1 == cfg->train.steps;
+        if (stop) alarm(0); /* the step's end, reached: its checkpoint may take what the disk takes */
+        /* a stop's deadline: three steps as this one, at least 5 s (the hang bound's) */
+        if (t->world) g_stop_grace_s = (sig_atomic_t)ceil(fmax(5, 3 * step_s));
         /* the last step's save and the final weights wait on the slowest disk: not a hang */
         if (last) keel_heartbeat_beat(t->heartbeat, "finish", step + 1, 0);
         keel_heartbeat_progress(t->heartbeat, "checkpoint"); /* a save due here waits on disks, not peers */
@@ -580,7 +606,7 @@ static void free_trainer(trainer *t, keel_status st) {
 
 keel_status keel_train_run(keel_config *cfg, const char *run_dir) {
     trainer t = {.cfg = cfg, .run_dir = run_dir, .world_size = 1, .leader = true};
-    struct sigaction old[3];
+    struct sigaction old[STOP_SIGNALS_N];
     catch_stop_signals(old);
     keel_status st = keel_run_prepare(cfg, run_dir, 1);
     if (st == KEEL_OK) { /* rank 0's heartbeat: keel status and the metrics read it as for --nproc */
@@ -640,8 +666,9 @@ keel_status keel_train_task(keel_config *cfg, const char *run_dir) {
 }
 
 static keel_status worker(keel_comm *world, const char *run_dir) {
-    struct sigaction old[3];
+    struct sigaction old[STOP_SIGNALS_N];
     catch_stop_signals(old);
+    g_stop_grace_s = 120; /* until a step is done: set-up and the first step (the supervisor's first-step bound) */
     keel_status st = KEEL_OK;
     trainer t = {.run_dir = run_dir, .world = world, .rank = keel_comm_rank(world),
                  .world_size = keel_comm_size(world)};
