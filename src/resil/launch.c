@@ -62,12 +62,15 @@ keel_status keel_self_path(char *out, size_t n) {
 }
 
 void keel_launch_env(void) {
-    /* OpenMPI on one machine: loopback only (it would also try eth0 otherwise). */
-    setenv("OMPI_MCA_btl_tcp_if_include", "lo", 0);
-    setenv("OMPI_MCA_oob_tcp_if_include", "lo", 0);
-    /* One machine: shared memory through ob1. Probing for UCX costs every
-     * MPI_Init 0.2 s (a fifth of a recovery); a cluster keeps OpenMPI's choice. */
-    if (!keel_launch_in_slurm()) setenv("OMPI_MCA_pml", "ob1", 0);
+    /* One machine: OpenMPI over loopback only (it would also try eth0
+     * otherwise), and shared memory through ob1 (probing for UCX costs every
+     * MPI_Init 0.2 s, a fifth of a recovery). A Slurm allocation spans hosts:
+     * OpenMPI picks their interfaces and transport. A setting of the user's stays. */
+    if (!keel_launch_in_slurm()) {
+        setenv("OMPI_MCA_btl_tcp_if_include", "lo", 0);
+        setenv("OMPI_MCA_oob_tcp_if_include", "lo", 0);
+        setenv("OMPI_MCA_pml", "ob1", 0);
+    }
     /* The ranks' stdout is mpirun's pipe or pty: tell the leader what the user sees. */
     setenv("KEEL_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);
 }
