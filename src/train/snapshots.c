@@ -522,7 +522,7 @@ bool trainer_snap_resume(trainer *t, int64_t disk) {
     keel_snap_remove_other_worlds(t->run_dir, t->world_size);
     if (loaded && t->leader) {
         double secs = keel_now_s() - t0;
-        char buddies[64] = "";
+        char buddies[160] = "";
         if (from_buddies) snprintf(buddies, sizeof buddies, ", %d of them from their buddies' replicas", from_buddies);
         snprintf(buddies + strlen(buddies), sizeof buddies - strlen(buddies), "%s", how);
         keel_log_info("resuming from the in-memory snapshot of step %lld, verified and loaded in %.2f s%s",
