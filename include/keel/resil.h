@@ -106,6 +106,18 @@ keel_status keel_health_mpi_probe(void);
  * stays). *said gets what was done, in words. KEEL_ERR_IO (one line) when
  * scontrol does not answer in 30 s or does not know the node. */
 keel_status keel_health_epilog(const char *node, const keel_health_result *r, int n, char *said, size_t said_n);
+/* A node's own checks and thresholds (`keel health --node-config NODE.json`,
+ * a cluster spec's HealthCheck): {"checks": [...], "gemm_floor_gflops": X,
+ * "memory_floor_gib": Y, "dir": "PATH"}, every key optional, no other key.
+ * path names the text in errors. Free dir with keel_free. */
+typedef struct {
+    unsigned checks;
+    bool has_checks;
+    double gemm_floor, memory_floor; /* < 0: not set */
+    char *dir;
+} keel_node_config;
+keel_status keel_node_config_parse(const char *text, const char *path, keel_node_config *nc);
+keel_status keel_node_config_load(const char *path, keel_node_config *nc);
 
 /* ---- the policy (policy.c): pure functions, no I/O ------------------------------- */
 

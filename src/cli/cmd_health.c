@@ -1,6 +1,5 @@
 /* cli/cmd_health.c: `keel health [--json] [--dir PATH] [--config CONFIG] [--nproc N]
  * [--checks a,b] [--gemm-floor GFLOPS] [--epilog]` — node health checks (keel/resil.h). */
-#include <cjson/cJSON.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,69 +7,6 @@
 
 #include "cli/cli.h"
 #include "keel/resil.h"
-
-/* What a node config sets (--node-config): its checks and thresholds. */
-typedef struct {
-    unsigned checks;
-    bool has_checks;
-    double gemm_floor, memory_floor; /* < 0: not set */
-    char *dir;
-} node_config;
-
-/* --node-config FILE: {"checks": ["gemm", ...], "gemm_floor_gflops": X,
- * "memory_floor_gib": Y, "dir": "PATH"}, every key optional, no other key. */
-static keel_status load_node_config(const char *path, node_config *nc) {
-    *nc = (node_config){.gemm_floor = -1, .memory_floor = -1};
-    char *text;
-    keel_status st = keel_read_file(path, &text, NULL);
-    if (st != KEEL_OK) return st;
-    cJSON *j = cJSON_Parse(text);
-    keel_free(text);
-    if (!cJSON_IsObject(j)) {
-        keel_errorf("%s: not a JSON object (a node config: {\"checks\": [...], \"gemm_floor_gflops\": X, "
-                    "\"memory_floor_gib\": Y, \"dir\": \"PATH\"})", path);
-        cJSON_Delete(j);
-        return KEEL_ERR_INPUT;
-    }
-    const cJSON *x;
-    cJSON_ArrayForEach(x, j) {
-        const char *k = x->string;
-        bool number = cJSON_IsNumber(x) && x->valuedouble >= 0;
-        if (!strcmp(k, "checks") && cJSON_IsArray(x)) {
-            char list[256] = "";
-            const cJSON *c;
-            cJSON_ArrayForEach(c, x) {
-                if (!cJSON_IsString(c)) break;
-                size_t at = strlen(list);
-                snprintf(list + at, sizeof list - at, "%s%s", at ? "," : "", c->valuestring);
-            }
-            char origin[600];
-            snprintf(origin, sizeof origin, "%s: checks", path);
-            if (c || keel_health_checks_parse(list, origin, &nc->checks) != KEEL_OK) {
-                if (c) keel_errorf("%s: checks: a list of check names, got a %s in it", path,
-                                   cJSON_IsNumber(c) ? "number" : "non-string");
-                st = KEEL_ERR_INPUT;
-                break;
-            }
-            nc->has_checks = true;
-        } else if (!strcmp(k, "gemm_floor_gflops") && number) {
-            nc->gemm_floor = x->valuedouble;
-        } else if (!strcmp(k, "memory_floor_gib") && number) {
-            nc->memory_floor = x->valuedouble;
-        } else if (!strcmp(k, "dir") && cJSON_IsString(x) && x->valuestring[0]) {
-            nc->dir = keel_xstrdup(x->valuestring);
-        } else {
-            bool known = !strcmp(k, "checks") || !strcmp(k, "gemm_floor_gflops") ||
-                         !strcmp(k, "memory_floor_gib") || !strcmp(k, "dir");
-            keel_errorf("%s: %s '%s' (a node config has checks: a list of names, gemm_floor_gflops and "
-                        "memory_floor_gib: numbers >= 0, dir: a path)", path, known ? "bad value for" : "unknown key", k);
-            st = KEEL_ERR_INPUT;
-            break;
-        }
-    }
-    cJSON_Delete(j);
-    return st;
-}
 
 static void usage(FILE *out) {
     fprintf(out,
@@ -133,9 +69,9 @@ int keel_cmd_health(int argc, char **argv) {
         return 2;
     }
     if (probe) return keel_status_exit_code(keel_health_mpi_probe());
-    node_config nc = {.gemm_floor = -1, .memory_floor = -1};
+    keel_node_config nc = {.gemm_floor = -1, .memory_floor = -1};
     if (node_path) {
-        keel_status st = load_node_config(node_path, &nc);
+        keel_status st = keel_node_config_load(node_path, &nc);
         if (st != KEEL_OK) {
             keel_free(nc.dir);
             return keel_status_exit_code(st);

@@ -22,6 +22,7 @@ static const command COMMANDS[] = {
     {"plan", keel_cmd_plan, "memory and step time before a run: keel plan CONFIG [--nodes N] [--per-node G] [--device D]"},
     {"status", keel_cmd_status, "a run at a glance: keel status RUN_DIR [--watch[=S]] [--json]"},
     {"plot", keel_cmd_plot, "loss and throughput curves: keel plot RUN_DIR --out FILE.svg"},
+    {"cluster", keel_cmd_cluster, "a Slurm cluster from a spec: keel cluster up|down|status|env|exec|slurm-conf SPEC.json"},
     {"worker", keel_cmd_worker, "one rank of a distributed run (started by keel train --nproc)"},
 };
 

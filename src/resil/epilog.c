@@ -5,6 +5,7 @@
  * again, and was drained by keel, returns to service. A node drained for any
  * other reason (an administrator's) is never touched. Every scontrol call is
  * time-bounded. */
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -12,6 +13,68 @@
 
 #define SCONTROL_TIMEOUT_S 30 /* a slurmctld that stops answering must not hold the epilog */
 #define KEEL_REASON "keel: "
+
+/* --node-config FILE: {"checks": ["gemm", ...], "gemm_floor_gflops": X,
+ * "memory_floor_gib": Y, "dir": "PATH"}, every key optional, no other key. */
+keel_status keel_node_config_parse(const char *text, const char *path, keel_node_config *nc) {
+    *nc = (keel_node_config){.gemm_floor = -1, .memory_floor = -1};
+    keel_status st = KEEL_OK;
+    cJSON *j = cJSON_Parse(text);
+    if (!cJSON_IsObject(j)) {
+        keel_errorf("%s: not a JSON object (a node config: {\"checks\": [...], \"gemm_floor_gflops\": X, "
+                    "\"memory_floor_gib\": Y, \"dir\": \"PATH\"})", path);
+        cJSON_Delete(j);
+        return KEEL_ERR_INPUT;
+    }
+    const cJSON *x;
+    cJSON_ArrayForEach(x, j) {
+        const char *k = x->string;
+        bool number = cJSON_IsNumber(x) && x->valuedouble >= 0;
+        if (!strcmp(k, "checks") && cJSON_IsArray(x)) {
+            char list[256] = "";
+            const cJSON *c;
+            cJSON_ArrayForEach(c, x) {
+                if (!cJSON_IsString(c)) break;
+                size_t at = strlen(list);
+                snprintf(list + at, sizeof list - at, "%s%s", at ? "," : "", c->valuestring);
+            }
+            char origin[600];
+            snprintf(origin, sizeof origin, "%s: checks", path);
+            if (c || keel_health_checks_parse(list, origin, &nc->checks) != KEEL_OK) {
+                if (c) keel_errorf("%s: checks: a list of check names, got a %s in it", path,
+                                   cJSON_IsNumber(c) ? "number" : "non-string");
+                st = KEEL_ERR_INPUT;
+                break;
+            }
+            nc->has_checks = true;
+        } else if (!strcmp(k, "gemm_floor_gflops") && number) {
+            nc->gemm_floor = x->valuedouble;
+        } else if (!strcmp(k, "memory_floor_gib") && number) {
+            nc->memory_floor = x->valuedouble;
+        } else if (!strcmp(k, "dir") && cJSON_IsString(x) && x->valuestring[0]) {
+            nc->dir = keel_xstrdup(x->valuestring);
+        } else {
+            bool known = !strcmp(k, "checks") || !strcmp(k, "gemm_floor_gflops") ||
+                         !strcmp(k, "memory_floor_gib") || !strcmp(k, "dir");
+            keel_errorf("%s: %s '%s' (a node config has checks: a list of names, gemm_floor_gflops and "
+                        "memory_floor_gib: numbers >= 0, dir: a path)", path, known ? "bad value for" : "unknown key", k);
+            st = KEEL_ERR_INPUT;
+            break;
+        }
+    }
+    cJSON_Delete(j);
+    return st;
+}
+
+keel_status keel_node_config_load(const char *path, keel_node_config *nc) {
+    *nc = (keel_node_config){.gemm_floor = -1, .memory_floor = -1};
+    char *text;
+    keel_status st = keel_read_file(path, &text, NULL);
+    if (st != KEEL_OK) return st;
+    st = keel_node_config_parse(text, path, nc);
+    keel_free(text);
+    return st;
+}
 
 /* Whether node is drained (or draining), and its reason without Slurm's
  * " [user@time]" suffix. false: scontrol did not answer for it. */
