@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # slurm_resume.sh: from kill -9 to the first new step under srun
-# --auto-resume, on the local Slurm cluster (tests/slurm_cluster.sh: 4 nodes,
-# the plugin in plugstack.conf with keel health --epilog as its health
-# program). An sbatch job runs
+# --auto-resume, on a real multi-host Slurm cluster on this machine (`keel
+# cluster up`, tests/cluster_fixture.sh: 4 workers, each its own host; the
+# plugin in plugstack.conf with keel health --epilog as its health program).
+# An sbatch job runs
 #   srun -N2 -n2 --mpi=pmix --kill-on-bad-exit=1 --auto-resume=3 keel train configs/tiny.json
 # (one rank per task, no supervisor of keel's); rank 1 is killed three times,
 # each once the relaunch has done a few steps. Per kill: the time to the first
@@ -19,23 +20,23 @@ if [ -z "${KEEL_BIN:-}" ]; then
     make -C "$root" keel >/dev/null
     KEEL_BIN="$root/build/keel"
 fi
-KEEL_SPANK_PLUGIN="$(dirname "$KEEL_BIN")/plugins/keel_auto_resume.so"
-[ -f "$KEEL_SPANK_PLUGIN" ] || { echo "no $KEEL_SPANK_PLUGIN: build keel first (make keel)" >&2; exit 1; }
-export KEEL_SRC="$root" KEEL_BIN KEEL_BUILD="$(dirname "$KEEL_BIN")" KEEL_SPANK_PLUGIN WAIT_STEP_S=600
+export KEEL_SRC="$root" KEEL_BIN KEEL_BUILD="$(dirname "$KEEL_BIN")" WAIT_STEP_S=600
 source "$root/tests/lib.sh"
-source "$root/tests/slurm_cluster.sh"
-mpi_env
+source "$root/tests/cluster_fixture.sh"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load $(cut -d' ' -f1-3 /proc/loadavg)"
-slurm_auto_resume_plugin "$TMP/local" '"gemm", "memory", "checkpoint_dir"'
-slurm_cluster_start 4
-run=$TMP/run
-cat >"$TMP/job.sh" <<EOF
+mkdir -p "$TMP/lc"
+printf 'mkdir -p /tmp/keel-local\n' >"$TMP/lc/on_create.sh"
+cluster_spec kc-bench 4 '"HealthCheck": {"checks": ["gemm", "memory", "checkpoint_dir"], "dir": "/tmp/keel-local"}' "$TMP/lc"
+"$KEEL_BIN" cluster up "$TMP/kc-bench.json"
+eval "$("$KEEL_BIN" cluster env "$TMP/kc-bench.json")"
+run=$KEEL_CLUSTER_SHARED/run
+cat >"$KEEL_CLUSTER_SHARED/job.sh" <<EOF
 #!/bin/sh
-exec srun -N2 -n2 --mpi=pmix --kill-on-bad-exit=1 --auto-resume=3 "$KEEL_BIN" train "$root/configs/tiny.json" \
+exec srun -N2 -n2 --mpi=pmix --kill-on-bad-exit=1 --auto-resume=3 "$KEEL_BIN" train "$root/configs/tiny.json" \\
   --set train.steps=100 --set checkpoint.every_steps=50 --run-dir "$run"
 EOF
-jobid=$(timeout 30 sbatch --parsable -N4 -o "$TMP/job.out" "$TMP/job.sh")
-trap 'scancel "$jobid" 2>/dev/null || true; slurm_cluster_stop; rm -rf "$TMP"' EXIT
+jobid=$(timeout 30 sbatch --parsable -N4 --chdir="$KEEL_CLUSTER_SHARED" -o "$KEEL_CLUSTER_SHARED/job.out" "$KEEL_CLUSTER_SHARED/job.sh")
+trap 'scancel "$jobid" 2>/dev/null || true; cluster_down; rm -rf "$TMP"' EXIT
 : >"$TMP/kills"
 prev=x
 for k in 1 2 3; do
@@ -75,4 +76,4 @@ s = json.load(open(f"{sys.argv[2]}/summary.json"))
 print(f"\nmedian {med:.2f} s (target <= 10 s: {'met' if med <= 10 else 'MISSED'}); run {s['status']}, "
       f"{s['steps']} steps, median step {s['tokens'] / s['steps'] / s['tokens_per_s_median']:.2f} s")
 PY
-grep "keel_auto_resume" "$TMP/job.out" | sed 's/^/  /'
+grep "keel_auto_resume" "$KEEL_CLUSTER_SHARED/job.out" | sed 's/^/  /'

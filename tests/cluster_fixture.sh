@@ -8,15 +8,16 @@ CLUSTER_SPECS=()
 declare -A CLUSTER_BRIDGE_ADDR
 CLUSTER_STATE=$(mktemp -d /var/tmp/keel-cluster-test.XXXXXX)
 cluster_spec() {
-  local name=$1 workers=$2 extra=${3:-} net
+  local name=$1 workers=$2 extra=${3:-} lc='' net
+  [ -z "${4:-}" ] || lc=", \"LifeCycleConfig\": {\"SourceDir\": \"$4\", \"OnCreate\": \"on_create.sh\"}"
   net=10.$(( 200 + RANDOM % 50 )).$(( 20 + RANDOM % 200 ))
   CLUSTER_BRIDGE_ADDR[$name]=$net.1
   cat >"$TMP/$name.json" <<JSON
 {"ClusterName": "$name",
  "InstanceGroups": [
-   {"InstanceGroupName": "ctl", "Role": "controller", "InstanceCount": 1},
-   {"InstanceGroupName": "login", "Role": "login", "InstanceCount": 1},
-   {"InstanceGroupName": "w", "Role": "worker", "InstanceCount": $workers, "Cpus": 4, "MemoryMiB": 2000}],
+   {"InstanceGroupName": "ctl", "Role": "controller", "InstanceCount": 1$lc},
+   {"InstanceGroupName": "login", "Role": "login", "InstanceCount": 1$lc},
+   {"InstanceGroupName": "w", "Role": "worker", "InstanceCount": $workers, "Cpus": 4, "MemoryMiB": 2000$lc}],
  "StateDir": "$CLUSTER_STATE/$name", "SharedDir": "$CLUSTER_STATE/$name/fsx",
  "Subnet": "$net.0/24"${extra:+, $extra}}
 JSON

@@ -26,14 +26,7 @@ cat >"$TMP/lc/on_create.sh" <<'SH'
 echo "on_create on $KEEL_NODE_NAME"
 [ "$KEEL_NODE_NAME" != w2 ] || { echo "w2 cannot be set up" >&2; exit 3; }
 SH
-cluster_spec kc-lcfail 2 '"HealthTimeoutS": 30'
-python3 - "$TMP/kc-lcfail.json" "$TMP/lc" <<'PY'
-import json, sys
-s = json.load(open(sys.argv[1]))
-for g in s["InstanceGroups"]:
-    g["LifeCycleConfig"] = {"SourceDir": sys.argv[2], "OnCreate": "on_create.sh"}
-json.dump(s, open(sys.argv[1], "w"))
-PY
+cluster_spec kc-lcfail 2 '"HealthTimeoutS": 30' "$TMP/lc"
 rc=0
 "$K" cluster up "$TMP/kc-lcfail.json" >"$TMP/out" 2>"$TMP/err" || rc=$?
 [ "$rc" = 2 ] && [ "$(wc -l <"$TMP/err")" = 1 ] && grep -q "failed on node w2 (exit 3): w2 cannot be set up" "$TMP/err" ||
@@ -48,14 +41,7 @@ echo "$KEEL_NODE_NAME $KEEL_NODE_ROLE $KEEL_INSTANCE_GROUP $KEEL_CLUSTER_NAME $(
 echo "$KEEL_NODE_NAME" >/tmp/mine
 echo "$KEEL_NODE_NAME" >/dev/shm/mine
 SH
-cluster_spec kc-cli 2
-python3 - "$TMP/kc-cli.json" "$TMP/lc" <<'PY'
-import json, sys
-s = json.load(open(sys.argv[1]))
-for g in s["InstanceGroups"]:
-    g["LifeCycleConfig"] = {"SourceDir": sys.argv[2], "OnCreate": "on_create.sh"}
-json.dump(s, open(sys.argv[1], "w"))
-PY
+cluster_spec kc-cli 2 '' "$TMP/lc"
 S=$TMP/kc-cli.json
 t0=$(date +%s.%N)
 "$K" cluster up "$S" 2>"$TMP/up.err" || fail "up: $(cat "$TMP/up.err")"

@@ -23,15 +23,7 @@ want=$(json "$TMP/ref/summary.json" "j['params_xxh3']")
 
 mkdir -p "$TMP/lc"
 printf 'mkdir -p /tmp/keel-local\n' >"$TMP/lc/on_create.sh"
-cluster_spec kc-slurm 4 '"HealthCheck": {"checks": ["checkpoint_dir"], "dir": "/tmp/keel-local"}, "HealthTimeoutS": 60'
-python3 - "$TMP/kc-slurm.json" "$TMP/lc" <<'PY'
-import json, sys
-s = json.load(open(sys.argv[1]))
-for g in s["InstanceGroups"]:
-    if g["Role"] == "worker":
-        g["LifeCycleConfig"] = {"SourceDir": sys.argv[2], "OnCreate": "on_create.sh"}
-json.dump(s, open(sys.argv[1], "w"))
-PY
+cluster_spec kc-slurm 4 '"HealthCheck": {"checks": ["checkpoint_dir"], "dir": "/tmp/keel-local"}, "HealthTimeoutS": 60' "$TMP/lc"
 S=$TMP/kc-slurm.json
 "$K" cluster up "$S" 2>"$TMP/up.err" || fail "up: $(cat "$TMP/up.err")"
 eval "$("$K" cluster env "$S")"
