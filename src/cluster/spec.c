@@ -401,8 +401,8 @@ keel_status keel_cluster_hosts_load(keel_cluster_spec *s, const char *path) {
             keel_errorf("%s:%d: host %s or address %s appears twice", path, lineno, name, addr);
             break;
         }
-        snprintf(nd->name, sizeof nd->name, "%s", name);
-        snprintf(nd->addr, sizeof nd->addr, "%s", addr);
+        snprintf(nd->name, sizeof nd->name, "%.63s", name);
+        snprintf(nd->addr, sizeof nd->addr, "%.63s", addr);
         taken[g]++;
         st = KEEL_OK;
     }

@@ -306,6 +306,7 @@ void trainer_ckpt_boundary(trainer *t, int steps_done, bool last, bool *stop) {
     if (t->world) keel_comm_allreduce(t->world, flags, flags, 3, KEEL_COMM_F64, KEEL_COMM_MAX);
     *stop = flags[0] != 0;
     if (*stop && c->enabled && steps_done != c->last_saved_step) flags[1] = 1; /* save before stopping */
+    trainer_stop_deadline(false); /* the peers are all here; a save waits on disks */
     if (c->pending && (flags[2] == 0 || flags[1] != 0 || last || *stop)) finish_save(t);
     if (flags[1] != 0) {
         start_save(t, steps_done);

@@ -231,6 +231,7 @@ void trainer_snap_before_update(trainer *t) {
 void trainer_snap_boundary(trainer *t, int steps_done, bool last_or_stop) {
     trainer_snap *s = t->snap;
     double t0 = keel_now_s();
+    trainer_stop_deadline(true); /* the exchange with the buddy waits on a peer */
     finish_exchange(s);
     if (s->every > 0 && !last_or_stop && steps_done % s->every == 0) {
         join(s); /* the last one's checksum */

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "keel/ckpt.h"
@@ -23,14 +24,30 @@
 #include "train/trainer.h"
 
 static volatile sig_atomic_t g_stop_signal;
-/* A rank of a distributed run: after a stop signal, the most seconds it may
- * take to reach its step's end (0: no limit). A peer that is gone keeps it in
- * a collective for good, and Slurm, having cancelled the step for that peer,
- * would wait KillWait (30 s by default) before SIGKILL: a relaunch's time. */
-static volatile sig_atomic_t g_stop_grace_s;
+/* A rank of a distributed run: after a stop signal, how long it may wait on
+ * its peers to reach the step's end (0: no limit), in ms. A peer that is
+ * gone keeps it in a collective for good, and Slurm, having cancelled the
+ * step for that peer, would wait KillWait (30 s by default) before SIGKILL:
+ * a relaunch's time. The deadline runs only while the rank waits on peers
+ * (set-up, a step, the boundary's agreement, the snapshot exchange), never
+ * while a save waits on disks (trainer_stop_deadline). */
+static volatile sig_atomic_t g_stop_grace_ms, g_on_peers;
+static void arm_deadline(void) {
+    struct itimerval it = {.it_value = {.tv_sec = g_stop_grace_ms / 1000, .tv_usec = g_stop_grace_ms % 1000 * 1000}};
+    setitimer(ITIMER_REAL, &it, NULL);
+}
+static void disarm_deadline(void) {
+    struct itimerval it = {0};
+    setitimer(ITIMER_REAL, &it, NULL);
+}
 static void on_stop_signal(int sig) {
-    if (!g_stop_signal && g_stop_grace_s > 0) alarm((unsigned)g_stop_grace_s);
+    if (!g_stop_signal && g_stop_grace_ms > 0 && g_on_peers) arm_deadline();
     g_stop_signal = sig;
+}
+void trainer_stop_deadline(bool on_peers) {
+    g_on_peers = on_peers;
+    if (on_peers && g_stop_signal && g_stop_grace_ms > 0) arm_deadline(); /* a stop that came meanwhile */
+    if (!on_peers) disarm_deadline();
 }
 static void on_stop_deadline(int sig) {
     (void)sig;
@@ -56,8 +73,9 @@ static void catch_stop_signals(struct sigaction old[STOP_SIGNALS_N]) {
     }
 }
 static void restore_stop_signals(const struct sigaction old[STOP_SIGNALS_N]) {
-    alarm(0);
-    g_stop_grace_s = 0;
+    disarm_deadline();
+    g_stop_grace_ms = 0;
+    g_on_peers = 0;
     for (int i = 0; i < STOP_SIGNALS_N; i++) sigaction(STOP_SIGNALS[i], &old[i], NULL);
 }
 
@@ -431,6 +449,7 @@ static keel_status train_loop(trainer *t) {
             else for (;;) pause(); /* hang: until the supervisor kills the process */
         }
         double t0 = keel_now_s(), wait0 = comm_wait_s(t), norm;
+        trainer_stop_deadline(true);
         loss = train_step(t, step, &norm);
         double step_s = keel_now_s() - t0, step_wait_s = comm_wait_s(t) - wait0;
         if (!isfinite(loss) || !isfinite(norm) || loss > max_loss) {
@@ -446,9 +465,8 @@ static keel_status train_loop(trainer *t) {
         }
         /* every rank must stop at the same step: the boundary agrees on signals */
         bool stop = g_stop_signal != 0, last = step + 1 == cfg->train.steps;
-        if (stop) alarm(0); /* the step's end, reached: its checkpoint may take what the disk takes */
-        /* a stop's deadline: three steps as this one, at least 5 s (the hang bound's) */
-        if (t->world) g_stop_grace_s = (sig_atomic_t)ceil(fmax(5, 3 * step_s));
+        /* a stop's deadline: two steps as this one (a rank mid-step needs at most one), at least 2 s */
+        if (t->world) g_stop_grace_ms = (sig_atomic_t)ceil(1000 * fmax(2, 2 * step_s));
         /* the last step's save and the final weights wait on the slowest disk: not a hang */
         if (last) keel_heartbeat_beat(t->heartbeat, "finish", step + 1, 0);
         keel_heartbeat_progress(t->heartbeat, "checkpoint"); /* a save due here waits on disks, not peers */
@@ -480,6 +498,7 @@ static keel_status train_loop(trainer *t) {
             break;
         }
     }
+    trainer_stop_deadline(false); /* the final weights wait on disks */
     keel_status fst = finish(t, status, step, loss, last_val, keel_now_s() - start);
     return st != KEEL_OK ? st : fst;
 }
@@ -668,7 +687,9 @@ keel_status keel_train_task(keel_config *cfg, const char *run_dir) {
 static keel_status worker(keel_comm *world, const char *run_dir) {
     struct sigaction old[STOP_SIGNALS_N];
     catch_stop_signals(old);
-    g_stop_grace_s = 120; /* until a step is done: set-up and the first step (the supervisor's first-step bound) */
+    /* until a step is done: set-up and the first step (the supervisor's first-step bound) */
+    g_stop_grace_ms = 120 * 1000;
+    g_on_peers = 1;
     keel_status st = KEEL_OK;
     trainer t = {.run_dir = run_dir, .world = world, .rank = keel_comm_rank(world),
                  .world_size = keel_comm_size(world)};

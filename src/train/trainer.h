@@ -62,6 +62,9 @@ keel_status trainer_ckpt_resume(trainer *t);
  * on), commit a finished background save. *stop becomes true if any rank got
  * a signal. */
 void trainer_ckpt_boundary(trainer *t, int steps_done, bool last, bool *stop);
+/* Whether this rank now waits on its peers (true: a stop signal's deadline
+ * runs, train.c) or on disks (false: a save takes what it takes). */
+void trainer_stop_deadline(bool on_peers);
 /* Before the optimizer changes the arrays: wait until a save has copied them. */
 void trainer_ckpt_before_update(trainer *t);
 /* The step of the last checkpoint this run committed or resumed from (0: none). */
