@@ -423,6 +423,11 @@ typedef struct {
     keel_straggler_action straggler_action;
 } keel_resilience_config;
 
+/* Where the model runs ("device"): the CPU, or NVIDIA GPUs through the CUDA
+ * backend (keel/cuda.h; not yet able to train: issue 14). */
+typedef enum { KEEL_BACKEND_CPU, KEEL_BACKEND_CUDA } keel_backend;
+const char *keel_backend_name(keel_backend b);
+
 typedef struct {
     keel_model_config model;
     keel_train_config train;
@@ -432,6 +437,7 @@ typedef struct {
     keel_resilience_config resilience;
     keel_metrics_config metrics;
     char *init_from;      /* checkpoint directory to start from, or NULL */
+    keel_backend device;  /* where the model runs */
     char *source;         /* file the config came from (for messages) */
 } keel_config;
 

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "keel/cuda.h"
 #include "keel/monitor.h"
 #include "keel/resil.h"
 #include "keel/run.h"
@@ -14,8 +15,10 @@
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: keel train CONFIG.json [--set key=value ...] [--run-dir DIR] [--nproc N] [--dry-run]\n"
+            "usage: keel train CONFIG.json [--set key=value ...] [--run-dir DIR] [--nproc N] [--device D]\n"
+            "                  [--dry-run]\n"
             "  --set key=value  override a config key (dotted, e.g. train.steps=100); repeatable\n"
+            "  --device D       cpu (the default) or cuda: --set device=D\n"
             "  --run-dir DIR    where the run writes (default runs/<config>-<time>); must be new or empty\n"
             "  --nproc N        train on N ranks started with mpirun (srun in a Slurm job) under a\n"
             "                   supervisor that relaunches them from the last checkpoint after failures\n"
@@ -33,16 +36,29 @@ static keel_status load_config(keel_config *cfg, const char *path, char **sets, 
     return st;
 }
 
+/* "device": "cuda": what stands between it and a run, in one line. */
+static keel_status cuda_ready(void) {
+    char why[512];
+    int n = keel_cuda_device_count(why, sizeof why);
+    if (n == 0)
+        keel_errorf("device cuda: %s; train on the CPU with \"device\": \"cpu\" (the default)", why);
+    else
+        keel_errorf("device cuda: %d GPU(s) here, but keel's CUDA backend has only its first kernels and cannot "
+                    "train yet (issue 14); use \"device\": \"cpu\"", n);
+    return KEEL_ERR_INPUT;
+}
+
 int keel_cmd_train(int argc, char **argv) {
     static const struct option options[] = {
         {"set", required_argument, NULL, 's'},
         {"run-dir", required_argument, NULL, 'r'},
         {"dry-run", no_argument, NULL, 'n'},
         {"nproc", required_argument, NULL, 'p'},
+        {"device", required_argument, NULL, 'd'},
         {"help", no_argument, NULL, 'h'},
         {0, 0, 0, 0},
     };
-    char *sets[256];
+    char *sets[257], device[64];
     int n_sets = 0;
     const char *run_dir = NULL;
     bool dry_run = false;
@@ -59,6 +75,9 @@ int keel_cmd_train(int argc, char **argv) {
             sets[n_sets++] = optarg;
             break;
         case 'r': run_dir = optarg; break;
+        case 'd': /* after the --set options, whatever their order: the flag wins */
+            snprintf(device, sizeof device, "device=%.56s", optarg);
+            break;
         case 'n': dry_run = true; break;
         case 'p':
             if (!cli_parse_int("--nproc", optarg, 1, 4096, &n)) return 2;
@@ -68,6 +87,8 @@ int keel_cmd_train(int argc, char **argv) {
         default: usage(stderr); return 2;
         }
     }
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--device") || !strncmp(argv[i], "--device=", 9)) sets[n_sets++] = device;
     if (optind != argc - 1) {
         keel_errorf("keel train takes exactly one CONFIG.json (got %d); see keel train --help",
                     argc - optind);
@@ -83,6 +104,7 @@ int keel_cmd_train(int argc, char **argv) {
     }
     keel_config cfg;
     keel_status st = load_config(&cfg, argv[optind], sets, n_sets);
+    if (st == KEEL_OK && !dry_run && cfg.device == KEEL_BACKEND_CUDA) st = cuda_ready();
     if (st == KEEL_OK && dry_run) st = keel_train_dry_run(&cfg, nproc > 0 ? nproc : 1);
     else if (st == KEEL_OK) {
         char default_dir[512];

@@ -29,11 +29,13 @@ static const char *const DTYPE_NAMES[] = {"fp32", "bf16", NULL};
 static const char *const UNIT_NAMES[] = {"block", "matrix", NULL};
 static const char *const STRAGGLER_ACTION_NAMES[] = {"report", "drain", NULL};
 static const char *const CHECK_NAMES[] = {"gemm", "memory", "checkpoint_dir", "mpi", "gpu", NULL};
+static const char *const DEVICE_NAMES[] = {"cpu", "cuda", NULL};
 
 const char *keel_strategy_name(keel_fsdp_strategy s) { return STRATEGY_NAMES[s]; }
 const char *keel_dtype_name(keel_dtype d) { return DTYPE_NAMES[d]; }
 const char *keel_unit_kind_name(keel_unit_kind k) { return UNIT_NAMES[k]; }
 const char *keel_health_check_name(keel_health_check c) { return CHECK_NAMES[c]; }
+const char *keel_backend_name(keel_backend b) { return DEVICE_NAMES[b]; }
 
 #define OFF(field) offsetof(keel_config, field)
 #define BIG 1e18
@@ -115,6 +117,9 @@ static const key_spec KEYS[] = {
     {"init_from", K_STRING, OFF(init_from), 0, 0,
      "a checkpoint directory (e.g. from `keel ckpt import --from-hf`) whose parameters start the "
      "run instead of random ones; the model keys must match it (null = random init)", NULL},
+    {"device", K_ENUM, OFF(device), 0, 0,
+     "where the model runs: cpu, or cuda (NVIDIA GPUs: the CUDA backend cannot train yet, and says so)",
+     DEVICE_NAMES},
     {"checkpoint", K_SECTION, 0, 0, 0, "sharded checkpoints in RUN/checkpoints (resume: keel train again)", NULL},
     {"checkpoint.every_steps", K_INT, OFF(checkpoint.every_steps), 0, 1 << 30,
      "save every N optimizer steps (0 = not by steps)", NULL},

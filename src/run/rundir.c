@@ -46,8 +46,9 @@ static keel_status check_free(const char *dir) {
 
 /* ---- the resume decision ---------------------------------------------------- */
 
-/* Keys a resumed run may change: how long, how parallel, how often it saves. */
-static const char *const RESUMABLE[] = {"train.steps", "train.threads", "train.eval_every",
+/* Keys a resumed run may change: how long, how parallel, how often it saves,
+ * where it runs (a checkpoint written on a GPU resumes on CPUs, and back). */
+static const char *const RESUMABLE[] = {"device", "train.steps", "train.threads", "train.eval_every",
                                         "train.eval_batches", "train.micro_batch_size",
                                         "train.grad_accum_steps", "fsdp", "checkpoint",
                                         "resilience", "metrics", NULL};

@@ -8,7 +8,7 @@
 source "$KEEL_SRC/tests/lib.sh"
 cd "$KEEL_SRC"
 
-declare -A FLOOR=([core]=0 [kernels]=1 [dist]=1 [obs]=1 [model]=2 [data]=2
+declare -A FLOOR=([core]=0 [kernels]=1 [cuda]=1 [dist]=1 [obs]=1 [model]=2 [data]=2
                   [fsdp]=3 [optim]=3 [ckpt]=3 [hf]=3 [run]=4 [plan]=4 [train]=5 [resil]=5 [monitor]=5 [cluster]=6 [cli]=6)
 # the module a header belongs to: include/keel/X.h is X's (tokenizer.h is
 # data's), src/X/... is X's
