@@ -117,6 +117,44 @@ __global__ static void adamw(float *param, const float *grad, float *m, float *v
     }
 }
 
+// x (B,T,H,HS) rotated in place, pair (i, i+HS/2) by the table's angle for position t;
+// sign -1: the inverse rotation (backward). One thread per pair.
+__global__ static void rope(float *x, const float *cs, int64_t pairs, int T, int H, int HS, float sign) {
+    int half = HS / 2;
+    for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < pairs; p += (int64_t)gridDim.x * blockDim.x) {
+        int i = (int)(p % half);
+        int64_t head = p / half; // (b*T + t)*H + h
+        int t = (int)(head / H % T);
+        float co = cs[((int64_t)t * half + i) * 2], si = sign * cs[((int64_t)t * half + i) * 2 + 1];
+        float *v = x + head * HS;
+        float x0 = v[i], x1 = v[i + half];
+        v[i] = x0 * co - x1 * si;
+        v[i + half] = x1 * co + x0 * si;
+    }
+}
+
+// one block per row: loss[row] = logsumexp(z) - z[target]; with dscale, z becomes (softmax - onehot) * dscale
+__global__ static void xent(float *logits, float *loss, const int32_t *targets, int V, float dscale) {
+    __shared__ float shared_max[THREADS / 32];
+    float *z = logits + (int64_t)blockIdx.x * V;
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < V; j += THREADS) mx = fmaxf(mx, z[j]);
+    for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (threadIdx.x % 32 == 0) shared_max[threadIdx.x / 32] = mx;
+    __syncthreads();
+    mx = shared_max[0];
+    for (int w = 1; w < THREADS / 32; w++) mx = fmaxf(mx, shared_max[w]);
+    float sum = 0;
+    for (int j = threadIdx.x; j < V; j += THREADS) sum += expf(z[j] - mx);
+    sum = block_sum(sum);
+    int target = targets[blockIdx.x];
+    if (threadIdx.x == 0) loss[blockIdx.x] = logf(sum) + mx - z[target];
+    __syncthreads(); // z[target] read before it changes
+    if (dscale != 0.0f)
+        for (int j = threadIdx.x; j < V; j += THREADS)
+            z[j] = expf(z[j] - mx) / sum * dscale - (j == target ? dscale : 0.0f);
+}
+
 static int blocks_for(int64_t n) {
     int64_t b = (n + THREADS - 1) / THREADS;
     return (int)(b < 65535 ? (b > 0 ? b : 1) : 65535);
@@ -151,5 +189,23 @@ extern "C" void keel_cuda_adamw_update(float *param, const float *grad, float *m
     float bc1 = (float)(1.0 - pow(beta1, (double)t)), bc2 = (float)(1.0 - pow(beta2, (double)t));
     adamw<<<blocks_for(n), THREADS>>>(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, bc1,
                                        bc2);
+    note(cudaGetLastError());
+}
+
+extern "C" void keel_cuda_rope_forward(float *x, const float *cos_sin, int B, int T, int H, int HS) {
+    int64_t pairs = (int64_t)B * T * H * (HS / 2);
+    rope<<<blocks_for(pairs), THREADS>>>(x, cos_sin, pairs, T, H, HS, 1.0f);
+    note(cudaGetLastError());
+}
+
+extern "C" void keel_cuda_rope_backward(float *dx, const float *cos_sin, int B, int T, int H, int HS) {
+    int64_t pairs = (int64_t)B * T * H * (HS / 2);
+    rope<<<blocks_for(pairs), THREADS>>>(dx, cos_sin, pairs, T, H, HS, -1.0f);
+    note(cudaGetLastError());
+}
+
+extern "C" void keel_cuda_xent_forward_backward(float *logits, float *row_loss, const int32_t *targets, int N, int V,
+                                                float dscale) {
+    xent<<<N, THREADS>>>(logits, row_loss, targets, V, dscale);
     note(cudaGetLastError());
 }

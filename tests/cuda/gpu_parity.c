@@ -2,8 +2,9 @@
  * random inputs of awkward sizes (rows shorter and longer than a block, n
  * not a multiple of it), forward and backward. Tolerances: the kernels sum in
  * fp32 where the references sum in double — RMSNorm 1e-5 relative (forward,
- * dx), 1e-4 (dw, summed over rows with atomics in any order); SwiGLU 1e-6;
- * AdamW 1e-6 after 3 steps. Needs a GPU: without one it exits 77 (ctest
+ * dx), 1e-4 (dw, summed over rows with atomics in any order); RoPE 1e-6
+ * against the CPU kernel with the same table; SwiGLU 1e-6; cross-entropy
+ * 1e-5 (the loss) and 1e-6 (the gradient); AdamW 1e-6 after 3 steps. Needs a GPU: without one it exits 77 (ctest
  * SKIP) saying why; scripts/gpu-check.sh runs it on the device machine. */
 #include <math.h>
 #include <stdio.h>
@@ -84,6 +85,45 @@ static void test_swiglu(int64_t n) {
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) keel_cuda_free(g[i]);
 }
 
+static void test_rope(int B, int T, int H, int HS) {
+    unsigned seed = 17;
+    int64_t n = (int64_t)B * T * H * HS;
+    float *x = rnd(n, &seed, 1), *cs = malloc((size_t)T * HS * sizeof *cs);
+    keel_rope_table(cs, T, HS, 10000.0);
+    float *xg = dev(x, n), *csg = dev(cs, (int64_t)T * HS);
+    keel_cuda_rope_forward(xg, csg, B, T, H, HS);
+    keel_rope_forward(x, cs, B, T, H, HS);
+    float *a = back(xg, n);
+    double ef = rel(a, x, n);
+    keel_cuda_rope_backward(xg, csg, B, T, H, HS);
+    keel_rope_backward(x, cs, B, T, H, HS);
+    float *b = back(xg, n);
+    double eb = rel(b, x, n);
+    EXPECT(ef < 1e-6 && eb < 1e-6, "rope B=%d T=%d H=%d HS=%d: forward %.2g backward %.2g", B, T, H, HS, ef, eb);
+    free(x), free(cs), free(a), free(b);
+    keel_cuda_free(xg), keel_cuda_free(csg);
+}
+
+static void test_xent(int N, int V) {
+    unsigned seed = 19;
+    int64_t n = (int64_t)N * V;
+    float *z = rnd(n, &seed, 8);
+    int32_t *tg = malloc((size_t)N * sizeof *tg);
+    for (int i = 0; i < N; i++) tg[i] = (int32_t)(rand_r(&seed) % V);
+    float *zg = dev(z, n), *lg = dev(NULL, N);
+    void *tgd = NULL;
+    KEEL_CHECK(keel_cuda_malloc(&tgd, (size_t)N * sizeof *tg) == KEEL_OK, "cudaMalloc");
+    keel_cuda_to_device(tgd, tg, (size_t)N * sizeof *tg);
+    keel_cuda_xent_forward_backward(zg, lg, tgd, N, V, 1.0f / N);
+    double want = keel_ref_xent_forward_backward(z, tg, N, V, 1.0f / N), got = 0;
+    float *l = back(lg, N), *dz = back(zg, n);
+    for (int i = 0; i < N; i++) got += l[i];
+    double el = fabs(got - want) / fmax(1, fabs(want)), eg = rel(dz, z, n);
+    EXPECT(el < 1e-5 && eg < 1e-6, "xent N=%d V=%d: loss %.6g vs %.6g (%.2g), gradient %.2g", N, V, got, want, el, eg);
+    free(z), free(tg), free(l), free(dz);
+    keel_cuda_free(zg), keel_cuda_free(lg), keel_cuda_free(tgd);
+}
+
 static void test_adamw(int64_t n) {
     unsigned seed = 13;
     float *p = rnd(n, &seed, 1), *m = calloc((size_t)n, 4), *v = calloc((size_t)n, 4);
@@ -116,6 +156,12 @@ int main(void) {
     test_rmsnorm(3, 7);
     test_rmsnorm(5, 300);
     test_rmsnorm(64, 4096);
+    test_rope(1, 1, 1, 2);
+    test_rope(2, 37, 3, 64);
+    test_rope(1, 2048, 32, 128);
+    test_xent(1, 3);
+    test_xent(7, 32000);
+    test_xent(64, 50257);
     test_swiglu(1);
     test_swiglu(1000003);
     test_adamw(257);
