@@ -153,13 +153,30 @@ typedef enum {
     KEEL_GPU_UNCORRECTABLE_REMAPPED_ROWS, /* DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS */
     KEEL_GPU_ROW_REMAP_PENDING, /* a remap waits for a GPU reset: 0/1 */
     KEEL_GPU_ROW_REMAP_FAILURE, /* DCGM_FI_DEV_ROW_REMAP_FAILURE: 0/1 */
+    KEEL_GPU_CLOCK_EVENT_REASONS, /* DCGM_FI_DEV_CLOCK_THROTTLE_REASONS: why the clocks are below
+                                   * their maximum, a bitmask of KEEL_GPU_CLOCKS_* */
     KEEL_GPU_N_FIELDS
 } keel_gpu_field;
+/* NVML's clock event (throttle) reasons, KEEL_GPU_CLOCK_EVENT_REASONS's bits */
+#define KEEL_GPU_CLOCKS_GPU_IDLE 0x1u
+#define KEEL_GPU_CLOCKS_APPLICATIONS_CLOCKS_SETTING 0x2u
+#define KEEL_GPU_CLOCKS_SW_POWER_CAP 0x4u
+#define KEEL_GPU_CLOCKS_HW_SLOWDOWN 0x8u
+#define KEEL_GPU_CLOCKS_SYNC_BOOST 0x10u
+#define KEEL_GPU_CLOCKS_SW_THERMAL_SLOWDOWN 0x20u
+#define KEEL_GPU_CLOCKS_HW_THERMAL_SLOWDOWN 0x40u
+#define KEEL_GPU_CLOCKS_HW_POWER_BRAKE_SLOWDOWN 0x80u
+#define KEEL_GPU_CLOCKS_DISPLAY_CLOCK_SETTING 0x100u
+#define KEEL_GPU_NEW_XIDS_MAX 16
 typedef struct {
     int index;              /* NVML's device index */
     unsigned minor;         /* /dev/nvidia<minor> */
     char uuid[96], model[96], pci_bus_id[32];
     double v[KEEL_GPU_N_FIELDS]; /* NAN: not supported by this GPU */
+    /* XID events that arrived since this GPU's previous keel_gpus_read (the
+     * first KEEL_GPU_NEW_XIDS_MAX; n_new_xids counts them all) */
+    unsigned new_xids[KEEL_GPU_NEW_XIDS_MAX];
+    int n_new_xids;
 } keel_gpu_sample;
 typedef struct keel_gpus keel_gpus;
 /* KEEL_OK with *out NULL: no NVML on this machine (no driver: not an error).
@@ -169,7 +186,8 @@ typedef struct keel_gpus keel_gpus;
 keel_status keel_gpus_open(keel_gpus **out, char *why, size_t why_n);
 int keel_gpus_count(const keel_gpus *g); /* 0 for NULL */
 const char *keel_gpus_library(const keel_gpus *g); /* the file dlopen loaded */
-/* One GPU's readings now (XIDs: the events that arrived since the last read). */
+/* One GPU's readings now (KEEL_GPU_XID_*: the XID events since open; new_xids:
+ * those since this GPU's previous read). */
 keel_status keel_gpus_read(keel_gpus *g, int i, keel_gpu_sample *s);
 void keel_gpus_close(keel_gpus *g);
 
@@ -425,8 +443,8 @@ typedef struct {
 
 /* Where the model runs ("device"): the CPU, or NVIDIA GPUs through the CUDA
  * backend (keel/cuda.h; not yet able to train: issue 14). */
-typedef enum { KEEL_BACKEND_CPU, KEEL_BACKEND_CUDA } keel_backend;
-const char *keel_backend_name(keel_backend b);
+typedef enum { KEEL_BACKEND_CPU, KEEL_BACKEND_CUDA } keel_backend_kind;
+const char *keel_backend_kind_name(keel_backend_kind b);
 
 typedef struct {
     keel_model_config model;
@@ -437,7 +455,7 @@ typedef struct {
     keel_resilience_config resilience;
     keel_metrics_config metrics;
     char *init_from;      /* checkpoint directory to start from, or NULL */
-    keel_backend device;  /* where the model runs */
+    keel_backend_kind device; /* where the model runs */
     char *source;         /* file the config came from (for messages) */
 } keel_config;
 

@@ -73,6 +73,32 @@ bool keel_pid_alive(int pid);
 
 /* ---- health checks: keel health (health.c) -------------------------------------- */
 
+/* The gpu check's limits (health_gpu.c): the node config's "gpu" object, each
+ * key defaulting to keel_gpu_limits_defaults's value (README, "Health checks").
+ * A GPU fails on any one of them. */
+#define KEEL_GPU_BASELINE_DEFAULT "/var/lib/keel/gpu-baseline.json"
+#define KEEL_GPU_XID_IGNORE_MAX 32
+typedef struct {
+    char baseline[1024];          /* the XID baseline file; "" = KEEL_GPU_BASELINE_DEFAULT */
+    double xid_max;               /* XIDs per GPU since the baseline (kernel log) or during the check (NVML) */
+    unsigned xid_ignore[KEEL_GPU_XID_IGNORE_MAX]; /* application XIDs (13, 31, 43, 45, 68): not counted */
+    int n_xid_ignore;
+    double temp_max_c;
+    double ecc_uncorrected_max;   /* volatile (since the driver loaded) uncorrected ECC errors */
+    double remapped_rows_uncorrectable_max;
+    bool fail_on_row_remap_pending, fail_on_row_remap_failure;
+    unsigned clock_events_fail;   /* KEEL_GPU_CLOCKS_* bits that fail a GPU */
+    double sm_clock_min_fraction; /* of the max SM clock, judged while the GPU is busy: */
+    double sm_clock_busy_util_pct;/* utilization >= this */
+} keel_gpu_limits;
+void keel_gpu_limits_defaults(keel_gpu_limits *l);
+/* The name of one KEEL_GPU_CLOCKS_* bit (NVML's, in snake case: "hw_slowdown"),
+ * NULL for none; and back (0 for a name that is not one). */
+const char *keel_gpu_clock_event_name(unsigned bit);
+unsigned keel_gpu_clock_event_bit(const char *name);
+/* Every name, comma-separated, for error messages. */
+const char *keel_gpu_clock_event_names(void);
+
 typedef struct {
     const keel_config *cfg; /* the job (memory need, checkpoint size, GEMM floor); NULL = none */
     const char *dir;        /* checkpoint directory to probe (created if missing) */
@@ -82,6 +108,7 @@ typedef struct {
     unsigned checks;        /* mask of (1u << keel_health_check) */
     double gemm_floor_gflops;
     double memory_floor_gib;  /* no job: the memory check fails below this MemAvailable (0 = any) */
+    const keel_gpu_limits *gpu; /* the gpu check's limits; NULL = the defaults */
 } keel_health_options;
 
 typedef struct {
@@ -89,7 +116,7 @@ typedef struct {
     enum { KEEL_HEALTH_PASS, KEEL_HEALTH_FAIL, KEEL_HEALTH_SKIPPED } status;
     double value, limit;    /* measured, and the floor or need it is held to (0 = none) */
     char unit[16];
-    char detail[512];
+    char detail[1024];
 } keel_health_result;
 
 /* Run the checks in mask order on this node; returns how many results (<= KEEL_CHECK_COUNT). */
@@ -97,6 +124,8 @@ int keel_health_run(const keel_health_options *o, keel_health_result *out);
 bool keel_health_all_ok(const keel_health_result *r, int n);
 /* {"node": ..., "ok": ..., "checks": [{"name", "status", "value", "limit", "unit", "detail"}]} */
 char *keel_health_json(const char *node, const keel_health_result *r, int n);
+/* The gpu check alone (health_gpu.c; keel_health_run calls it). */
+void keel_health_check_gpu(const keel_health_options *o, keel_health_result *r);
 /* One rank of the mpi check as a job of its own (`keel health --mpi-probe`):
  * rank 0 prints one JSON line. */
 keel_status keel_health_mpi_probe(void);
@@ -108,13 +137,15 @@ keel_status keel_health_mpi_probe(void);
 keel_status keel_health_epilog(const char *node, const keel_health_result *r, int n, char *said, size_t said_n);
 /* A node's own checks and thresholds (`keel health --node-config NODE.json`,
  * a cluster spec's HealthCheck): {"checks": [...], "gemm_floor_gflops": X,
- * "memory_floor_gib": Y, "dir": "PATH"}, every key optional, no other key.
- * path names the text in errors. Free dir with keel_free. */
+ * "memory_floor_gib": Y, "dir": "PATH", "gpu": {...keel_gpu_limits...}},
+ * every key optional, no other key. path names the text in errors. Free dir
+ * with keel_free. */
 typedef struct {
     unsigned checks;
     bool has_checks;
     double gemm_floor, memory_floor; /* < 0: not set */
     char *dir;
+    keel_gpu_limits gpu;             /* the defaults where the config does not say */
 } keel_node_config;
 keel_status keel_node_config_parse(const char *text, const char *path, keel_node_config *nc);
 keel_status keel_node_config_load(const char *path, keel_node_config *nc);

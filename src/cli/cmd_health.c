@@ -1,5 +1,6 @@
 /* cli/cmd_health.c: `keel health [--json] [--dir PATH] [--config CONFIG] [--nproc N]
- * [--checks a,b] [--gemm-floor GFLOPS] [--epilog]` — node health checks (keel/resil.h). */
+ * [--checks a,b] [--gemm-floor GFLOPS] [--node-config NODE] [--gpu-baseline FILE]
+ * [--epilog]` — node health checks (keel/resil.h). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +12,7 @@
 static void usage(FILE *out) {
     fprintf(out,
             "usage: keel health [--json] [--dir PATH] [--config CONFIG.json] [--nproc N] [--checks LIST]\n"
-            "                   [--gemm-floor GFLOPS] [--node-config NODE.json] [--epilog]\n"
+            "                   [--gemm-floor GFLOPS] [--node-config NODE.json] [--gpu-baseline FILE] [--epilog]\n"
             "  --json            print the report as JSON (one object: node, ok, checks[])\n"
             "  --dir PATH        checkpoint directory to probe (default: the current directory)\n"
             "  --config FILE     the job: memory need, checkpoint size, resilience.health_checks,\n"
@@ -21,7 +22,11 @@ static void usage(FILE *out) {
             "                    or the config's resilience.health_checks)\n"
             "  --gemm-floor X    fail the gemm check below X GFLOP/s per core (default 10, or the config's)\n"
             "  --node-config F   this node's checks and thresholds: {\"checks\": [...], \"gemm_floor_gflops\":\n"
-            "                    X, \"memory_floor_gib\": Y, \"dir\": PATH} (the options above win)\n"
+            "                    X, \"memory_floor_gib\": Y, \"dir\": PATH, \"gpu\": {the gpu check's limits:\n"
+            "                    \"temp_max_c\": 87, \"xid_max\": 0, ... (README, Health checks)}} (options win)\n"
+            "  --gpu-baseline F  the gpu check's XID baseline: XIDs in the kernel log count from it on; the\n"
+            "                    first check writes it (default " KEEL_GPU_BASELINE_DEFAULT ",\n"
+            "                    or the node config's gpu.baseline; remove it to accept the XIDs logged since)\n"
             "  --epilog          Slurm's Epilog or HealthCheckProgram (as root, on the node): a failed check\n"
             "                    drains this node (SLURMD_NODENAME) with reason \"keel: <check>\", passing\n"
             "                    returns a node keel drained to service; the node-local checks only\n"
@@ -35,11 +40,12 @@ int keel_cmd_health(int argc, char **argv) {
         {"config", required_argument, NULL, 'c'},   {"nproc", required_argument, NULL, 'p'},
         {"checks", required_argument, NULL, 'k'},   {"gemm-floor", required_argument, NULL, 'g'},
         {"mpi-probe", no_argument, NULL, 'm'},      {"epilog", no_argument, NULL, 'e'},
-        {"node-config", required_argument, NULL, 'n'}, {"help", no_argument, NULL, 'h'},
+        {"node-config", required_argument, NULL, 'n'}, {"gpu-baseline", required_argument, NULL, 'b'},
+        {"help", no_argument, NULL, 'h'},
         {0, 0, 0, 0},
     };
     bool json = false, probe = false, epilog = false;
-    const char *dir = NULL, *config = NULL, *checks = NULL, *node_path = NULL;
+    const char *dir = NULL, *config = NULL, *checks = NULL, *node_path = NULL, *gpu_baseline = NULL;
     int nproc = 2, c;
     double floor = -1;
     long long number;
@@ -53,6 +59,7 @@ int keel_cmd_health(int argc, char **argv) {
         case 'm': probe = true; break;
         case 'e': epilog = true; break;
         case 'n': node_path = optarg; break;
+        case 'b': gpu_baseline = optarg; break;
         case 'p':
             if (!cli_parse_int("--nproc", optarg, 1, 4096, &number)) return 2;
             nproc = (int)number;
@@ -70,6 +77,12 @@ int keel_cmd_health(int argc, char **argv) {
     }
     if (probe) return keel_status_exit_code(keel_health_mpi_probe());
     keel_node_config nc = {.gemm_floor = -1, .memory_floor = -1};
+    keel_gpu_limits_defaults(&nc.gpu);
+    if (gpu_baseline && (!*gpu_baseline || strlen(gpu_baseline) >= sizeof nc.gpu.baseline)) {
+        keel_errorf("--gpu-baseline '%.100s': expected the XID baseline file's path (at most %zu bytes)", gpu_baseline,
+                    sizeof nc.gpu.baseline - 1);
+        return 2;
+    }
     if (node_path) {
         keel_status st = keel_node_config_load(node_path, &nc);
         if (st != KEEL_OK) {
@@ -78,6 +91,7 @@ int keel_cmd_health(int argc, char **argv) {
         }
     }
     if (!dir) dir = nc.dir ? nc.dir : ".";
+    if (gpu_baseline) snprintf(nc.gpu.baseline, sizeof nc.gpu.baseline, "%s", gpu_baseline);
     if (floor < 0) floor = nc.gemm_floor;
     keel_config cfg;
     keel_config_defaults(&cfg);
@@ -109,7 +123,7 @@ int keel_cmd_health(int argc, char **argv) {
     keel_health_options o = {.cfg = config ? &cfg : NULL, .dir = dir, .nproc = nproc,
                              .checks = mask,
                              .gemm_floor_gflops = floor >= 0 ? floor : cfg.resilience.gemm_floor_gflops,
-                             .memory_floor_gib = nc.memory_floor > 0 ? nc.memory_floor : 0};
+                             .memory_floor_gib = nc.memory_floor > 0 ? nc.memory_floor : 0, .gpu = &nc.gpu};
     keel_health_result r[KEEL_CHECK_COUNT];
     int n = keel_health_run(&o, r);
     char node[64];

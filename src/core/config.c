@@ -35,7 +35,7 @@ const char *keel_strategy_name(keel_fsdp_strategy s) { return STRATEGY_NAMES[s];
 const char *keel_dtype_name(keel_dtype d) { return DTYPE_NAMES[d]; }
 const char *keel_unit_kind_name(keel_unit_kind k) { return UNIT_NAMES[k]; }
 const char *keel_health_check_name(keel_health_check c) { return CHECK_NAMES[c]; }
-const char *keel_backend_name(keel_backend b) { return DEVICE_NAMES[b]; }
+const char *keel_backend_kind_name(keel_backend_kind b) { return DEVICE_NAMES[b]; }
 
 #define OFF(field) offsetof(keel_config, field)
 #define BIG 1e18

@@ -18,11 +18,16 @@ struct keel_gpus {
 #define FIELD(sym, field, ret, params) ret(*field) params;
     KNVML_FUNCTIONS(FIELD)
 #undef FIELD
+#define OPTIONAL_FIELD(sym, older, field, ret, params) ret(*field) params; /* NULL: this NVML lacks it */
+    KNVML_OPTIONAL_FUNCTIONS(OPTIONAL_FIELD)
+#undef OPTIONAL_FIELD
     knvml_event_set events; /* XID events of every GPU; NULL when unsupported */
     int n;
     knvml_device dev[KEEL_GPUS_MAX];
     unsigned last_xid[KEEL_GPUS_MAX];
     double xid_count[KEEL_GPUS_MAX];
+    unsigned new_xids[KEEL_GPUS_MAX][KEEL_GPU_NEW_XIDS_MAX]; /* since the GPU's last read */
+    int n_new_xids[KEEL_GPUS_MAX];
 };
 
 void keel_gpus_close(keel_gpus *g) {
@@ -60,6 +65,15 @@ keel_status keel_gpus_open(keel_gpus **out, char *why, size_t why_n) {
     }
     KNVML_FUNCTIONS(LOAD)
 #undef LOAD
+    /* optional: the current name, else the older one of the same ABI, else none */
+#define LOAD_OPTIONAL(sym, older, field, ret, params)   \
+    {                                                   \
+        void *p = dlsym(lib, #sym);                     \
+        if (!p) p = dlsym(lib, #older);                 \
+        if (p) memcpy(&g->field, &p, sizeof p);         \
+    }
+    KNVML_OPTIONAL_FUNCTIONS(LOAD_OPTIONAL)
+#undef LOAD_OPTIONAL
     knvml_return r = g->init();
     if (r != KNVML_SUCCESS) {
         snprintf(why, why_n, "%s: nvmlInit: %s (driver not loaded?)", name, g->error_string(r));
@@ -95,6 +109,8 @@ static void drain_xids(keel_gpus *g) {
             if (g->dev[i] == e.device && (e.eventType & KNVML_EVENT_TYPE_XID_CRITICAL_ERROR)) {
                 g->last_xid[i] = (unsigned)e.eventData;
                 g->xid_count[i]++;
+                if (g->n_new_xids[i] < KEEL_GPU_NEW_XIDS_MAX) g->new_xids[i][g->n_new_xids[i]] = (unsigned)e.eventData;
+                g->n_new_xids[i]++;
             }
 }
 
@@ -134,10 +150,15 @@ keel_status keel_gpus_read(keel_gpus *g, int i, keel_gpu_sample *s) {
         s->v[KEEL_GPU_CORRECTABLE_REMAPPED_ROWS] = corr, s->v[KEEL_GPU_UNCORRECTABLE_REMAPPED_ROWS] = unc;
         s->v[KEEL_GPU_ROW_REMAP_PENDING] = pending != 0, s->v[KEEL_GPU_ROW_REMAP_FAILURE] = failed != 0;
     }
+    if (g->clock_event_reasons && g->clock_event_reasons(d, &ull) == KNVML_SUCCESS)
+        s->v[KEEL_GPU_CLOCK_EVENT_REASONS] = (double)ull;
     if (g->events) {
         drain_xids(g);
         s->v[KEEL_GPU_XID_ERRORS] = g->last_xid[i];
         s->v[KEEL_GPU_XID_COUNT] = g->xid_count[i];
+        s->n_new_xids = g->n_new_xids[i];
+        memcpy(s->new_xids, g->new_xids[i], sizeof s->new_xids);
+        g->n_new_xids[i] = 0;
     }
     return KEEL_OK;
 }

@@ -4,7 +4,9 @@
  * real nvml.h (where one is found) and fails the build on any difference: the
  * handles share NVML's struct tags, the structs' layouts are compared, and the
  * functions' types are checked with NVML's structs put in for ours
- * (KNVML_STRUCT). Enums are unsigned int: NVML's have no negative values. */
+ * (KNVML_STRUCT). Enums are unsigned int: NVML's have no negative values.
+ * KNVML_OPTIONAL_FUNCTIONS are calls an NVML may lack (or have under an older
+ * name): keel reads them when present and reports "not reported" otherwise. */
 #ifndef KEEL_NVML_ABI_H
 #define KEEL_NVML_ABI_H
 
@@ -23,6 +25,16 @@ enum {
     KNVML_VOLATILE_ECC = 0,
 };
 #define KNVML_EVENT_TYPE_XID_CRITICAL_ERROR 0x0000000000000008ULL
+/* nvmlClocksEventReason* (formerly nvmlClocksThrottleReason*): why the clocks are below their maximum */
+#define KNVML_CLOCKS_EVENT_GPU_IDLE 0x0000000000000001ULL
+#define KNVML_CLOCKS_EVENT_APPLICATIONS_CLOCKS_SETTING 0x0000000000000002ULL
+#define KNVML_CLOCKS_EVENT_SW_POWER_CAP 0x0000000000000004ULL
+#define KNVML_CLOCKS_EVENT_HW_SLOWDOWN 0x0000000000000008ULL
+#define KNVML_CLOCKS_EVENT_SYNC_BOOST 0x0000000000000010ULL
+#define KNVML_CLOCKS_EVENT_SW_THERMAL_SLOWDOWN 0x0000000000000020ULL
+#define KNVML_CLOCKS_EVENT_HW_THERMAL_SLOWDOWN 0x0000000000000040ULL
+#define KNVML_CLOCKS_EVENT_HW_POWER_BRAKE_SLOWDOWN 0x0000000000000080ULL
+#define KNVML_CLOCKS_EVENT_DISPLAY_CLOCK_SETTING 0x0000000000000100ULL
 
 typedef struct knvml_pci_info {
     char busIdLegacy[16];
@@ -74,5 +86,13 @@ typedef struct knvml_event_data {
     X(nvmlEventSetWait_v2, event_wait, knvml_return,                                                             \
       (knvml_event_set, KNVML_STRUCT(knvml_event_data, nvmlEventData_t) *, unsigned int))                        \
     X(nvmlEventSetFree, event_set_free, knvml_return, (knvml_event_set))
+
+/* X(name in the library, the older name of the same ABI, keel's field, return, parameters):
+ * nvmlDeviceGetCurrentClocksEventReasons is today's name for what older
+ * drivers call nvmlDeviceGetCurrentClocksThrottleReasons (a bitmask of
+ * KNVML_CLOCKS_EVENT_*). */
+#define KNVML_OPTIONAL_FUNCTIONS(X)                                                                          \
+    X(nvmlDeviceGetCurrentClocksEventReasons, nvmlDeviceGetCurrentClocksThrottleReasons, clock_event_reasons, \
+      knvml_return, (knvml_device, unsigned long long *))
 
 #endif

@@ -334,6 +334,8 @@ static const struct {
     {KEEL_GPU_CORRECTABLE_REMAPPED_ROWS, "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter",
      "Number of remapped rows for correctable errors"},
     {KEEL_GPU_ROW_REMAP_FAILURE, "DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed"},
+    {KEEL_GPU_CLOCK_EVENT_REASONS, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge",
+     "Current clock throttle reasons (bitmask of DCGM_CLOCKS_THROTTLE_REASON_*)."},
 };
 
 /* This node's GPUs, labelled as dcgm-exporter labels them; a reading a GPU does not support has no sample. */

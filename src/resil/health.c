@@ -8,8 +8,10 @@
  *                   for two checkpoints
  *   mpi             all-reduce of known values over the job's ranks: exact sum
  *                   and bus bandwidth (keel health --mpi-probe on every rank)
- *   gpu             through NVML when the driver is there: ECC errors,
- *                   temperature, clocks, XID events; "no GPU" otherwise */
+ *   gpu             through NVML when the driver is there: XIDs since a
+ *                   baseline, ECC errors, row remapping, clock event reasons,
+ *                   temperature, SM clock while busy, each held to the node
+ *                   config's limits (health_gpu.c); "no GPU" otherwise */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -173,45 +175,6 @@ keel_status keel_health_mpi_probe(void) {
     return ok ? KEEL_OK : KEEL_ERR_IO;
 }
 
-/* ---- gpu: this node's GPUs through NVML (keel_gpus, core/gpu.c) --------------- */
-
-static void check_gpu(keel_health_result *r) {
-    char why[512];
-    keel_gpus *g;
-    keel_status st = keel_gpus_open(&g, why, sizeof why);
-    if (!g) {
-        if (st == KEEL_OK) say(r, KEEL_HEALTH_SKIPPED, "no GPU (%s)", why);
-        else say(r, KEEL_HEALTH_FAIL, "NVML does not answer: %s", why);
-        return;
-    }
-    char detail[512] = "";
-    bool ok = true;
-    double hottest = 0;
-    for (int i = 0; i < keel_gpus_count(g); i++) {
-        keel_gpu_sample s;
-        if (keel_gpus_read(g, i, &s) != KEEL_OK) continue;
-        double t = s.v[KEEL_GPU_TEMP], errors = s.v[KEEL_GPU_ECC_DBE_VOL]; /* NAN: not reported (ECC off) */
-        bool bad = errors > 0 || t >= 90;
-        ok &= !bad;
-        if (!isnan(t)) hottest = fmax(hottest, t);
-        snprintf(detail + strlen(detail), sizeof detail - strlen(detail),
-                 "%sgpu%d %.0f C, SM %.0f/%.0f MHz, %.0f uncorrected ECC%s", i ? "; " : "", i, t,
-                 s.v[KEEL_GPU_SM_CLOCK], s.v[KEEL_GPU_MAX_SM_CLOCK], isnan(errors) ? 0 : errors, bad ? " (BAD)" : "");
-    }
-    /* XID errors are kernel log lines ("NVRM: Xid"): readable where the log is */
-    static char kernel_log[1 << 20];
-    char *dmesg[] = {"dmesg", NULL};
-    int xids = 0;
-    if (keel_run_capture(dmesg, 10, kernel_log, sizeof kernel_log) == 0)
-        for (const char *p = kernel_log; (p = strstr(p, "NVRM: Xid")); p++) xids++;
-    if (xids > 0) ok = false;
-    r->value = hottest;
-    snprintf(r->unit, sizeof r->unit, "C");
-    say(r, ok ? KEEL_HEALTH_PASS : KEEL_HEALTH_FAIL, "%d GPU(s): %s; %d XID event(s) in the kernel log",
-        keel_gpus_count(g), detail, xids);
-    keel_gpus_close(g);
-}
-
 int keel_health_run(const keel_health_options *o, keel_health_result *out) {
     int n = 0;
     for (int c = 0; c < KEEL_CHECK_COUNT; c++) {
@@ -224,7 +187,7 @@ int keel_health_run(const keel_health_options *o, keel_health_result *out) {
         case KEEL_CHECK_MEMORY: check_memory(o, r); break;
         case KEEL_CHECK_CHECKPOINT_DIR: check_dir(o, r); break;
         case KEEL_CHECK_MPI: check_mpi(o, r); break;
-        case KEEL_CHECK_GPU: check_gpu(r); break;
+        case KEEL_CHECK_GPU: keel_health_check_gpu(o, r); break;
         case KEEL_CHECK_COUNT: break;
         }
     }

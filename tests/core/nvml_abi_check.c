@@ -15,6 +15,19 @@ static void check_functions(void) {
     KNVML_FUNCTIONS(CHECK)
 }
 #undef CHECK
+/* Each optional function under both its names; headers before the rename know only the older one. */
+#ifdef nvmlClocksEventReasonGpuIdle
+#define CHECK_CURRENT(sym, older, field, ret, params) { ret(*field) params = sym; (void)field; }
+#else
+#define CHECK_CURRENT(sym, older, field, ret, params)
+#endif
+#define CHECK_OPTIONAL(sym, older, field, ret, params) \
+    { ret(*field) params = older; (void)field; } CHECK_CURRENT(sym, older, field, ret, params)
+static void check_optional_functions(void) {
+    KNVML_OPTIONAL_FUNCTIONS(CHECK_OPTIONAL)
+}
+#undef CHECK_OPTIONAL
+#undef CHECK_CURRENT
 
 #define SAME(ours, theirs, member) \
     _Static_assert(offsetof(ours, member) == offsetof(theirs, member), #theirs "." #member " moved");
@@ -39,9 +52,20 @@ SAME_VALUE(KNVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_MEMORY_ERROR_TYPE_CORRECTED)
 SAME_VALUE(KNVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_MEMORY_ERROR_TYPE_UNCORRECTED)
 SAME_VALUE(KNVML_VOLATILE_ECC, NVML_VOLATILE_ECC)
 _Static_assert(KNVML_EVENT_TYPE_XID_CRITICAL_ERROR == nvmlEventTypeXidCriticalError, "XID event type");
+/* the older names: every nvml.h has them */
+SAME_VALUE(KNVML_CLOCKS_EVENT_GPU_IDLE, nvmlClocksThrottleReasonGpuIdle)
+SAME_VALUE(KNVML_CLOCKS_EVENT_APPLICATIONS_CLOCKS_SETTING, nvmlClocksThrottleReasonApplicationsClocksSetting)
+SAME_VALUE(KNVML_CLOCKS_EVENT_SW_POWER_CAP, nvmlClocksThrottleReasonSwPowerCap)
+SAME_VALUE(KNVML_CLOCKS_EVENT_HW_SLOWDOWN, nvmlClocksThrottleReasonHwSlowdown)
+SAME_VALUE(KNVML_CLOCKS_EVENT_SYNC_BOOST, nvmlClocksThrottleReasonSyncBoost)
+SAME_VALUE(KNVML_CLOCKS_EVENT_SW_THERMAL_SLOWDOWN, nvmlClocksThrottleReasonSwThermalSlowdown)
+SAME_VALUE(KNVML_CLOCKS_EVENT_HW_THERMAL_SLOWDOWN, nvmlClocksThrottleReasonHwThermalSlowdown)
+SAME_VALUE(KNVML_CLOCKS_EVENT_HW_POWER_BRAKE_SLOWDOWN, nvmlClocksThrottleReasonHwPowerBrakeSlowdown)
+SAME_VALUE(KNVML_CLOCKS_EVENT_DISPLAY_CLOCK_SETTING, nvmlClocksThrottleReasonDisplayClockSetting)
 
 int main(void) {
     check_functions();
+    check_optional_functions();
     puts("PASS: src/core/nvml_abi.h matches " "nvml.h (API " NVML_API_VERSION_STR ")");
     return 0;
 }

@@ -19,11 +19,14 @@ assert by["checkpoint_dir"]["status"] == "pass", by["checkpoint_dir"]
 PY
 pass "healthy: $(python3 -c "import json,sys; print('; '.join(c['name']+' '+c['status'] for c in json.load(open(sys.argv[1]))['checks']))" "$TMP/h.json")"
 
-# the gpu check reads NVML: here through the stand-in library of two GPUs
-KEEL_NVML_LIB="$KEEL_NVML_STAND_IN" "$KEEL_BIN" health --checks gpu >"$TMP/gpu" 2>&1 || fail "gpu check: $(cat "$TMP/gpu")"
-grep -Eq 'gpu +pass +2 GPU\(s\): gpu0 61 C, SM 1980/1980 MHz, 0 uncorrected ECC; gpu1 38 C' "$TMP/gpu" ||
+# the gpu check reads NVML: here through the stand-in library of two GPUs,
+# without its XID event (tests/resil/health_gpu.sh tests the limits)
+printf 'xid_events=\n' >"$TMP/nvml-state"
+KEEL_NVML_LIB="$KEEL_NVML_STAND_IN" KEEL_NVML_STAND_IN_STATE="$TMP/nvml-state" \
+  "$KEEL_BIN" health --checks gpu --gpu-baseline "$TMP/gpu-baseline.json" >"$TMP/gpu" 2>&1 || fail "gpu check: $(cat "$TMP/gpu")"
+grep -Eq 'gpu +pass +2 GPU\(s\) within limits: gpu0 61 C, SM 1980/1980 MHz, 87% busy; gpu1 38 C' "$TMP/gpu" ||
   fail "gpu check: $(cat "$TMP/gpu")"
-pass "gpu check through NVML: $(grep -o '2 GPU.*ECC;' "$TMP/gpu" | head -1)"
+pass "gpu check through NVML: $(grep -o '2 GPU.*busy;' "$TMP/gpu" | head -1)"
 
 expect_fail() { # name pattern cmd...: exit 1 and the report shows pattern
   local name=$1 pattern=$2; shift 2
