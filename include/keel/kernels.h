@@ -163,6 +163,14 @@ void keel_ref_swiglu_forward(float *h, const float *gate, const float *up, int64
 void keel_ref_swiglu_backward(float *dgate, float *dup, const float *dh, const float *gate,
                               const float *up, int64_t n);
 
+/* ---- token embedding (embedding.c) -----------------------------------------
+ * out row i = table row tokens[i], N rows of C, from an fp32 or a bf16 table. */
+void keel_embedding_forward(float *out, const float *table, const int32_t *tokens, int N, int C);
+void keel_embedding_forward_bf16(float *out, const keel_bf16 *table, const int32_t *tokens, int N, int C);
+/* dtable row tokens[i] += dout row i for i = 0, 1, ..., N-1 in that order, so
+ * repeated tokens add up in the same order every run. */
+void keel_embedding_backward(float *dtable, const float *dout, const int32_t *tokens, int N, int C);
+
 /* ---- softmax cross-entropy ------------------------------------------------
  * logits (N,V), targets (N). Returns the summed loss over the N rows (double).
  * If dscale != 0, logits are overwritten with dloss/dlogits * dscale, i.e.

@@ -24,6 +24,7 @@
 #ifndef KEEL_MODEL_H
 #define KEEL_MODEL_H
 
+#include "keel/backend.h"
 #include "keel/core.h"
 
 typedef struct {
@@ -93,6 +94,10 @@ typedef struct {
     bool bf16;
     /* What one FSDP unit holds (fsdp.unit): a block, or one of its matrices. */
     keel_unit_kind unit;
+    /* Where the parameters, gradients and activations live and the kernels
+     * run (keel/backend.h); NULL is the CPU backend. Unit buffers given to
+     * the model and the tokens' copies are then that backend's memory. */
+    const keel_backend *backend;
 } keel_model_options;
 /* Activation bytes (and bf16 GEMM scratch) for a micro-batch of B sequences:
  * exactly what keel_model_build_with allocates for them. Attention keeps its
@@ -104,8 +109,10 @@ keel_status keel_model_build_with(const keel_model_config *cfg, int B,
                                   const keel_model_options *opts, keel_model **out);
 void keel_model_free(keel_model *m);
 const keel_model_layout *keel_model_get_layout(const keel_model *m);
-float *keel_model_params(keel_model *m); /* (n_params), NULL without own parameters */
-float *keel_model_grads(keel_model *m);  /* (n_params), NULL without own parameters */
+/* (n_params) in the backend's memory (host memory on the CPU backend), NULL
+ * without own parameters. */
+float *keel_model_params(keel_model *m);
+float *keel_model_grads(keel_model *m);
 /* N(0, 0.02) matrices, ones for norms; each tensor from its own stream of
  * `seed`, so any slice can be regenerated independently. */
 void keel_model_init_weights(keel_model *m, uint64_t seed);

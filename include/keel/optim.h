@@ -3,14 +3,15 @@
  * schedule, and gradient-norm clipping.
  *
  *     keel_optim *opt;
- *     keel_optim_build(&cfg.train, &layout, 0, layout.n_params, &opt);
- *     double norm = sqrt(keel_sumsq(grads, n));          // all-reduced under FSDP
+ *     keel_optim_build(&cfg.train, &layout, 0, layout.n_params, NULL, &opt); // NULL: the CPU backend
+ *     double norm = sqrt(keel_optim_sumsq(opt, grads));  // all-reduced under FSDP
  *     keel_optim_update(opt, params, grads, step, keel_lr_at(&cfg.train, step),
  *                       keel_clip_scale(norm, cfg.train.grad_clip));
  */
 #ifndef KEEL_OPTIM_H
 #define KEEL_OPTIM_H
 
+#include "keel/backend.h"
 #include "keel/core.h"
 #include "keel/model.h"
 
@@ -24,19 +25,27 @@ typedef struct keel_param_range {
 
 /* Optimizer state (m, v) for a buffer of buffer_len floats whose listed
  * ranges hold parameters (FSDP: a rank's shard buffer, one range per unit;
- * the rest is padding and is never updated). */
+ * the rest is padding and is never updated). The state lives in backend be's
+ * memory (NULL: the CPU backend) and its updates run there, on parameters
+ * and gradients in the same backend's memory. */
 keel_status keel_optim_build_ranges(const keel_train_config *cfg, const keel_model_layout *lay,
                                     const keel_param_range *ranges, int n_ranges,
-                                    int64_t buffer_len, keel_optim **out);
+                                    int64_t buffer_len, const keel_backend *be, keel_optim **out);
 /* The same for one contiguous range: parameters [begin, begin + len). */
 keel_status keel_optim_build(const keel_train_config *cfg, const keel_model_layout *lay,
-                             int64_t begin, int64_t len, keel_optim **out);
+                             int64_t begin, int64_t len, const keel_backend *be, keel_optim **out);
 void keel_optim_free(keel_optim *opt);
 /* Persistent optimizer bytes (m and v). */
 int64_t keel_optim_state_bytes(const keel_optim *opt);
-/* AdamW's first and second moments, buffer_len floats each (checkpoints). */
+/* AdamW's first and second moments, buffer_len floats each (checkpoints), in
+ * the backend's memory. */
 float *keel_optim_m(keel_optim *opt);
 float *keel_optim_v(keel_optim *opt);
+/* The sum of squares of a gradient buffer (buffer_len floats) on the
+ * optimizer's backend: the square of the gradient norm. */
+double keel_optim_sumsq(const keel_optim *opt, const float *grads);
+/* The backend its state lives on. */
+const keel_backend *keel_optim_backend(const keel_optim *opt);
 
 /* Learning rate for optimizer step `step` (0-based of `total`): linear warmup
  * from lr/warmup to lr over warmup_steps, then cosine decay to min_lr at the

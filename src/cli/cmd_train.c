@@ -36,16 +36,19 @@ static keel_status load_config(keel_config *cfg, const char *path, char **sets, 
     return st;
 }
 
-/* "device": "cuda": what stands between it and a run, in one line. */
-static keel_status cuda_ready(void) {
+/* "device": "cuda" needs a GPU here, and one process: FSDP over NCCL is not built yet. */
+static keel_status cuda_ready(int nproc) {
     char why[512];
-    int n = keel_cuda_device_count(why, sizeof why);
-    if (n == 0)
+    if (keel_cuda_device_count(why, sizeof why) == 0) {
         keel_errorf("device cuda: %s; train on the CPU with \"device\": \"cpu\" (the default)", why);
-    else
-        keel_errorf("device cuda: %d GPU(s) here, but keel's CUDA backend has only its first kernels and cannot "
-                    "train yet (issue 14); use \"device\": \"cpu\"", n);
-    return KEEL_ERR_INPUT;
+        return KEEL_ERR_INPUT;
+    }
+    if (nproc > 1) {
+        keel_errorf("device cuda with --nproc %d: FSDP over several GPUs (NCCL) is not built yet (issue 14); train "
+                    "on one GPU without --nproc", nproc);
+        return KEEL_ERR_INPUT;
+    }
+    return KEEL_OK;
 }
 
 int keel_cmd_train(int argc, char **argv) {
@@ -104,7 +107,7 @@ int keel_cmd_train(int argc, char **argv) {
     }
     keel_config cfg;
     keel_status st = load_config(&cfg, argv[optind], sets, n_sets);
-    if (st == KEEL_OK && !dry_run && cfg.device == KEEL_BACKEND_CUDA) st = cuda_ready();
+    if (st == KEEL_OK && !dry_run && cfg.device == KEEL_BACKEND_CUDA) st = cuda_ready(nproc);
     if (st == KEEL_OK && dry_run) st = keel_train_dry_run(&cfg, nproc > 0 ? nproc : 1);
     else if (st == KEEL_OK) {
         char default_dir[512];

@@ -1,7 +1,11 @@
-/* model/model.c: Llama 2 forward and backward in fp32, one rank, one micro-batch. */
+/* model/model.c: Llama 2 forward and backward in fp32, one rank, one
+ * micro-batch. Every tensor lives in the backend's memory and every operation
+ * on one is a backend call (keel/backend.h): this file never touches them
+ * from the host, so it runs unchanged on the CPU and on a GPU. */
 #include <math.h>
 #include <string.h>
 
+#include "keel/backend.h"
 #include "keel/kernels.h"
 #include "keel/model.h"
 
@@ -38,6 +42,7 @@ typedef struct {
 
 struct keel_model {
     keel_model_layout lay;
+    const keel_backend *be; /* where every buffer below lives and every kernel runs */
     int B_max;            /* micro-batch the buffers are sized for */
     int B;                /* sequences in the current micro-batch */
     float *params;        /* (n_params) */
@@ -65,6 +70,7 @@ struct keel_model {
     float *nf, *rstdf;    /* (N, C), (N) */
     float *logits;        /* (N, V); after a training forward, dloss/dlogits */
     int32_t *inputs, *targets; /* (N) */
+    int32_t *tokens_host; /* (2N) inputs then targets, staged on the host */
     /* backward scratch */
     float *dres;          /* (N, C) */
     float *dn;            /* (N, C) */
@@ -141,13 +147,14 @@ keel_status keel_model_build_with(const keel_model_config *cfg, int B,
     bool own_params = opts->own_params;
     keel_model *m = keel_xcalloc(sizeof *m, "model");
     keel_model_layout_init_units(&m->lay, cfg, opts->unit);
+    const keel_backend *be = m->be = opts->backend ? opts->backend : keel_backend_cpu();
     m->B_max = m->B = B;
     m->checkpointing = opts->checkpoint_activations;
     m->bf16 = opts->bf16;
     if (own_params) {
-        m->params = keel_xcalloc(sizeof(float) * (size_t)m->lay.n_params, "parameters");
-        m->grads = keel_xcalloc(sizeof(float) * (size_t)m->lay.n_params, "gradients");
-        if (m->bf16) m->params16 = keel_xcalloc(2 * (size_t)m->lay.n_params, "bf16 parameters");
+        m->params = be->alloc(sizeof(float) * (size_t)m->lay.n_params, "parameters");
+        m->grads = be->alloc(sizeof(float) * (size_t)m->lay.n_params, "gradients");
+        if (m->bf16) m->params16 = be->alloc(2 * (size_t)m->lay.n_params, "bf16 parameters");
     }
     m->acts = keel_xcalloc(sizeof(block_acts) * (size_t)m->lay.L, "activation table");
     m->unit_params = keel_xcalloc(sizeof(float *) * (size_t)m->lay.n_units, "unit pointers");
@@ -164,7 +171,8 @@ keel_status keel_model_build_with(const keel_model_config *cfg, int B,
     int n = act_table(m, &m->lay, B, opts, tab);
     int64_t total = 0;
     for (int i = 0; i < n; i++) total += (tab[i].floats + 15) / 16 * 16; /* keep 64-byte alignment */
-    m->acts_mem = keel_xcalloc(sizeof(float) * (size_t)total, "activations");
+    m->acts_mem = be->alloc(sizeof(float) * (size_t)total, "activations");
+    m->tokens_host = keel_xmalloc(sizeof(int32_t) * 2 * (size_t)B * (size_t)m->lay.T, "tokens");
     float *p = m->acts_mem;
     for (int i = 0; i < n; i++) {
         *tab[i].ptr = p;
@@ -176,7 +184,11 @@ keel_status keel_model_build_with(const keel_model_config *cfg, int B,
         m->acts[l] = m->acts[0];
         m->acts[l].res = res;
     }
-    keel_rope_table(m->rope, m->lay.T, m->lay.HS, cfg->rope_theta);
+    size_t rope_bytes = sizeof(float) * (size_t)m->lay.T * (size_t)m->lay.HS;
+    float *rope = keel_xmalloc(rope_bytes, "RoPE table");
+    keel_rope_table(rope, m->lay.T, m->lay.HS, cfg->rope_theta);
+    be->to_device(m->rope, rope, rope_bytes);
+    keel_free(rope);
     *out = m;
     return KEEL_OK;
 }
@@ -188,11 +200,12 @@ keel_status keel_model_build(const keel_model_config *cfg, int B, keel_model **o
 
 void keel_model_free(keel_model *m) {
     if (!m) return;
-    keel_free(m->params);
-    keel_free(m->grads);
-    keel_free(m->params16);
+    m->be->free(m->params);
+    m->be->free(m->grads);
+    m->be->free(m->params16);
+    m->be->free(m->acts_mem);
+    keel_free(m->tokens_host);
     keel_free(m->unit_params16);
-    keel_free(m->acts_mem);
     keel_free(m->acts);
     keel_free(m->unit_params);
     keel_free(m->unit_grads);
@@ -301,7 +314,7 @@ static void use_backward(const keel_model *m, int *cur, int u) {
 
 void keel_model_zero_grads(keel_model *m) {
     KEEL_CHECK(m->grads, "keel_model_zero_grads on a model without its own gradients");
-    memset(m->grads, 0, sizeof(float) * (size_t)m->lay.n_params);
+    m->be->zero(m->grads, sizeof(float) * (size_t)m->lay.n_params);
 }
 
 /* splitmix64's finalizer: a well-mixed 64-bit hash of a counter. */
@@ -318,7 +331,15 @@ static double uniform01(uint64_t h) { return ((double)(h >> 11) + 0.5) / 9007199
 
 void keel_model_init_weights(keel_model *m, uint64_t seed) {
     KEEL_CHECK(m->params, "keel_model_init_weights on a model without its own parameters");
-    keel_model_init_params(&m->lay, seed, m->params);
+    enum { CHUNK = 1 << 22 }; /* floats staged on the host at a time */
+    int64_t n = m->lay.n_params, chunk = n < CHUNK ? n : CHUNK;
+    float *host = keel_xmalloc(sizeof(float) * (size_t)chunk, "initial parameters");
+    for (int64_t at = 0; at < n; at += chunk) {
+        int64_t len = n - at < chunk ? n - at : chunk;
+        keel_model_init_range(&m->lay, seed, at, len, host);
+        m->be->to_device(m->params + at, host, sizeof(float) * (size_t)len);
+    }
+    keel_free(host);
     m->params16_stale = true;
 }
 
@@ -375,21 +396,21 @@ static weight_at head_matrix(const keel_model_layout *lay) {
 /* A norm weight (C) in fp32: in place, or converted from bf16. */
 static const float *norm_weight(keel_model *m, weight_at w) {
     if (!m->bf16) return m->unit_params[w.unit] + w.offset;
-    keel_bf16_to_f32(m->normw, m->unit_params16[w.unit] + w.offset, m->lay.C);
+    m->be->bf16_to_f32(m->normw, m->unit_params16[w.unit] + w.offset, m->lay.C);
     return m->normw;
 }
 
 /* The bf16 copy of a GEMM input x (n values) in m->xb; NULL in fp32. */
 static const keel_bf16 *input_bf16(keel_model *m, const float *x, int64_t n) {
     if (!m->bf16) return NULL;
-    keel_f32_to_bf16(m->xb, x, n);
+    m->be->f32_to_bf16(m->xb, x, n);
     return m->xb;
 }
 
 /* The bf16 copy of an output gradient dy (n values) in m->dyb; NULL in fp32. */
 static const keel_bf16 *grad_bf16(keel_model *m, const float *dy, int64_t n) {
     if (!m->bf16) return NULL;
-    keel_f32_to_bf16(m->dyb, dy, n);
+    m->be->f32_to_bf16(m->dyb, dy, n);
     return m->dyb;
 }
 
@@ -398,9 +419,9 @@ static const keel_bf16 *grad_bf16(keel_model *m, const float *dy, int64_t n) {
 static void linear_forward(keel_model *m, float *out, const float *x, const keel_bf16 *x16,
                            weight_at w, int N, int O, int I, bool accumulate) {
     if (m->bf16)
-        keel_gemm_bf16(out, x16, false, m->unit_params16[w.unit] + w.offset, true, N, O, I, accumulate);
+        m->be->gemm_bf16(out, x16, false, m->unit_params16[w.unit] + w.offset, true, N, O, I, accumulate);
     else
-        keel_matmul_forward(out, x, m->unit_params[w.unit] + w.offset, N, O, I, accumulate);
+        m->be->matmul_forward(out, x, m->unit_params[w.unit] + w.offset, N, O, I, accumulate);
 }
 
 /* dx (N,I) = dy (N,O) · W (+ dx if accumulate_dx; skipped if dx is NULL) and
@@ -410,11 +431,11 @@ static void linear_backward(keel_model *m, float *dx, const float *dy, const kee
                             bool accumulate_dx) {
     float *dw = m->unit_grads[w.unit] + w.offset;
     if (!m->bf16) {
-        keel_matmul_backward(dx, dw, dy, x, m->unit_params[w.unit] + w.offset, N, O, I, accumulate_dx);
+        m->be->matmul_backward(dx, dw, dy, x, m->unit_params[w.unit] + w.offset, N, O, I, accumulate_dx);
         return;
     }
-    if (dx) keel_gemm_bf16(dx, dy16, false, m->unit_params16[w.unit] + w.offset, false, N, I, O, accumulate_dx);
-    keel_gemm_bf16(dw, dy16, true, x16, false, O, I, N, true);
+    if (dx) m->be->gemm_bf16(dx, dy16, false, m->unit_params16[w.unit] + w.offset, false, N, I, O, accumulate_dx);
+    m->be->gemm_bf16(dw, dy16, true, x16, false, O, I, N, true);
 }
 
 
@@ -424,27 +445,28 @@ static void block_forward(keel_model *m, int l, float *out, bool recompute) {
     int QD = lay->NH * lay->HS, KVD = lay->NKV * lay->HS, cur = -1;
     block_weights o = block_at(lay, l);
     block_acts *a = &m->acts[l];
+    const keel_backend *be = m->be;
     float eps = (float)lay->cfg.norm_eps;
 #define USE(w) (use_forward(m, &cur, o.w.unit, recompute), o.w)
 
-    keel_rmsnorm_forward(a->n1, a->rstd1, a->res, norm_weight(m, USE(norm1)), N, C, eps);
+    be->rmsnorm_forward(a->n1, a->rstd1, a->res, norm_weight(m, USE(norm1)), N, C, eps);
     const keel_bf16 *x16 = input_bf16(m, a->n1, (int64_t)N * C);
     linear_forward(m, a->q, a->n1, x16, USE(wq), N, QD, C, false);
     linear_forward(m, a->k, a->n1, x16, USE(wk), N, KVD, C, false);
     linear_forward(m, a->v, a->n1, x16, USE(wv), N, KVD, C, false);
-    keel_rope_forward(a->q, m->rope, B, T, lay->NH, lay->HS);
-    keel_rope_forward(a->k, m->rope, B, T, lay->NKV, lay->HS);
-    (m->bf16 ? keel_attention_forward_bf16 : keel_attention_forward)(a->ao, a->lse, a->q, a->k, a->v,
-                                                                     B, T, lay->NH, lay->NKV, lay->HS);
-    memcpy(a->mid, a->res, sizeof(float) * (size_t)N * C);
+    be->rope_forward(a->q, m->rope, B, T, lay->NH, lay->HS);
+    be->rope_forward(a->k, m->rope, B, T, lay->NKV, lay->HS);
+    (m->bf16 ? be->attention_forward_bf16 : be->attention_forward)(a->ao, a->lse, a->q, a->k, a->v, B, T,
+                                                                   lay->NH, lay->NKV, lay->HS);
+    be->copy(a->mid, a->res, sizeof(float) * (size_t)N * C);
     linear_forward(m, a->mid, a->ao, input_bf16(m, a->ao, (int64_t)N * QD), USE(wo), N, C, QD, true);
 
-    keel_rmsnorm_forward(a->n2, a->rstd2, a->mid, norm_weight(m, USE(norm2)), N, C, eps);
+    be->rmsnorm_forward(a->n2, a->rstd2, a->mid, norm_weight(m, USE(norm2)), N, C, eps);
     x16 = input_bf16(m, a->n2, (int64_t)N * C);
     linear_forward(m, a->gate, a->n2, x16, USE(wgate), N, F, C, false);
     linear_forward(m, a->up, a->n2, x16, USE(wup), N, F, C, false);
-    keel_swiglu_forward(a->h, a->gate, a->up, (int64_t)N * F);
-    memcpy(out, a->mid, sizeof(float) * (size_t)N * C);
+    be->swiglu_forward(a->h, a->gate, a->up, (int64_t)N * F);
+    be->copy(out, a->mid, sizeof(float) * (size_t)N * C);
     linear_forward(m, out, a->h, input_bf16(m, a->h, (int64_t)N * F), USE(wdown), N, C, F, true);
 #undef USE
     end_forward(m, cur, recompute);
@@ -455,33 +477,33 @@ double keel_model_forward(keel_model *m, const int32_t *tokens, int n_seqs, floa
     m->B = n_seqs;
     const keel_model_layout *lay = &m->lay;
     int B = m->B, T = lay->T, N = B * T, C = lay->C, V = lay->V;
+    const keel_backend *be = m->be;
     if (m->params16 && m->params16_stale) { /* own parameters changed: refresh their bf16 copy */
-        keel_f32_to_bf16(m->params16, m->params, lay->n_params);
+        be->f32_to_bf16(m->params16, m->params, lay->n_params);
         m->params16_stale = false;
     }
+    int32_t *in = m->tokens_host, *target = m->tokens_host + N;
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
-            m->inputs[b * T + t] = tokens[(int64_t)b * (T + 1) + t];
-            m->targets[b * T + t] = tokens[(int64_t)b * (T + 1) + t + 1];
+            in[b * T + t] = tokens[(int64_t)b * (T + 1) + t];
+            target[b * T + t] = tokens[(int64_t)b * (T + 1) + t + 1];
         }
+    be->to_device(m->inputs, in, sizeof(int32_t) * (size_t)N);
+    be->to_device(m->targets, target, sizeof(int32_t) * (size_t)N);
     m->have_dlogits = grad_scale != 0.0f; /* a backward follows */
     begin_forward(m, 0, false);
-    for (int i = 0; i < N; i++) {
-        float *row = m->acts[0].res + (int64_t)i * C;
-        int64_t at = (int64_t)m->inputs[i] * C;
-        if (m->bf16) keel_bf16_to_f32(row, m->unit_params16[0] + at, C);
-        else memcpy(row, m->unit_params[0] + at, sizeof(float) * (size_t)C);
-    }
+    if (m->bf16) be->embedding_forward_bf16(m->acts[0].res, m->unit_params16[0], m->inputs, N, C);
+    else be->embedding_forward(m->acts[0].res, m->unit_params[0], m->inputs, N, C);
     end_forward(m, 0, false);
     for (int l = 0; l < lay->L; l++) block_forward(m, l, l + 1 < lay->L ? m->acts[l + 1].res : m->res_final, false);
     int head = head_unit(lay);
     begin_forward(m, head, false);
-    keel_rmsnorm_forward(m->nf, m->rstdf, m->res_final, norm_weight(m, (weight_at){head, 0}), N, C,
+    be->rmsnorm_forward(m->nf, m->rstdf, m->res_final, norm_weight(m, (weight_at){head, 0}), N, C,
                          (float)lay->cfg.norm_eps);
     linear_forward(m, m->logits, m->nf, input_bf16(m, m->nf, (int64_t)N * C), head_matrix(lay), N,
                    V, C, false);
     end_forward(m, head, false);
-    return keel_xent_forward_backward(m->logits, m->targets, N, V, grad_scale);
+    return be->xent_forward_backward(m->logits, m->targets, N, V, grad_scale);
 }
 
 /* On entry m->dres holds dloss/d(output of block l); on exit dloss/d(input). */
@@ -491,6 +513,7 @@ static void block_backward(keel_model *m, int l) {
     int QD = lay->NH * lay->HS, KVD = lay->NKV * lay->HS, cur = -1;
     block_weights o = block_at(lay, l);
     block_acts *a = &m->acts[l];
+    const keel_backend *be = m->be;
     const keel_bf16 *x16, *dy16;
 #define USE(w) (use_backward(m, &cur, o.w.unit), o.w)
 #define GRAD(w) (m->unit_grads[o.w.unit] + o.w.offset)
@@ -498,7 +521,7 @@ static void block_backward(keel_model *m, int l) {
     /* out = mid + h W_downᵀ */
     linear_backward(m, m->dh, m->dres, grad_bf16(m, m->dres, (int64_t)N * C), a->h,
                     input_bf16(m, a->h, (int64_t)N * F), USE(wdown), N, C, F, false);
-    keel_swiglu_backward(m->dgate, m->dup, m->dh, a->gate, a->up, (int64_t)N * F);
+    be->swiglu_backward(m->dgate, m->dup, m->dh, a->gate, a->up, (int64_t)N * F);
     x16 = input_bf16(m, a->n2, (int64_t)N * C);
     /* up before gate: every unit's backward in reverse forward order */
     linear_backward(m, m->dn, m->dup, grad_bf16(m, m->dup, (int64_t)N * F), a->n2, x16, USE(wup), N,
@@ -506,17 +529,17 @@ static void block_backward(keel_model *m, int l) {
     linear_backward(m, m->dn, m->dgate, grad_bf16(m, m->dgate, (int64_t)N * F), a->n2, x16,
                     USE(wgate), N, F, C, true);
     const float *w_norm2 = norm_weight(m, USE(norm2));
-    keel_rmsnorm_backward(m->dres, GRAD(norm2), m->dn, a->mid, w_norm2, a->rstd2, N, C);
+    be->rmsnorm_backward(m->dres, GRAD(norm2), m->dn, a->mid, w_norm2, a->rstd2, N, C);
 
     /* mid = res + ao W_oᵀ */
     dy16 = grad_bf16(m, m->dres, (int64_t)N * C);
     linear_backward(m, m->dao, m->dres, dy16, a->ao, input_bf16(m, a->ao, (int64_t)N * QD), USE(wo),
                     N, C, QD, false);
-    (m->bf16 ? keel_attention_backward_bf16 : keel_attention_backward)(
+    (m->bf16 ? be->attention_backward_bf16 : be->attention_backward)(
         m->dq, m->dk, m->dv, m->dao, a->ao, a->lse, a->q, a->k, a->v, B, T, lay->NH, lay->NKV,
         lay->HS);
-    keel_rope_backward(m->dq, m->rope, B, T, lay->NH, lay->HS);
-    keel_rope_backward(m->dk, m->rope, B, T, lay->NKV, lay->HS);
+    be->rope_backward(m->dq, m->rope, B, T, lay->NH, lay->HS);
+    be->rope_backward(m->dk, m->rope, B, T, lay->NKV, lay->HS);
     x16 = input_bf16(m, a->n1, (int64_t)N * C);
     linear_backward(m, m->dn, m->dq, grad_bf16(m, m->dq, (int64_t)N * QD), a->n1, x16, USE(wq), N, QD,
                     C, false);
@@ -525,7 +548,7 @@ static void block_backward(keel_model *m, int l) {
     linear_backward(m, m->dn, m->dv, grad_bf16(m, m->dv, (int64_t)N * KVD), a->n1, x16, USE(wv), N,
                     KVD, C, true);
     const float *w_norm1 = norm_weight(m, USE(norm1));
-    keel_rmsnorm_backward(m->dres, GRAD(norm1), m->dn, a->res, w_norm1, a->rstd1, N, C);
+    be->rmsnorm_backward(m->dres, GRAD(norm1), m->dn, a->res, w_norm1, a->rstd1, N, C);
 #undef GRAD
 #undef USE
     end_backward(m, cur);
@@ -540,8 +563,8 @@ void keel_model_backward(keel_model *m) {
     begin_backward(m, head);
     linear_backward(m, m->dn, m->logits, grad_bf16(m, m->logits, (int64_t)N * V), m->nf,
                     input_bf16(m, m->nf, (int64_t)N * C), head_matrix(lay), N, V, C, false);
-    memset(m->dres, 0, sizeof(float) * (size_t)N * C);
-    keel_rmsnorm_backward(m->dres, m->unit_grads[head], m->dn, m->res_final,
+    m->be->zero(m->dres, sizeof(float) * (size_t)N * C);
+    m->be->rmsnorm_backward(m->dres, m->unit_grads[head], m->dn, m->res_final,
                           norm_weight(m, (weight_at){head, 0}), m->rstdf, N, C);
     end_backward(m, head);
     for (int l = lay->L - 1; l >= 0; l--) {
@@ -552,12 +575,7 @@ void keel_model_backward(keel_model *m) {
     }
 
     begin_backward(m, 0);
-    float *dembed = m->unit_grads[0]; /* sequential so repeated tokens add in a fixed order */
-    for (int i = 0; i < N; i++) {
-        float *row = dembed + (int64_t)m->inputs[i] * C;
-        const float *d = m->dres + (int64_t)i * C;
-        for (int j = 0; j < C; j++) row[j] += d[j];
-    }
+    m->be->embedding_backward(m->unit_grads[0], m->dres, m->inputs, N, C);
     end_backward(m, 0);
     m->have_dlogits = false;
 }

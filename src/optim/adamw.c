@@ -11,6 +11,7 @@ typedef struct {
 
 struct keel_optim {
     keel_train_config cfg;
+    const keel_backend *be;
     int64_t len;
     float *m, *v;        /* (len) */
     segment *segs;
@@ -19,12 +20,13 @@ struct keel_optim {
 
 keel_status keel_optim_build_ranges(const keel_train_config *cfg, const keel_model_layout *lay,
                                     const keel_param_range *ranges, int n_ranges,
-                                    int64_t buffer_len, keel_optim **out) {
+                                    int64_t buffer_len, const keel_backend *be, keel_optim **out) {
     keel_optim *o = keel_xcalloc(sizeof *o, "optimizer");
     o->cfg = *cfg;
+    o->be = be ? be : keel_backend_cpu();
     o->len = buffer_len;
-    o->m = keel_xcalloc(sizeof(float) * (size_t)(buffer_len > 0 ? buffer_len : 1), "AdamW m");
-    o->v = keel_xcalloc(sizeof(float) * (size_t)(buffer_len > 0 ? buffer_len : 1), "AdamW v");
+    o->m = o->be->alloc(sizeof(float) * (size_t)(buffer_len > 0 ? buffer_len : 1), "AdamW m");
+    o->v = o->be->alloc(sizeof(float) * (size_t)(buffer_len > 0 ? buffer_len : 1), "AdamW v");
     o->segs = keel_xcalloc(sizeof(segment) * (size_t)(lay->n_tensors * (n_ranges > 0 ? n_ranges : 1)),
                            "optimizer segments");
     /* One segment per (range, tensor) overlap: the decay flag is per tensor. */
@@ -47,15 +49,15 @@ keel_status keel_optim_build_ranges(const keel_train_config *cfg, const keel_mod
 }
 
 keel_status keel_optim_build(const keel_train_config *cfg, const keel_model_layout *lay,
-                             int64_t begin, int64_t len, keel_optim **out) {
+                             int64_t begin, int64_t len, const keel_backend *be, keel_optim **out) {
     keel_param_range whole = {begin, len, 0};
-    return keel_optim_build_ranges(cfg, lay, &whole, 1, len, out);
+    return keel_optim_build_ranges(cfg, lay, &whole, 1, len, be, out);
 }
 
 void keel_optim_free(keel_optim *opt) {
     if (!opt) return;
-    keel_free(opt->m);
-    keel_free(opt->v);
+    opt->be->free(opt->m);
+    opt->be->free(opt->v);
     keel_free(opt->segs);
     keel_free(opt);
 }
@@ -63,6 +65,8 @@ void keel_optim_free(keel_optim *opt) {
 int64_t keel_optim_state_bytes(const keel_optim *opt) { return 2 * opt->len * (int64_t)sizeof(float); }
 float *keel_optim_m(keel_optim *opt) { return opt->m; }
 float *keel_optim_v(keel_optim *opt) { return opt->v; }
+const keel_backend *keel_optim_backend(const keel_optim *opt) { return opt->be; }
+double keel_optim_sumsq(const keel_optim *opt, const float *grads) { return opt->be->sumsq(grads, opt->len); }
 
 double keel_lr_at(const keel_train_config *cfg, int step) {
     if (step < cfg->warmup_steps) return cfg->lr * (step + 1) / cfg->warmup_steps;
@@ -87,7 +91,7 @@ void keel_optim_update(keel_optim *opt, float *params, float *grads, int step, d
                               .weight_decay = s->decay ? (float)opt->cfg.weight_decay : 0.0f,
                               .grad_scale = (float)grad_scale,
                               .t = step + 1};
-        keel_adamw_update(params + s->begin, grads + s->begin, opt->m + s->begin,
+        opt->be->adamw_update(params + s->begin, grads + s->begin, opt->m + s->begin,
                           opt->v + s->begin, s->len, &st);
     }
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "keel/backend.h"
 #include "keel/ckpt.h"
 #include "keel/data.h"
 #include "keel/fsdp.h"
@@ -210,6 +211,20 @@ keel_status keel_run_check_memory(const keel_config *cfg, int world_size, int ra
     keel_fsdp_memory m;
     keel_fsdp_memory_plan_run(cfg, world_size, world_size > 1, (world_size + ranks_here - 1) / ranks_here, &m);
     double need = (double)keel_fsdp_memory_total(&m) * ranks_here, avail = (double)keel_mem_available_bytes();
+    const keel_backend *be;
+    if (cfg->device != KEEL_BACKEND_CPU && keel_backend_get(cfg->device, &be) == KEEL_OK) {
+        /* the model's state and activations live on the device; the host keeps the rest */
+        double on_device = (double)(m.params + m.grads + m.optimizer + m.gathered + m.activations),
+               free_b = (double)be->memory_free();
+        if (free_b > 0 && on_device > free_b) {
+            keel_errorf("%s: this run needs %.1f GiB of %s memory but %.1f GiB is free; lower "
+                        "train.micro_batch_size, turn on fsdp.activation_checkpointing, or use a smaller model "
+                        "(`keel train --dry-run` shows the breakdown)", source(cfg), gib(on_device), be->name,
+                        gib(free_b));
+            return KEEL_ERR_INPUT;
+        }
+        need -= on_device;
+    }
     if (avail > 0 && need > avail) {
         keel_errorf("%s: this run needs %.1f GiB (%d rank(s) here) but %.1f GiB is available; lower "
                     "train.micro_batch_size or the model size (`keel train --dry-run` shows the "

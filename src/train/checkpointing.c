@@ -40,6 +40,7 @@ struct trainer_ckpt {
     const keel_fsdp_plan *plan;    /* the layout files follow */
     int file_rank;                 /* the file this rank writes, or -1 */
     float *arrays[KEEL_CKPT_ARRAYS];/* live parameters, m, v */
+    const keel_backend *be;         /* whose memory the arrays are */
     keel_param_range *ranges;      /* canonical ranges this rank holds */
     int n_ranges;
     float *host;                   /* packed copy of the arrays (async, or one process) */
@@ -70,6 +71,7 @@ void trainer_ckpt_init(trainer *t) {
     const keel_checkpoint_config *cc = &t->cfg->checkpoint;
     c->enabled = cc->every_steps > 0 || cc->every_seconds > 0;
     const keel_model_layout *lay = keel_model_get_layout(t->model);
+    c->be = keel_optim_backend(t->opt);
     c->arrays[1] = keel_optim_m(t->opt);
     c->arrays[2] = keel_optim_v(t->opt);
     if (t->fsdp) {
@@ -135,8 +137,8 @@ static void pack(const trainer_ckpt *c, float *dst) {
     for (int a = 0; a < KEEL_CKPT_ARRAYS; a++)
         for (int i = 0; i < c->n_ranges; i++) {
             const keel_param_range *r = &c->ranges[i];
-            memcpy(dst + (int64_t)a * c->plan->shard_total + file_offset(c, r), c->arrays[a] + r->buffer_offset,
-                   sizeof(float) * (size_t)r->len);
+            c->be->to_host(dst + (int64_t)a * c->plan->shard_total + file_offset(c, r),
+                           c->arrays[a] + r->buffer_offset, sizeof(float) * (size_t)r->len);
         }
 }
 
@@ -144,8 +146,8 @@ static void unpack(const trainer_ckpt *c, const float *src) {
     for (int a = 0; a < KEEL_CKPT_ARRAYS; a++)
         for (int i = 0; i < c->n_ranges; i++) {
             const keel_param_range *r = &c->ranges[i];
-            memcpy(c->arrays[a] + r->buffer_offset, src + (int64_t)a * c->plan->shard_total + file_offset(c, r),
-                   sizeof(float) * (size_t)r->len);
+            c->be->to_device(c->arrays[a] + r->buffer_offset,
+                             src + (int64_t)a * c->plan->shard_total + file_offset(c, r), sizeof(float) * (size_t)r->len);
         }
 }
 
@@ -157,14 +159,14 @@ void trainer_ckpt_clear(trainer *t) {
     const trainer_ckpt *c = t->ckpt;
     for (int a = 0; a < KEEL_CKPT_ARRAYS; a++)
         for (int i = 0; i < c->n_ranges; i++)
-            memset(c->arrays[a] + c->ranges[i].buffer_offset, 0, sizeof(float) * (size_t)c->ranges[i].len);
+            c->be->zero(c->arrays[a] + c->ranges[i].buffer_offset, sizeof(float) * (size_t)c->ranges[i].len);
 }
 
 static void *write_thread(void *arg) {
     write_job *job = arg;
     trainer_ckpt *c = job->c;
     double t0 = keel_now_s();
-    if (c->host) pack(c, c->host);
+    if (c->host && !atomic_load(&c->copied)) pack(c, c->host);
     atomic_store(&c->copied, true);
     const float *arrays[KEEL_CKPT_ARRAYS];
     for (int a = 0; a < KEEL_CKPT_ARRAYS; a++) arrays[a] = file_array(c, a);
@@ -201,8 +203,15 @@ static void start_save(trainer *t, int step) {
     job->c = c;
     job->step = step;
     keel_ckpt_dir(job->dir, sizeof job->dir, t->run_dir, step, true);
-    atomic_store(&c->copied, false);
     atomic_store(&c->done, false);
+    /* A backend is used from one thread: a device's arrays are copied out
+     * here, and the thread only writes. Host memory is copied on the thread,
+     * overlapping the next step's forward and backward. */
+    atomic_store(&c->copied, false);
+    if (c->host && !c->be->host_memory) {
+        pack(c, c->host);
+        atomic_store(&c->copied, true);
+    }
     KEEL_CHECK(pthread_create(&c->thread, NULL, write_thread, job) == 0, "checkpoint thread");
     c->thread_live = true;
 }
@@ -315,6 +324,24 @@ void trainer_ckpt_boundary(trainer *t, int steps_done, bool last, bool *stop) {
     if (flags[1] != 0 || c->pending) c->stall_s += keel_now_s() - t0;
 }
 
+/* Range r of array a from a checkpoint into the live array: straight in on
+ * the host, else through a host buffer a piece at a time. */
+static keel_status read_range(const trainer_ckpt *c, keel_ckpt *ck, int a, const keel_param_range *r) {
+    float *live = c->arrays[a] + r->buffer_offset;
+    if (c->be->host_memory) return keel_ckpt_read(ck, a, r->begin, r->len, live);
+    enum { PIECE = 1 << 24 };
+    int64_t piece = r->len < PIECE ? r->len : PIECE;
+    float *host = keel_xmalloc(sizeof(float) * (size_t)(piece > 0 ? piece : 1), "checkpoint read");
+    keel_status st = KEEL_OK;
+    for (int64_t at = 0; at < r->len && st == KEEL_OK; at += piece) {
+        int64_t len = r->len - at < piece ? r->len - at : piece;
+        st = keel_ckpt_read(ck, a, r->begin + at, len, host);
+        if (st == KEEL_OK) c->be->to_device(live + at, host, sizeof(float) * (size_t)len);
+    }
+    keel_free(host);
+    return st;
+}
+
 keel_status trainer_ckpt_resume(trainer *t) {
     trainer_ckpt *c = t->ckpt;
     t->start_step = 0;
@@ -345,9 +372,7 @@ keel_status trainer_ckpt_resume(trainer *t) {
         if (st == KEEL_OK) { /* verify the files this rank reads, then read */
             st = keel_ckpt_verify_ranges(&ck, c->ranges, c->n_ranges);
             for (int a = 0; a < KEEL_CKPT_ARRAYS && st == KEEL_OK; a++)
-                for (int r = 0; r < c->n_ranges && st == KEEL_OK; r++)
-                    st = keel_ckpt_read(&ck, a, c->ranges[r].begin, c->ranges[r].len,
-                                        c->arrays[a] + c->ranges[r].buffer_offset);
+                for (int r = 0; r < c->n_ranges && st == KEEL_OK; r++) st = read_range(c, &ck, a, &c->ranges[r]);
         }
         keel_error_capture(false);
         char why[1024];

@@ -83,10 +83,12 @@ static void restore_stop_signals(const struct sigaction old[STOP_SIGNALS_N]) {
  * CPU has them and emulates them elsewhere (the same math, no faster than fp32). */
 static bool want_bf16(const keel_config *cfg) { return cfg->fsdp.mixed_precision == KEEL_DTYPE_BF16; }
 
-static bool bf16_usable(const keel_config *cfg) {
+static bool bf16_usable(const keel_config *cfg, const keel_backend *be) {
     if (!want_bf16(cfg)) return false;
     const char *path;
-    if (keel_bf16_native(&path))
+    if (be->kind == KEEL_BACKEND_CUDA)
+        keel_log_info("fsdp.mixed_precision bf16: bf16 GEMMs through cuBLASLt, fp32 master weights and optimizer");
+    else if (keel_bf16_native(&path))
         keel_log_info("fsdp.mixed_precision bf16: bf16 GEMMs through %s, fp32 master weights and "
                       "optimizer", path);
     else
@@ -155,7 +157,7 @@ static double train_step(trainer *t, int step, double *grad_norm_out) {
         params = keel_fsdp_master(t->fsdp), grads = keel_fsdp_grads(t->fsdp);
     } else {
         params = keel_model_params(t->model), grads = keel_model_grads(t->model);
-        sumsq = keel_sumsq(grads, lay->n_params);
+        sumsq = keel_optim_sumsq(t->opt, grads);
     }
     double norm = sqrt(sumsq);
     *grad_norm_out = norm;
@@ -275,7 +277,8 @@ static void log_step(trainer *t, int step, double loss, double lr, double norm, 
     double tokens = (double)trainer_global_batch(t) * lay->T;
     double tps = tokens / step_s;
     t->step_tps[step] = tps;
-    t->peak_flops = keel_peak_revise(t->peak_flops, tps * t->flops_per_token, t->world_size, t->bf16);
+    if (t->be->kind == KEEL_BACKEND_CPU) /* a measured yardstick can be wrong; a datasheet's is not revised */
+        t->peak_flops = keel_peak_revise(t->peak_flops, tps * t->flops_per_token, t->world_size, t->bf16);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "step", step + 1);
     cJSON_AddNumberToObject(o, "loss", loss);
@@ -323,8 +326,13 @@ static keel_status load_init_from(trainer *t, const keel_model_layout *lay) {
         if (st == KEEL_OK) st = keel_ckpt_verify_ranges(&ck, ranges, n);
         if (st == KEEL_OK) st = keel_fsdp_fill(t->fsdp, fill_from_checkpoint, &ck);
         keel_free(ranges);
-    } else {
+    } else if (t->be->host_memory) {
         st = keel_ckpt_load_params(&ck, lay, keel_model_params(t->model));
+    } else { /* through the host */
+        float *host = keel_xmalloc(sizeof(float) * (size_t)lay->n_params, "init_from parameters");
+        st = keel_ckpt_load_params(&ck, lay, host);
+        if (st == KEEL_OK) t->be->to_device(keel_model_params(t->model), host, sizeof(float) * (size_t)lay->n_params);
+        keel_free(host);
     }
     if (st == KEEL_OK && t->leader)
         keel_log_info("parameters from %s (step %lld)", t->cfg->init_from, (long long)ck.step);
@@ -374,7 +382,17 @@ static keel_status save_weights(trainer *t, char xxh3[17]) {
     char path[4096];
     keel_run_path(path, sizeof path, t->run_dir, KEEL_RUN_WEIGHTS);
     if (t->leader) st = keel_weights_begin(path, lay->n_params, &w);
-    if (!t->fsdp && st == KEEL_OK) st = keel_weights_append(w, keel_model_params(t->model), lay->n_params);
+    if (!t->fsdp && st == KEEL_OK) { /* through a host buffer, a piece at a time */
+        enum { CHUNK = 1 << 24 };
+        float *host = keel_xmalloc(sizeof(float) * CHUNK, "weights");
+        const float *params = keel_model_params(t->model);
+        for (int64_t at = 0; at < lay->n_params && st == KEEL_OK; at += CHUNK) {
+            int64_t len = lay->n_params - at < CHUNK ? lay->n_params - at : CHUNK;
+            t->be->to_host(host, params + at, sizeof(float) * (size_t)len);
+            st = keel_weights_append(w, host, len);
+        }
+        keel_free(host);
+    }
     if (t->fsdp) {
         const keel_fsdp_plan *plan = keel_fsdp_get_plan(t->fsdp);
         for (int u = 0; u < plan->n_units; u++) { /* every rank gathers every unit, whatever the leader's state */
@@ -513,7 +531,8 @@ static keel_status build_state(trainer *t) {
     keel_model_options opts = {.own_params = !t->world,
                                .checkpoint_activations = cfg->fsdp.activation_checkpointing,
                                .bf16 = t->bf16,
-                               .unit = cfg->fsdp.unit};
+                               .unit = cfg->fsdp.unit,
+                               .backend = t->be};
     keel_model_build_with(&cfg->model, B, &opts, &t->model);
     if (t->world) {
         st = keel_fsdp_build(t->model, t->world, cfg->fsdp.strategy, cfg->fsdp.shard_group_size, &t->fsdp);
@@ -524,11 +543,11 @@ static keel_status build_state(trainer *t) {
         const keel_fsdp_plan *plan = keel_fsdp_get_plan(t->fsdp);
         keel_param_range *ranges;
         int n = keel_fsdp_param_ranges(plan, keel_fsdp_shard_rank(t->fsdp), &ranges);
-        keel_optim_build_ranges(&cfg->train, lay, ranges, n, plan->shard_total, &t->opt);
+        keel_optim_build_ranges(&cfg->train, lay, ranges, n, plan->shard_total, keel_backend_cpu(), &t->opt);
         keel_free(ranges);
     } else {
         const keel_model_layout *lay = keel_model_get_layout(t->model);
-        keel_optim_build(&cfg->train, lay, 0, lay->n_params, &t->opt);
+        keel_optim_build(&cfg->train, lay, 0, lay->n_params, t->be, &t->opt);
     }
     return st;
 }
@@ -572,7 +591,14 @@ static keel_status run(trainer *t) {
         if ((st = keel_jsonl_open(path, &t->metrics)) != KEEL_OK) return st;
     }
     if ((st = parse_fault(t)) != KEEL_OK) return st;
-    t->bf16 = bf16_usable(cfg);
+    if ((st = keel_backend_get(cfg->device, &t->be)) != KEEL_OK) return st;
+    if (t->be->kind != KEEL_BACKEND_CPU && t->world) {
+        keel_errorf("device %s: FSDP over several GPUs (NCCL) is not built yet (issue 14); train on one GPU "
+                    "without --nproc, or on the CPU", t->be->name);
+        return KEEL_ERR_INPUT;
+    }
+    if (t->be->kind != KEEL_BACKEND_CPU) keel_log_info("device %s: the model and optimizer run there", t->be->name);
+    t->bf16 = bf16_usable(cfg, t->be);
     if ((st = build_state(t)) != KEEL_OK) return st;
     trainer_ckpt_init(t);
     trainer_snap_init(t);
@@ -593,7 +619,7 @@ static keel_status run(trainer *t) {
     t->flops_per_token = keel_model_flops_per_token(lay);
     /* each rank measures its core; a rank that shared its core while measuring
      * would understate the peak (and overstate MFU), so the ranks take the best */
-    double rank_peak = keel_peak_flops(t->bf16);
+    double rank_peak = t->be->peak_flops(t->bf16);
     if (t->world) keel_comm_allreduce_scalar(t->world, &rank_peak, KEEL_COMM_MAX);
     t->peak_flops = rank_peak * t->world_size;
     keel_log_info("rank %d of %d (pid %d): training %lld parameters for %d steps, %lld tokens per "

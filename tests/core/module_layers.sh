@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The module floors of DESIGN §2 hold in the #include lines of src/ and
 # include/: a file includes only headers of its own module or of modules
-# below it (core -> kernels/dist/obs -> model/data -> fsdp/optim/ckpt/hf ->
+# below it (core -> kernels/cuda/dist/obs -> backend/model/data -> fsdp/optim/ckpt/hf ->
 # run/plan -> train/resil/monitor -> cli); modules on one floor may use each other one
 # way but never in a loop, and train and resil — the workers and the
 # supervisor — never include each other (they meet only in run).
 source "$KEEL_SRC/tests/lib.sh"
 cd "$KEEL_SRC"
 
-declare -A FLOOR=([core]=0 [kernels]=1 [cuda]=1 [dist]=1 [obs]=1 [model]=2 [data]=2
+declare -A FLOOR=([core]=0 [kernels]=1 [cuda]=1 [dist]=1 [obs]=1 [backend]=2 [model]=2 [data]=2
                   [fsdp]=3 [optim]=3 [ckpt]=3 [hf]=3 [run]=4 [plan]=4 [train]=5 [resil]=5 [monitor]=5 [cluster]=6 [cli]=6)
 # the module a header belongs to: include/keel/X.h is X's (tokenizer.h is
 # data's), src/X/... is X's

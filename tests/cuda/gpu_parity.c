@@ -1,11 +1,37 @@
-/* The CUDA backend's kernels against the CPU references (keel/kernels.h), on
+/* The CUDA backend's kernels against the CPU kernels (keel/kernels.h), on
  * random inputs of awkward sizes (rows shorter and longer than a block, n
- * not a multiple of it), forward and backward. Tolerances: the kernels sum in
- * fp32 where the references sum in double — RMSNorm 1e-5 relative (forward,
- * dx), 1e-4 (dw, summed over rows with atomics in any order); RoPE 1e-6
- * against the CPU kernel with the same table; SwiGLU 1e-6; cross-entropy
- * 1e-5 (the loss) and 1e-6 (the gradient); AdamW 1e-6 after 3 steps. Needs a GPU: without one it exits 77 (ctest
- * SKIP) saying why; scripts/gpu-check.sh runs it on the device machine. */
+ * not a multiple of it, T not a multiple of the attention tiles), forward
+ * and backward. Tolerances, with why:
+ *   - sums in fp32 where the references sum in double — RMSNorm 1e-5
+ *     relative (forward, dx), 1e-4 (dw, summed over rows with atomics in any
+ *     order); RoPE 1e-6 against the CPU kernel with the same table; SwiGLU
+ *     1e-6; cross-entropy 1e-5 (the loss) and 1e-6 (the gradient); AdamW 1e-6
+ *     after 3 steps (each max |a - b| / max(1, |b|));
+ *   - GEMMs, max |a - b| / max |b|: fp32 (cuBLASLt FFMA vs OpenBLAS, other
+ *     summation orders) 1e-5; bf16 1e-4 (exact bf16 products, fp32 sums in
+ *     the tensor cores' order); a wrong transpose or ld is off by O(1);
+ *   - bit-exact: the bf16 conversions (NaNs, infinities, ties, subnormals
+ *     included), the embedding forward (fp32 and bf16 tables) and backward
+ *     (repeated tokens add in the CPU's order);
+ *   - sums: keel_cuda_sumsq 1e-6 against keel_sumsq (fp32 blocks there) and
+ *     1e-9 against a double loop here, keel_cuda_sum 1e-9 of Σ|x|;
+ *   - attention against keel_attention_* (the CPU's flash kernels), max
+ *     |a - b| / max(max |b|, 0.01) per tensor (the floor: at T = 1, dq and
+ *     dk are 0 up to rounding), and the mean |a - b| over the same scale:
+ *     fp32 out and lse 2e-5, dq, dk, dv 1e-4, mean 1e-5 (fp32 sums in other
+ *     orders, expf vs the CPU's keel_expf); bf16 lse 2e-5 (fp32 scores of
+ *     the same rounded q and k), out, dq, dk, dv 1e-2 (test_attention_bf16's
+ *     bound against fp32) and mean 2e-4: the two sides round the same
+ *     operands, but a probability or dS within an ulp or two of a bf16
+ *     rounding boundary can round the other way on one side, moving one
+ *     product input by 2^-8 of itself, up to ~2e-3 of an early row's output
+ *     (a CPU emulation of these kernels measured max 5.6e-4, mean 2.3e-5,
+ *     at T = 77..1024). The backward gets the CPU's out and lse, so its
+ *     errors are its own. dq, dk, dv start as NaN on the device (they must
+ *     be overwritten) and a second backward must be bit-identical (no
+ *     atomics).
+ * Needs a GPU: without one it exits 77 (ctest SKIP) saying why;
+ * scripts/gpu-check.sh runs it on the device machine. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,12 +55,53 @@ static float *dev(const float *h, int64_t n) {
     return d;
 }
 
+/* Waits for the kernels issued so far. A failure they left (its line is
+ * printed) counts and the test goes on: a cuBLASLt status or a refused
+ * launch leaves the device usable for the tests after it; after a fault the
+ * next copy fails and aborts. */
+static void synced(void) {
+    if (keel_cuda_sync() != KEEL_OK) EXPECT(false, "CUDA reported an error (the line above)");
+}
+
 static float *back(const float *d, int64_t n) {
     float *h = malloc((size_t)n * sizeof *h);
-    KEEL_CHECK(keel_cuda_sync() == KEEL_OK && keel_cuda_to_host(h, d, (size_t)n * sizeof(float)) == KEEL_OK,
-               "copy back");
+    synced();
+    KEEL_CHECK(keel_cuda_to_host(h, d, (size_t)n * sizeof(float)) == KEEL_OK, "copy back");
     return h;
 }
+
+static void *dev_bytes(const void *h, size_t bytes) {
+    void *d = NULL;
+    KEEL_CHECK(keel_cuda_malloc(&d, bytes) == KEEL_OK, "cudaMalloc");
+    if (h) KEEL_CHECK(keel_cuda_to_device(d, h, bytes) == KEEL_OK, "copy");
+    return d;
+}
+
+static void *back_bytes(const void *d, size_t bytes) {
+    void *h = malloc(bytes);
+    synced();
+    KEEL_CHECK(keel_cuda_to_host(h, d, bytes) == KEEL_OK, "copy back");
+    return h;
+}
+
+/* max |a - b| / max(max |b|, floor), and in *mean (if not NULL) the mean
+ * |a - b| over the same scale; a NaN anywhere makes them NaN, which fails
+ * every "<" */
+static double relmax_floor(const float *a, const float *b, int64_t n, double floor, double *mean) {
+    double worst = 0, scale = floor, sum = 0;
+    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs((double)b[i]));
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - b[i]);
+        sum += e;
+        if (!(e <= worst)) worst = e; /* NaN sticks */
+    }
+    if (scale <= 0) scale = 1;
+    if (mean) *mean = n > 0 ? sum / (double)n / scale : 0;
+    return worst / scale;
+}
+
+/* max |a - b| / max |b| */
+static double relmax(const float *a, const float *b, int64_t n) { return relmax_floor(a, b, n, 0, NULL); }
 
 /* max |a - b| / max(1, |b|) */
 static double rel(const float *a, const float *b, int64_t n) {
@@ -147,6 +214,219 @@ static void test_adamw(int64_t n) {
     keel_cuda_free(pg), keel_cuda_free(mg), keel_cuda_free(vg);
 }
 
+/* ---- GEMMs ------------------------------------------------------------------- */
+
+static void test_matmul(int M, int N, int K) {
+    unsigned seed = 23 + (unsigned)(M * 7 + N * 3 + K);
+    int64_t nin = (int64_t)M * K, nw = (int64_t)N * K, nout = (int64_t)M * N;
+    float *in = rnd(nin, &seed, 1), *w = rnd(nw, &seed, 1), *out0 = rnd(nout, &seed, 1), *dout = rnd(nout, &seed, 1);
+    float *din0 = rnd(nin, &seed, 1), *dw0 = rnd(nw, &seed, 1);
+    float *ing = dev(in, nin), *wg = dev(w, nw), *doutg = dev(dout, nout);
+    for (int acc = 0; acc <= 1; acc++) {
+        /* forward, onto out0 when accumulating */
+        float *out = malloc((size_t)nout * 4);
+        memcpy(out, out0, (size_t)nout * 4);
+        keel_matmul_forward(out, in, w, M, N, K, acc);
+        float *outg = dev(out0, nout);
+        keel_cuda_matmul_forward(outg, ing, wg, M, N, K, acc);
+        float *o = back(outg, nout);
+        double ef = relmax(o, out, nout);
+        /* backward: d_in onto din0 when accumulating, d_w always onto dw0 */
+        float *din = malloc((size_t)nin * 4), *dw = malloc((size_t)nw * 4);
+        memcpy(din, din0, (size_t)nin * 4), memcpy(dw, dw0, (size_t)nw * 4);
+        keel_matmul_backward(din, dw, dout, in, w, M, N, K, acc);
+        float *ding = dev(din0, nin), *dwg = dev(dw0, nw);
+        keel_cuda_matmul_backward(ding, dwg, doutg, ing, wg, M, N, K, acc);
+        float *a = back(ding, nin), *b = back(dwg, nw);
+        double ei = relmax(a, din, nin), ew = relmax(b, dw, nw);
+        EXPECT(ef < 1e-5 && ei < 1e-5 && ew < 1e-5, "matmul M=%d N=%d K=%d accumulate=%d: out %.2g d_in %.2g d_w %.2g",
+               M, N, K, acc, ef, ei, ew);
+        free(out), free(o), free(din), free(dw), free(a), free(b);
+        keel_cuda_free(outg), keel_cuda_free(ding), keel_cuda_free(dwg);
+    }
+    /* d_in NULL: only d_w, which still accumulates */
+    float *dw = malloc((size_t)nw * 4);
+    memcpy(dw, dw0, (size_t)nw * 4);
+    keel_matmul_backward(NULL, dw, dout, in, w, M, N, K, false);
+    float *dwg = dev(dw0, nw);
+    keel_cuda_matmul_backward(NULL, dwg, doutg, ing, wg, M, N, K, false);
+    float *b = back(dwg, nw);
+    double ew = relmax(b, dw, nw);
+    EXPECT(ew < 1e-5, "matmul backward without d_in M=%d N=%d K=%d: d_w %.2g", M, N, K, ew);
+    float *all[] = {in, w, out0, dout, din0, dw0, dw, b};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
+    keel_cuda_free(ing), keel_cuda_free(wg), keel_cuda_free(doutg), keel_cuda_free(dwg);
+}
+
+static keel_bf16 *rnd_bf16(int64_t n, unsigned *seed) {
+    float *x = rnd(n, seed, 1);
+    keel_bf16 *b = malloc((size_t)n * sizeof *b);
+    keel_f32_to_bf16(b, x, n);
+    free(x);
+    return b;
+}
+
+/* all four transpose combinations, with and without accumulate */
+static void test_gemm_bf16(int M, int N, int K) {
+    unsigned seed = 29 + (unsigned)(M + N * 5 + K * 11);
+    int64_t na = (int64_t)M * K, nb = (int64_t)K * N, nout = (int64_t)M * N;
+    keel_bf16 *a = rnd_bf16(na, &seed), *b = rnd_bf16(nb, &seed);
+    float *out0 = rnd(nout, &seed, 1);
+    keel_bf16 *ag = dev_bytes(a, (size_t)na * 2), *bg = dev_bytes(b, (size_t)nb * 2);
+    for (int c = 0; c < 8; c++) {
+        bool a_t = c & 1, b_t = c & 2, acc = c & 4; /* the same values, read as (K,M) / (N,K) when transposed */
+        float *out = malloc((size_t)nout * 4);
+        memcpy(out, out0, (size_t)nout * 4);
+        keel_gemm_bf16(out, a, a_t, b, b_t, M, N, K, acc);
+        float *outg = dev(out0, nout);
+        keel_cuda_gemm_bf16(outg, ag, a_t, bg, b_t, M, N, K, acc);
+        float *o = back(outg, nout);
+        double e = relmax(o, out, nout);
+        EXPECT(e < 1e-4, "gemm_bf16 M=%d N=%d K=%d a_t=%d b_t=%d accumulate=%d: %.2g", M, N, K, a_t, b_t, acc, e);
+        free(out), free(o);
+        keel_cuda_free(outg);
+    }
+    free(a), free(b), free(out0);
+    keel_cuda_free(ag), keel_cuda_free(bg);
+}
+
+/* ---- bf16 conversions, bit for bit ------------------------------------------------- */
+
+static void test_bf16_convert(int64_t n) {
+    unsigned seed = 31;
+    float *x = malloc((size_t)n * 4);
+    uint32_t *bits = malloc((size_t)n * 4);
+    uint32_t special[] = {0x00000000u, 0x80000000u, 0x3f800000u, 0x3f808000u /* tie, even below */,
+                          0x3f818000u /* tie, odd below: rounds up */, 0x3f807fffu, 0x3f808001u, 0x00000001u,
+                          0x807fffffu /* subnormals */, 0x7f7fffffu /* max: rounds to inf */, 0x7f7f7fffu,
+                          0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u /* signalling */,
+                          0x7fbfffffu, 0xff80ffffu};
+    int ns = (int)(sizeof special / sizeof special[0]);
+    for (int64_t i = 0; i < n; i++)
+        bits[i] = i < ns ? special[i] : (uint32_t)rand_r(&seed) * 2654435761u ^ (uint32_t)rand_r(&seed);
+    memcpy(x, bits, (size_t)n * 4);
+    keel_bf16 *want = malloc((size_t)n * 2);
+    keel_f32_to_bf16(want, x, n);
+    float *xg = dev(x, n);
+    keel_bf16 *bg = dev_bytes(NULL, (size_t)n * 2);
+    keel_cuda_f32_to_bf16(bg, xg, n);
+    keel_bf16 *got = back_bytes(bg, (size_t)n * 2);
+    int64_t bad = -1;
+    for (int64_t i = 0; i < n && bad < 0; i++)
+        if (got[i] != want[i]) bad = i;
+    if (bad < 0) EXPECT(true, "f32_to_bf16 n=%lld bit-exact", (long long)n);
+    else
+        EXPECT(false, "f32_to_bf16 n=%lld bit-exact: element %lld, 0x%08x -> 0x%04x, CPU 0x%04x", (long long)n,
+               (long long)bad, bits[bad], got[bad], want[bad]);
+    /* every bf16 pattern back to fp32 */
+    keel_bf16 all[65536];
+    for (int i = 0; i < 65536; i++) all[i] = (keel_bf16)i;
+    float *wantf = malloc(65536 * 4);
+    keel_bf16_to_f32(wantf, all, 65536);
+    keel_bf16 *allg = dev_bytes(all, sizeof all);
+    float *fg = dev(NULL, 65536);
+    keel_cuda_bf16_to_f32(fg, allg, 65536);
+    float *gotf = back(fg, 65536);
+    EXPECT(memcmp(gotf, wantf, 65536 * 4) == 0, "bf16_to_f32, all 65536 patterns bit-exact");
+    free(x), free(bits), free(want), free(got), free(wantf), free(gotf);
+    keel_cuda_free(xg), keel_cuda_free(bg), keel_cuda_free(allg), keel_cuda_free(fg);
+}
+
+/* ---- embedding, bit for bit ---------------------------------------------------------- */
+
+static void test_embedding(int N, int C, int V) {
+    unsigned seed = 37 + (unsigned)N;
+    int32_t *tok = malloc((size_t)N * sizeof *tok);
+    for (int i = 0; i < N; i++) tok[i] = (int32_t)(rand_r(&seed) % V); /* N > V: repeats */
+    float *table = rnd((int64_t)V * C, &seed, 1), *dout = rnd((int64_t)N * C, &seed, 1);
+    float *dtable = rnd((int64_t)V * C, &seed, 1); /* backward adds onto it */
+    keel_bf16 *tb = malloc((size_t)V * C * 2);
+    keel_f32_to_bf16(tb, table, (int64_t)V * C);
+    int32_t *tokg = dev_bytes(tok, (size_t)N * sizeof *tok);
+    float *tableg = dev(table, (int64_t)V * C), *doutg = dev(dout, (int64_t)N * C), *dtg = dev(dtable, (int64_t)V * C);
+    keel_bf16 *tbg = dev_bytes(tb, (size_t)V * C * 2);
+    float *outg = dev(NULL, (int64_t)N * C), *outbg = dev(NULL, (int64_t)N * C);
+    float *out = malloc((size_t)N * C * 4), *outb = malloc((size_t)N * C * 4);
+    keel_embedding_forward(out, table, tok, N, C);
+    keel_embedding_forward_bf16(outb, tb, tok, N, C);
+    keel_embedding_backward(dtable, dout, tok, N, C);
+    keel_cuda_embedding_forward(outg, tableg, tokg, N, C);
+    keel_cuda_embedding_forward_bf16(outbg, tbg, tokg, N, C);
+    keel_cuda_embedding_backward(dtg, doutg, tokg, N, C);
+    float *a = back(outg, (int64_t)N * C), *b = back(outbg, (int64_t)N * C), *d = back(dtg, (int64_t)V * C);
+    bool fa = memcmp(a, out, (size_t)N * C * 4) == 0, fb = memcmp(b, outb, (size_t)N * C * 4) == 0;
+    bool bd = memcmp(d, dtable, (size_t)V * C * 4) == 0;
+    EXPECT(fa && fb && bd, "embedding N=%d C=%d V=%d bit-exact: forward %s, forward bf16 %s, backward %s", N, C, V,
+           fa ? "yes" : "NO", fb ? "yes" : "NO", bd ? "yes" : "NO");
+    free(tok), free(table), free(dout), free(dtable), free(tb), free(out), free(outb), free(a), free(b), free(d);
+    keel_cuda_free(tokg), keel_cuda_free(tableg), keel_cuda_free(doutg), keel_cuda_free(dtg), keel_cuda_free(tbg);
+    keel_cuda_free(outg), keel_cuda_free(outbg);
+}
+
+/* ---- sums ----------------------------------------------------------------------------- */
+
+static void test_sums(int64_t n) {
+    unsigned seed = 41;
+    float *x = rnd(n, &seed, 3);
+    double sq = 0, sum = 0, mag = 0;
+    for (int64_t i = 0; i < n; i++) sq += (double)x[i] * x[i], sum += x[i], mag += fabs(x[i]);
+    double cpu = keel_sumsq(x, n);
+    float *xg = dev(x, n);
+    double gsq = keel_cuda_sumsq(xg, n), gsum = keel_cuda_sum(xg, n);
+    synced();
+    double e1 = fabs(gsq - cpu) / fmax(cpu, 1e-300), e2 = fabs(gsq - sq) / fmax(sq, 1e-300);
+    double e3 = fabs(gsum - sum) / fmax(mag, 1e-300);
+    EXPECT(e1 < 1e-6 && e2 < 1e-9 && e3 < 1e-9,
+           "sums n=%lld: sumsq %.17g vs keel_sumsq %.2g, vs double %.2g; sum %.2g of sum |x|", (long long)n, gsq, e1,
+           e2, e3);
+    free(x);
+    keel_cuda_free(xg);
+}
+
+/* ---- attention -------------------------------------------------------------------------- */
+
+static void test_attention(int B, int T, int NH, int NKV, int HS, bool bf16) {
+    unsigned seed = 43 + (unsigned)(T * 3 + HS + NKV);
+    int64_t nq = (int64_t)B * T * NH * HS, nkv = (int64_t)B * T * NKV * HS, nl = (int64_t)B * NH * T;
+    float *q = rnd(nq, &seed, 1), *k = rnd(nkv, &seed, 1), *v = rnd(nkv, &seed, 1), *dout = rnd(nq, &seed, 1);
+    float *out = malloc((size_t)nq * 4), *lse = malloc((size_t)nl * 4);
+    float *dq = malloc((size_t)nq * 4), *dk = malloc((size_t)nkv * 4), *dv = malloc((size_t)nkv * 4);
+    (bf16 ? keel_attention_forward_bf16 : keel_attention_forward)(out, lse, q, k, v, B, T, NH, NKV, HS);
+    (bf16 ? keel_attention_backward_bf16 : keel_attention_backward)(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH,
+                                                                    NKV, HS);
+    float *qg = dev(q, nq), *kg = dev(k, nkv), *vg = dev(v, nkv), *doutg = dev(dout, nq);
+    float *outg = dev(NULL, nq), *lseg = dev(NULL, nl);
+    float *nan = malloc((size_t)nq * 4);
+    memset(nan, 0xff, (size_t)nq * 4); /* NaNs: backward must overwrite every element */
+    float *dqg = dev(nan, nq), *dkg = dev(nan, nkv), *dvg = dev(nan, nkv);
+    (bf16 ? keel_cuda_attention_forward_bf16 : keel_cuda_attention_forward)(outg, lseg, qg, kg, vg, B, T, NH, NKV, HS);
+    /* backward from the CPU's out and lse, so that its errors are its own */
+    float *outc = dev(out, nq), *lsec = dev(lse, nl);
+    (bf16 ? keel_cuda_attention_backward_bf16 : keel_cuda_attention_backward)(dqg, dkg, dvg, doutg, outc, lsec, qg, kg,
+                                                                              vg, B, T, NH, NKV, HS);
+    float *o = back(outg, nq), *l = back(lseg, nl), *a = back(dqg, nq), *b = back(dkg, nkv), *c = back(dvg, nkv);
+    /* again: bit-identical */
+    (bf16 ? keel_cuda_attention_backward_bf16 : keel_cuda_attention_backward)(dqg, dkg, dvg, doutg, outc, lsec, qg, kg,
+                                                                              vg, B, T, NH, NKV, HS);
+    float *a2 = back(dqg, nq), *b2 = back(dkg, nkv), *c2 = back(dvg, nkv);
+    bool same = memcmp(a, a2, (size_t)nq * 4) == 0 && memcmp(b, b2, (size_t)nkv * 4) == 0 &&
+                memcmp(c, c2, (size_t)nkv * 4) == 0;
+    /* scales floored at 0.01: at T = 1 dq and dk are 0 up to rounding noise */
+    double mo, mq, mk, mv;
+    double eo = relmax_floor(o, out, nq, 0.01, &mo), el = relmax(l, lse, nl), eq = relmax_floor(a, dq, nq, 0.01, &mq),
+           ek = relmax_floor(b, dk, nkv, 0.01, &mk), ev = relmax_floor(c, dv, nkv, 0.01, &mv);
+    double mean = fmax(fmax(mo, mq), fmax(mk, mv));
+    double to = bf16 ? 1e-2 : 2e-5, tl = 2e-5, tg = bf16 ? 1e-2 : 1e-4, tm = bf16 ? 2e-4 : 1e-5;
+    EXPECT(eo < to && el < tl && eq < tg && ek < tg && ev < tg && mean < tm && same,
+           "attention%s B=%d T=%d NH=%d NKV=%d HS=%d: out %.2g lse %.2g (tol %.0g, %.0g) dq %.2g dk %.2g dv %.2g "
+           "(tol %.0g), mean %.2g (tol %.0g), backward repeatable %s",
+           bf16 ? " bf16" : "", B, T, NH, NKV, HS, eo, el, to, tl, eq, ek, ev, tg, mean, tm, same ? "yes" : "NO");
+    float *all[] = {q, k, v, dout, out, lse, dq, dk, dv, nan, o, l, a, b, c, a2, b2, c2};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
+    float *g[] = {qg, kg, vg, doutg, outg, lseg, dqg, dkg, dvg, outc, lsec};
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) keel_cuda_free(g[i]);
+}
+
 int main(void) {
     char why[512];
     if (keel_cuda_device_count(why, sizeof why) == 0) {
@@ -166,5 +446,33 @@ int main(void) {
     test_swiglu(1000003);
     test_adamw(257);
     test_adamw(3000017);
+    keel_kernels_init(0); /* the CPU references below run on keel's pool and BLAS */
+    test_bf16_convert(1000003);
+    test_embedding(1, 1, 1);
+    test_embedding(300, 288, 17);
+    test_embedding(4096, 4096, 1000);
+    test_sums(1);
+    test_sums(3000017);
+    test_matmul(1, 1, 1);
+    test_matmul(7, 13, 5);
+    test_matmul(64, 96, 128);
+    test_matmul(300, 257, 129);
+    test_matmul(512, 4096, 1024);
+    test_gemm_bf16(1, 1, 1);
+    test_gemm_bf16(7, 13, 5);
+    test_gemm_bf16(64, 96, 128);
+    test_gemm_bf16(300, 257, 129);
+    test_gemm_bf16(512, 2048, 1024);
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+        test_attention(2, 77, 8, 2, 64, bf16);   /* GQA, T not a multiple of a tile */
+        test_attention(2, 77, 8, 2, 128, bf16);  /* Llama 2's head size */
+        test_attention(2, 200, 4, 4, 128, bf16); /* several tiles each way */
+        test_attention(2, 64, 6, 6, 48, bf16);   /* the tiny config's heads (48: padded to 64), T one tile */
+        test_attention(1, 33, 4, 1, 16, bf16);   /* HS <= 32, one kv head for four */
+        test_attention(1, 1, 2, 1, 64, bf16);    /* T = 1 */
+        test_attention(1, 1024, 4, 2, 128, bf16);
+    }
+    test_attention(1, 4096, 2, 1, 128, false); /* the longest T */
+    keel_kernels_shutdown();
     return test_summary("gpu_parity");
 }

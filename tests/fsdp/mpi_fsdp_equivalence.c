@@ -79,7 +79,7 @@ int main(int argc, char **argv) {
     keel_model_init_weights(full, 42);
     const keel_model_layout *lay = keel_model_get_layout(full);
     keel_optim *full_opt;
-    keel_optim_build(&cfg.train, lay, 0, lay->n_params, &full_opt);
+    keel_optim_build(&cfg.train, lay, 0, lay->n_params, NULL, &full_opt);
 
     keel_model *m;
     keel_model_options opts = {.unit = cfg.fsdp.unit,
@@ -92,7 +92,7 @@ int main(int argc, char **argv) {
     keel_param_range *ranges;
     int nr = keel_fsdp_param_ranges(plan, keel_fsdp_shard_rank(f), &ranges);
     keel_optim *opt;
-    keel_optim_build_ranges(&cfg.train, lay, ranges, nr, plan->shard_total, &opt);
+    keel_optim_build_ranges(&cfg.train, lay, ranges, nr, plan->shard_total, NULL, &opt);
 
     int failures = 0;
     double worst = 0;

@@ -55,7 +55,7 @@ static void check_optimizer(const keel_model_layout *lay, int W) {
     float *p_ref = keel_xmalloc(4 * (size_t)n, "p");
     memcpy(p_ref, p_full, 4 * (size_t)n);
     keel_optim *full;
-    keel_optim_build(&cfg.train, lay, 0, n, &full);
+    keel_optim_build(&cfg.train, lay, 0, n, NULL, &full);
     for (int step = 0; step < 3; step++) keel_optim_update(full, p_ref, g_full, step, 1e-2, 0.5);
 
     keel_fsdp_plan plan;
@@ -71,7 +71,7 @@ static void check_optimizer(const keel_model_layout *lay, int W) {
             memcpy(g + ranges[i].buffer_offset, g_full + ranges[i].begin, 4 * (size_t)ranges[i].len);
         }
         keel_optim *opt;
-        keel_optim_build_ranges(&cfg.train, lay, ranges, nr, plan.shard_total, &opt);
+        keel_optim_build_ranges(&cfg.train, lay, ranges, nr, plan.shard_total, NULL, &opt);
         for (int step = 0; step < 3; step++) keel_optim_update(opt, p, g, step, 1e-2, 0.5);
         for (int i = 0; i < nr; i++)
             same &= !memcmp(p + ranges[i].buffer_offset, p_ref + ranges[i].begin, 4 * (size_t)ranges[i].len);

@@ -268,7 +268,7 @@ static void check_trajectory(const fixture *f, keel_model *m) {
     float *params = keel_model_params(m), *grads = keel_model_grads(m);
     memcpy(params, f->weights, sizeof(float) * (size_t)f->n_params);
     keel_optim *opt;
-    keel_optim_build(tc, lay, 0, lay->n_params, &opt);
+    keel_optim_build(tc, lay, 0, lay->n_params, NULL, &opt);
     double worst = 0;
     for (int step = 0; step < steps; step++) {
         keel_model_zero_grads(m);

@@ -38,7 +38,7 @@ int main(void) {
         t->decay_norms_and_embeddings = pass == 1;
         t->weight_decay = 0.5;
         keel_optim *o;
-        keel_optim_build(t, &lay, 0, lay.n_params, &o);
+        keel_optim_build(t, &lay, 0, lay.n_params, NULL, &o);
         float p[4096], g[4096] = {0};
         for (int64_t i = 0; i < lay.n_params; i++) p[i] = 1.0f;
         keel_optim_update(o, p, g, 0, 0.1, 1.0);

@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # "device": "cuda" on a machine where it cannot run — no GPU, no driver, or a
 # keel built without the CUDA backend — is one line saying which and how to
-# train instead, exit 2, nothing made; a bad device name is refused the same
-# way; the default is cpu. (The kernels themselves: tests/cuda/gpu_parity.c
-# on a GPU machine.)
+# train instead, exit 2, nothing made; so is cuda with --nproc (FSDP over NCCL
+# is not built yet); a bad device name is refused the same way; the default is
+# cpu. (The kernels themselves: tests/cuda/gpu_parity.c; training on a GPU:
+# scripts/gpu-check.sh; the same code path on the CPU: fenced_backend.sh.)
 source "$KEEL_SRC/tests/lib.sh"
 CFG=$KEEL_SRC/tests/train/micro.json
 if nvidia-smi -L >/dev/null 2>&1; then
-  want='cannot train yet'
+  want='device cuda with --nproc 2: FSDP over several GPUs \(NCCL\) is not built yet'
+  expect_input_error "--device cuda --nproc 2" "$want" "$KEEL_BIN" train "$CFG" --device cuda --nproc 2 --run-dir "$TMP/run"
 else
   want='device cuda: (no GPU the CUDA runtime can use|this keel was built without the CUDA backend).*"device": "cpu"'
+  expect_input_error "--device cuda" "$want" "$KEEL_BIN" train "$CFG" --device cuda --run-dir "$TMP/run"
+  expect_input_error "--set device=cuda" "$want" "$KEEL_BIN" train "$CFG" --set device=cuda --run-dir "$TMP/run"
 fi
-expect_input_error "--device cuda" "$want" "$KEEL_BIN" train "$CFG" --device cuda --run-dir "$TMP/run"
-expect_input_error "--set device=cuda" "$want" "$KEEL_BIN" train "$CFG" --set device=cuda --run-dir "$TMP/run"
 [ ! -e "$TMP/run" ] || fail "a refused device made the run directory"
 expect_input_error "a device keel does not know" "device 'gpu' is not one of cpu, cuda" \
   "$KEEL_BIN" train "$CFG" --device gpu --run-dir "$TMP/run"

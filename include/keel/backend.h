@@ -1,0 +1,122 @@
+/* backend: where the model's tensors live and which kernels run on them — the
+ * one boundary between the model's code path and a device (issue 14).
+ *
+ * A backend is a table of functions: memory (allocations, copies to and from
+ * the host), and every kernel the model's forward and backward use, each with
+ * the contract of its CPU kernel in keel/kernels.h, on the backend's memory.
+ * The model calls nothing else on its tensors: it never reads or writes
+ * backend memory from the host, so the same code runs wherever the table
+ * points (tests/model/test_backend_boundary.c holds it to that with a backend
+ * whose memory is unreadable outside its own calls).
+ *
+ *   cpu   today's kernels (OpenBLAS, oneDNN, keel's pool) on host memory,
+ *         called directly: the same speed and bit-identical results as before
+ *         the boundary existed.
+ *   cuda  keel/cuda.h's kernels on device memory, in order on one stream;
+ *         only where keel was built with the CUDA backend and a GPU is seen.
+ *
+ *     const keel_backend *be;
+ *     if (keel_backend_get(KEEL_BACKEND_CUDA, &be) != KEEL_OK) ...  // one line says why
+ *     float *x = be->alloc(bytes, "activations");  // zeroed; exits with a line when out of memory
+ *     be->to_device(x, host, bytes);
+ *
+ * Calls are issued in order; a function that returns a host value (xent's
+ * loss) or copies to the host waits for what came before it. Like the
+ * kernels, a backend is used from one thread at a time. */
+#ifndef KEEL_BACKEND_H
+#define KEEL_BACKEND_H
+
+#include <stddef.h>
+
+#include "keel/core.h"
+#include "keel/kernels.h"
+
+typedef struct keel_backend {
+    const char *name; /* "cpu", "cuda", "fenced" */
+    keel_backend_kind kind;
+    /* The host may read and write this backend's memory in place (the CPU
+     * backend): a checkpoint is then read straight into it, not through a
+     * staging copy. Nothing else may depend on it. */
+    bool host_memory;
+
+    /* The MFU yardstick: FLOP/s one process does at best in the precision the
+     * GEMMs run in (bf16 or fp32); 0 when unknown. cpu: keel_peak_flops
+     * (measured); cuda: the GPU's dense tensor-core (bf16) or fp32 peak from
+     * its datasheet. KEEL_PEAK_FLOPS overrides either. */
+    double (*peak_flops)(bool bf16);
+    /* Bytes of its memory free for allocations now (the host's MemAvailable on the CPU). */
+    int64_t (*memory_free)(void);
+
+    /* ---- memory ---------------------------------------------------------- */
+    /* bytes of zeroed memory; exits with a line naming `what` and the size
+     * when there is not enough. free(NULL) does nothing. */
+    void *(*alloc)(size_t bytes, const char *what);
+    void (*free)(void *p);
+    void (*zero)(void *p, size_t bytes);
+    void (*copy)(void *dst, const void *src, size_t bytes);            /* within the backend */
+    void (*to_device)(void *dst, const void *host_src, size_t bytes);  /* host -> backend */
+    void (*to_host)(void *host_dst, const void *src, size_t bytes);    /* backend -> host, waits */
+    /* Wait for everything issued; the first error since the last sync, with a line. */
+    keel_status (*sync)(void);
+
+    /* ---- GEMMs and precision (keel/kernels.h's contracts) ----------------- */
+    void (*matmul_forward)(float *out, const float *in, const float *w, int M, int N, int K, bool accumulate);
+    void (*matmul_backward)(float *d_in, float *d_w, const float *d_out, const float *in, const float *w, int M,
+                            int N, int K, bool accumulate_in);
+    void (*gemm_bf16)(float *out, const keel_bf16 *a, bool a_t, const keel_bf16 *b, bool b_t, int M, int N, int K,
+                      bool accumulate);
+    void (*f32_to_bf16)(keel_bf16 *dst, const float *src, int64_t n);
+    void (*bf16_to_f32)(float *dst, const keel_bf16 *src, int64_t n);
+
+    /* ---- the layer's kernels ---------------------------------------------- */
+    void (*rmsnorm_forward)(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps);
+    void (*rmsnorm_backward)(float *dx, float *dw, const float *dout, const float *x, const float *w,
+                             const float *rstd, int N, int C);
+    /* cos_sin: keel_rope_table's (T, HS/2, 2), in backend memory */
+    void (*rope_forward)(float *x, const float *cos_sin, int B, int T, int H, int HS);
+    void (*rope_backward)(float *dx, const float *cos_sin, int B, int T, int H, int HS);
+    void (*attention_forward)(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+                              int NH, int NKV, int HS);
+    void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                               const float *lse, const float *q, const float *k, const float *v, int B, int T,
+                               int NH, int NKV, int HS);
+    void (*attention_forward_bf16)(float *out, float *lse, const float *q, const float *k, const float *v, int B,
+                                   int T, int NH, int NKV, int HS);
+    void (*attention_backward_bf16)(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                    const float *lse, const float *q, const float *k, const float *v, int B,
+                                    int T, int NH, int NKV, int HS);
+    void (*swiglu_forward)(float *h, const float *gate, const float *up, int64_t n);
+    void (*swiglu_backward)(float *dgate, float *dup, const float *dh, const float *gate, const float *up,
+                            int64_t n);
+    /* keel_xent_forward_backward: the summed loss, returned to the host (waits) */
+    double (*xent_forward_backward)(float *logits, const int32_t *targets, int N, int V, float dscale);
+    /* out row i = table row tokens[i] (N rows of C), from an fp32 or a bf16 table */
+    void (*embedding_forward)(float *out, const float *table, const int32_t *tokens, int N, int C);
+    void (*embedding_forward_bf16)(float *out, const keel_bf16 *table, const int32_t *tokens, int N, int C);
+    /* dtable row tokens[i] += dout row i, for i = 0, 1, ..., N-1 in that
+     * order: repeated tokens add up in a fixed order, run after run */
+    void (*embedding_backward)(float *dtable, const float *dout, const int32_t *tokens, int N, int C);
+
+    /* ---- the optimizer ---------------------------------------------------- */
+    void (*adamw_update)(float *param, const float *grad, float *m, float *v, int64_t n, const keel_adamw_step *s);
+    double (*sumsq)(const float *x, int64_t n); /* returned to the host (waits) */
+} keel_backend;
+
+/* The CPU backend: always there. */
+const keel_backend *keel_backend_cpu(void);
+/* The CPU backend with its memory fenced (fenced.c): allocations come from one
+ * arena that is PROT_NONE except while one of the backend's calls runs, so a
+ * host read or write of backend memory anywhere else faults at once — the bug
+ * that would read device memory from the host on a GPU, found on a CPU. The
+ * results are the CPU backend's, bit for bit. A debugging aid for small runs:
+ * slower (two mprotect calls per kernel), the arena (KEEL_FENCED_ARENA_GIB,
+ * default 16) is reserved, not committed, and never reused. */
+const keel_backend *keel_backend_fenced(void);
+/* Calls the fenced backend has run (tests). */
+int64_t keel_backend_fenced_calls(void);
+/* The backend of a kind; KEEL_ERR_INPUT with a line saying why it is not
+ * here (a keel built without CUDA, no driver, no GPU). For cpu, the
+ * environment variable KEEL_FENCED_BACKEND=1 gives the fenced backend. */
+keel_status keel_backend_get(keel_backend_kind kind, const keel_backend **out);
+
+#endif

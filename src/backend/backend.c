@@ -1,0 +1,75 @@
+/* backend/backend.c: the CPU backend — keel/kernels.h's kernels on host
+ * memory, called directly — and the choice of a backend by kind. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/internal.h"
+#include "keel/backend.h"
+#include "keel/cuda.h"
+#include "keel/kernels.h"
+
+static void *cpu_alloc(size_t bytes, const char *what) { return keel_xcalloc(bytes, what); }
+static void cpu_free(void *p) { keel_free(p); }
+static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
+static void cpu_copy(void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
+static keel_status cpu_sync(void) { return KEEL_OK; }
+static int64_t cpu_memory_free(void) { return (int64_t)keel_mem_available_bytes(); }
+
+static const keel_backend CPU = {
+    .name = "cpu",
+    .kind = KEEL_BACKEND_CPU,
+    .host_memory = true,
+    .peak_flops = keel_peak_flops,
+    .memory_free = cpu_memory_free,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .zero = cpu_zero,
+    .copy = cpu_copy,
+    .to_device = cpu_copy,
+    .to_host = cpu_copy,
+    .sync = cpu_sync,
+    .matmul_forward = keel_matmul_forward,
+    .matmul_backward = keel_matmul_backward,
+    .gemm_bf16 = keel_gemm_bf16,
+    .f32_to_bf16 = keel_f32_to_bf16,
+    .bf16_to_f32 = keel_bf16_to_f32,
+    .rmsnorm_forward = keel_rmsnorm_forward,
+    .rmsnorm_backward = keel_rmsnorm_backward,
+    .rope_forward = keel_rope_forward,
+    .rope_backward = keel_rope_backward,
+    .attention_forward = keel_attention_forward,
+    .attention_backward = keel_attention_backward,
+    .attention_forward_bf16 = keel_attention_forward_bf16,
+    .attention_backward_bf16 = keel_attention_backward_bf16,
+    .swiglu_forward = keel_swiglu_forward,
+    .swiglu_backward = keel_swiglu_backward,
+    .xent_forward_backward = keel_xent_forward_backward,
+    .embedding_forward = keel_embedding_forward,
+    .embedding_forward_bf16 = keel_embedding_forward_bf16,
+    .embedding_backward = keel_embedding_backward,
+    .adamw_update = keel_adamw_update,
+    .sumsq = keel_sumsq,
+};
+
+const keel_backend *keel_backend_cpu(void) { return &CPU; }
+
+keel_status keel_backend_get(keel_backend_kind kind, const keel_backend **out) {
+    *out = NULL;
+    if (kind == KEEL_BACKEND_CPU) {
+        const char *fenced = getenv("KEEL_FENCED_BACKEND");
+        *out = &CPU;
+        if (fenced && !strcmp(fenced, "1")) {
+            keel_log_warn("KEEL_FENCED_BACKEND=1: the CPU backend on fenced memory, a debugging aid (slower): a "
+                          "host access to a tensor outside a backend call faults");
+            *out = keel_backend_fenced();
+        }
+        return KEEL_OK;
+    }
+    char why[512];
+    if (keel_cuda_device_count(why, sizeof why) == 0) {
+        keel_errorf("device cuda: %s", why);
+        return KEEL_ERR_INPUT;
+    }
+    *out = keel_backend_cuda_table();
+    return KEEL_OK;
+}

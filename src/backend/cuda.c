@@ -1,0 +1,126 @@
+/* backend/cuda.c: the CUDA backend — keel/cuda.h's kernels on device memory,
+ * issued in order on the default stream. Out of device memory is fatal with a
+ * line (as out of host memory is); a kernel's error surfaces at the next call
+ * that waits (to_host, xent, sync) with the kernel named. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/internal.h"
+#include "keel/cuda.h"
+
+#ifndef KEEL_HAVE_CUDA
+const keel_backend *keel_backend_cuda_table(void) { return NULL; }
+#else
+#include <cuda_runtime_api.h>
+
+/* Dense (no sparsity) peaks from NVIDIA's datasheets, per GPU: bf16 on tensor
+ * cores, and fp32 without TF32 (the fp32 GEMMs ask for CUBLAS_COMPUTE_32F). */
+static const struct {
+    const char *name_has, *and_has; /* substrings of cudaDeviceProp.name */
+    double bf16, fp32;
+} PEAKS[] = {
+    {"H200", NULL, 989.4e12, 66.9e12},
+    {"H100", "PCIe", 756.5e12, 51.2e12},
+    {"H100", "NVL", 835.5e12, 60.0e12},
+    {"H100", NULL, 989.4e12, 66.9e12}, /* SXM (HBM3) */
+    {"GH200", NULL, 989.4e12, 66.9e12},
+    {"A100", NULL, 312.0e12, 19.5e12},
+};
+
+static double gpu_peak_flops(bool bf16) {
+    const char *env = getenv("KEEL_PEAK_FLOPS");
+    if (env && atof(env) > 0) return atof(env);
+    struct cudaDeviceProp prop;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) return 0;
+    for (size_t i = 0; i < sizeof PEAKS / sizeof PEAKS[0]; i++)
+        if (strstr(prop.name, PEAKS[i].name_has) && (!PEAKS[i].and_has || strstr(prop.name, PEAKS[i].and_has)))
+            return bf16 ? PEAKS[i].bf16 : PEAKS[i].fp32;
+    keel_log_warn("%s: keel does not know this GPU's peak FLOP/s: MFU is not reported (set KEEL_PEAK_FLOPS)",
+                  prop.name);
+    return 0;
+}
+
+static void *gpu_alloc(size_t bytes, const char *what) {
+    void *p = NULL;
+    if (keel_cuda_malloc(&p, bytes ? bytes : 1) != KEEL_OK || keel_cuda_memset0(p, bytes) != KEEL_OK) {
+        keel_errorf("out of GPU memory allocating %zu bytes (%.2f GiB) for %s", bytes,
+                    (double)bytes / (1024.0 * 1024 * 1024), what);
+        abort();
+    }
+    return p;
+}
+
+static void gpu_free(void *p) {
+    if (p) keel_cuda_free(p);
+}
+
+/* A failed copy or memset is a broken device: fatal, like a failed kernel launch would be. */
+static void must(keel_status st) {
+    if (st != KEEL_OK) abort(); /* the call has said why */
+}
+static void gpu_zero(void *p, size_t bytes) { must(keel_cuda_memset0(p, bytes)); }
+static void gpu_copy(void *dst, const void *src, size_t bytes) { must(keel_cuda_copy(dst, src, bytes)); }
+static void gpu_to_device(void *dst, const void *src, size_t bytes) { must(keel_cuda_to_device(dst, src, bytes)); }
+static void gpu_to_host(void *dst, const void *src, size_t bytes) { must(keel_cuda_to_host(dst, src, bytes)); }
+
+/* Each row's loss goes to a device buffer kept between calls, then its sum to the host. */
+static double gpu_xent(float *logits, const int32_t *targets, int N, int V, float dscale) {
+    static float *row_loss;
+    static int rows;
+    if (N > rows) {
+        gpu_free(row_loss);
+        row_loss = gpu_alloc(sizeof(float) * (size_t)N, "the cross-entropy's row losses");
+        rows = N;
+    }
+    keel_cuda_xent_forward_backward(logits, row_loss, targets, N, V, dscale);
+    return keel_cuda_sum(row_loss, N);
+}
+
+static void gpu_adamw(float *param, const float *grad, float *m, float *v, int64_t n, const keel_adamw_step *s) {
+    keel_cuda_adamw_update(param, grad, m, v, n, s->lr, s->beta1, s->beta2, s->eps, s->weight_decay, s->grad_scale,
+                           s->t);
+}
+
+static int64_t gpu_memory_free(void) {
+    size_t free_b = 0, total_b = 0;
+    return cudaMemGetInfo(&free_b, &total_b) == cudaSuccess ? (int64_t)free_b : 0;
+}
+
+static const keel_backend CUDA = {
+    .name = "cuda",
+    .kind = KEEL_BACKEND_CUDA,
+    .peak_flops = gpu_peak_flops,
+    .memory_free = gpu_memory_free,
+    .alloc = gpu_alloc,
+    .free = gpu_free,
+    .zero = gpu_zero,
+    .copy = gpu_copy,
+    .to_device = gpu_to_device,
+    .to_host = gpu_to_host,
+    .sync = keel_cuda_sync,
+    .matmul_forward = keel_cuda_matmul_forward,
+    .matmul_backward = keel_cuda_matmul_backward,
+    .gemm_bf16 = keel_cuda_gemm_bf16,
+    .f32_to_bf16 = keel_cuda_f32_to_bf16,
+    .bf16_to_f32 = keel_cuda_bf16_to_f32,
+    .rmsnorm_forward = keel_cuda_rmsnorm_forward,
+    .rmsnorm_backward = keel_cuda_rmsnorm_backward,
+    .rope_forward = keel_cuda_rope_forward,
+    .rope_backward = keel_cuda_rope_backward,
+    .attention_forward = keel_cuda_attention_forward,
+    .attention_backward = keel_cuda_attention_backward,
+    .attention_forward_bf16 = keel_cuda_attention_forward_bf16,
+    .attention_backward_bf16 = keel_cuda_attention_backward_bf16,
+    .swiglu_forward = keel_cuda_swiglu_forward,
+    .swiglu_backward = keel_cuda_swiglu_backward,
+    .xent_forward_backward = gpu_xent,
+    .embedding_forward = keel_cuda_embedding_forward,
+    .embedding_forward_bf16 = keel_cuda_embedding_forward_bf16,
+    .embedding_backward = keel_cuda_embedding_backward,
+    .adamw_update = gpu_adamw,
+    .sumsq = keel_cuda_sumsq,
+};
+
+const keel_backend *keel_backend_cuda_table(void) { return &CUDA; }
+#endif

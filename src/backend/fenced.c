@@ -1,0 +1,127 @@
+/* backend/fenced.c: the CPU backend on fenced memory (keel_backend_fenced in
+ * keel/backend.h): one arena, reserved with mmap, PROT_NONE except while a
+ * backend call runs; a bump allocator in it. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "keel/backend.h"
+
+static char *arena;
+static size_t arena_size, arena_used;
+static int64_t calls;
+
+static void fence(int prot) {
+    if (mprotect(arena, arena_size, prot) != 0) {
+        keel_errorf("fenced backend: mprotect: %s", strerror(errno));
+        abort();
+    }
+}
+static void open_fence(void) {
+    calls++;
+    fence(PROT_READ | PROT_WRITE);
+}
+static void close_fence(void) { fence(PROT_NONE); }
+
+static void *f_alloc(size_t bytes, const char *what) {
+    if (!arena) {
+        const char *env = getenv("KEEL_FENCED_ARENA_GIB");
+        double gib = env && atof(env) > 0 ? atof(env) : 16;
+        arena_size = (size_t)(gib * 1073741824.0) / 4096 * 4096;
+        arena = mmap(NULL, arena_size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (arena == MAP_FAILED) {
+            keel_errorf("fenced backend: reserving %.1f GiB: %s (set KEEL_FENCED_ARENA_GIB lower)", gib,
+                        strerror(errno));
+            abort();
+        }
+    }
+    size_t at = (arena_used + 63) / 64 * 64;
+    if (at + bytes > arena_size) {
+        keel_errorf("fenced backend: its %.1f GiB arena is full allocating %zu bytes for %s (set "
+                    "KEEL_FENCED_ARENA_GIB higher)", (double)arena_size / 1073741824.0, bytes, what);
+        abort();
+    }
+    arena_used = at + bytes;
+    open_fence();
+    memset(arena + at, 0, bytes);
+    close_fence();
+    return arena + at;
+}
+static void f_free(void *p) { (void)p; } /* never reused: a stale pointer still points into the fence */
+
+static const keel_backend *cpu;
+/* A wrapper per call: open the fence, run the CPU backend's function, close it. */
+#define FENCED(name, params, args)                                                                                     \
+    static void f_##name params {                                                                                      \
+        open_fence();                                                                                                  \
+        cpu->name args;                                                                                                \
+        close_fence();                                                                                                 \
+    }
+FENCED(zero, (void *p, size_t n), (p, n))
+FENCED(copy, (void *d, const void *s, size_t n), (d, s, n))
+FENCED(to_device, (void *d, const void *s, size_t n), (d, s, n))
+FENCED(to_host, (void *d, const void *s, size_t n), (d, s, n))
+FENCED(matmul_forward, (float *o, const float *i, const float *w, int M, int N, int K, bool acc), (o, i, w, M, N, K, acc))
+FENCED(matmul_backward, (float *di, float *dw, const float *dy, const float *i, const float *w, int M, int N, int K, bool acc),
+       (di, dw, dy, i, w, M, N, K, acc))
+FENCED(gemm_bf16, (float *o, const keel_bf16 *a, bool at, const keel_bf16 *b, bool bt, int M, int N, int K, bool acc),
+       (o, a, at, b, bt, M, N, K, acc))
+FENCED(f32_to_bf16, (keel_bf16 *d, const float *s, int64_t n), (d, s, n))
+FENCED(bf16_to_f32, (float *d, const keel_bf16 *s, int64_t n), (d, s, n))
+FENCED(rmsnorm_forward, (float *o, float *r, const float *x, const float *w, int N, int C, float eps), (o, r, x, w, N, C, eps))
+FENCED(rmsnorm_backward, (float *dx, float *dw, const float *dy, const float *x, const float *w, const float *r, int N, int C),
+       (dx, dw, dy, x, w, r, N, C))
+FENCED(rope_forward, (float *x, const float *cs, int B, int T, int H, int HS), (x, cs, B, T, H, HS))
+FENCED(rope_backward, (float *x, const float *cs, int B, int T, int H, int HS), (x, cs, B, T, H, HS))
+#define ATT_FWD (float *o, float *l, const float *q, const float *k, const float *v, int B, int T, int NH, int NKV, int HS)
+#define ATT_BWD                                                                                                        \
+    (float *dq, float *dk, float *dv, const float *dy, const float *o, const float *l, const float *q, const float *k,  \
+     const float *v, int B, int T, int NH, int NKV, int HS)
+FENCED(attention_forward, ATT_FWD, (o, l, q, k, v, B, T, NH, NKV, HS))
+FENCED(attention_forward_bf16, ATT_FWD, (o, l, q, k, v, B, T, NH, NKV, HS))
+FENCED(attention_backward, ATT_BWD, (dq, dk, dv, dy, o, l, q, k, v, B, T, NH, NKV, HS))
+FENCED(attention_backward_bf16, ATT_BWD, (dq, dk, dv, dy, o, l, q, k, v, B, T, NH, NKV, HS))
+FENCED(swiglu_forward, (float *h, const float *g, const float *u, int64_t n), (h, g, u, n))
+FENCED(swiglu_backward, (float *dg, float *du, const float *dh, const float *g, const float *u, int64_t n),
+       (dg, du, dh, g, u, n))
+FENCED(embedding_forward, (float *o, const float *t, const int32_t *tok, int N, int C), (o, t, tok, N, C))
+FENCED(embedding_forward_bf16, (float *o, const keel_bf16 *t, const int32_t *tok, int N, int C), (o, t, tok, N, C))
+FENCED(embedding_backward, (float *dt, const float *dy, const int32_t *tok, int N, int C), (dt, dy, tok, N, C))
+static double f_xent_forward_backward(float *logits, const int32_t *targets, int N, int V, float dscale) {
+    open_fence();
+    double loss = cpu->xent_forward_backward(logits, targets, N, V, dscale);
+    close_fence();
+    return loss;
+}
+static double f_sumsq(const float *x, int64_t n) {
+    open_fence();
+    double s = cpu->sumsq(x, n);
+    close_fence();
+    return s;
+}
+FENCED(adamw_update, (float *p, const float *g, float *m, float *v, int64_t n, const keel_adamw_step *s),
+       (p, g, m, v, n, s))
+static keel_status f_sync(void) { return KEEL_OK; }
+static int64_t f_memory_free(void) { return cpu->memory_free(); }
+
+static const keel_backend FENCED_BACKEND = {
+    .name = "fenced", .kind = KEEL_BACKEND_CPU, .peak_flops = keel_peak_flops, .memory_free = f_memory_free, .alloc = f_alloc, .free = f_free, .zero = f_zero, .copy = f_copy,
+    .to_device = f_to_device, .to_host = f_to_host, .sync = f_sync, .matmul_forward = f_matmul_forward,
+    .matmul_backward = f_matmul_backward, .gemm_bf16 = f_gemm_bf16, .f32_to_bf16 = f_f32_to_bf16,
+    .bf16_to_f32 = f_bf16_to_f32, .rmsnorm_forward = f_rmsnorm_forward, .rmsnorm_backward = f_rmsnorm_backward,
+    .rope_forward = f_rope_forward, .rope_backward = f_rope_backward, .attention_forward = f_attention_forward,
+    .attention_backward = f_attention_backward, .attention_forward_bf16 = f_attention_forward_bf16,
+    .attention_backward_bf16 = f_attention_backward_bf16, .swiglu_forward = f_swiglu_forward,
+    .swiglu_backward = f_swiglu_backward, .xent_forward_backward = f_xent_forward_backward,
+    .embedding_forward = f_embedding_forward, .embedding_forward_bf16 = f_embedding_forward_bf16,
+    .embedding_backward = f_embedding_backward, .adamw_update = f_adamw_update, .sumsq = f_sumsq,
+};
+
+const keel_backend *keel_backend_fenced(void) {
+    cpu = keel_backend_cpu();
+    return &FENCED_BACKEND;
+}
+
+int64_t keel_backend_fenced_calls(void) { return calls; }
+
