@@ -2,7 +2,8 @@
 # scripts/gpu-check.sh: the one prepared script a GPU machine runs (issue 14).
 # Every stage has its own time limit and records its result, so one stage
 # failing never loses the others; everything goes to OUT (default
-# ./gpu-check): results.json, one log per stage. Under 8 minutes on an H200.
+# ./gpu-check): results.json, and logs.tar.gz with every stage's log and the
+# runs' metrics.jsonl and summary.json. Under 8 minutes on an H200.
 #
 #   stages  build     keel and gpu_parity for sm_90 (or take a pack, below)
 #           parity    tests/cuda/gpu_parity.c: every CUDA kernel against its CPU reference
@@ -49,7 +50,8 @@ fi
 from=""
 if [ "${1:-}" = --from ]; then from=${2:?--from DIR}; shift 2; fi
 out=${1:-${OUT:-$root/gpu-check}}
-mkdir -p "$out"
+logs=$out/logs # bundled into OUT/logs.tar.gz at the end: a device call brings back only a few files
+mkdir -p "$logs"
 results=()
 record() { results+=("\"$1\": $2"); echo "gpu-check: $1: $2" >&2; }
 want() { [[ " $stages " == *" $1 "* ]]; }
@@ -59,10 +61,17 @@ write_results() {
     for i in "${!results[@]}"; do printf '  %s%s\n' "${results[$i]}" "$([ "$i" -lt $(( ${#results[@]} - 1 )) ] && echo ,)"; done
     echo "}"
   } >"$out/results.json"
+  for d in "${run_dir:-/nonexistent}"/*/; do
+    [ -d "$d" ] || continue
+    n=$(basename "$d")
+    cp "$d/metrics.jsonl" "$logs/$n.metrics.jsonl" 2>/dev/null
+    cp "$d/summary.json" "$logs/$n.summary.json" 2>/dev/null
+  done
+  tar -C "$out" -czf "$out/logs.tar.gz" logs && rm -rf "$logs"
 }
 trap write_results EXIT
 
-{ date -u; nvidia-smi 2>&1 | head -15; nvcc --version 2>&1 | tail -2; nproc; } >"$out/machine.log"
+{ date -u; nvidia-smi 2>&1 | head -15; nvcc --version 2>&1 | tail -2; nproc; } >"$logs/machine.log"
 
 # ---- build (or unpack) ---------------------------------------------------------
 t0=$(date +%s)
@@ -72,14 +81,14 @@ if [ -n "$from" ]; then
     if command -v xz >/dev/null; then xz -dc "$from/keel-gpu.tar.xz" | tar -C "$bin" -xf -
     else python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' "$from/keel-gpu.tar.xz" "$bin"; fi
   }
-  if unpack 2>"$out/build.log"; then
+  if unpack 2>"$logs/build.log"; then
     export LD_LIBRARY_PATH="$bin/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
     # cuBLASLt: the toolkit's, else the one PyTorch's wheels carry
     for d in /usr/local/cuda/lib64 $(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null); do
       [ -d "$d" ] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
     done
     keel=$bin/bin/keel parity=$bin/bin/gpu_parity
-    ldd "$keel" >>"$out/build.log" 2>&1
+    ldd "$keel" >>"$logs/build.log" 2>&1
     if ldd "$keel" | grep -q 'not found'; then
       record build "{\"ok\": false, \"from\": \"$from\", \"log\": \"build.log\", \"missing\": \"$(ldd "$keel" | grep 'not found' | awk '{print $1}' | tr '\n' ' ')\"}"
       exit 1
@@ -91,7 +100,7 @@ if [ -n "$from" ]; then
   fi
 else
   build=$root/build-gpu keel=$root/build-gpu/keel parity=$root/build-gpu/tests/gpu_parity
-  if build_gpu "$build" >"$out/build.log" 2>&1; then
+  if build_gpu "$build" >"$logs/build.log" 2>&1; then
     record build "{\"ok\": true, \"seconds\": $(( $(date +%s) - t0 ))}"
   else
     record build "{\"ok\": false, \"log\": \"build.log\"}"
@@ -102,21 +111,21 @@ export KEEL_BIN=$keel
 
 # ---- parity ----------------------------------------------------------------------
 if want parity; then
-  timeout 120 "$parity" >"$out/parity.log" 2>&1
+  timeout 120 "$parity" >"$logs/parity.log" 2>&1
   rc=$?
-  record parity "{\"exit\": $rc, \"passed\": $([ $rc = 0 ] && echo true || echo false), \"failures\": $(grep -c '^FAIL' "$out/parity.log"), \"log\": \"parity.log\"}"
+  record parity "{\"exit\": $rc, \"passed\": $([ $rc = 0 ] && echo true || echo false), \"failures\": $(grep -c '^FAIL' "$logs/parity.log"), \"log\": \"parity.log\"}"
 fi
 
 # ---- health ------------------------------------------------------------------------
 if want health; then
-  timeout 60 "$keel" health --checks gpu --json --dir /tmp >"$out/health.json" 2>"$out/health.log"
+  timeout 60 "$keel" health --checks gpu --json --dir /tmp >"$logs/health.json" 2>"$logs/health.log"
   record health "{\"exit\": $?, \"report\": \"health.json\"}"
 fi
 
 run_dir=/tmp/gpu-check-runs && rm -rf "$run_dir" && mkdir -p "$run_dir"
 train() { # NAME SECONDS ARGS...: keel train, its log in OUT/NAME.log
   local name=$1 limit=$2; shift 2
-  timeout "$limit" "$keel" train "$@" --run-dir "$run_dir/$name" >"$out/$name.log" 2>&1
+  timeout "$limit" "$keel" train "$@" --run-dir "$run_dir/$name" >"$logs/$name.log" 2>&1
 }
 
 # ---- losses: GPU runs follow the CPU fp32 run -------------------------------------------
@@ -138,22 +147,22 @@ if want losses; then
   train cuda-fp32 120 "${tiny[@]}" --device cuda
   train cuda-bf16 120 "${tiny[@]}" --device cuda --set fsdp.mixed_precision=bf16
   # fp32: the same math in another summation order; bf16: GEMM inputs rounded to 8 bits of mantissa
-  record losses_fp32 "$(compare_losses cpu-fp32 cuda-fp32 2e-3 2>>"$out/compare.log" || echo '{"passed": false, "log": "cuda-fp32.log"}')"
-  record losses_bf16 "$(compare_losses cpu-fp32 cuda-bf16 3e-2 2>>"$out/compare.log" || echo '{"passed": false, "log": "cuda-bf16.log"}')"
+  record losses_fp32 "$(compare_losses cpu-fp32 cuda-fp32 2e-3 2>>"$logs/compare.log" || echo '{"passed": false, "log": "cuda-fp32.log"}')"
+  record losses_bf16 "$(compare_losses cpu-fp32 cuda-bf16 3e-2 2>>"$logs/compare.log" || echo '{"passed": false, "log": "cuda-bf16.log"}')"
 fi
 
 # ---- roundtrip: GPU -> CPU -> GPU through checkpoints ------------------------------------
 if want roundtrip; then
   rt=("$root/configs/tiny.json" --set train.steps=30 --set checkpoint.every_steps=10)
   KEEL_FAULT=kill@12 train roundtrip 120 "${rt[@]}" --device cuda
-  mv "$out/roundtrip.log" "$out/roundtrip-1-gpu.log"
+  mv "$logs/roundtrip.log" "$logs/roundtrip-1-gpu.log"
   KEEL_FAULT=kill@22 train roundtrip 120 "${rt[@]}" --device cpu --set train.threads="$(nproc)"
-  mv "$out/roundtrip.log" "$out/roundtrip-2-cpu.log"
+  mv "$logs/roundtrip.log" "$logs/roundtrip-2-cpu.log"
   train roundtrip 120 "${rt[@]}" --device cuda
-  mv "$out/roundtrip.log" "$out/roundtrip-3-gpu.log"
+  mv "$logs/roundtrip.log" "$logs/roundtrip-3-gpu.log"
   train roundtrip-ref 180 "${rt[@]}" --device cpu --set train.threads="$(nproc)"
-  g2c=$(grep -c 'resuming from .*step_00000010' "$out/roundtrip-2-cpu.log")
-  c2g=$(grep -c 'resuming from .*step_00000020' "$out/roundtrip-3-gpu.log")
+  g2c=$(grep -c 'resuming from .*step_00000010' "$logs/roundtrip-2-cpu.log")
+  c2g=$(grep -c 'resuming from .*step_00000020' "$logs/roundtrip-3-gpu.log")
   cmp=$(compare_losses roundtrip-ref roundtrip 2e-3 2>/dev/null | python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["max_rel_diff"])' 2>/dev/null || echo null)
   final=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["final_loss"])' "$run_dir/roundtrip/summary.json" 2>/dev/null || echo null)
   record roundtrip "{\"gpu_to_cpu\": $([ "$g2c" -ge 1 ] && echo true || echo false), \"cpu_to_gpu\": $([ "$c2g" -ge 1 ] && echo true || echo false), \"final_loss\": $final, \"max_rel_diff_vs_cpu_run\": $cmp}"
@@ -171,17 +180,16 @@ PY
 }
 bench_torch() { # NAME SECONDS ARGS...
   local name=$1 limit=$2; shift 2
-  timeout "$limit" python3 "$root/bench/torch_gpu.py" "$@" >"$out/$name.json" 2>"$out/$name.log" &&
-    cat "$out/$name.json" || echo '{"ok": false}'
+  timeout "$limit" python3 "$root/bench/torch_gpu.py" "$@" >"$logs/$name.json" 2>"$logs/$name.log" &&
+    cat "$logs/$name.json" || echo '{"ok": false}'
 }
 if want bench; then
+  # the same --set keys for keel and bench/torch_gpu.py
   small=("$root/configs/llama2-7b.json" --set model.dim=2048 --set model.n_layers=22 --set model.n_heads=32
          --set model.n_kv_heads=4 --set model.max_seq_len=2048 --set train.micro_batch_size=4)
-  small_torch=("$root/configs/llama2-7b.json" --set model.dim=2048 --set model.n_layers=22 --set model.n_heads=32
-               --set model.n_kv_heads=4 --set model.max_seq_len=2048 --set train.micro_batch_size=4)
   record bench_1b_keel "$(bench_keel bench-1b 100 "${small[@]}" --device cuda --set train.steps=8 \
                           --set fsdp.mixed_precision=bf16)"
-  record bench_1b_torch "$(bench_torch bench-1b-torch 100 "${small_torch[@]}" --steps 6 --warmup 2)"
+  record bench_1b_torch "$(bench_torch bench-1b-torch 100 "${small[@]}" --steps 6 --warmup 2)"
   record bench_7b_keel "$(bench_keel bench-7b 150 "$root/configs/llama2-7b.json" --device cuda --set train.steps=6 \
                           --set fsdp.mixed_precision=bf16 --set fsdp.activation_checkpointing=true)"
   record bench_7b_torch "$(bench_torch bench-7b-torch 150 "$root/configs/llama2-7b.json" --steps 4 --warmup 2 \

@@ -35,8 +35,10 @@ typedef struct keel_backend {
     const char *name; /* "cpu", "cuda", "fenced" */
     keel_backend_kind kind;
     /* The host may read and write this backend's memory in place (the CPU
-     * backend): a checkpoint is then read straight into it, not through a
-     * staging copy. Nothing else may depend on it. */
+     * backend): the initial parameters, a resumed checkpoint, init_from and
+     * the final weights then go straight in and out, not through a host
+     * staging buffer (which would cost a CPU run memory its plan does not
+     * have). Nothing else may depend on it. */
     bool host_memory;
 
     /* The MFU yardstick: FLOP/s one process does at best in the precision the

@@ -98,8 +98,12 @@ typedef struct {
      * run (keel/backend.h); NULL is the CPU backend. Unit buffers given to
      * the model and the tokens' copies are then that backend's memory. */
     const keel_backend *backend;
+    /* Rows of logits the output head computes at a time (0: as many as fit
+     * 256 MiB). Forward keeps the last chunk's gradient; backward recomputes
+     * the others' logits, so (N, V) never exists whole. */
+    int head_rows;
 } keel_model_options;
-/* Activation bytes (and bf16 GEMM scratch) for a micro-batch of B sequences:
+/* Activation bytes (and bf16 GEMM scratch; one chunk of logits) for a micro-batch of B sequences:
  * exactly what keel_model_build_with allocates for them. Attention keeps its
  * log-sum-exp (B, NH, T) per layer here, not the (T, T) probabilities; its
  * per-thread tiles are the kernels' own (keel_attention_workspace_bytes). */
@@ -159,9 +163,9 @@ typedef void (*keel_model_progress_fn)(void *ctx, const char *doing);
 void keel_model_set_progress(keel_model *m, keel_model_progress_fn fn, void *ctx);
 
 /* Forward over tokens (n_seqs, T+1), n_seqs <= B: inputs are [0,T), targets
- * [1,T+1). Returns the summed cross-entropy over n_seqs*T positions. When grad_scale != 0 the logits'
- * gradient (times grad_scale, usually 1 / tokens per optimizer step) is kept
- * for keel_model_backward. */
+ * [1,T+1). Returns the summed cross-entropy over n_seqs*T positions. When grad_scale != 0 a
+ * backward follows, with the loss's gradient times grad_scale (usually 1 /
+ * tokens per optimizer step). */
 double keel_model_forward(keel_model *m, const int32_t *tokens, int n_seqs, float grad_scale);
 /* Accumulate parameter gradients into the grads vector. */
 void keel_model_backward(keel_model *m);

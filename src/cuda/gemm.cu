@@ -31,6 +31,7 @@
 // with keel's other kernels.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -40,6 +41,55 @@ extern "C" {
 #include "keel/cuda.h"
 }
 #include "internal.h"
+
+// cuBLASLt is opened on the first GEMM (dlopen), not linked: the library is
+// half a GiB, and loading it at start cost every keel command, GPU or not,
+// ~0.8 s and ~200 MB of resident memory. Its header still gives the types.
+#define LT_FUNCTIONS(X) \
+    X(cublasLtCreate, lt_Create) \
+    X(cublasLtDestroy, lt_Destroy) \
+    X(cublasLtGetStatusName, lt_GetStatusName) \
+    X(cublasLtGetStatusString, lt_GetStatusString) \
+    X(cublasLtMatmul, lt_Matmul) \
+    X(cublasLtMatmulAlgoGetHeuristic, lt_MatmulAlgoGetHeuristic) \
+    X(cublasLtMatmulDescCreate, lt_MatmulDescCreate) \
+    X(cublasLtMatmulDescDestroy, lt_MatmulDescDestroy) \
+    X(cublasLtMatmulDescSetAttribute, lt_MatmulDescSetAttribute) \
+    X(cublasLtMatmulPreferenceCreate, lt_MatmulPreferenceCreate) \
+    X(cublasLtMatmulPreferenceDestroy, lt_MatmulPreferenceDestroy) \
+    X(cublasLtMatmulPreferenceSetAttribute, lt_MatmulPreferenceSetAttribute) \
+    X(cublasLtMatrixLayoutCreate, lt_MatrixLayoutCreate) \
+    X(cublasLtMatrixLayoutDestroy, lt_MatrixLayoutDestroy) \
+
+#define DECLARE(sym, ours) static decltype(&::sym) ours;
+LT_FUNCTIONS(DECLARE)
+#undef DECLARE
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
+// The library and its functions, once; false with a failure noted for keel_cuda_sync.
+static bool lt_load(void) {
+    static int loaded; // 0 not tried, 1 ok, -1 failed
+    if (loaded) return loaded > 0;
+    loaded = -1;
+    const char *names[] = {"libcublasLt.so." STR(CUBLAS_VER_MAJOR), "libcublasLt.so"};
+    void *lib = NULL;
+    for (size_t i = 0; !lib && i < sizeof names / sizeof *names; i++) lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        keel_cuda_note_failure("cannot load cuBLASLt (%s): %s; put the CUDA toolkit's lib64 on LD_LIBRARY_PATH",
+                               names[0], dlerror());
+        return false;
+    }
+#define LOAD(sym, ours)                                                                    \
+    if (!(ours = (decltype(ours))dlsym(lib, #sym))) {                                     \
+        keel_cuda_note_failure("%s has no %s (an older cuBLASLt?)", names[0], #sym);      \
+        return false;                                                                      \
+    }
+    LT_FUNCTIONS(LOAD)
+#undef LOAD
+    loaded = 1;
+    return true;
+}
 
 #define WORKSPACE_BYTES ((size_t)32 << 20)
 #define CACHE_SLOTS 256
@@ -68,20 +118,21 @@ static int g_cache_next; // round robin once full
 // false, with the status kept for keel_cuda_sync, when s is not success
 static bool lt_ok(cublasStatus_t s, const char *call, const char *shape) {
     if (s == CUBLAS_STATUS_SUCCESS) return true;
-    keel_cuda_note_failure("cuBLASLt %s (%s): %s (%s)", call, shape, cublasLtGetStatusName(s),
-                           cublasLtGetStatusString(s));
+    keel_cuda_note_failure("cuBLASLt %s (%s): %s (%s)", call, shape, lt_GetStatusName(s),
+                           lt_GetStatusString(s));
     return false;
 }
 
 static bool lt_init(void) {
     if (g_lt) return true;
+    if (!lt_load()) return false;
     cublasLtHandle_t h;
-    if (!lt_ok(cublasLtCreate(&h), "cublasLtCreate", "first GEMM")) return false;
+    if (!lt_ok(lt_Create(&h), "cublasLtCreate", "first GEMM")) return false;
     void *ws = NULL;
     cudaError_t e = cudaMalloc(&ws, WORKSPACE_BYTES);
     if (e != cudaSuccess) {
         keel_cuda_note(e, "cudaMalloc of cuBLASLt's 32 MiB workspace");
-        cublasLtDestroy(h);
+        lt_Destroy(h);
         return false;
     }
     g_lt = h;
@@ -151,41 +202,41 @@ static void lt_matmul(const char *name, cublasOperation_t ta, cublasOperation_t 
     cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
     cublasLtMatmulPreference_t pref = NULL;
     int32_t opa = ta, opb = tb;
-    bool ok = lt_ok(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate", shape) &&
-              lt_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa),
-                    "cublasLtMatmulDescSetAttribute(TRANSA)", shape) &&
-              lt_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb),
-                    "cublasLtMatmulDescSetAttribute(TRANSB)", shape) &&
+    bool ok = lt_ok(lt_MatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate", shape) &&
+              lt_ok(lt_MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa),
+                    "lt_MatmulDescSetAttribute(TRANSA)", shape) &&
+              lt_ok(lt_MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb),
+                    "lt_MatmulDescSetAttribute(TRANSB)", shape) &&
               // layouts describe the buffers as stored: (rows, cols) before the op
-              lt_ok(cublasLtMatrixLayoutCreate(&la, ab, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda),
-                    "cublasLtMatrixLayoutCreate(A)", shape) &&
-              lt_ok(cublasLtMatrixLayoutCreate(&lb, ab, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb),
-                    "cublasLtMatrixLayoutCreate(B)", shape) &&
-              lt_ok(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldc), "cublasLtMatrixLayoutCreate(C)", shape);
+              lt_ok(lt_MatrixLayoutCreate(&la, ab, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda),
+                    "lt_MatrixLayoutCreate(A)", shape) &&
+              lt_ok(lt_MatrixLayoutCreate(&lb, ab, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb),
+                    "lt_MatrixLayoutCreate(B)", shape) &&
+              lt_ok(lt_MatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldc), "lt_MatrixLayoutCreate(C)", shape);
     if (ok && !slot) {
         cublasLtMatmulHeuristicResult_t result;
         memset(&result, 0, sizeof result);
         int found = 0;
         uint64_t ws = WORKSPACE_BYTES;
-        ok = lt_ok(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", shape) &&
-             lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
-                   "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", shape) &&
+        ok = lt_ok(lt_MatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", shape) &&
+             lt_ok(lt_MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+                   "lt_MatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", shape) &&
              // the buffers' real alignments: the default (256) would admit
              // algorithms that need more than a pointer into a tensor has
-             lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+             lt_ok(lt_MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
                                                         &key.align_a, sizeof key.align_a),
-                   "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_A_BYTES)", shape) &&
-             lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                   "lt_MatmulPreferenceSetAttribute(MIN_ALIGNMENT_A_BYTES)", shape) &&
+             lt_ok(lt_MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                                                         &key.align_b, sizeof key.align_b),
-                   "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_B_BYTES)", shape) &&
-             lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                   "lt_MatmulPreferenceSetAttribute(MIN_ALIGNMENT_B_BYTES)", shape) &&
+             lt_ok(lt_MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
                                                         &key.align_c, sizeof key.align_c),
-                   "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_C_BYTES)", shape) &&
-             lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                   "lt_MatmulPreferenceSetAttribute(MIN_ALIGNMENT_C_BYTES)", shape) &&
+             lt_ok(lt_MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                         &key.align_c, sizeof key.align_c),
-                   "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_D_BYTES)", shape);
+                   "lt_MatmulPreferenceSetAttribute(MIN_ALIGNMENT_D_BYTES)", shape);
         if (ok) {
-            cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(g_lt, op, la, lb, lc, lc, pref, 1, &result, &found);
+            cublasStatus_t s = lt_MatmulAlgoGetHeuristic(g_lt, op, la, lb, lc, lc, pref, 1, &result, &found);
             if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED)
                 ok = lt_ok(s, "cublasLtMatmulAlgoGetHeuristic", shape);
             else if (s != CUBLAS_STATUS_SUCCESS || result.state != CUBLAS_STATUS_SUCCESS)
@@ -214,15 +265,15 @@ static void lt_matmul(const char *name, cublasOperation_t ta, cublasOperation_t 
         keel_cuda_note(cudaGetLastError(), name);
     } else if (ok) {
         float alpha = 1.0f;
-        lt_ok(cublasLtMatmul(g_lt, op, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &slot->algo, g_workspace,
+        lt_ok(lt_Matmul(g_lt, op, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &slot->algo, g_workspace,
                              WORKSPACE_BYTES, 0),
               "cublasLtMatmul", shape);
     }
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (op) cublasLtMatmulDescDestroy(op);
+    if (pref) lt_MatmulPreferenceDestroy(pref);
+    if (lc) lt_MatrixLayoutDestroy(lc);
+    if (lb) lt_MatrixLayoutDestroy(lb);
+    if (la) lt_MatrixLayoutDestroy(la);
+    if (op) lt_MatmulDescDestroy(op);
 }
 
 extern "C" void keel_cuda_matmul_forward(float *out, const float *in, const float *w, int M, int N, int K,

@@ -68,7 +68,8 @@ struct keel_model {
     block_acts *acts;     /* (L) */
     float *res_final;     /* (N, C) output of the last block */
     float *nf, *rstdf;    /* (N, C), (N) */
-    float *logits;        /* (N, V); after a training forward, dloss/dlogits */
+    float *logits;        /* (head_rows, V): one chunk of rows' logits; after a training
+                             forward, the last chunk's dloss/dlogits */
     int32_t *inputs, *targets; /* (N) */
     int32_t *tokens_host; /* (2N) inputs then targets, staged on the host */
     /* backward scratch */
@@ -79,6 +80,8 @@ struct keel_model {
     float *dgate, *dup, *dh; /* (N, F) */
     float *rope;          /* (T, HS/2, 2) */
     bool have_dlogits;
+    float grad_scale;     /* of the forward a backward follows */
+    int head_rows;        /* rows of logits at a time: the whole (N, V) never exists */
     bool checkpointing;   /* blocks share one set of activations; backward recomputes */
 };
 
@@ -89,6 +92,16 @@ typedef struct {
     int64_t floats;
 } act_entry;
 
+/* The output head runs on chunks of at most this many logits (256 MiB in
+ * fp32): rows of a micro-batch at a time, so (N, V) never exists whole — at
+ * Llama 2's V = 32000 and T = 4096 the whole would be 0.5 GiB a sequence. */
+#define HEAD_CHUNK_FLOATS ((int64_t)1 << 26)
+
+static int head_rows(const keel_model_layout *lay, int B, const keel_model_options *opts) {
+    int64_t N = (int64_t)B * lay->T, rows = opts->head_rows > 0 ? opts->head_rows : HEAD_CHUNK_FLOATS / lay->V;
+    return (int)(rows < 1 ? 1 : rows < N ? rows : N);
+}
+
 /* With checkpointing only each block's input is kept per layer; the rest is
  * one set that every block's forward overwrites and backward recomputes. */
 static int act_table(keel_model *m, const keel_model_layout *lay, int B,
@@ -96,7 +109,7 @@ static int act_table(keel_model *m, const keel_model_layout *lay, int B,
     bool checkpointing = opts->checkpoint_activations;
     int64_t N = (int64_t)B * lay->T, C = lay->C, F = lay->F, V = lay->V;
     int64_t QD = (int64_t)lay->NH * lay->HS, KVD = (int64_t)lay->NKV * lay->HS;
-    int64_t LSE = (int64_t)B * lay->NH * lay->T;
+    int64_t LSE = (int64_t)B * lay->NH * lay->T, HR = head_rows(lay, B, opts);
     int n = 0;
 #define ACT(p, size) tab[n++] = (act_entry){(m ? (float **)&(p) : NULL), (size)}
     for (int l = 0; l < lay->L; l++) {
@@ -113,18 +126,18 @@ static int act_table(keel_model *m, const keel_model_layout *lay, int B,
     }
     keel_model dm;
     keel_model *mm = m ? m : &dm;
-    ACT(mm->res_final, N * C); ACT(mm->nf, N * C); ACT(mm->rstdf, N); ACT(mm->logits, N * V);
+    ACT(mm->res_final, N * C); ACT(mm->nf, N * C); ACT(mm->rstdf, N); ACT(mm->logits, HR * V);
     ACT(mm->inputs, N); ACT(mm->targets, N); /* int32 is float-sized */
     ACT(mm->dres, N * C); ACT(mm->dn, N * C); ACT(mm->dq, N * QD); ACT(mm->dk, N * KVD);
     ACT(mm->dv, N * KVD); ACT(mm->dao, N * QD);
     ACT(mm->dgate, N * F); ACT(mm->dup, N * F); ACT(mm->dh, N * F);
     ACT(mm->rope, (int64_t)lay->T * lay->HS);
     if (opts->bf16) { /* bf16 scratch, counted in floats (two per float) */
-        int64_t in = C > QD ? C : QD, out = V;
+        int64_t in = C > QD ? C : QD;
         in = in > F ? in : F;
-        out = out > in ? out : in;
-        out = out > KVD ? out : KVD;
-        ACT(mm->xb, (N * in + 1) / 2); ACT(mm->dyb, (N * out + 1) / 2); ACT(mm->normw, C);
+        int64_t out = N * (in > KVD ? in : KVD); /* a block's output gradients, or a chunk of dlogits */
+        out = out > HR * V ? out : HR * V;
+        ACT(mm->xb, (N * in + 1) / 2); ACT(mm->dyb, (out + 1) / 2); ACT(mm->normw, C);
     }
 #undef ACT
     return n;
@@ -149,6 +162,7 @@ keel_status keel_model_build_with(const keel_model_config *cfg, int B,
     keel_model_layout_init_units(&m->lay, cfg, opts->unit);
     const keel_backend *be = m->be = opts->backend ? opts->backend : keel_backend_cpu();
     m->B_max = m->B = B;
+    m->head_rows = head_rows(&m->lay, B, opts);
     m->checkpointing = opts->checkpoint_activations;
     m->bf16 = opts->bf16;
     if (own_params) {
@@ -331,6 +345,11 @@ static double uniform01(uint64_t h) { return ((double)(h >> 11) + 0.5) / 9007199
 
 void keel_model_init_weights(keel_model *m, uint64_t seed) {
     KEEL_CHECK(m->params, "keel_model_init_weights on a model without its own parameters");
+    if (m->be->host_memory) { /* straight in */
+        keel_model_init_params(&m->lay, seed, m->params);
+        m->params16_stale = true;
+        return;
+    }
     enum { CHUNK = 1 << 22 }; /* floats staged on the host at a time */
     int64_t n = m->lay.n_params, chunk = n < CHUNK ? n : CHUNK;
     float *host = keel_xmalloc(sizeof(float) * (size_t)chunk, "initial parameters");
@@ -361,14 +380,30 @@ static void init_tensor_slice(const keel_tensor_info *t, int i, uint64_t seed, i
     }
 }
 
-void keel_model_init_range(const keel_model_layout *lay, uint64_t seed, int64_t begin, int64_t len, float *out) {
-    int64_t end = begin + len;
-    for (int i = 0; i < lay->n_tensors; i++) {
-        const keel_tensor_info *t = &lay->tensors[i];
+typedef struct {
+    const keel_model_layout *lay;
+    uint64_t seed;
+    int64_t begin;
+    float *out;
+} init_job;
+
+/* Elements [begin + from, begin + to) of the job: any slice stands alone. */
+static void init_part(void *ctx, int64_t from, int64_t to, int chunk) {
+    (void)chunk;
+    const init_job *j = ctx;
+    int64_t begin = j->begin + from, end = j->begin + to;
+    for (int i = 0; i < j->lay->n_tensors; i++) {
+        const keel_tensor_info *t = &j->lay->tensors[i];
         int64_t lo = t->offset > begin ? t->offset : begin, hi = t->offset + t->rows * t->cols;
         if (hi > end) hi = end;
-        if (lo < hi) init_tensor_slice(t, i, seed, lo - t->offset, hi - t->offset, out + (lo - begin));
+        if (lo < hi) init_tensor_slice(t, i, j->seed, lo - t->offset, hi - t->offset, j->out + (lo - j->begin));
     }
+}
+
+/* On keel's pool (~30 ns an element on one core: minutes for a 7B model alone). */
+void keel_model_init_range(const keel_model_layout *lay, uint64_t seed, int64_t begin, int64_t len, float *out) {
+    init_job j = {lay, seed, begin, out};
+    keel_pool_for(len, 1 << 16, init_part, &j);
 }
 
 void keel_model_init_params(const keel_model_layout *lay, uint64_t seed, float *params) {
@@ -472,11 +507,22 @@ static void block_forward(keel_model *m, int l, float *out, bool recompute) {
     end_forward(m, cur, recompute);
 }
 
+/* Rows [r0, r0 + rows) of the output head: their logits from nf, and their
+ * summed cross-entropy; with dscale != 0 the logits become dloss/dlogits
+ * times dscale. */
+static double head_chunk(keel_model *m, int r0, int rows, float dscale) {
+    const keel_model_layout *lay = &m->lay;
+    int C = lay->C, V = lay->V;
+    const float *x = m->nf + (int64_t)r0 * C;
+    linear_forward(m, m->logits, x, input_bf16(m, x, (int64_t)rows * C), head_matrix(lay), rows, V, C, false);
+    return m->be->xent_forward_backward(m->logits, m->targets + r0, rows, V, dscale);
+}
+
 double keel_model_forward(keel_model *m, const int32_t *tokens, int n_seqs, float grad_scale) {
     KEEL_CHECK(n_seqs >= 1 && n_seqs <= m->B_max, "n_seqs %d outside [1, %d]", n_seqs, m->B_max);
     m->B = n_seqs;
     const keel_model_layout *lay = &m->lay;
-    int B = m->B, T = lay->T, N = B * T, C = lay->C, V = lay->V;
+    int B = m->B, T = lay->T, N = B * T, C = lay->C;
     const keel_backend *be = m->be;
     if (m->params16 && m->params16_stale) { /* own parameters changed: refresh their bf16 copy */
         be->f32_to_bf16(m->params16, m->params, lay->n_params);
@@ -500,10 +546,15 @@ double keel_model_forward(keel_model *m, const int32_t *tokens, int n_seqs, floa
     begin_forward(m, head, false);
     be->rmsnorm_forward(m->nf, m->rstdf, m->res_final, norm_weight(m, (weight_at){head, 0}), N, C,
                          (float)lay->cfg.norm_eps);
-    linear_forward(m, m->logits, m->nf, input_bf16(m, m->nf, (int64_t)N * C), head_matrix(lay), N,
-                   V, C, false);
+    /* the logits a chunk at a time; the last chunk keeps its gradient for backward */
+    m->grad_scale = grad_scale;
+    double loss = 0;
+    for (int r0 = 0; r0 < N; r0 += m->head_rows) {
+        int rows = N - r0 < m->head_rows ? N - r0 : m->head_rows;
+        loss += head_chunk(m, r0, rows, r0 + rows == N ? grad_scale : 0.0f);
+    }
     end_forward(m, head, false);
-    return be->xent_forward_backward(m->logits, m->targets, N, V, grad_scale);
+    return loss;
 }
 
 /* On entry m->dres holds dloss/d(output of block l); on exit dloss/d(input). */
@@ -559,10 +610,17 @@ void keel_model_backward(keel_model *m) {
     const keel_model_layout *lay = &m->lay;
     int N = m->B * lay->T, C = lay->C, V = lay->V, head = head_unit(lay);
 
-    /* logits = nf W_headᵀ; nf = rmsnorm(res_final) */
+    /* logits = nf W_headᵀ, a chunk of rows at a time, last first: forward
+     * left the last chunk's gradient in place; the others are recomputed */
     begin_backward(m, head);
-    linear_backward(m, m->dn, m->logits, grad_bf16(m, m->logits, (int64_t)N * V), m->nf,
-                    input_bf16(m, m->nf, (int64_t)N * C), head_matrix(lay), N, V, C, false);
+    int last = (N - 1) / m->head_rows * m->head_rows;
+    for (int r0 = last; r0 >= 0; r0 -= m->head_rows) {
+        int rows = N - r0 < m->head_rows ? N - r0 : m->head_rows;
+        if (r0 != last) head_chunk(m, r0, rows, m->grad_scale);
+        const float *x = m->nf + (int64_t)r0 * C;
+        linear_backward(m, m->dn + (int64_t)r0 * C, m->logits, grad_bf16(m, m->logits, (int64_t)rows * V), x,
+                        input_bf16(m, x, (int64_t)rows * C), head_matrix(lay), rows, V, C, false);
+    }
     m->be->zero(m->dres, sizeof(float) * (size_t)N * C);
     m->be->rmsnorm_backward(m->dres, m->unit_grads[head], m->dn, m->res_final,
                           norm_weight(m, (weight_at){head, 0}), m->rstdf, N, C);

@@ -382,12 +382,14 @@ static keel_status save_weights(trainer *t, char xxh3[17]) {
     char path[4096];
     keel_run_path(path, sizeof path, t->run_dir, KEEL_RUN_WEIGHTS);
     if (t->leader) st = keel_weights_begin(path, lay->n_params, &w);
-    if (!t->fsdp && st == KEEL_OK) { /* through a host buffer, a piece at a time */
+    const float *params = t->fsdp ? NULL : keel_model_params(t->model);
+    if (params && st == KEEL_OK && t->be->host_memory) st = keel_weights_append(w, params, lay->n_params);
+    else if (params && st == KEEL_OK) { /* through a host buffer, a piece at a time */
         enum { CHUNK = 1 << 24 };
-        float *host = keel_xmalloc(sizeof(float) * CHUNK, "weights");
-        const float *params = keel_model_params(t->model);
-        for (int64_t at = 0; at < lay->n_params && st == KEEL_OK; at += CHUNK) {
-            int64_t len = lay->n_params - at < CHUNK ? lay->n_params - at : CHUNK;
+        int64_t chunk = lay->n_params < CHUNK ? lay->n_params : CHUNK;
+        float *host = keel_xmalloc(sizeof(float) * (size_t)chunk, "weights");
+        for (int64_t at = 0; at < lay->n_params && st == KEEL_OK; at += chunk) {
+            int64_t len = lay->n_params - at < chunk ? lay->n_params - at : chunk;
             t->be->to_host(host, params + at, sizeof(float) * (size_t)len);
             st = keel_weights_append(w, host, len);
         }

@@ -2,7 +2,8 @@
  * canonical vector, filled alone, equals the same slice of a whole
  * initialisation — so every FSDP rank fills only its shard and any world size
  * gets the same model. The values are N(0, 0.02^2) (norm weights 1), and a
- * different seed gives a different model. */
+ * different seed gives a different model. The fill runs on keel's pool: the
+ * whole filled by one thread equals it filled by three. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -12,13 +13,16 @@
 #include "../testlib.h"
 
 int main(void) {
-    keel_model_config mc = {.dim = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .vocab_size = 301,
+    keel_model_config mc = {.dim = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .vocab_size = 3001,
                             .multiple_of = 16, .norm_eps = 1e-5, .rope_theta = 10000, .max_seq_len = 16};
     keel_model_layout lay;
     keel_model_layout_init(&lay, &mc);
     int64_t n = lay.n_params;
     float *whole = keel_xmalloc(sizeof(float) * (size_t)n, "whole"), *part = keel_xmalloc(sizeof(float) * (size_t)n, "part");
-    keel_model_init_params(&lay, 7, whole);
+    keel_model_init_params(&lay, 7, whole); /* one thread: the pool is not started */
+    keel_pool_init(3);
+    keel_model_init_params(&lay, 7, part);
+    EXPECT(!memcmp(part, whole, sizeof(float) * (size_t)n), "three threads fill the model one thread fills, bit for bit");
 
     /* slices of every parity and size, crossing tensor and unit boundaries */
     uint64_t x = 12345;
@@ -63,5 +67,6 @@ int main(void) {
     keel_free(whole);
     keel_free(part);
     keel_model_layout_free(&lay);
+    keel_pool_shutdown();
     return test_summary("test_init_any_slice");
 }
