@@ -22,7 +22,9 @@
 #   bash scripts/gpu-check.sh --from DIR [OUT] on the GPU machine: run from such a pack
 # A GPU machine without keel's dependencies (no package registry: the device
 # tool's machines) runs from a pack made here and carried (see README, GPUs).
-# GPU_CHECK_STAGES="parity losses" runs only those.
+# GPU_CHECK_STAGES="parity losses" runs only those; GPU_CHECK_SECONDS (540)
+# bounds the whole run: a stage gets what is left if that is less than its
+# own limit (a stage with no time left fails at once and says so in its log).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 stages=${GPU_CHECK_STAGES:-"build parity health losses roundtrip bench"}
@@ -52,9 +54,18 @@ if [ "${1:-}" = --from ]; then from=${2:?--from DIR}; shift 2; fi
 out=${1:-${OUT:-$root/gpu-check}}
 logs=$out/logs # bundled into OUT/logs.tar.gz at the end: a device call brings back only a few files
 mkdir -p "$logs"
+deadline=$(( $(date +%s) + ${GPU_CHECK_SECONDS:-540} )) # a device call may run 600 s: finish inside it
 results=()
-record() { results+=("\"$1\": $2"); echo "gpu-check: $1: $2" >&2; }
+# results.json and logs.tar.gz are rewritten after every result, so a run cut
+# short still brings back what it found
+record() {
+  results+=("\"$1\": $2")
+  echo "gpu-check: $1: $2" >&2
+  write_results
+}
 want() { [[ " $stages " == *" $1 "* ]]; }
+# limit SECONDS: SECONDS, or what is left before the deadline if less (at least 1: timeout 0 would mean none)
+limit() { local left=$(( deadline - $(date +%s) - 10 )); [ "$left" -lt "$1" ] && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
 write_results() {
   {
     echo "{"
@@ -67,9 +78,10 @@ write_results() {
     cp "$d/metrics.jsonl" "$logs/$n.metrics.jsonl" 2>/dev/null
     cp "$d/summary.json" "$logs/$n.summary.json" 2>/dev/null
   done
-  tar -C "$out" -czf "$out/logs.tar.gz" logs && rm -rf "$logs"
+  tar -C "$out" -czf "$out/logs.tar.gz" logs
 }
-trap write_results EXIT
+trap 'write_results; rm -rf "$logs"' EXIT
+trap 'exit 143' TERM INT
 
 { date -u; nvidia-smi 2>&1 | head -15; nvcc --version 2>&1 | tail -2; nproc; } >"$logs/machine.log"
 
@@ -83,17 +95,20 @@ if [ -n "$from" ]; then
   }
   if unpack 2>"$logs/build.log"; then
     export LD_LIBRARY_PATH="$bin/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-    # cuBLASLt: the toolkit's, else the one PyTorch's wheels carry
-    for d in /usr/local/cuda/lib64 $(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null); do
-      [ -d "$d" ] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
-    done
+    # cuBLASLt (opened on the first GEMM): the toolkit's, else the one PyTorch's wheels carry
+    # (nvidia/cu13/lib or nvidia/cublas/lib in site-packages)
+    lt=$(find /usr/local/cuda/lib64/ /usr/local/cuda/ /usr/lib/x86_64-linux-gnu/ /opt/ \
+           $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
+           -name 'libcublasLt.so.13*' 2>/dev/null | head -1)
+    [ -n "$lt" ] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$lt")"
+    echo "cuBLASLt: ${lt:-not found}" >>"$logs/build.log"
     keel=$bin/bin/keel parity=$bin/bin/gpu_parity
     ldd "$keel" >>"$logs/build.log" 2>&1
     if ldd "$keel" | grep -q 'not found'; then
       record build "{\"ok\": false, \"from\": \"$from\", \"log\": \"build.log\", \"missing\": \"$(ldd "$keel" | grep 'not found' | awk '{print $1}' | tr '\n' ' ')\"}"
       exit 1
     fi
-    record build "{\"ok\": true, \"from\": \"$from\", \"seconds\": $(( $(date +%s) - t0 ))}"
+    record build "{\"ok\": true, \"from\": \"$from\", \"seconds\": $(( $(date +%s) - t0 )), \"cublaslt\": \"${lt:-not found}\"}"
   else
     record build "{\"ok\": false, \"from\": \"$from\", \"log\": \"build.log\"}"
     exit 1
@@ -111,21 +126,21 @@ export KEEL_BIN=$keel
 
 # ---- parity ----------------------------------------------------------------------
 if want parity; then
-  timeout 120 "$parity" >"$logs/parity.log" 2>&1
+  timeout "$(limit 120)" "$parity" >"$logs/parity.log" 2>&1
   rc=$?
   record parity "{\"exit\": $rc, \"passed\": $([ $rc = 0 ] && echo true || echo false), \"failures\": $(grep -c '^FAIL' "$logs/parity.log"), \"log\": \"parity.log\"}"
 fi
 
 # ---- health ------------------------------------------------------------------------
 if want health; then
-  timeout 60 "$keel" health --checks gpu --json --dir /tmp >"$logs/health.json" 2>"$logs/health.log"
+  timeout "$(limit 60)" "$keel" health --checks gpu --json --dir /tmp >"$logs/health.json" 2>"$logs/health.log"
   record health "{\"exit\": $?, \"report\": \"health.json\"}"
 fi
 
 run_dir=/tmp/gpu-check-runs && rm -rf "$run_dir" && mkdir -p "$run_dir"
 train() { # NAME SECONDS ARGS...: keel train, its log in OUT/NAME.log
   local name=$1 limit=$2; shift 2
-  timeout "$limit" "$keel" train "$@" --run-dir "$run_dir/$name" >"$logs/$name.log" 2>&1
+  timeout "$(limit "$limit")" "$keel" train "$@" --run-dir "$run_dir/$name" >"$logs/$name.log" 2>&1
 }
 
 # ---- losses: GPU runs follow the CPU fp32 run -------------------------------------------
@@ -180,20 +195,20 @@ PY
 }
 bench_torch() { # NAME SECONDS ARGS...
   local name=$1 limit=$2; shift 2
-  timeout "$limit" python3 "$root/bench/torch_gpu.py" "$@" >"$logs/$name.json" 2>"$logs/$name.log" &&
+  timeout "$(limit "$limit")" python3 "$root/bench/torch_gpu.py" "$@" >"$logs/$name.json" 2>"$logs/$name.log" &&
     cat "$logs/$name.json" || echo '{"ok": false}'
 }
 if want bench; then
   # the same --set keys for keel and bench/torch_gpu.py
   small=("$root/configs/llama2-7b.json" --set model.dim=2048 --set model.n_layers=22 --set model.n_heads=32
          --set model.n_kv_heads=4 --set model.max_seq_len=2048 --set train.micro_batch_size=4)
-  record bench_1b_keel "$(bench_keel bench-1b 100 "${small[@]}" --device cuda --set train.steps=8 \
+  record bench_1b_keel "$(bench_keel bench-1b 80 "${small[@]}" --device cuda --set train.steps=8 \
                           --set fsdp.mixed_precision=bf16)"
-  record bench_1b_torch "$(bench_torch bench-1b-torch 100 "${small[@]}" --steps 6 --warmup 2)"
-  record bench_7b_keel "$(bench_keel bench-7b 150 "$root/configs/llama2-7b.json" --device cuda --set train.steps=6 \
+  record bench_1b_torch "$(bench_torch bench-1b-torch 80 "${small[@]}" --steps 6 --warmup 2)"
+  record bench_7b_keel "$(bench_keel bench-7b 120 "$root/configs/llama2-7b.json" --device cuda --set train.steps=6 \
                           --set fsdp.mixed_precision=bf16 --set fsdp.activation_checkpointing=true)"
-  record bench_7b_torch "$(bench_torch bench-7b-torch 150 "$root/configs/llama2-7b.json" --steps 4 --warmup 2 \
+  record bench_7b_torch "$(bench_torch bench-7b-torch 120 "$root/configs/llama2-7b.json" --steps 4 --warmup 2 \
                            --checkpoint-activations)"
 fi
 
-record missing '["FSDP over NCCL (several GPUs)", "the output projection fused with the cross-entropy", "a caching device allocator", "asynchronous checkpoint copies through pinned buffers"]'
+record missing '["FSDP over NCCL (several GPUs)", "tensor-core attention (today fp32 CUDA cores)", "the output projection and cross-entropy in one kernel (today chunks of rows through cuBLASLt)", "a caching device allocator", "asynchronous checkpoint copies through pinned buffers"]'

@@ -90,6 +90,28 @@ template <int D> static size_t forward_smem(void) {
     return sizeof(float) * (size_t)(2 * FWD_Q * (D + 1) + FWD_Q * (FWD_K + 1));
 }
 
+// acc[i][jj] += Σ_c S(tr + 16i, c) · X[c][tc + 16jj] over c < K, for this
+// thread's rows and columns, with S(r, c) = S[r * SR + c * SC] and X
+// ([K][D + 1]) in shared memory: S·X for SR = width + 1, SC = 1 (P·V, dS·K),
+// Sᵀ·X for SR = 1, SC = width + 1 (Pᵀ·dO, dSᵀ·Q).
+template <int R, int K, int D, int SR, int SC>
+__device__ __forceinline__ static void add_product(float (&acc)[R][D / 16], const float *S, const float *X, int tr,
+                                                   int tc) {
+    constexpr int DJ = D / 16;
+#pragma unroll 4
+    for (int c = 0; c < K; c++) {
+        float sv[R], xv[DJ];
+#pragma unroll
+        for (int i = 0; i < R; i++) sv[i] = S[(tr + 16 * i) * SR + c * SC];
+#pragma unroll
+        for (int jj = 0; jj < DJ; jj++) xv[jj] = X[c * (D + 1) + tc + 16 * jj];
+#pragma unroll
+        for (int i = 0; i < R; i++)
+#pragma unroll
+            for (int jj = 0; jj < DJ; jj++) acc[i][jj] = fmaf(sv[i], xv[jj], acc[i][jj]);
+    }
+}
+
 template <int D, bool BF16>
 __global__ static void __launch_bounds__(ATT_THREADS, 2)
     attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int T, int NH,
@@ -164,18 +186,7 @@ __global__ static void __launch_bounds__(ATT_THREADS, 2)
         __syncthreads(); // every read of K done, P written
         load_tile<D, BF16>(KVs, FWD_K, vh, ldkv, k0, T, HS);
         __syncthreads();
-#pragma unroll 4
-        for (int c = 0; c < FWD_K; c++) {
-            float pv[RI], vv[DJ];
-#pragma unroll
-            for (int i = 0; i < RI; i++) pv[i] = Ps[(tr + 16 * i) * (FWD_K + 1) + c];
-#pragma unroll
-            for (int jj = 0; jj < DJ; jj++) vv[jj] = KVs[c * (D + 1) + tc + 16 * jj];
-#pragma unroll
-            for (int i = 0; i < RI; i++)
-#pragma unroll
-                for (int jj = 0; jj < DJ; jj++) acc[i][jj] = fmaf(pv[i], vv[jj], acc[i][jj]);
-        }
+        add_product<RI, FWD_K, D, FWD_K + 1, 1>(acc, Ps, KVs, tr, tc); // O += P V
     }
 #pragma unroll
     for (int i = 0; i < RI; i++) {
@@ -267,27 +278,6 @@ __device__ static void load_queries(float *Qs, float *dOs, float *lse_s, float *
     }
 }
 
-// acc[a][jj] += Σ_r S[r][tr + 16a] · X[r][tc + 16jj] over a query tile's BWD_Q
-// rows: Sᵀ·X for this thread's keys and columns, with S the tile's P or dS
-// ([BWD_Q][BWD_K + 1]) and X its dO or Q ([BWD_Q][D + 1]) in shared memory.
-template <int D>
-__device__ __forceinline__ static void add_transposed_product(float (&acc)[BWD_K / 16][D / 16], const float *S,
-                                                              const float *X, int tr, int tc) {
-    constexpr int AI = BWD_K / 16, DJ = D / 16;
-#pragma unroll 4
-    for (int r = 0; r < BWD_Q; r++) {
-        float sv[AI], xv[DJ];
-#pragma unroll
-        for (int a = 0; a < AI; a++) sv[a] = S[r * (BWD_K + 1) + tr + 16 * a];
-#pragma unroll
-        for (int jj = 0; jj < DJ; jj++) xv[jj] = X[r * (D + 1) + tc + 16 * jj];
-#pragma unroll
-        for (int a = 0; a < AI; a++)
-#pragma unroll
-            for (int jj = 0; jj < DJ; jj++) acc[a][jj] = fmaf(sv[a], xv[jj], acc[a][jj]);
-    }
-}
-
 template <int D, bool BF16>
 __global__ static void __launch_bounds__(ATT_THREADS, 2)
     attention_backward_dkdv(float *dk, float *dv, const float *dout, const float *lse, const float *Dv, const float *q,
@@ -323,14 +313,14 @@ __global__ static void __launch_bounds__(ATT_THREADS, 2)
 #pragma unroll
                 for (int j = 0; j < SJ; j++) PS[(tr + 16 * i) * (BWD_K + 1) + tc + 16 * j] = rnd<BF16>(p[i][j]);
             __syncthreads();
-            add_transposed_product<D>(dV, PS, dOs, tr, tc); // dV += Pᵀ dO
+            add_product<AI, BWD_Q, D, 1, BWD_K + 1>(dV, PS, dOs, tr, tc); // dV += Pᵀ dO
             __syncthreads(); // P read: dS takes its place
 #pragma unroll
             for (int i = 0; i < SI; i++)
 #pragma unroll
                 for (int j = 0; j < SJ; j++) PS[(tr + 16 * i) * (BWD_K + 1) + tc + 16 * j] = rnd<BF16>(ds[i][j]);
             __syncthreads();
-            add_transposed_product<D>(dK, PS, Qs, tr, tc); // dK += dSᵀ Q
+            add_product<AI, BWD_Q, D, 1, BWD_K + 1>(dK, PS, Qs, tr, tc); // dK += dSᵀ Q
         }
 #pragma unroll
     for (int a = 0; a < AI; a++) {
@@ -379,19 +369,7 @@ __global__ static void __launch_bounds__(ATT_THREADS, 2)
 #pragma unroll
             for (int j = 0; j < SJ; j++) Ss[(tr + 16 * i) * (BWD_K + 1) + tc + 16 * j] = rnd<BF16>(ds[i][j]);
         __syncthreads();
-        // dQ += dS K
-#pragma unroll 4
-        for (int c = 0; c < BWD_K; c++) {
-            float sv[SI], kv[DJ];
-#pragma unroll
-            for (int i = 0; i < SI; i++) sv[i] = Ss[(tr + 16 * i) * (BWD_K + 1) + c];
-#pragma unroll
-            for (int jj = 0; jj < DJ; jj++) kv[jj] = Ks[c * (D + 1) + tc + 16 * jj];
-#pragma unroll
-            for (int i = 0; i < SI; i++)
-#pragma unroll
-                for (int jj = 0; jj < DJ; jj++) dQ[i][jj] = fmaf(sv[i], kv[jj], dQ[i][jj]);
-        }
+        add_product<SI, BWD_K, D, BWD_K + 1, 1>(dQ, Ss, Ks, tr, tc); // dQ += dS K
     }
     const int64_t ldq = (int64_t)NH * HS;
 #pragma unroll

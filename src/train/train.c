@@ -247,6 +247,7 @@ static keel_status write_summary(trainer *t, const char *xxh, const double *memo
     cJSON_AddNumberToObject(s, "threads", t->threads);
     cJSON_AddNumberToObject(s, "peak_flops", t->peak_flops);
     cJSON_AddStringToObject(s, "mixed_precision", t->bf16 ? "bf16" : "fp32");
+    cJSON_AddStringToObject(s, "device", t->be ? t->be->name : "cpu");
     cJSON_AddStringToObject(s, "keel_version", KEEL_VERSION);
     cJSON *ranks = cJSON_AddArrayToObject(s, "ranks");
     for (int r = 0; r < t->world_size; r++) {

@@ -18,6 +18,8 @@ fenced() { KEEL_FENCED_BACKEND=1 train "$@"; }
 train "$TMP/cpu"
 fenced "$TMP/fenced"
 grep -q 'KEEL_FENCED_BACKEND=1: the CPU backend on fenced memory' "$TMP/fenced.log" || fail "the fenced backend was not used"
+[ "$(json "$TMP/fenced/summary.json" 'j["device"]')" = fenced ] || fail "summary.json's device is not fenced"
+[ "$(json "$TMP/cpu/summary.json" 'j["device"]')" = cpu ] || fail "summary.json's device is not cpu"
 [ "$(xxh "$TMP/fenced")" = "$(xxh "$TMP/cpu")" ] || fail "fenced run: params_xxh3 $(xxh "$TMP/fenced"), cpu $(xxh "$TMP/cpu")"
 cmp -s "$TMP/fenced/weights.bin" "$TMP/cpu/weights.bin" || fail "fenced run: weights.bin differs"
 pass "6 steps with a checkpoint on the fenced backend: params_xxh3 $(xxh "$TMP/cpu") as on the CPU backend"
