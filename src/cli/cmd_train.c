@@ -36,16 +36,16 @@ static keel_status load_config(keel_config *cfg, const char *path, char **sets, 
     return st;
 }
 
-/* "device": "cuda" needs a GPU here, and one process: FSDP over NCCL is not built yet. */
+/* "device": "cuda" needs a GPU here, and one process without --nproc: FSDP over NCCL is not built yet. */
 static keel_status cuda_ready(int nproc) {
     char why[512];
     if (keel_cuda_device_count(why, sizeof why) == 0) {
         keel_errorf("device cuda: %s; train on the CPU with \"device\": \"cpu\" (the default)", why);
         return KEEL_ERR_INPUT;
     }
-    if (nproc > 1) {
-        keel_errorf("device cuda with --nproc %d: FSDP over several GPUs (NCCL) is not built yet (issue 14); train "
-                    "on one GPU without --nproc", nproc);
+    if (nproc > 0) { /* --nproc runs FSDP ranks, even one */
+        keel_errorf("device cuda with --nproc %d: FSDP on GPUs (NCCL) is not built yet (issue 14); train on one "
+                    "GPU without --nproc", nproc);
         return KEEL_ERR_INPUT;
     }
     return KEEL_OK;

@@ -596,8 +596,8 @@ static keel_status run(trainer *t) {
     if ((st = parse_fault(t)) != KEEL_OK) return st;
     if ((st = keel_backend_get(cfg->device, &t->be)) != KEEL_OK) return st;
     if (t->be->kind != KEEL_BACKEND_CPU && t->world) {
-        keel_errorf("device %s: FSDP over several GPUs (NCCL) is not built yet (issue 14); train on one GPU "
-                    "without --nproc, or on the CPU", t->be->name);
+        keel_errorf("device %s: FSDP on GPUs (NCCL) is not built yet (issue 14); train on one GPU without "
+                    "--nproc, or on the CPU", t->be->name);
         return KEEL_ERR_INPUT;
     }
     if (t->be->kind != KEEL_BACKEND_CPU) keel_log_info("device %s: the model and optimizer run there", t->be->name);

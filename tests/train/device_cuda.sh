@@ -8,8 +8,10 @@
 source "$KEEL_SRC/tests/lib.sh"
 CFG=$KEEL_SRC/tests/train/micro.json
 if nvidia-smi -L >/dev/null 2>&1; then
-  want='device cuda with --nproc 2: FSDP over several GPUs \(NCCL\) is not built yet'
-  expect_input_error "--device cuda --nproc 2" "$want" "$KEEL_BIN" train "$CFG" --device cuda --nproc 2 --run-dir "$TMP/run"
+  for n in 1 2; do
+    expect_input_error "--device cuda --nproc $n" "device cuda with --nproc $n: FSDP on GPUs \(NCCL\) is not built yet" \
+      "$KEEL_BIN" train "$CFG" --device cuda --nproc "$n" --run-dir "$TMP/run"
+  done
 else
   want='device cuda: (no GPU the CUDA runtime can use|this keel was built without the CUDA backend).*"device": "cpu"'
   expect_input_error "--device cuda" "$want" "$KEEL_BIN" train "$CFG" --device cuda --run-dir "$TMP/run"
