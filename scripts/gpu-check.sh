@@ -10,6 +10,10 @@
 #           health    keel health --checks gpu on the real NVML
 #           losses    50 steps of configs/tiny.json: cpu fp32, cuda fp32, cuda bf16;
 #                     each step's loss compared with the CPU's
+#           nccl      FSDP on GPUs: keel train --nproc (MPI from the pack, NCCL): 1 rank
+#                     against the one-process GPU run, bf16 gathers and reduce-scatters
+#                     against the CPU; 2 ranks against 1 where the machine has 2 GPUs,
+#                     else more ranks than GPUs refused
 #           roundtrip a checkpoint written on the GPU resumed on the CPU, and the reverse
 #           bench     tokens/s and MFU: a 1.1B Llama (dim 2048, 22 layers, 32 heads,
 #                     4 KV heads, ffn 5632, T 2048) and Llama 2 7B with activation
@@ -17,8 +21,9 @@
 #
 #   bash scripts/gpu-check.sh [OUT]            build here (needs keel's build dependencies)
 #   bash scripts/gpu-check.sh --pack DIR       on a machine with them: build for sm_90 and
-#                                              pack keel, gpu_parity and their libraries
-#                                              (not glibc, not cuBLASLt) into DIR
+#                                              pack keel, gpu_parity, their libraries
+#                                              (not glibc, cuBLASLt or NCCL) and OpenMPI's
+#                                              launcher with its plugins into DIR
 #   bash scripts/gpu-check.sh --from DIR [OUT] on the GPU machine: run from such a pack
 # A GPU machine without keel's dependencies (no package registry: the device
 # tool's machines) runs from a pack made here and carried (see README, GPUs).
@@ -27,7 +32,7 @@
 # own limit (a stage with no time left fails at once and says so in its log).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-stages=${GPU_CHECK_STAGES:-"build parity health losses roundtrip bench"}
+stages=${GPU_CHECK_STAGES:-"build parity health losses nccl roundtrip bench"}
 
 build_gpu() { # DIR: configure and build keel + gpu_parity for sm_90 there
   cmake -S "$root" -B "$1" -DCMAKE_BUILD_TYPE=Release -DKEEL_CUDA=ON -DKEEL_CUDA_ARCHITECTURES=90 &&
@@ -38,12 +43,25 @@ if [ "${1:-}" = --pack ]; then
   pack=${2:?--pack DIR}
   build=$root/build-gpu
   build_gpu "$build" >/dev/null || { echo "gpu-check --pack: the build failed (cmake --build $build)" >&2; exit 1; }
-  rm -rf "$pack" && mkdir -p "$pack/stage/bin" "$pack/stage/lib"
-  cp "$build/keel" "$build/tests/gpu_parity" "$pack/stage/bin/"
-  # every library keel loads but glibc's own and cuBLASLt (the GPU machine's CUDA has it)
-  ldd "$build/keel" "$build/tests/gpu_parity" | awk '/=> \//{print $3}' | sort -u |
-    grep -v -E '/(libc|libm|libpthread|libdl|librt|libcublasLt)\.so|ld-linux' |
-    xargs -I{} cp -L {} "$pack/stage/lib/"
+  s=$pack/stage
+  rm -rf "$pack" && mkdir -p "$s/bin" "$s/lib/openmpi" "$s/lib/pmix" "$s/share" "$s/etc"
+  cp "$build/keel" "$build/tests/gpu_parity" "$s/bin/"
+  # OpenMPI (keel --nproc runs mpirun), relocated by the OPAL_*/PMIX_* variables --from sets:
+  # Debian's layout, found from its mpirun
+  ompi=$(dirname "$(readlink -f "$(command -v mpirun)")")
+  ompi_lib=$(ompi_info --path pkglibdir --parsable 2>/dev/null | sed -n 's/^path:pkglibdir://p')
+  pmix=$(dirname "$(readlink -f "$(ldconfig -p | awk '/libpmix.so.2 /{print $NF; exit}')")")
+  [ -d "$ompi_lib" ] && [ -x "$ompi/orted" ] && [ -d "$pmix/pmix" ] ||
+    { echo "gpu-check --pack: OpenMPI's plugins not found (mpirun $ompi, pkglibdir '$ompi_lib', pmix '$pmix')" >&2; exit 1; }
+  cp "$ompi/orterun" "$s/bin/mpirun" && cp "$ompi/orted" "$s/bin/"
+  cp "$ompi_lib"/*.so "$s/lib/openmpi/" && cp "$pmix"/pmix/*.so "$s/lib/pmix/"
+  cp -r "$(ompi_info --path pkgdatadir --parsable | sed -n 's/^path:pkgdatadir://p')" "$s/share/openmpi"
+  cp -r "$pmix/../share" "$s/share/pmix" 2>/dev/null || mkdir -p "$s/share/pmix"
+  cp "$(ompi_info --path sysconfdir --parsable | sed -n 's/^path:sysconfdir://p')"/* "$s/etc/" 2>/dev/null
+  # every library these load but glibc's own, cuBLASLt and NCCL (the GPU machine's CUDA has them)
+  ldd "$s"/bin/* "$s"/lib/openmpi/*.so "$s"/lib/pmix/*.so 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
+    grep -v -E '/(libc|libm|libpthread|libdl|librt|libcublasLt|libnccl)\.so|ld-linux' |
+    xargs -I{} cp -L {} "$s/lib/"
   tar -C "$pack/stage" -cf - . | xz -T0 -6 >"$pack/keel-gpu.tar.xz" && rm -rf "$pack/stage"
   echo "gpu-check: packed $(du -h "$pack/keel-gpu.tar.xz" | cut -f1) into $pack/keel-gpu.tar.xz"
   exit 0
@@ -102,13 +120,24 @@ if [ -n "$from" ]; then
            -name 'libcublasLt.so.13*' 2>/dev/null | head -1)
     [ -n "$lt" ] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$lt")"
     echo "cuBLASLt: ${lt:-not found}" >>"$logs/build.log"
+    nccl=$(find /usr/local/cuda/lib64/ /usr/local/cuda/lib/ /usr/local/cuda/ /usr/lib/x86_64-linux-gnu/ /opt/ \
+             $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
+             -name 'libnccl.so.2*' 2>/dev/null | head -1)
+    [ -n "$nccl" ] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$nccl")"
+    echo "NCCL: ${nccl:-not found}" >>"$logs/build.log"
+    # the packed OpenMPI, wherever it was unpacked (keel finds mpirun on PATH)
+    export PATH="$bin/bin:$PATH" OPAL_PREFIX="$bin" OPAL_EXEC_PREFIX="$bin" OPAL_BINDIR="$bin/bin" \
+      OPAL_LIBDIR="$bin/lib" OPAL_PKGLIBDIR="$bin/lib/openmpi" OPAL_DATAROOTDIR="$bin/share" OPAL_DATADIR="$bin/share" \
+      OPAL_PKGDATADIR="$bin/share/openmpi" OPAL_SYSCONFDIR="$bin/etc" PMIX_PREFIX="$bin" PMIX_EXEC_PREFIX="$bin" \
+      PMIX_LIBDIR="$bin/lib" PMIX_PKGLIBDIR="$bin/lib/pmix" PMIX_DATAROOTDIR="$bin/share" \
+      PMIX_DATADIR="$bin/share/pmix" PMIX_PKGDATADIR="$bin/share/pmix" PMIX_SYSCONFDIR="$bin/share/pmix"
     keel=$bin/bin/keel parity=$bin/bin/gpu_parity
     ldd "$keel" >>"$logs/build.log" 2>&1
     if ldd "$keel" | grep -q 'not found'; then
       record build "{\"ok\": false, \"from\": \"$from\", \"log\": \"build.log\", \"missing\": \"$(ldd "$keel" | grep 'not found' | awk '{print $1}' | tr '\n' ' ')\"}"
       exit 1
     fi
-    record build "{\"ok\": true, \"from\": \"$from\", \"seconds\": $(( $(date +%s) - t0 )), \"cublaslt\": \"${lt:-not found}\"}"
+    record build "{\"ok\": true, \"from\": \"$from\", \"seconds\": $(( $(date +%s) - t0 )), \"cublaslt\": \"${lt:-not found}\", \"nccl\": \"${nccl:-not found}\"}"
   else
     record build "{\"ok\": false, \"from\": \"$from\", \"log\": \"build.log\"}"
     exit 1
@@ -166,6 +195,30 @@ if want losses; then
   record losses_bf16 "$(compare_losses cpu-fp32 cuda-bf16 3e-2 2>>"$logs/compare.log" || echo '{"passed": false, "log": "cuda-bf16.log"}')"
 fi
 
+# ---- nccl: FSDP ranks on GPUs ---------------------------------------------------------------
+if want nccl; then
+  tiny=("$root/configs/tiny.json" --set train.steps=50)
+  # MPI alone first (a CPU run of 2 ranks): a failure here is the launcher, not NCCL
+  train mpi-cpu 60 "${tiny[@]}" --set train.steps=3 --nproc 2
+  record nccl_mpi_cpu "{\"exit\": $?, \"log\": \"mpi-cpu.log\"}"
+  [ -d "$run_dir/cuda-fp32" ] || train cuda-fp32 120 "${tiny[@]}" --device cuda
+  train nccl-1 150 "${tiny[@]}" --device cuda --nproc 1
+  # world size 1 exercises NCCL's API; its copies leave the one-process run's math as it was
+  record nccl_1rank "$(compare_losses cuda-fp32 nccl-1 1e-4 2>>"$logs/compare.log" || echo '{"passed": false, "log": "nccl-1.log"}')"
+  train nccl-1-bf16 150 "${tiny[@]}" --device cuda --nproc 1 --set fsdp.mixed_precision=bf16 --set fsdp.reduce_dtype=bf16
+  [ -d "$run_dir/cpu-fp32" ] &&
+    record nccl_1rank_bf16 "$(compare_losses cpu-fp32 nccl-1-bf16 3e-2 2>>"$logs/compare.log" || echo '{"passed": false, "log": "nccl-1-bf16.log"}')"
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  if [ "$gpus" -ge 2 ]; then # 2 ranks ≡ 1 rank (NCCL's sums in another order than one GPU's)
+    train nccl-2 150 "${tiny[@]}" --device cuda --nproc 2
+    record nccl_2ranks "$(compare_losses nccl-1 nccl-2 2e-3 2>>"$logs/compare.log" || echo '{"passed": false, "log": "nccl-2.log"}')"
+  else
+    train nccl-too-many 60 "${tiny[@]}" --device cuda --nproc $(( gpus + 1 ))
+    rc=$?
+    record nccl_more_ranks_than_gpus "{\"exit\": $rc, \"refused\": $([ $rc = 2 ] && grep -q 'one rank per GPU' "$logs/nccl-too-many.log" && echo true || echo false)}"
+  fi
+fi
+
 # ---- roundtrip: GPU -> CPU -> GPU through checkpoints ------------------------------------
 if want roundtrip; then
   rt=("$root/configs/tiny.json" --set train.steps=30 --set checkpoint.every_steps=10)
@@ -211,4 +264,4 @@ if want bench; then
                            --checkpoint-activations)"
 fi
 
-record missing '["FSDP over NCCL (several GPUs)", "tensor-core attention (today fp32 CUDA cores)", "the output projection and cross-entropy in one kernel (today chunks of rows through cuBLASLt)", "a caching device allocator", "asynchronous checkpoint copies through pinned buffers"]'
+record missing '["tensor-core attention (today fp32 CUDA cores)", "the output projection and cross-entropy in one kernel (today chunks of rows through cuBLASLt)", "a caching device allocator", "asynchronous checkpoint copies through pinned buffers"]'

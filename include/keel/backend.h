@@ -29,7 +29,11 @@
 #include <stddef.h>
 
 #include "keel/core.h"
+#include "keel/dist.h"
 #include "keel/kernels.h"
+
+/* A backend's non-blocking collective; its wait consumes it. */
+typedef struct keel_backend_req keel_backend_req;
 
 typedef struct keel_backend {
     const char *name; /* "cpu", "cuda", "fenced" */
@@ -102,6 +106,36 @@ typedef struct keel_backend {
     /* ---- the optimizer ---------------------------------------------------- */
     void (*adamw_update)(float *param, const float *grad, float *m, float *v, int64_t n, const keel_adamw_step *s);
     double (*sumsq)(const float *x, int64_t n); /* returned to the host (waits) */
+    /* dst[i] += src[i]: a reduce-scatter's result added into a gradient shard */
+    void (*accumulate)(float *dst, const float *src, int64_t n);
+    void (*accumulate_bf16)(float *dst, const keel_bf16 *src, int64_t n);
+
+    /* ---- collectives: FSDP's, over keel/dist.h's groups, on this backend's memory
+     * keel/dist.h's semantics (counts per rank, in-place forms, every rank
+     * issuing the same sequence), sums only. A collective is issued in the
+     * backend's order: it reads its send buffer as the calls before it left
+     * it. wait(req) orders every later call of the backend after the result:
+     *   cpu     keel/dist.h's collectives on the buffers; wait blocks.
+     *   fenced  staged through host buffers, so the comm thread never reads
+     *           the fence: the CPU's results, bit for bit.
+     *   cuda    NCCL on a communication stream, ordered by events: the host
+     *           never blocks; wait makes the compute stream wait for the
+     *           collective's event. Each group gets its NCCL communicator on
+     *           its first collective, bootstrapped through the group's MPI
+     *           (the unique id broadcast from its rank 0).
+     * Failures are fatal with a line (MPI is fail-stop too). */
+    /* Once per distributed process, before its first allocation: bind this
+     * rank to its device (cuda: the local rank's GPU). A line and an error
+     * when it cannot (more ranks on a machine than GPUs). */
+    keel_status (*attach)(keel_comm *world);
+    void (*iallgather)(keel_comm *c, const void *send, void *recv, size_t count, keel_comm_dtype dtype,
+                       keel_backend_req **req);
+    void (*ireduce_scatter)(keel_comm *c, const void *send, void *recv, size_t count, keel_comm_dtype dtype,
+                            keel_backend_req **req);
+    void (*allreduce)(keel_comm *c, void *buf, size_t count, keel_comm_dtype dtype); /* in place */
+    void (*wait)(keel_backend_req *req);
+    /* Before keel_comm_free(c): what the backend holds for the group (cuda: its communicator). */
+    void (*release_group)(keel_comm *c);
 } keel_backend;
 
 /* The CPU backend: always there. */

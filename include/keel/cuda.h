@@ -4,8 +4,9 @@
  * pointers — cuBLASLt GEMMs (fp32 without TF32, bf16 in with fp32
  * accumulation), the bf16 conversions, RMSNorm, RoPE, flash-style causal
  * attention with grouped-query heads (fp32 and bf16, forward and backward,
- * deterministic), SwiGLU, softmax cross-entropy, the token embedding, AdamW
- * and the sums of the gradient norm and the loss — each with the contract of
+ * deterministic), SwiGLU, softmax cross-entropy, the token embedding, AdamW,
+ * the sums of the gradient norm and the loss, and the accumulation of a
+ * reduce-scatter's result into a gradient — each with the contract of
  * its CPU kernel (keel/kernels.h) and parity-tested against it on a machine
  * with a GPU (tests/cuda/gpu_parity.c, scripts/gpu-check.sh). Calls run in
  * order on the default stream; a launch's or cuBLASLt's failure is kept and
@@ -92,6 +93,10 @@ void keel_cuda_adamw_update(float *param, const float *grad, float *m, float *v,
  * device (NaN when a CUDA call failed, kept for keel_cuda_sync). */
 double keel_cuda_sumsq(const float *x, int64_t n);
 double keel_cuda_sum(const float *x, int64_t n);
+/* keel_accumulate / keel_accumulate_bf16: dst[i] += src[i] (bf16 widened
+ * exactly), one fp32 add each: bit-identical to the CPU's */
+void keel_cuda_accumulate(float *dst, const float *src, int64_t n);
+void keel_cuda_accumulate_bf16(float *dst, const keel_bf16 *src, int64_t n);
 #endif
 
 #endif

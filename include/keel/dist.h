@@ -102,6 +102,9 @@ int keel_comm_size(const keel_comm *c);
 /* Ranks of the world on this machine (they share its cores and memory),
  * whatever launched them; c is any group. */
 int keel_comm_local_size(const keel_comm *c);
+/* This process's place among them (0 .. local_size-1, by world rank): which
+ * of the machine's GPUs it takes. */
+int keel_comm_local_rank(const keel_comm *c);
 
 /* Collective over parent: ranks passing the same color form one new group,
  * ordered by key (ties by parent rank). *child is owned by the caller; free it

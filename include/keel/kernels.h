@@ -193,5 +193,10 @@ void keel_ref_adamw_update(float *param, const float *grad, float *m, float *v, 
                            const keel_adamw_step *s);
 /* Sum of squares (double accumulation) for the global gradient norm. */
 double keel_sumsq(const float *x, int64_t n);
+/* dst[i] += src[i] (an fp32 or a bf16 src): a reduce-scatter's result added
+ * into a gradient shard. One fp32 add per element, so any order of elements
+ * gives the same bits. */
+void keel_accumulate(float *dst, const float *src, int64_t n);
+void keel_accumulate_bf16(float *dst, const keel_bf16 *src, int64_t n);
 
 #endif

@@ -113,6 +113,8 @@ keel_status keel_model_build_with(const keel_model_config *cfg, int B,
                                   const keel_model_options *opts, keel_model **out);
 void keel_model_free(keel_model *m);
 const keel_model_layout *keel_model_get_layout(const keel_model *m);
+/* Where its tensors live and its kernels run (the CPU backend when none was given). */
+const keel_backend *keel_model_backend(const keel_model *m);
 /* (n_params) in the backend's memory (host memory on the CPU backend), NULL
  * without own parameters. */
 float *keel_model_params(keel_model *m);

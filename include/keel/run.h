@@ -20,6 +20,7 @@
 #ifndef KEEL_RUN_H
 #define KEEL_RUN_H
 
+#include "keel/backend.h"
 #include "keel/core.h"
 
 #define KEEL_RUN_CONFIG "config.json"
@@ -56,6 +57,12 @@ uint64_t keel_run_state_key(const keel_config *cfg, int64_t global_batch);
  * world_size run need on this machine, and that init_from is a checkpoint of
  * cfg's model. */
 keel_status keel_run_check_memory(const keel_config *cfg, int world_size, int ranks_here);
+/* The part of a rank's memory that lives on its device (a GPU: the model's
+ * state and activations), against what be says is free there. Only in the
+ * process that uses the device, once bound to it: asking a GPU creates a
+ * context on it, which a supervisor must not hold for the whole run. */
+keel_status keel_run_check_device_memory(const keel_config *cfg, int world_size, int ranks_here,
+                                         const keel_backend *be);
 keel_status keel_run_check_init_from(const keel_config *cfg);
 
 /* A worker's config: RUN/config.json, finalized. cfg needs keel_config_free

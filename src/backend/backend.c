@@ -15,6 +15,32 @@ static void cpu_copy(void *dst, const void *src, size_t bytes) { memmove(dst, sr
 static keel_status cpu_sync(void) { return KEEL_OK; }
 static int64_t cpu_memory_free(void) { return (int64_t)keel_mem_available_bytes(); }
 
+/* Collectives: keel/dist.h's, on the buffers themselves; a request is dist's. */
+static keel_status cpu_attach(keel_comm *world) {
+    (void)world;
+    return KEEL_OK;
+}
+static void cpu_iallgather(keel_comm *c, const void *send, void *recv, size_t count, keel_comm_dtype dtype,
+                           keel_backend_req **req) {
+    keel_comm_req *r;
+    KEEL_CHECK(keel_comm_iallgather(c, send, recv, count, dtype, &r) == KEEL_OK, "all-gather");
+    *req = (keel_backend_req *)r;
+}
+static void cpu_ireduce_scatter(keel_comm *c, const void *send, void *recv, size_t count, keel_comm_dtype dtype,
+                                keel_backend_req **req) {
+    keel_comm_req *r;
+    KEEL_CHECK(keel_comm_ireduce_scatter(c, send, recv, count, dtype, KEEL_COMM_SUM, &r) == KEEL_OK,
+               "reduce-scatter");
+    *req = (keel_backend_req *)r;
+}
+static void cpu_allreduce(keel_comm *c, void *buf, size_t count, keel_comm_dtype dtype) {
+    KEEL_CHECK(keel_comm_allreduce(c, buf, buf, count, dtype, KEEL_COMM_SUM) == KEEL_OK, "all-reduce");
+}
+static void cpu_wait(keel_backend_req *req) {
+    KEEL_CHECK(keel_comm_wait((keel_comm_req *)req) == KEEL_OK, "collective wait");
+}
+static void cpu_release_group(keel_comm *c) { (void)c; }
+
 static const keel_backend CPU = {
     .name = "cpu",
     .kind = KEEL_BACKEND_CPU,
@@ -49,6 +75,14 @@ static const keel_backend CPU = {
     .embedding_backward = keel_embedding_backward,
     .adamw_update = keel_adamw_update,
     .sumsq = keel_sumsq,
+    .accumulate = keel_accumulate,
+    .accumulate_bf16 = keel_accumulate_bf16,
+    .attach = cpu_attach,
+    .iallgather = cpu_iallgather,
+    .ireduce_scatter = cpu_ireduce_scatter,
+    .allreduce = cpu_allreduce,
+    .wait = cpu_wait,
+    .release_group = cpu_release_group,
 };
 
 const keel_backend *keel_backend_cpu(void) { return &CPU; }

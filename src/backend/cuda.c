@@ -1,5 +1,6 @@
 /* backend/cuda.c: the CUDA backend — keel/cuda.h's kernels on device memory,
- * issued in order on the default stream. Out of device memory is fatal with a
+ * issued in order on the default stream; the collectives are NCCL's on a
+ * stream of their own (cuda_nccl.c). Out of device memory is fatal with a
  * line (as out of host memory is); a kernel's error surfaces at the next call
  * that waits (to_host, xent, sync) with the kernel named. */
 #include <stdlib.h>
@@ -120,6 +121,14 @@ static const keel_backend CUDA = {
     .embedding_backward = keel_cuda_embedding_backward,
     .adamw_update = gpu_adamw,
     .sumsq = keel_cuda_sumsq,
+    .accumulate = keel_cuda_accumulate,
+    .accumulate_bf16 = keel_cuda_accumulate_bf16,
+    .attach = keel_backend_cuda_attach,
+    .iallgather = keel_backend_cuda_iallgather,
+    .ireduce_scatter = keel_backend_cuda_ireduce_scatter,
+    .allreduce = keel_backend_cuda_allreduce,
+    .wait = keel_backend_cuda_wait,
+    .release_group = keel_backend_cuda_release_group,
 };
 
 const keel_backend *keel_backend_cuda_table(void) { return &CUDA; }

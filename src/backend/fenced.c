@@ -102,7 +102,64 @@ static double f_sumsq(const float *x, int64_t n) {
 }
 FENCED(adamw_update, (float *p, const float *g, float *m, float *v, int64_t n, const keel_adamw_step *s),
        (p, g, m, v, n, s))
+FENCED(accumulate, (float *d, const float *s, int64_t n), (d, s, n))
+FENCED(accumulate_bf16, (float *d, const keel_bf16 *s, int64_t n), (d, s, n))
 static keel_status f_sync(void) { return KEEL_OK; }
+
+/* Collectives staged through host memory: the comm thread (and MPI) never
+ * touch the fence, as a GPU's NCCL is the only thing that touches its memory.
+ * The send buffer is copied out as the collective is issued (in order, as a
+ * device's would read it) and the result copied in at the wait: the same
+ * collectives on the same values as the CPU backend's. */
+struct keel_backend_req {
+    keel_comm_req *r;
+    char *host;         /* the whole (size*count) staging array */
+    void *dst;          /* where its result goes */
+    size_t at, bytes;   /* the result's part of host */
+};
+
+/* A request staging `total` bytes, whose bytes [at, at+bytes) go to dst at the wait. */
+static keel_backend_req *staged(size_t total, void *dst, size_t at, size_t bytes) {
+    keel_backend_req *q = keel_xmalloc(sizeof *q, "fenced collective");
+    *q = (keel_backend_req){.host = keel_xmalloc(total, "fenced collective staging"), .dst = dst, .at = at,
+                            .bytes = bytes};
+    return q;
+}
+static keel_status f_attach(keel_comm *world) { return cpu->attach(world); }
+static void f_iallgather(keel_comm *c, const void *send, void *recv, size_t count, keel_comm_dtype dtype,
+                         keel_backend_req **req) {
+    size_t chunk = count * keel_comm_dtype_size(dtype), all = (size_t)keel_comm_size(c) * chunk;
+    size_t own = (size_t)keel_comm_rank(c) * chunk;
+    keel_backend_req *q = staged(all, recv, 0, all);
+    f_to_host(q->host + own, send, chunk);
+    KEEL_CHECK(keel_comm_iallgather(c, q->host + own, q->host, count, dtype, &q->r) == KEEL_OK, "all-gather");
+    *req = q;
+}
+static void f_ireduce_scatter(keel_comm *c, const void *send, void *recv, size_t count, keel_comm_dtype dtype,
+                              keel_backend_req **req) {
+    size_t chunk = count * keel_comm_dtype_size(dtype), all = (size_t)keel_comm_size(c) * chunk;
+    size_t own = (size_t)keel_comm_rank(c) * chunk;
+    keel_backend_req *q = staged(all, recv, own, chunk);
+    f_to_host(q->host, send, all);
+    KEEL_CHECK(keel_comm_ireduce_scatter(c, q->host, q->host + own, count, dtype, KEEL_COMM_SUM, &q->r) == KEEL_OK,
+               "reduce-scatter");
+    *req = q;
+}
+static void f_wait(keel_backend_req *q) {
+    KEEL_CHECK(keel_comm_wait(q->r) == KEEL_OK, "collective wait");
+    f_to_device(q->dst, q->host + q->at, q->bytes);
+    keel_free(q->host);
+    keel_free(q);
+}
+static void f_allreduce(keel_comm *c, void *buf, size_t count, keel_comm_dtype dtype) {
+    size_t bytes = count * keel_comm_dtype_size(dtype);
+    char *host = keel_xmalloc(bytes, "fenced all-reduce staging");
+    f_to_host(host, buf, bytes);
+    KEEL_CHECK(keel_comm_allreduce(c, host, host, count, dtype, KEEL_COMM_SUM) == KEEL_OK, "all-reduce");
+    f_to_device(buf, host, bytes);
+    keel_free(host);
+}
+static void f_release_group(keel_comm *c) { cpu->release_group(c); }
 static int64_t f_memory_free(void) { return cpu->memory_free(); }
 
 static const keel_backend FENCED_BACKEND = {
@@ -116,6 +173,8 @@ static const keel_backend FENCED_BACKEND = {
     .swiglu_backward = f_swiglu_backward, .xent_forward_backward = f_xent_forward_backward,
     .embedding_forward = f_embedding_forward, .embedding_forward_bf16 = f_embedding_forward_bf16,
     .embedding_backward = f_embedding_backward, .adamw_update = f_adamw_update, .sumsq = f_sumsq,
+    .accumulate = f_accumulate, .accumulate_bf16 = f_accumulate_bf16, .attach = f_attach, .iallgather = f_iallgather,
+    .ireduce_scatter = f_ireduce_scatter, .allreduce = f_allreduce, .wait = f_wait, .release_group = f_release_group,
 };
 
 const keel_backend *keel_backend_fenced(void) {

@@ -36,16 +36,18 @@ static keel_status load_config(keel_config *cfg, const char *path, char **sets, 
     return st;
 }
 
-/* "device": "cuda" needs a GPU here, and one process without --nproc: FSDP over NCCL is not built yet. */
+/* "device": "cuda" needs a GPU here, and without Slurm (whose ranks spread
+ * over its nodes) one per rank: NCCL runs one rank per GPU. */
 static keel_status cuda_ready(int nproc) {
     char why[512];
-    if (keel_cuda_device_count(why, sizeof why) == 0) {
+    int gpus = keel_cuda_device_count(why, sizeof why);
+    if (gpus == 0) {
         keel_errorf("device cuda: %s; train on the CPU with \"device\": \"cpu\" (the default)", why);
         return KEEL_ERR_INPUT;
     }
-    if (nproc > 0) { /* --nproc runs FSDP ranks, even one */
-        keel_errorf("device cuda with --nproc %d: FSDP on GPUs (NCCL) is not built yet (issue 14); train on one "
-                    "GPU without --nproc", nproc);
+    if (nproc > gpus && !getenv("SLURM_JOB_ID")) {
+        keel_errorf("device cuda with --nproc %d: this machine has %d GPU(s) and FSDP runs one rank per GPU; use "
+                    "--nproc %d or fewer", nproc, gpus, gpus);
         return KEEL_ERR_INPUT;
     }
     return KEEL_OK;

@@ -267,6 +267,31 @@ extern "C" void keel_cuda_bf16_to_f32(float *dst, const keel_bf16 *src, int64_t 
     note("bf16_to_f32");
 }
 
+// ---- accumulation: a reduce-scatter's result added into a gradient shard ----
+
+// One fp32 add per element, as keel_accumulate{,_bf16} do: bit-identical to the CPU's.
+__global__ static void accumulate(float *dst, const float *src, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] += src[i];
+}
+
+__global__ static void accumulate_bf16(float *dst, const keel_bf16 *src, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] += __uint_as_float((uint32_t)src[i] << 16);
+}
+
+extern "C" void keel_cuda_accumulate(float *dst, const float *src, int64_t n) {
+    if (n <= 0) return;
+    accumulate<<<blocks_for(n), THREADS>>>(dst, src, n);
+    note("accumulate");
+}
+
+extern "C" void keel_cuda_accumulate_bf16(float *dst, const keel_bf16 *src, int64_t n) {
+    if (n <= 0) return;
+    accumulate_bf16<<<blocks_for(n), THREADS>>>(dst, src, n);
+    note("accumulate_bf16");
+}
+
 // ---- token embedding -------------------------------------------------------
 
 __device__ static float widen(float x) { return x; }

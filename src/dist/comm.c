@@ -177,6 +177,7 @@ keel_status keel_comm_finalize(keel_comm *world) {
 int keel_comm_rank(const keel_comm *c) { return c->rank; }
 int keel_comm_size(const keel_comm *c) { return c->size; }
 int keel_comm_local_size(const keel_comm *c) { return c->eng->local_size; }
+int keel_comm_local_rank(const keel_comm *c) { return c->eng->local_rank; }
 
 keel_status keel_comm_split(keel_comm *parent, int color, int key, keel_comm **child) {
     KEEL_CHECK(parent && child, "NULL argument");

@@ -64,6 +64,7 @@ struct engine {
     MPI_Comm world_dup;
     int world_rank, world_size;
     int local_size;           /* world ranks on this machine */
+    int local_rank;           /* this one's place among them */
     char *ring_scratch[2];    /* RING_SEGMENT_BYTES each */
 };
 

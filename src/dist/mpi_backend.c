@@ -47,6 +47,7 @@ keel_status backend_start(engine *eng) {
     MPI_Comm node;
     MPI_Comm_split_type(eng->world_dup, MPI_COMM_TYPE_SHARED, eng->world_rank, MPI_INFO_NULL, &node);
     MPI_Comm_size(node, &eng->local_size);
+    MPI_Comm_rank(node, &eng->local_rank);
     MPI_Comm_free(&node);
     for (int i = 0; i < 2; i++)
         eng->ring_scratch[i] = keel_xmalloc(RING_SEGMENT_BYTES, "ring scratch segment");

@@ -1,11 +1,16 @@
 /* fsdp/runtime.c: the four strategies — gather before use, prefetch the next
  * unit, free after use (FULL_SHARD, HYBRID_SHARD) or after backward
  * (SHARD_GRAD_OP), reduce-scatter each unit's gradients as soon as they exist,
- * all-reduce gradient shards across replicas (NO_SHARD, HYBRID_SHARD). */
-#include <string.h>
+ * all-reduce gradient shards across replicas (NO_SHARD, HYBRID_SHARD).
+ *
+ * Every array here is the model's backend's memory, and every operation on
+ * one — conversions, the shard's additions, the collectives — is a backend
+ * call (keel/backend.h): the same schedule runs on the CPU over MPI and on a
+ * GPU over NCCL, where a wait only orders the compute stream after the
+ * collective. This file never reads or writes an array from the host. */
 
+#include "keel/backend.h"
 #include "keel/fsdp.h"
-#include "keel/kernels.h"
 
 /* Unit-sized buffers: the unit being computed and the one being gathered
  * (slots), the unit whose gradient is being reduce-scattered and the one
@@ -16,11 +21,12 @@ static int buffers_needed(bool tied) { return tied ? 3 : 2; }
 
 typedef struct {
     int unit;            /* unit whose gradient is in the buffer, -1 if free */
-    keel_comm_req *req;  /* its reduce-scatter, NULL once added into the shard */
+    keel_backend_req *req; /* its reduce-scatter, NULL once added into the shard */
 } grad_buffer;
 
 struct keel_fsdp {
     keel_model *model;
+    const keel_backend *be;     /* the model's: where every array below lives */
     keel_fsdp_strategy strategy;
     keel_comm *group;           /* shard group: gathers and reduce-scatters */
     keel_comm *replicas;        /* ranks holding the same shard, or NULL */
@@ -41,7 +47,7 @@ struct keel_fsdp {
     void **slots;               /* (n_slots) gathered unit parameters */
     int *slot_unit;             /* (n_slots) unit in each slot, -1 if free */
     int *unit_slot;             /* (n_units) slot of each unit, -1 if not gathered */
-    keel_comm_req **gather_req; /* (n_units) outstanding gather of each unit */
+    keel_backend_req **gather_req; /* (n_units) outstanding gather of each unit */
     float *gbuf[GRAD_BUFFERS];  /* (max_padded) full unit gradients */
     /* reduce_dtype bf16: unit gradients are rounded to bf16 before their
      * reduce-scatter (gbuf16). Reduce-scatters run in place: this rank's
@@ -50,6 +56,7 @@ struct keel_fsdp {
     keel_bf16 *gbuf16[GRAD_BUFFERS];
     grad_buffer gstate[GRAD_BUFFERS];
     int next_gbuf;
+    float *host_unit;           /* gather_unit's copy on the host, when the backend's memory is not */
     double gather_wait_s, reduce_wait_s;
 };
 
@@ -73,20 +80,19 @@ static void start_gather(keel_fsdp *f, int u) {
     f->unit_slot[u] = s;
     const keel_fsdp_unit *x = &f->plan.units[u];
     if (!f->bf16) {
-        keel_comm_iallgather(f->group, f->master + x->shard_offset, f->slots[s], (size_t)x->shard,
-                             KEEL_COMM_F32, &f->gather_req[u]);
+        f->be->iallgather(f->group, f->master + x->shard_offset, f->slots[s], (size_t)x->shard, KEEL_COMM_F32,
+                          &f->gather_req[u]);
         return;
     }
-    keel_f32_to_bf16(f->send16[s], f->master + x->shard_offset, x->shard);
-    keel_comm_iallgather(f->group, f->send16[s], f->slots[s], (size_t)x->shard, KEEL_COMM_BF16,
-                         &f->gather_req[u]);
+    f->be->f32_to_bf16(f->send16[s], f->master + x->shard_offset, x->shard);
+    f->be->iallgather(f->group, f->send16[s], f->slots[s], (size_t)x->shard, KEEL_COMM_BF16, &f->gather_req[u]);
 }
 
 static void *ready(keel_fsdp *f, int u) {
     start_gather(f, u);
     if (f->gather_req[u]) {
         double t0 = keel_now_s();
-        keel_comm_wait(f->gather_req[u]);
+        f->be->wait(f->gather_req[u]);
         f->gather_req[u] = NULL;
         f->gather_wait_s += keel_now_s() - t0;
     }
@@ -107,17 +113,15 @@ static void drain(keel_fsdp *f, int b) {
     if (g->unit < 0) return;
     if (g->req) {
         double t0 = keel_now_s();
-        keel_comm_wait(g->req);
+        f->be->wait(g->req);
         f->reduce_wait_s += keel_now_s() - t0;
         g->req = NULL;
     }
     const keel_fsdp_unit *x = &f->plan.units[g->unit];
     float *dst = f->grads + x->shard_offset;
     int64_t own = (int64_t)f->rank * x->shard;
-    if (f->reduce_bf16)
-        for (int64_t i = 0; i < x->shard; i++) dst[i] += keel_bf16_to_float(f->gbuf16[b][own + i]);
-    else
-        for (int64_t i = 0; i < x->shard; i++) dst[i] += f->gbuf[b][own + i];
+    if (f->reduce_bf16) f->be->accumulate_bf16(dst, f->gbuf16[b] + own, x->shard);
+    else f->be->accumulate(dst, f->gbuf[b] + own, x->shard);
     g->unit = -1;
 }
 
@@ -138,7 +142,7 @@ static int claim_slot(keel_fsdp *f, int u) {
 static float *grad_buffer_for(keel_fsdp *f, int u) {
     size_t bytes = sizeof(float) * (size_t)f->plan.units[u].padded;
     int b = claim_slot(f, u);
-    memset(f->gbuf[b], 0, bytes);
+    f->be->zero(f->gbuf[b], bytes);
     return f->gbuf[b];
 }
 
@@ -146,12 +150,10 @@ static float *grad_buffer_for(keel_fsdp *f, int u) {
 static void reduce_scatter(keel_fsdp *f, int u, int b) {
     size_t shard = (size_t)f->plan.units[u].shard, own = (size_t)f->rank * shard;
     if (f->reduce_bf16) {
-        keel_f32_to_bf16(f->gbuf16[b], f->gbuf[b], f->plan.units[u].padded);
-        keel_comm_ireduce_scatter(f->group, f->gbuf16[b], f->gbuf16[b] + own, shard, KEEL_COMM_BF16,
-                                  KEEL_COMM_SUM, &f->gstate[b].req);
+        f->be->f32_to_bf16(f->gbuf16[b], f->gbuf[b], f->plan.units[u].padded);
+        f->be->ireduce_scatter(f->group, f->gbuf16[b], f->gbuf16[b] + own, shard, KEEL_COMM_BF16, &f->gstate[b].req);
     } else {
-        keel_comm_ireduce_scatter(f->group, f->gbuf[b], f->gbuf[b] + own, shard, KEEL_COMM_F32,
-                                  KEEL_COMM_SUM, &f->gstate[b].req);
+        f->be->ireduce_scatter(f->group, f->gbuf[b], f->gbuf[b] + own, shard, KEEL_COMM_F32, &f->gstate[b].req);
     }
 }
 
@@ -177,7 +179,7 @@ static void release_all(keel_fsdp *f) {
     for (int u = 0; u < f->plan.n_units; u++) {
         if (f->unit_slot[u] < 0 || u == pinned_unit(f)) continue;
         if (f->gather_req[u]) {
-            keel_comm_wait(f->gather_req[u]);
+            f->be->wait(f->gather_req[u]);
             f->gather_req[u] = NULL;
         }
         release(f, u);
@@ -254,6 +256,7 @@ keel_status keel_fsdp_build(keel_model *model, keel_comm *world, keel_fsdp_strat
                             int shard_group_size, keel_fsdp **out) {
     keel_fsdp *f = keel_xcalloc(sizeof *f, "fsdp");
     f->model = model;
+    f->be = keel_model_backend(model);
     f->strategy = strategy;
     keel_status st = make_groups(f, world, shard_group_size);
     if (st != KEEL_OK) {
@@ -263,8 +266,9 @@ keel_status keel_fsdp_build(keel_model *model, keel_comm *world, keel_fsdp_strat
     f->lay = keel_model_get_layout(model);
     f->rank = keel_comm_rank(f->group);
     keel_fsdp_plan_init(&f->plan, f->lay, keel_comm_size(f->group));
-    f->master = keel_xcalloc(sizeof(float) * (size_t)f->plan.shard_total, "fsdp master shard");
-    f->grads = keel_xcalloc(sizeof(float) * (size_t)f->plan.shard_total, "fsdp grad shard");
+    const keel_backend *be = f->be;
+    f->master = be->alloc(sizeof(float) * (size_t)f->plan.shard_total, "fsdp master shard");
+    f->grads = be->alloc(sizeof(float) * (size_t)f->plan.shard_total, "fsdp grad shard");
     f->bf16 = keel_model_is_bf16(model);
     f->elem = f->bf16 ? sizeof(keel_bf16) : sizeof(float);
     f->n_slots = strategy == KEEL_FSDP_SHARD_GRAD_OP ? f->plan.n_units : buffers_needed(f->plan.tied);
@@ -274,21 +278,20 @@ keel_status keel_fsdp_build(keel_model *model, keel_comm *world, keel_fsdp_strat
     for (int s = 0; s < f->n_slots; s++) {
         bool own = strategy == KEEL_FSDP_SHARD_GRAD_OP; /* slot s holds unit s */
         int64_t floats = own ? f->plan.units[s].padded : f->plan.max_padded;
-        f->slots[s] = keel_xcalloc(f->elem * (size_t)floats, "fsdp unit slot");
+        f->slots[s] = be->alloc(f->elem * (size_t)floats, "fsdp unit slot");
         if (f->bf16)
-            f->send16[s] = keel_xcalloc(sizeof(keel_bf16) * (size_t)(own ? f->plan.units[s].shard
-                                                                         : max_shard(&f->plan)),
-                                        "fsdp bf16 send buffer");
+            f->send16[s] = be->alloc(sizeof(keel_bf16) * (size_t)(own ? f->plan.units[s].shard : max_shard(&f->plan)),
+                                     "fsdp bf16 send buffer");
         f->slot_unit[s] = -1;
     }
     for (int b = 0; b < GRAD_BUFFERS; b++) {
         f->gstate[b].unit = -1;
         if (b >= buffers_needed(f->plan.tied)) continue; /* the pinned unit's, only when tied */
-        f->gbuf[b] = keel_xcalloc(sizeof(float) * (size_t)f->plan.max_padded, "fsdp unit grads");
+        f->gbuf[b] = be->alloc(sizeof(float) * (size_t)f->plan.max_padded, "fsdp unit grads");
     }
     f->unit_slot = keel_xmalloc(sizeof(int) * (size_t)f->plan.n_units, "fsdp unit slots");
     for (int u = 0; u < f->plan.n_units; u++) f->unit_slot[u] = -1;
-    f->gather_req = keel_xcalloc(sizeof(keel_comm_req *) * (size_t)f->plan.n_units, "fsdp reqs");
+    f->gather_req = keel_xcalloc(sizeof(keel_backend_req *) * (size_t)f->plan.n_units, "fsdp reqs");
     f->prefetch = true;
     keel_model_hooks hooks = {f, before_forward, after_forward, before_backward, after_backward};
     keel_model_set_hooks(model, &hooks);
@@ -301,19 +304,23 @@ void keel_fsdp_free(keel_fsdp *f) {
     keel_fsdp_finish_grads(f);
     keel_fsdp_invalidate(f);
     keel_model_set_hooks(f->model, NULL);
-    for (int s = 0; s < f->n_slots; s++) keel_free(f->slots[s]), keel_free(f->send16[s]);
+    const keel_backend *be = f->be;
+    for (int s = 0; s < f->n_slots; s++) be->free(f->slots[s]), be->free(f->send16[s]);
     keel_free(f->send16);
     keel_free(f->slots);
     keel_free(f->slot_unit);
     for (int b = 0; b < GRAD_BUFFERS; b++) {
-        keel_free(f->gbuf[b]);
-        keel_free(f->gbuf16[b]);
+        be->free(f->gbuf[b]);
+        be->free(f->gbuf16[b]);
     }
-    keel_free(f->master);
-    keel_free(f->grads);
+    be->free(f->master);
+    be->free(f->grads);
+    keel_free(f->host_unit);
     keel_free(f->unit_slot);
     keel_free(f->gather_req);
     keel_fsdp_plan_free(&f->plan);
+    be->release_group(f->group);
+    if (f->replicas) be->release_group(f->replicas);
     if (f->own_group) {
         keel_comm_free(f->group);
         if (f->replicas && f->strategy == KEEL_FSDP_HYBRID_SHARD) keel_comm_free(f->replicas);
@@ -330,7 +337,7 @@ void keel_fsdp_set_reduce_bf16(keel_fsdp *f, bool bf16) {
     f->reduce_bf16 = bf16;
     for (int b = 0; b < GRAD_BUFFERS && bf16; b++)
         if (f->gbuf[b] && !f->gbuf16[b]) {
-            f->gbuf16[b] = keel_xmalloc(sizeof(keel_bf16) * (size_t)f->plan.max_padded, "fsdp bf16 grads");
+            f->gbuf16[b] = f->be->alloc(sizeof(keel_bf16) * (size_t)f->plan.max_padded, "fsdp bf16 grads");
         }
 }
 
@@ -338,14 +345,22 @@ const keel_fsdp_plan *keel_fsdp_get_plan(const keel_fsdp *f) { return &f->plan; 
 float *keel_fsdp_master(keel_fsdp *f) { return f->master; }
 float *keel_fsdp_grads(keel_fsdp *f) { return f->grads; }
 
+/* Range by range into the shard; through a host buffer a unit's shard at a
+ * time when the host cannot write the backend's memory. */
 keel_status keel_fsdp_fill(keel_fsdp *f, keel_param_source fill, void *ctx) {
-    memset(f->master, 0, sizeof(float) * (size_t)f->plan.shard_total);
+    const keel_backend *be = f->be;
+    be->zero(f->master, sizeof(float) * (size_t)f->plan.shard_total);
+    float *host = be->host_memory ? NULL : keel_xmalloc(sizeof(float) * (size_t)max_shard(&f->plan), "fsdp fill");
     keel_status st = KEEL_OK;
     for (int u = 0; u < f->plan.n_units && st == KEEL_OK; u++) {
         int64_t begin, len;
         keel_fsdp_shard_range(&f->plan, u, f->rank, &begin, &len);
-        if (len > 0) st = fill(ctx, begin, len, f->master + f->plan.units[u].shard_offset);
+        float *dst = f->master + f->plan.units[u].shard_offset;
+        if (len <= 0) continue;
+        st = fill(ctx, begin, len, host ? host : dst);
+        if (st == KEEL_OK && host) be->to_device(dst, host, sizeof(float) * (size_t)len);
     }
+    keel_free(host);
     keel_fsdp_invalidate(f);
     return st;
 }
@@ -353,7 +368,7 @@ keel_status keel_fsdp_fill(keel_fsdp *f, keel_param_source fill, void *ctx) {
 void keel_fsdp_invalidate(keel_fsdp *f) {
     for (int u = 0; u < f->plan.n_units; u++)
         if (f->gather_req[u]) {
-            keel_comm_wait(f->gather_req[u]);
+            f->be->wait(f->gather_req[u]);
             f->gather_req[u] = NULL;
         }
     for (int s = 0; s < f->n_slots; s++) f->slot_unit[s] = -1;
@@ -366,32 +381,39 @@ keel_status keel_fsdp_gather_unit(keel_fsdp *f, int u, const float **out) {
         drain(f, b);
     }
     const keel_fsdp_unit *x = &f->plan.units[u];
+    keel_backend_req *req;
+    f->be->iallgather(f->group, f->master + x->shard_offset, f->gbuf[0], (size_t)x->shard, KEEL_COMM_F32, &req);
+    f->be->wait(req);
     *out = f->gbuf[0];
-    return keel_comm_allgather(f->group, f->master + x->shard_offset, f->gbuf[0], (size_t)x->shard,
-                               KEEL_COMM_F32);
+    if (f->be->host_memory) return KEEL_OK;
+    if (!f->host_unit) f->host_unit = keel_xmalloc(sizeof(float) * (size_t)f->plan.max_padded, "fsdp unit on the host");
+    f->be->to_host(f->host_unit, f->gbuf[0], sizeof(float) * (size_t)x->padded);
+    *out = f->host_unit;
+    return KEEL_OK;
 }
 
-void keel_fsdp_zero_grads(keel_fsdp *f) {
-    memset(f->grads, 0, sizeof(float) * (size_t)f->plan.shard_total);
-}
+void keel_fsdp_zero_grads(keel_fsdp *f) { f->be->zero(f->grads, sizeof(float) * (size_t)f->plan.shard_total); }
 
 keel_status keel_fsdp_finish_grads(keel_fsdp *f) {
     for (int b = 0; b < GRAD_BUFFERS; b++) drain(f, b);
     /* Replicas hold the same shard: sum their gradients (NO_SHARD, HYBRID_SHARD). */
     if (!f->replicas || keel_comm_size(f->replicas) == 1) return KEEL_OK;
+    const keel_backend *be = f->be;
     size_t n = (size_t)f->plan.shard_total;
-    if (!f->reduce_bf16)
-        return keel_comm_allreduce(f->replicas, f->grads, f->grads, n, KEEL_COMM_F32, KEEL_COMM_SUM);
-    keel_bf16 *tmp = keel_xmalloc(sizeof(keel_bf16) * n, "fsdp bf16 all-reduce");
-    keel_f32_to_bf16(tmp, f->grads, (int64_t)n);
-    keel_status st = keel_comm_allreduce(f->replicas, tmp, tmp, n, KEEL_COMM_BF16, KEEL_COMM_SUM);
-    keel_bf16_to_f32(f->grads, tmp, (int64_t)n);
-    keel_free(tmp);
-    return st;
+    if (!f->reduce_bf16) {
+        be->allreduce(f->replicas, f->grads, n, KEEL_COMM_F32);
+        return KEEL_OK;
+    }
+    keel_bf16 *tmp = be->alloc(sizeof(keel_bf16) * n, "fsdp bf16 all-reduce");
+    be->f32_to_bf16(tmp, f->grads, (int64_t)n);
+    be->allreduce(f->replicas, tmp, n, KEEL_COMM_BF16);
+    be->bf16_to_f32(f->grads, tmp, (int64_t)n);
+    be->free(tmp);
+    return KEEL_OK;
 }
 
 keel_status keel_fsdp_grad_sumsq(keel_fsdp *f, double *sumsq) {
-    *sumsq = keel_sumsq(f->grads, f->plan.shard_total);
+    *sumsq = f->be->sumsq(f->grads, f->plan.shard_total);
     return keel_comm_allreduce_scalar(f->group, sumsq, KEEL_COMM_SUM);
 }
 

@@ -112,3 +112,11 @@ double keel_sumsq(const float *x, int64_t n) {
     for (int i = 0; i < keel_pool_threads(); i++) s += c.partial[i];
     return s;
 }
+
+void keel_accumulate(float *dst, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+void keel_accumulate_bf16(float *dst, const keel_bf16 *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] += keel_bf16_to_float(src[i]);
+}

@@ -229,6 +229,7 @@ void keel_model_free(keel_model *m) {
 
 const keel_model_layout *keel_model_get_layout(const keel_model *m) { return &m->lay; }
 float *keel_model_params(keel_model *m) { return m->params; }
+const keel_backend *keel_model_backend(const keel_model *m) { return m->be; }
 float *keel_model_grads(keel_model *m) { return m->grads; }
 
 void keel_model_set_unit_buffers(keel_model *m, int unit, float *params, float *grads) {

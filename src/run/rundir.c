@@ -201,6 +201,27 @@ static int planned_ranks_per_node(const keel_config *cfg, int world_size) {
     return active > 0 ? (world_size + active - 1) / active : world_size;
 }
 
+/* A rank's bytes on a device: the model's state and activations; the host keeps the rest. */
+static double on_device(const keel_fsdp_memory *m) {
+    return (double)(m->params + m->grads + m->optimizer + m->gathered + m->activations);
+}
+
+keel_status keel_run_check_device_memory(const keel_config *cfg, int world_size, int ranks_here,
+                                         const keel_backend *be) {
+    if (be->host_memory) return KEEL_OK; /* the host check counted it */
+    keel_fsdp_memory m;
+    keel_fsdp_memory_plan_run(cfg, world_size, world_size > 1, (world_size + ranks_here - 1) / ranks_here, &m);
+    double need = on_device(&m), free_b = (double)be->memory_free();
+    if (free_b > 0 && need > free_b) {
+        keel_errorf("%s: this run needs %.1f GiB of %s memory per rank but %.1f GiB is free; lower "
+                    "train.micro_batch_size, turn on fsdp.activation_checkpointing, use more ranks or a smaller "
+                    "model (`keel train --dry-run` shows the breakdown)", source(cfg), gib(need), be->name,
+                    gib(free_b));
+        return KEEL_ERR_INPUT;
+    }
+    return KEEL_OK;
+}
+
 keel_status keel_run_check_memory(const keel_config *cfg, int world_size, int ranks_here) {
     int K = cfg->fsdp.shard_group_size ? cfg->fsdp.shard_group_size : 2;
     if (world_size > 1 && cfg->fsdp.strategy == KEEL_FSDP_HYBRID_SHARD && (K > world_size || world_size % K != 0)) {
@@ -211,20 +232,7 @@ keel_status keel_run_check_memory(const keel_config *cfg, int world_size, int ra
     keel_fsdp_memory m;
     keel_fsdp_memory_plan_run(cfg, world_size, world_size > 1, (world_size + ranks_here - 1) / ranks_here, &m);
     double need = (double)keel_fsdp_memory_total(&m) * ranks_here, avail = (double)keel_mem_available_bytes();
-    const keel_backend *be;
-    if (cfg->device != KEEL_BACKEND_CPU && keel_backend_get(cfg->device, &be) == KEEL_OK) {
-        /* the model's state and activations live on the device; the host keeps the rest */
-        double on_device = (double)(m.params + m.grads + m.optimizer + m.gathered + m.activations),
-               free_b = (double)be->memory_free();
-        if (free_b > 0 && on_device > free_b) {
-            keel_errorf("%s: this run needs %.1f GiB of %s memory but %.1f GiB is free; lower "
-                        "train.micro_batch_size, turn on fsdp.activation_checkpointing, or use a smaller model "
-                        "(`keel train --dry-run` shows the breakdown)", source(cfg), gib(on_device), be->name,
-                        gib(free_b));
-            return KEEL_ERR_INPUT;
-        }
-        need -= on_device;
-    }
+    if (cfg->device != KEEL_BACKEND_CPU) need -= on_device(&m) * ranks_here; /* each rank's is on its GPU */
     if (avail > 0 && need > avail) {
         keel_errorf("%s: this run needs %.1f GiB (%d rank(s) here) but %.1f GiB is available; lower "
                     "train.micro_batch_size or the model size (`keel train --dry-run` shows the "

@@ -89,8 +89,9 @@ void trainer_ckpt_init(trainer *t) {
                                                           lay->unit_offset[u]};
         c->file_rank = 0;
     }
-    /* One process packs (its buffers have no padding); async needs a copy. */
-    if (c->enabled && c->file_rank >= 0 && (!t->fsdp || cc->async))
+    /* One process packs (its buffers have no padding); async needs a copy;
+     * so does memory the writer cannot read (a device's). */
+    if (c->enabled && c->file_rank >= 0 && (!t->fsdp || cc->async || !c->be->host_memory))
         c->host = keel_xcalloc(sizeof(float) * KEEL_CKPT_ARRAYS * (size_t)c->plan->shard_total,
                                "checkpoint host buffer");
     c->last_save_s = keel_now_s();

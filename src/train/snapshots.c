@@ -48,6 +48,7 @@ struct trainer_snap {
     /* the snapshot in flight */
     int step;
     float *dst;                    /* its slot */
+    int slot;
     pthread_t thread;
     bool live;
     atomic_bool copied;
@@ -197,14 +198,19 @@ double trainer_snap_take_stall(trainer *t) {
     return x;
 }
 
+/* The state into the segment's free slot. */
+static void snapshot_copy(trainer *t) {
+    trainer_snap *s = t->snap;
+    s->dst = keel_snap_begin(s->own, s->step, &s->slot);
+    trainer_ckpt_pack(t, s->dst);
+    atomic_store(&s->copied, true); /* the arrays may change; the checksum reads the copy */
+}
+
 static void *snapshot_thread(void *arg) {
     trainer *t = arg;
     trainer_snap *s = t->snap;
-    int slot;
-    s->dst = keel_snap_begin(s->own, s->step, &slot);
-    trainer_ckpt_pack(t, s->dst);
-    atomic_store(&s->copied, true); /* the arrays may change; the checksum reads the copy */
-    keel_snap_commit(s->own, slot, s->step);
+    if (!atomic_load(&s->copied)) snapshot_copy(t);
+    keel_snap_commit(s->own, s->slot, s->step);
     return NULL;
 }
 
@@ -238,6 +244,10 @@ void trainer_snap_boundary(trainer *t, int steps_done, bool last_or_stop) {
         s->step = steps_done;
         s->send_due = s->to >= 0 || s->from >= 0;
         atomic_store(&s->copied, false);
+        /* A backend is used from one thread: a device's arrays are copied
+         * here, and the thread only sums and commits them. Host memory is
+         * copied on the thread, overlapping the next step. */
+        if (!t->be->host_memory) snapshot_copy(t);
         KEEL_CHECK(pthread_create(&s->thread, NULL, snapshot_thread, t) == 0, "snapshot thread");
         s->live = true;
     }

@@ -357,7 +357,12 @@ static keel_status initial_params(trainer *t) {
 static keel_status open_inputs(trainer *t) {
     const keel_config *cfg = t->cfg;
     keel_status st = keel_run_state_read(t->run_dir, &t->state);
-    if (st == KEEL_OK) st = keel_run_check_memory(cfg, t->world_size, t->world ? keel_comm_local_size(t->world) : 1);
+    int ranks_here = t->world ? keel_comm_local_size(t->world) : 1;
+    /* the device first: a rank binds to its GPU before anything touches one */
+    if (st == KEEL_OK) st = keel_backend_get(cfg->device, &t->be);
+    if (st == KEEL_OK && t->world) st = t->be->attach(t->world);
+    if (st == KEEL_OK) st = keel_run_check_memory(cfg, t->world_size, ranks_here);
+    if (st == KEEL_OK) st = keel_run_check_device_memory(cfg, t->world_size, ranks_here, t->be);
     if (st == KEEL_OK) st = keel_run_check_init_from(cfg);
     if (st == KEEL_OK)
         st = keel_data_open(&cfg->data, "train", cfg->model.max_seq_len, cfg->model.vocab_size,
@@ -546,7 +551,7 @@ static keel_status build_state(trainer *t) {
         const keel_fsdp_plan *plan = keel_fsdp_get_plan(t->fsdp);
         keel_param_range *ranges;
         int n = keel_fsdp_param_ranges(plan, keel_fsdp_shard_rank(t->fsdp), &ranges);
-        keel_optim_build_ranges(&cfg->train, lay, ranges, n, plan->shard_total, keel_backend_cpu(), &t->opt);
+        keel_optim_build_ranges(&cfg->train, lay, ranges, n, plan->shard_total, t->be, &t->opt);
         keel_free(ranges);
     } else {
         const keel_model_layout *lay = keel_model_get_layout(t->model);
@@ -594,12 +599,6 @@ static keel_status run(trainer *t) {
         if ((st = keel_jsonl_open(path, &t->metrics)) != KEEL_OK) return st;
     }
     if ((st = parse_fault(t)) != KEEL_OK) return st;
-    if ((st = keel_backend_get(cfg->device, &t->be)) != KEEL_OK) return st;
-    if (t->be->kind != KEEL_BACKEND_CPU && t->world) {
-        keel_errorf("device %s: FSDP on GPUs (NCCL) is not built yet (issue 14); train on one GPU without "
-                    "--nproc, or on the CPU", t->be->name);
-        return KEEL_ERR_INPUT;
-    }
     if (t->be->kind != KEEL_BACKEND_CPU) keel_log_info("device %s: the model and optimizer run there", t->be->name);
     t->bf16 = bf16_usable(cfg, t->be);
     if ((st = build_state(t)) != KEEL_OK) return st;

@@ -22,7 +22,7 @@ typedef struct {
     keel_fsdp *fsdp;        /* FULL_SHARD state when world is set */
     int rank, world_size;
     bool leader;            /* rank 0 writes metrics, summary, weights and progress */
-    const keel_backend *be; /* the model's ("device"); under FSDP the shards and optimizer stay on the CPU */
+    const keel_backend *be; /* the model's ("device"): its tensors, and under FSDP the shards and optimizer */
     keel_model *model;
     keel_optim *opt;
     keel_data *train, *val;

@@ -12,7 +12,9 @@
  *     the tensor cores' order); a wrong transpose or ld is off by O(1);
  *   - bit-exact: the bf16 conversions (NaNs, infinities, ties, subnormals
  *     included), the embedding forward (fp32 and bf16 tables) and backward
- *     (repeated tokens add in the CPU's order);
+ *     (repeated tokens add in the CPU's order), accumulate and
+ *     accumulate_bf16 (one fp32 add each; a NaN result only has to be a NaN:
+ *     the GPU's default NaN is not x86's);
  *   - sums: keel_cuda_sumsq 1e-6 against keel_sumsq (fp32 blocks there) and
  *     1e-9 against a double loop here, keel_cuda_sum 1e-9 of Σ|x|;
  *   - attention against keel_attention_* (the CPU's flash kernels), max
@@ -383,6 +385,55 @@ static void test_sums(int64_t n) {
     keel_cuda_free(xg);
 }
 
+/* ---- accumulation, bit for bit ---------------------------------------------------------- */
+
+/* the first i where a and b differ, NaN matching any NaN; -1 when none */
+static int64_t first_diff(const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], 4) != 0 && !(isnan(a[i]) && isnan(b[i]))) return i;
+    return -1;
+}
+
+/* a random bit pattern that is not a NaN: any magnitude, subnormals, zeros, infinities */
+static float any_but_nan(unsigned *seed) {
+    uint32_t u;
+    do u = (uint32_t)rand_r(seed) * 2654435761u ^ (uint32_t)rand_r(seed) << 7;
+    while ((u & 0x7fffffffu) > 0x7f800000u);
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* dst and the fp32 src: odd elements any_but_nan, even ones uniform in (-4, 4)
+ * (sums that round); the bf16 src: every pattern in turn */
+static void test_accumulate(int64_t n) {
+    unsigned seed = 47 + (unsigned)n;
+    float *dst = malloc((size_t)n * 4), *src = malloc((size_t)n * 4);
+    keel_bf16 *srcb = malloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++) {
+        if (i % 2) {
+            dst[i] = any_but_nan(&seed), src[i] = any_but_nan(&seed);
+        } else {
+            dst[i] = 4 * ((float)rand_r(&seed) / RAND_MAX * 2 - 1);
+            src[i] = 4 * ((float)rand_r(&seed) / RAND_MAX * 2 - 1);
+        }
+        srcb[i] = (keel_bf16)(i % 65536);
+    }
+    float *dg = dev(dst, n), *sg = dev(src, n), *dbg = dev(dst, n);
+    keel_bf16 *sbg = dev_bytes(srcb, (size_t)n * 2);
+    keel_cuda_accumulate(dg, sg, n);
+    keel_cuda_accumulate_bf16(dbg, sbg, n);
+    float *got = back(dg, n), *gotb = back(dbg, n), *wantb = malloc((size_t)n * 4);
+    memcpy(wantb, dst, (size_t)n * 4);
+    keel_accumulate(dst, src, n);
+    keel_accumulate_bf16(wantb, srcb, n);
+    int64_t bad = first_diff(got, dst, n), badb = first_diff(gotb, wantb, n);
+    EXPECT(bad < 0 && badb < 0, "accumulate n=%lld bit-exact: fp32 %s (first bad %lld), bf16 %s (first bad %lld)",
+           (long long)n, bad < 0 ? "yes" : "NO", (long long)bad, badb < 0 ? "yes" : "NO", (long long)badb);
+    free(dst), free(src), free(srcb), free(got), free(gotb), free(wantb);
+    keel_cuda_free(dg), keel_cuda_free(sg), keel_cuda_free(dbg), keel_cuda_free(sbg);
+}
+
 /* ---- attention -------------------------------------------------------------------------- */
 
 static void test_attention(int B, int T, int NH, int NKV, int HS, bool bf16) {
@@ -453,6 +504,8 @@ int main(void) {
     test_embedding(4096, 4096, 1000);
     test_sums(1);
     test_sums(3000017);
+    test_accumulate(1);
+    test_accumulate(1000003); /* every bf16 pattern 15 times, over random dst */
     test_matmul(1, 1, 1);
     test_matmul(7, 13, 5);
     test_matmul(64, 96, 128);

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "backend/internal.h"
 #include "keel/backend.h"
 #include "keel/kernels.h"
 #include "keel/model.h"
@@ -75,6 +76,7 @@ int main(void) {
     const keel_backend *cpu = keel_backend_cpu(), *fenced = keel_backend_fenced();
     check_table_complete(cpu);
     check_table_complete(fenced);
+    if (keel_backend_cuda_table()) check_table_complete(keel_backend_cuda_table()); /* a CUDA build: set without a GPU too */
     check_fence_faults();
 
     int64_t n = 0;
