@@ -52,6 +52,12 @@ typedef struct keel_backend {
     double (*peak_flops)(bool bf16);
     /* Bytes of its memory free for allocations now (the host's MemAvailable on the CPU). */
     int64_t (*memory_free)(void);
+    /* Allocations made so far by this process. keel allocates its buffers
+     * when it builds the model and FSDP, sized by the memory plan, and none in
+     * a step: there is nothing for a caching allocator to cache, and a GPU
+     * never synchronises on cudaMalloc/cudaFree mid-step. summary.json's
+     * backend_allocations_in_steps holds every run to it. */
+    int64_t (*allocations)(void);
 
     /* ---- memory ---------------------------------------------------------- */
     /* bytes of zeroed memory; exits with a line naming `what` and the size

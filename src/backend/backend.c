@@ -8,7 +8,12 @@
 #include "keel/cuda.h"
 #include "keel/kernels.h"
 
-static void *cpu_alloc(size_t bytes, const char *what) { return keel_xcalloc(bytes, what); }
+static int64_t cpu_allocs;
+static void *cpu_alloc(size_t bytes, const char *what) {
+    cpu_allocs++;
+    return keel_xcalloc(bytes, what);
+}
+static int64_t cpu_allocations(void) { return cpu_allocs; }
 static void cpu_free(void *p) { keel_free(p); }
 static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
@@ -47,6 +52,7 @@ static const keel_backend CPU = {
     .host_memory = true,
     .peak_flops = keel_peak_flops,
     .memory_free = cpu_memory_free,
+    .allocations = cpu_allocations,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .zero = cpu_zero,

@@ -42,8 +42,12 @@ static double gpu_peak_flops(bool bf16) {
     return 0;
 }
 
+static int64_t gpu_allocs;
+static int64_t gpu_allocations(void) { return gpu_allocs; }
+
 static void *gpu_alloc(size_t bytes, const char *what) {
     void *p = NULL;
+    gpu_allocs++;
     if (keel_cuda_malloc(&p, bytes ? bytes : 1) != KEEL_OK || keel_cuda_memset0(p, bytes) != KEEL_OK) {
         keel_errorf("out of GPU memory allocating %zu bytes (%.2f GiB) for %s", bytes,
                     (double)bytes / (1024.0 * 1024 * 1024), what);
@@ -93,6 +97,7 @@ static const keel_backend CUDA = {
     .kind = KEEL_BACKEND_CUDA,
     .peak_flops = gpu_peak_flops,
     .memory_free = gpu_memory_free,
+    .allocations = gpu_allocations,
     .alloc = gpu_alloc,
     .free = gpu_free,
     .zero = gpu_zero,

@@ -10,7 +10,7 @@
 
 static char *arena;
 static size_t arena_size, arena_used;
-static int64_t calls;
+static int64_t calls, allocs;
 
 static void fence(int prot) {
     if (mprotect(arena, arena_size, prot) != 0) {
@@ -43,6 +43,7 @@ static void *f_alloc(size_t bytes, const char *what) {
         abort();
     }
     arena_used = at + bytes;
+    allocs++;
     open_fence();
     memset(arena + at, 0, bytes);
     close_fence();
@@ -161,9 +162,10 @@ static void f_allreduce(keel_comm *c, void *buf, size_t count, keel_comm_dtype d
 }
 static void f_release_group(keel_comm *c) { cpu->release_group(c); }
 static int64_t f_memory_free(void) { return cpu->memory_free(); }
+static int64_t f_allocations(void) { return allocs; }
 
 static const keel_backend FENCED_BACKEND = {
-    .name = "fenced", .kind = KEEL_BACKEND_CPU, .peak_flops = keel_peak_flops, .memory_free = f_memory_free, .alloc = f_alloc, .free = f_free, .zero = f_zero, .copy = f_copy,
+    .name = "fenced", .kind = KEEL_BACKEND_CPU, .peak_flops = keel_peak_flops, .memory_free = f_memory_free, .allocations = f_allocations, .alloc = f_alloc, .free = f_free, .zero = f_zero, .copy = f_copy,
     .to_device = f_to_device, .to_host = f_to_host, .sync = f_sync, .matmul_forward = f_matmul_forward,
     .matmul_backward = f_matmul_backward, .gemm_bf16 = f_gemm_bf16, .f32_to_bf16 = f_f32_to_bf16,
     .bf16_to_f32 = f_bf16_to_f32, .rmsnorm_forward = f_rmsnorm_forward, .rmsnorm_backward = f_rmsnorm_backward,

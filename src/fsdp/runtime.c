@@ -404,11 +404,15 @@ keel_status keel_fsdp_finish_grads(keel_fsdp *f) {
         be->allreduce(f->replicas, f->grads, n, KEEL_COMM_F32);
         return KEEL_OK;
     }
-    keel_bf16 *tmp = be->alloc(sizeof(keel_bf16) * n, "fsdp bf16 all-reduce");
-    be->f32_to_bf16(tmp, f->grads, (int64_t)n);
-    be->allreduce(f->replicas, tmp, n, KEEL_COMM_BF16);
-    be->bf16_to_f32(f->grads, tmp, (int64_t)n);
-    be->free(tmp);
+    /* in pieces through a (free, every reduce-scatter drained) gradient
+     * buffer: nothing allocated in a step */
+    size_t piece = (size_t)f->plan.max_padded;
+    for (size_t at = 0; at < n; at += piece) {
+        size_t len = n - at < piece ? n - at : piece;
+        be->f32_to_bf16(f->gbuf16[0], f->grads + at, (int64_t)len);
+        be->allreduce(f->replicas, f->gbuf16[0], len, KEEL_COMM_BF16);
+        be->bf16_to_f32(f->grads + at, f->gbuf16[0], (int64_t)len);
+    }
     return KEEL_OK;
 }
 

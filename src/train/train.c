@@ -197,10 +197,11 @@ static double evaluate(trainer *t, uint64_t *tokens_out) {
 
 /* What each rank holds, by category (summary.json "ranks"). */
 enum { MEM_PARAMS, MEM_GRADS, MEM_OPTIMIZER, MEM_COMPUTE, MEM_ACTIVATIONS, MEM_CKPT, MEM_SNAPSHOT, MEM_PEAK_RSS,
-       MEM_FIELDS };
+       MEM_ALLOCS, MEM_FIELDS };
 static const char *MEM_NAMES[MEM_FIELDS] = {"params_bytes", "grads_bytes", "optimizer_bytes",
                                             "compute_copy_bytes", "activation_bytes",
-                                            "checkpoint_buffer_bytes", "snapshot_bytes", "peak_rss_bytes"};
+                                            "checkpoint_buffer_bytes", "snapshot_bytes", "peak_rss_bytes",
+                                            "backend_allocations_in_steps"};
 
 static void rank_memory(trainer *t, double out[MEM_FIELDS]) {
     const keel_model_layout *lay = keel_model_get_layout(t->model);
@@ -221,6 +222,8 @@ static void rank_memory(trainer *t, double out[MEM_FIELDS]) {
     out[MEM_CKPT] = (double)trainer_ckpt_buffer_bytes(t);
     out[MEM_SNAPSHOT] = (double)trainer_snap_bytes(t);
     out[MEM_PEAK_RSS] = (double)keel_peak_rss_bytes();
+    /* after this launch's first step (which may size a kernel's scratch) */
+    out[MEM_ALLOCS] = t->allocs_after_first_step < 0 ? 0 : (double)(t->be->allocations() - t->allocs_after_first_step);
 }
 
 static keel_status write_summary(trainer *t, const char *xxh, const double *memory, const char *status,
@@ -477,6 +480,7 @@ static keel_status train_loop(trainer *t) {
         double t0 = keel_now_s(), wait0 = comm_wait_s(t), norm;
         trainer_stop_deadline(true);
         loss = train_step(t, step, &norm);
+        if (t->allocs_after_first_step < 0) t->allocs_after_first_step = t->be->allocations();
         double step_s = keel_now_s() - t0, step_wait_s = comm_wait_s(t) - wait0;
         if (!isfinite(loss) || !isfinite(norm) || loss > max_loss) {
             report_divergence(t, step, loss, norm, max_loss);
@@ -652,7 +656,7 @@ static void free_trainer(trainer *t, keel_status st) {
 }
 
 keel_status keel_train_run(keel_config *cfg, const char *run_dir) {
-    trainer t = {.cfg = cfg, .run_dir = run_dir, .world_size = 1, .leader = true};
+    trainer t = {.cfg = cfg, .run_dir = run_dir, .world_size = 1, .leader = true, .allocs_after_first_step = -1};
     struct sigaction old[STOP_SIGNALS_N];
     catch_stop_signals(old);
     keel_status st = keel_run_prepare(cfg, run_dir, 1);
@@ -720,7 +724,7 @@ static keel_status worker(keel_comm *world, const char *run_dir) {
     g_on_peers = 1;
     keel_status st = KEEL_OK;
     trainer t = {.run_dir = run_dir, .world = world, .rank = keel_comm_rank(world),
-                 .world_size = keel_comm_size(world)};
+                 .world_size = keel_comm_size(world), .allocs_after_first_step = -1};
     t.leader = t.rank == 0;
     t.heartbeat = keel_heartbeat_open(run_dir, t.rank);
     keel_heartbeat_beat(t.heartbeat, "init", 0, 0);

@@ -34,6 +34,7 @@ typedef struct {
     double flops_per_token, peak_flops;
     double *step_tps;       /* (steps) tokens/s of each step, for the median */
     double sync_s;          /* the last step's final reductions (gradients, norm, loss): waits on peers */
+    int64_t allocs_after_first_step; /* the backend's allocations then; -1 before */
     int start_step;         /* 0, or the step of the checkpoint or snapshot this run resumed from */
     const char *restored_from; /* where the state came from: "disk", "memory" or "none" */
     trainer_ckpt *ckpt;     /* checkpoint saving (checkpointing.c) */

@@ -22,6 +22,8 @@ grep -q 'KEEL_FENCED_BACKEND=1: the CPU backend on fenced memory' "$TMP/fenced.l
 [ "$(json "$TMP/cpu/summary.json" 'j["device"]')" = cpu ] || fail "summary.json's device is not cpu"
 [ "$(xxh "$TMP/fenced")" = "$(xxh "$TMP/cpu")" ] || fail "fenced run: params_xxh3 $(xxh "$TMP/fenced"), cpu $(xxh "$TMP/cpu")"
 cmp -s "$TMP/fenced/weights.bin" "$TMP/cpu/weights.bin" || fail "fenced run: weights.bin differs"
+allocs=$(json "$TMP/fenced/summary.json" 'j["ranks"][0]["backend_allocations_in_steps"]')
+[ "$allocs" = 0 ] || fail "fenced run: $allocs backend allocations in steps 2-6 (want none)"
 pass "6 steps with a checkpoint on the fenced backend: params_xxh3 $(xxh "$TMP/cpu") as on the CPU backend"
 
 # killed after the step-3 checkpoint, then resumed from it: both on the fence

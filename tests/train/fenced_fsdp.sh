@@ -6,7 +6,9 @@
 # buffers) every strategy trains to the CPU backend's parameters bit for bit —
 # bf16 gathers and bf16 reduce-scatters, the replicas' all-reduce (NO_SHARD,
 # HYBRID_SHARD), activation checkpointing, init_from, the final weights, disk
-# checkpoints and in-memory snapshots with a rank killed and resumed from each.
+# checkpoints and in-memory snapshots with a rank killed and resumed from each;
+# and no rank allocates backend memory in a step (what a GPU's cudaMalloc would
+# cost), so keel needs no caching allocator.
 source "$KEEL_SRC/tests/lib.sh"
 mpi_env
 trap 'kill_leftovers; rm -rf "$TMP"' EXIT
@@ -23,6 +25,8 @@ same() { # NAME DIR: DIR's fenced twin ends with its parameters and weights
   [ "$(xxh "$TMP/$2-fenced")" = "$(xxh "$TMP/$2")" ] ||
     fail "$1: params_xxh3 $(xxh "$TMP/$2-fenced") on the fence, $(xxh "$TMP/$2") on the CPU"
   cmp -s "$TMP/$2-fenced/weights.bin" "$TMP/$2/weights.bin" || fail "$1: weights.bin differs"
+  allocs=$(json "$TMP/$2-fenced/summary.json" '[r["backend_allocations_in_steps"] for r in j["ranks"]]')
+  [[ "$allocs" =~ ^\[0(, 0)*\]$ ]] || fail "$1: backend allocations in steps, per rank: $allocs (want none)"
   pass "$1 on the fenced backend: params_xxh3 $(xxh "$TMP/$2") as on the CPU"
 }
 
