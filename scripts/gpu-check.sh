@@ -264,4 +264,15 @@ if want bench; then
                            --checkpoint-activations)"
 fi
 
-record missing '["tensor-core attention (today fp32 CUDA cores)", "the output projection and cross-entropy in one kernel (today chunks of rows through cuBLASLt)", "a caching device allocator", "asynchronous checkpoint copies through pinned buffers"]'
+# every GPU run's backend allocations after its first step, per rank (want 0: no cudaMalloc in a step)
+record allocations_in_steps "$(python3 - "$run_dir" <<'PY' 2>/dev/null || echo null
+import glob, json, os, sys
+out = {}
+for p in sorted(glob.glob(sys.argv[1] + "/*/summary.json")):
+    s = json.load(open(p))
+    if s.get("device") == "cuda":
+        out[os.path.basename(os.path.dirname(p))] = [r.get("backend_allocations_in_steps") for r in s["ranks"]]
+print(json.dumps(out))
+PY
+)"
+record missing '["tensor-core attention (today fp32 CUDA cores)", "the output projection and cross-entropy in one kernel (today chunks of rows through cuBLASLt)", "asynchronous checkpoint copies through pinned buffers"]'

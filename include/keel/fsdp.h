@@ -141,7 +141,9 @@ void keel_fsdp_set_prefetch(keel_fsdp *f, bool prefetch);
  * gradient shard and everything after stay fp32. Default fp32. */
 void keel_fsdp_set_reduce_bf16(keel_fsdp *f, bool bf16);
 const keel_fsdp_plan *keel_fsdp_get_plan(const keel_fsdp *f);
-/* This rank's fp32 master shard and gradient shard (plan.shard_total each). */
+/* This rank's fp32 master shard and gradient shard (plan.shard_total each),
+ * in the model's backend's memory (keel_model_backend): every array of the
+ * runtime is, and every operation on one is a backend call. */
 float *keel_fsdp_master(keel_fsdp *f);
 float *keel_fsdp_grads(keel_fsdp *f);
 /* Fill this rank's master shard from a source, range by range (padding
@@ -153,7 +155,8 @@ keel_status keel_fsdp_fill(keel_fsdp *f, keel_param_source read, void *ctx);
  * unit's canonical parameters) — one unit at a time, so saving the final
  * weights never needs the whole model in one process. *out is the runtime's
  * first unit-gradient buffer (outstanding reduce-scatters are finished
- * first): valid until the next gather_unit or backward; no memory of its own. */
+ * first), or a host copy of it when the backend's memory is not the host's:
+ * host memory either way, valid until the next gather_unit or backward. */
 keel_status keel_fsdp_gather_unit(keel_fsdp *f, int u, const float **out);
 /* Start an optimizer step: zero the gradient shard. Every micro-batch's
  * backward reduce-scatters its unit gradients into the shard, which sums
