@@ -70,6 +70,20 @@ typedef struct keel_backend {
     void (*to_host)(void *host_dst, const void *src, size_t bytes);    /* backend -> host, waits */
     /* Wait for everything issued; the first error since the last sync, with a line. */
     keel_status (*sync)(void);
+    /* Host memory the device copies into fastest (cuda: page-locked, pinned
+     * when it is allocated, unpinned memory with a warning when the system
+     * refuses; elsewhere plain), zeroed; host_free(NULL) does nothing. */
+    void *(*host_alloc)(size_t bytes, const char *what);
+    void (*host_free)(void *p);
+    /* backend -> host without waiting: the copy reads what the calls before
+     * it left and runs beside the calls after it (cuda: a copy stream); the
+     * source must not change and the destination not be read until
+     * copies_wait returns. copies_wait waits for every such copy issued, and
+     * may be called from another thread than the one that issued them (a
+     * checkpoint's writer). Where copies cannot overlap (cpu, fenced) the
+     * copy is done at once. */
+    void (*to_host_async)(void *host_dst, const void *src, size_t bytes);
+    void (*copies_wait)(void);
 
     /* ---- GEMMs and precision (keel/kernels.h's contracts) ----------------- */
     void (*matmul_forward)(float *out, const float *in, const float *w, int M, int N, int K, bool accumulate);

@@ -18,6 +18,7 @@ static void cpu_free(void *p) { keel_free(p); }
 static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
 static keel_status cpu_sync(void) { return KEEL_OK; }
+static void cpu_copies_wait(void) {}
 static int64_t cpu_memory_free(void) { return (int64_t)keel_mem_available_bytes(); }
 
 /* Collectives: keel/dist.h's, on the buffers themselves; a request is dist's. */
@@ -60,6 +61,10 @@ static const keel_backend CPU = {
     .to_device = cpu_copy,
     .to_host = cpu_copy,
     .sync = cpu_sync,
+    .host_alloc = keel_xcalloc,
+    .host_free = keel_free,
+    .to_host_async = cpu_copy,
+    .copies_wait = cpu_copies_wait,
     .matmul_forward = keel_matmul_forward,
     .matmul_backward = keel_matmul_backward,
     .gemm_bf16 = keel_gemm_bf16,

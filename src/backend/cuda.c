@@ -69,6 +69,58 @@ static void gpu_copy(void *dst, const void *src, size_t bytes) { must(keel_cuda_
 static void gpu_to_device(void *dst, const void *src, size_t bytes) { must(keel_cuda_to_device(dst, src, bytes)); }
 static void gpu_to_host(void *dst, const void *src, size_t bytes) { must(keel_cuda_to_host(dst, src, bytes)); }
 
+/* ---- host buffers and copies that overlap the compute ---------------------- */
+
+/* Pinned with cudaHostRegister, so one free path serves pinned and unpinned:
+ * a system that will not pin (memlock limits, too little memory) still gets
+ * its buffer, and copies into it are merely slower. */
+static void *gpu_host_alloc(size_t bytes, const char *what) {
+    void *p = keel_xcalloc(bytes, what);
+    cudaError_t e = bytes ? cudaHostRegister(p, bytes, cudaHostRegisterDefault) : cudaSuccess;
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        keel_log_warn("%s: cannot pin %.2f GiB of host memory (%s): copies into it will not overlap the compute",
+                      what, (double)bytes / (1024.0 * 1024 * 1024), cudaGetErrorString(e));
+    }
+    return p;
+}
+
+static void gpu_host_free(void *p) {
+    if (!p) return;
+    if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError(); /* it was never pinned */
+    keel_free(p);
+}
+
+static void cuda_must(cudaError_t e, const char *call) {
+    if (e == cudaSuccess) return;
+    keel_errorf("CUDA %s: %s", call, cudaGetErrorString(e));
+    abort();
+}
+
+static cudaStream_t g_copies; /* device -> host copies, beside the compute (the legacy default stream) */
+static cudaEvent_t g_copy_after;
+static int g_copy_device;
+
+static void gpu_to_host_async(void *dst, const void *src, size_t bytes) {
+    if (!g_copies) {
+        cuda_must(cudaStreamCreateWithFlags(&g_copies, cudaStreamNonBlocking), "cudaStreamCreateWithFlags (copies)");
+        cuda_must(cudaEventCreateWithFlags(&g_copy_after, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+        cuda_must(cudaGetDevice(&g_copy_device), "cudaGetDevice");
+    }
+    /* after the kernels issued so far, which may still be writing src */
+    cuda_must(cudaEventRecord(g_copy_after, 0), "cudaEventRecord (compute stream)");
+    cuda_must(cudaStreamWaitEvent(g_copies, g_copy_after, 0), "cudaStreamWaitEvent (copy stream)");
+    cuda_must(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g_copies), "cudaMemcpyAsync (to the host)");
+}
+
+/* From any thread: bound to the rank's GPU first, so a writer thread never
+ * makes a context on GPU 0 (CUDA's default for a new thread). */
+static void gpu_copies_wait(void) {
+    if (!g_copies) return;
+    cuda_must(cudaSetDevice(g_copy_device), "cudaSetDevice (a thread waiting for copies)");
+    cuda_must(cudaStreamSynchronize(g_copies), "cudaStreamSynchronize (copies to the host)");
+}
+
 /* Each row's loss goes to a device buffer kept between calls, then its sum to the host. */
 static double gpu_xent(float *logits, const int32_t *targets, int N, int V, float dscale) {
     static float *row_loss;
@@ -105,6 +157,10 @@ static const keel_backend CUDA = {
     .to_device = gpu_to_device,
     .to_host = gpu_to_host,
     .sync = keel_cuda_sync,
+    .host_alloc = gpu_host_alloc,
+    .host_free = gpu_host_free,
+    .to_host_async = gpu_to_host_async,
+    .copies_wait = gpu_copies_wait,
     .matmul_forward = keel_cuda_matmul_forward,
     .matmul_backward = keel_cuda_matmul_backward,
     .gemm_bf16 = keel_cuda_gemm_bf16,

@@ -92,8 +92,8 @@ void trainer_ckpt_init(trainer *t) {
     /* One process packs (its buffers have no padding); async needs a copy;
      * so does memory the writer cannot read (a device's). */
     if (c->enabled && c->file_rank >= 0 && (!t->fsdp || cc->async || !c->be->host_memory))
-        c->host = keel_xcalloc(sizeof(float) * KEEL_CKPT_ARRAYS * (size_t)c->plan->shard_total,
-                               "checkpoint host buffer");
+        c->host = c->be->host_alloc(sizeof(float) * KEEL_CKPT_ARRAYS * (size_t)c->plan->shard_total,
+                                    "checkpoint host buffer");
     c->last_save_s = keel_now_s();
     c->last_saved_step = -1;
     t->ckpt = c;
@@ -110,7 +110,7 @@ void trainer_ckpt_free(trainer *t) {
     join(c);
     if (c->plan == &c->own_plan) keel_fsdp_plan_free(&c->own_plan);
     keel_free(c->ranges);
-    keel_free(c->host);
+    c->be->host_free(c->host);
     keel_free(c);
     t->ckpt = NULL;
 }
@@ -133,15 +133,17 @@ typedef struct {
 } write_job;
 
 /* Copy the live arrays into `dst` in the file's layout (padding untouched),
- * or (unpack) back. */
-static void pack(const trainer_ckpt *c, float *dst) {
+ * or (unpack) back. async: copies that overlap what comes next (the
+ * backend's copies_wait says when they are done). */
+static void pack_copies(const trainer_ckpt *c, float *dst, bool async) {
     for (int a = 0; a < KEEL_CKPT_ARRAYS; a++)
         for (int i = 0; i < c->n_ranges; i++) {
             const keel_param_range *r = &c->ranges[i];
-            c->be->to_host(dst + (int64_t)a * c->plan->shard_total + file_offset(c, r),
-                           c->arrays[a] + r->buffer_offset, sizeof(float) * (size_t)r->len);
+            (async ? c->be->to_host_async : c->be->to_host)(dst + (int64_t)a * c->plan->shard_total + file_offset(c, r),
+                                                           c->arrays[a] + r->buffer_offset, sizeof(float) * (size_t)r->len);
         }
 }
+static void pack(const trainer_ckpt *c, float *dst) { pack_copies(c, dst, false); }
 
 static void unpack(const trainer_ckpt *c, const float *src) {
     for (int a = 0; a < KEEL_CKPT_ARRAYS; a++)
@@ -167,7 +169,8 @@ static void *write_thread(void *arg) {
     write_job *job = arg;
     trainer_ckpt *c = job->c;
     double t0 = keel_now_s();
-    if (c->host && !atomic_load(&c->copied)) pack(c, c->host);
+    if (c->host && !c->be->host_memory) c->be->copies_wait(); /* issued by start_save */
+    else if (c->host) pack(c, c->host);
     atomic_store(&c->copied, true);
     const float *arrays[KEEL_CKPT_ARRAYS];
     for (int a = 0; a < KEEL_CKPT_ARRAYS; a++) arrays[a] = file_array(c, a);
@@ -205,14 +208,12 @@ static void start_save(trainer *t, int step) {
     job->step = step;
     keel_ckpt_dir(job->dir, sizeof job->dir, t->run_dir, step, true);
     atomic_store(&c->done, false);
-    /* A backend is used from one thread: a device's arrays are copied out
-     * here, and the thread only writes. Host memory is copied on the thread,
-     * overlapping the next step's forward and backward. */
+    /* A backend is used from one thread: a device's copies are issued
+     * here (into pinned memory, beside the next step's compute) and the
+     * thread waits for them, then writes. Host memory is copied on the
+     * thread, also overlapping the next step's forward and backward. */
     atomic_store(&c->copied, false);
-    if (c->host && !c->be->host_memory) {
-        pack(c, c->host);
-        atomic_store(&c->copied, true);
-    }
+    if (c->host && !c->be->host_memory) pack_copies(c, c->host, true);
     KEEL_CHECK(pthread_create(&c->thread, NULL, write_thread, job) == 0, "checkpoint thread");
     c->thread_live = true;
 }
