@@ -70,11 +70,13 @@ typedef struct keel_backend {
     void (*to_host)(void *host_dst, const void *src, size_t bytes);    /* backend -> host, waits */
     /* Wait for everything issued; the first error since the last sync, with a line. */
     keel_status (*sync)(void);
-    /* Host memory the device copies into fastest (cuda: page-locked, pinned
-     * when it is allocated, unpinned memory with a warning when the system
-     * refuses; elsewhere plain), zeroed; host_free(NULL) does nothing. */
-    void *(*host_alloc)(size_t bytes, const char *what);
-    void (*host_free)(void *p);
+    /* Make host memory (a buffer, a shared-memory mapping) one the device
+     * copies into fastest, beside the compute (cuda: page-locked with
+     * cudaHostRegister; a warning naming `what` where the system refuses, and
+     * the memory works unpinned); elsewhere nothing. unpin before freeing or
+     * unmapping it (nothing when it was never pinned). */
+    void (*pin)(void *p, size_t bytes, const char *what);
+    void (*unpin)(void *p);
     /* backend -> host without waiting: the copy reads what the calls before
      * it left and runs beside the calls after it (cuda: a copy stream); the
      * source must not change and the destination not be read until

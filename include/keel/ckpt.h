@@ -218,6 +218,8 @@ void keel_snap_commit(keel_snap *s, int slot, int64_t step);
 /* The committed slot of `step`, its checksum verified; an input error naming the segment otherwise. */
 keel_status keel_snap_get(const keel_snap *s, int64_t step, const float **data);
 const char *keel_snap_path(const keel_snap *s);
+/* The segment's mapping (to pin it for a device's copies). */
+void keel_snap_mapping(const keel_snap *s, void **base, size_t *bytes);
 /* Unmap; remove: unlink the segment too (the rank's run is over). */
 void keel_snap_close(keel_snap *s, bool remove);
 /* Unlink every segment of this run; of runs whose directory is gone or is another run now

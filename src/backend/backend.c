@@ -19,6 +19,8 @@ static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
 static keel_status cpu_sync(void) { return KEEL_OK; }
 static void cpu_copies_wait(void) {}
+static void cpu_pin(void *p, size_t bytes, const char *what) { (void)p, (void)bytes, (void)what; }
+static void cpu_unpin(void *p) { (void)p; }
 static int64_t cpu_memory_free(void) { return (int64_t)keel_mem_available_bytes(); }
 
 /* Collectives: keel/dist.h's, on the buffers themselves; a request is dist's. */
@@ -61,8 +63,8 @@ static const keel_backend CPU = {
     .to_device = cpu_copy,
     .to_host = cpu_copy,
     .sync = cpu_sync,
-    .host_alloc = keel_xcalloc,
-    .host_free = keel_free,
+    .pin = cpu_pin,
+    .unpin = cpu_unpin,
     .to_host_async = cpu_copy,
     .copies_wait = cpu_copies_wait,
     .matmul_forward = keel_matmul_forward,

@@ -71,24 +71,20 @@ static void gpu_to_host(void *dst, const void *src, size_t bytes) { must(keel_cu
 
 /* ---- host buffers and copies that overlap the compute ---------------------- */
 
-/* Pinned with cudaHostRegister, so one free path serves pinned and unpinned:
- * a system that will not pin (memlock limits, too little memory) still gets
- * its buffer, and copies into it are merely slower. */
-static void *gpu_host_alloc(size_t bytes, const char *what) {
-    void *p = keel_xcalloc(bytes, what);
-    cudaError_t e = bytes ? cudaHostRegister(p, bytes, cudaHostRegisterDefault) : cudaSuccess;
+/* cudaHostRegister on memory keel already has (a buffer, a mapping): a
+ * system that will not pin (memlock limits, too little memory) still has
+ * it, and copies into it are merely slower. */
+static void gpu_pin(void *p, size_t bytes, const char *what) {
+    cudaError_t e = p && bytes ? cudaHostRegister(p, bytes, cudaHostRegisterDefault) : cudaSuccess;
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         keel_log_warn("%s: cannot pin %.2f GiB of host memory (%s): copies into it will not overlap the compute",
                       what, (double)bytes / (1024.0 * 1024 * 1024), cudaGetErrorString(e));
     }
-    return p;
 }
 
-static void gpu_host_free(void *p) {
-    if (!p) return;
-    if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError(); /* it was never pinned */
-    keel_free(p);
+static void gpu_unpin(void *p) {
+    if (p && cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError(); /* it was never pinned */
 }
 
 static void cuda_must(cudaError_t e, const char *call) {
@@ -157,8 +153,8 @@ static const keel_backend CUDA = {
     .to_device = gpu_to_device,
     .to_host = gpu_to_host,
     .sync = keel_cuda_sync,
-    .host_alloc = gpu_host_alloc,
-    .host_free = gpu_host_free,
+    .pin = gpu_pin,
+    .unpin = gpu_unpin,
     .to_host_async = gpu_to_host_async,
     .copies_wait = gpu_copies_wait,
     .matmul_forward = keel_cuda_matmul_forward,

@@ -107,6 +107,8 @@ FENCED(accumulate, (float *d, const float *s, int64_t n), (d, s, n))
 FENCED(accumulate_bf16, (float *d, const keel_bf16 *s, int64_t n), (d, s, n))
 static keel_status f_sync(void) { return KEEL_OK; }
 static void f_copies_wait(void) { cpu->copies_wait(); }
+static void f_pin(void *p, size_t bytes, const char *what) { cpu->pin(p, bytes, what); }
+static void f_unpin(void *p) { cpu->unpin(p); }
 
 /* Collectives staged through host memory: the comm thread (and MPI) never
  * touch the fence, as a GPU's NCCL is the only thing that touches its memory.
@@ -167,7 +169,7 @@ static int64_t f_allocations(void) { return allocs; }
 
 static const keel_backend FENCED_BACKEND = {
     .name = "fenced", .kind = KEEL_BACKEND_CPU, .peak_flops = keel_peak_flops, .memory_free = f_memory_free, .allocations = f_allocations, .alloc = f_alloc, .free = f_free, .zero = f_zero, .copy = f_copy,
-    .to_device = f_to_device, .to_host = f_to_host, .sync = f_sync, .host_alloc = keel_xcalloc, .host_free = keel_free,
+    .to_device = f_to_device, .to_host = f_to_host, .sync = f_sync, .pin = f_pin, .unpin = f_unpin,
     .to_host_async = f_to_host, .copies_wait = f_copies_wait, .matmul_forward = f_matmul_forward,
     .matmul_backward = f_matmul_backward, .gemm_bf16 = f_gemm_bf16, .f32_to_bf16 = f_f32_to_bf16,
     .bf16_to_f32 = f_bf16_to_f32, .rmsnorm_forward = f_rmsnorm_forward, .rmsnorm_backward = f_rmsnorm_backward,

@@ -212,6 +212,11 @@ keel_status keel_snap_get(const keel_snap *s, int64_t step, const float **data) 
 
 const char *keel_snap_path(const keel_snap *s) { return s->path; }
 
+void keel_snap_mapping(const keel_snap *s, void **base, size_t *bytes) {
+    *base = s->h;
+    *bytes = s->bytes;
+}
+
 void keel_snap_close(keel_snap *s, bool remove) {
     if (!s) return;
     if (remove) unlink(s->path);

@@ -91,9 +91,11 @@ void trainer_ckpt_init(trainer *t) {
     }
     /* One process packs (its buffers have no padding); async needs a copy;
      * so does memory the writer cannot read (a device's). */
-    if (c->enabled && c->file_rank >= 0 && (!t->fsdp || cc->async || !c->be->host_memory))
-        c->host = c->be->host_alloc(sizeof(float) * KEEL_CKPT_ARRAYS * (size_t)c->plan->shard_total,
-                                    "checkpoint host buffer");
+    if (c->enabled && c->file_rank >= 0 && (!t->fsdp || cc->async || !c->be->host_memory)) {
+        size_t bytes = sizeof(float) * KEEL_CKPT_ARRAYS * (size_t)c->plan->shard_total;
+        c->host = keel_xcalloc(bytes, "checkpoint host buffer");
+        c->be->pin(c->host, bytes, "checkpoint host buffer");
+    }
     c->last_save_s = keel_now_s();
     c->last_saved_step = -1;
     t->ckpt = c;
@@ -110,7 +112,8 @@ void trainer_ckpt_free(trainer *t) {
     join(c);
     if (c->plan == &c->own_plan) keel_fsdp_plan_free(&c->own_plan);
     keel_free(c->ranges);
-    c->be->host_free(c->host);
+    c->be->unpin(c->host);
+    keel_free(c->host);
     keel_free(c);
     t->ckpt = NULL;
 }
@@ -144,6 +147,7 @@ static void pack_copies(const trainer_ckpt *c, float *dst, bool async) {
         }
 }
 static void pack(const trainer_ckpt *c, float *dst) { pack_copies(c, dst, false); }
+void trainer_ckpt_pack_copies(const trainer *t, float *dst, bool async) { pack_copies(t->ckpt, dst, async); }
 
 static void unpack(const trainer_ckpt *c, const float *src) {
     for (int a = 0; a < KEEL_CKPT_ARRAYS; a++)
@@ -155,7 +159,6 @@ static void unpack(const trainer_ckpt *c, const float *src) {
 }
 
 int64_t trainer_ckpt_packed_floats(const trainer *t) { return KEEL_CKPT_ARRAYS * t->ckpt->plan->shard_total; }
-void trainer_ckpt_pack(const trainer *t, float *dst) { pack(t->ckpt, dst); }
 void trainer_ckpt_unpack(trainer *t, const float *src) { unpack(t->ckpt, src); }
 
 void trainer_ckpt_clear(trainer *t) {

@@ -41,6 +41,7 @@ struct trainer_snap {
     int every;
     int64_t floats;                /* the packed shard: parameters, m, v */
     keel_snap *own, *replica;      /* this rank's segment; the replica it keeps of rank `from` */
+    const keel_backend *be;        /* whose memory the state is: own is pinned for it */
     int to, from;                  /* the buddy this rank's snapshots go to / come from (-1: none) */
     int *holder;                   /* (world) which rank keeps each rank's replica (-1: none) */
     int *shard_of;                 /* (world) each rank's shard rank */
@@ -120,6 +121,12 @@ static void pick_buddies(trainer *t, trainer_snap *s) {
 }
 
 static void close_all(trainer_snap *s, bool remove) {
+    if (s->own) {
+        void *base;
+        size_t bytes;
+        keel_snap_mapping(s->own, &base, &bytes);
+        s->be->unpin(base);
+    }
     keel_snap_close(s->own, remove);
     keel_snap_close(s->replica, remove);
     s->own = s->replica = NULL;
@@ -128,6 +135,7 @@ static void close_all(trainer_snap *s, bool remove) {
 void trainer_snap_init(trainer *t) {
     trainer_snap *s = keel_xcalloc(sizeof *s, "snapshots");
     t->snap = s;
+    s->be = t->be;
     s->to = s->from = -1;
     s->every = t->world ? t->cfg->resilience.snapshot_every_steps : 0;
     if (s->every <= 0) return;
@@ -144,6 +152,12 @@ void trainer_snap_init(trainer *t) {
     keel_snap_shape own = {t->rank, t->world_size, plan->shard_ranks, s->shard_of[t->rank], s->floats};
     keel_error_capture(true);
     keel_status st = keel_snap_open(t->run_dir, &own, s->key, false, &s->own);
+    if (st == KEEL_OK) { /* a device copies the state into it beside the next step */
+        void *base;
+        size_t bytes;
+        keel_snap_mapping(s->own, &base, &bytes);
+        s->be->pin(base, bytes, "in-memory snapshot segment");
+    }
     if (st == KEEL_OK && s->from >= 0) {
         keel_snap_shape rep = {s->from, t->world_size, plan->shard_ranks, s->shard_of[s->from], s->floats};
         st = keel_snap_open(t->run_dir, &rep, s->key, true, &s->replica);
@@ -198,18 +212,21 @@ double trainer_snap_take_stall(trainer *t) {
     return x;
 }
 
-/* The state into the segment's free slot. */
-static void snapshot_copy(trainer *t) {
+/* The state into the segment's free slot: at once on the host; on a device
+ * the copies are issued (by the caller: a backend is used from one thread)
+ * and the thread waits for them. */
+static void snapshot_copy(trainer *t, bool async) {
     trainer_snap *s = t->snap;
     s->dst = keel_snap_begin(s->own, s->step, &s->slot);
-    trainer_ckpt_pack(t, s->dst);
-    atomic_store(&s->copied, true); /* the arrays may change; the checksum reads the copy */
+    trainer_ckpt_pack_copies(t, s->dst, async);
 }
 
 static void *snapshot_thread(void *arg) {
     trainer *t = arg;
     trainer_snap *s = t->snap;
-    if (!atomic_load(&s->copied)) snapshot_copy(t);
+    if (s->be->host_memory) snapshot_copy(t, false);
+    else s->be->copies_wait();
+    atomic_store(&s->copied, true); /* the arrays may change; the checksum reads the copy */
     keel_snap_commit(s->own, s->slot, s->step);
     return NULL;
 }
@@ -244,10 +261,9 @@ void trainer_snap_boundary(trainer *t, int steps_done, bool last_or_stop) {
         s->step = steps_done;
         s->send_due = s->to >= 0 || s->from >= 0;
         atomic_store(&s->copied, false);
-        /* A backend is used from one thread: a device's arrays are copied
-         * here, and the thread only sums and commits them. Host memory is
-         * copied on the thread, overlapping the next step. */
-        if (!t->be->host_memory) snapshot_copy(t);
+        /* A device's copies are issued here and run beside the next step;
+         * host memory is copied on the thread, also overlapping it. */
+        if (!s->be->host_memory) snapshot_copy(t, true);
         KEEL_CHECK(pthread_create(&s->thread, NULL, snapshot_thread, t) == 0, "snapshot thread");
         s->live = true;
     }

@@ -74,10 +74,11 @@ int trainer_ckpt_saved_step(const trainer *t);
 /* Bytes of the host buffer async saves copy into (0 without one). */
 int64_t trainer_ckpt_buffer_bytes(const trainer *t);
 /* The state in the layout of this rank's checkpoint file (parameters, m, v
- * of its shard, padding included): its floats, a copy into dst, a copy back,
- * and every array zeroed. Not collective. */
+ * of its shard, padding included): its floats, a copy into dst (async: the
+ * backend's to_host_async, done at its copies_wait), a copy back, and every
+ * array zeroed. Not collective. */
 int64_t trainer_ckpt_packed_floats(const trainer *t);
-void trainer_ckpt_pack(const trainer *t, float *dst);
+void trainer_ckpt_pack_copies(const trainer *t, float *dst, bool async);
 void trainer_ckpt_unpack(trainer *t, const float *src);
 void trainer_ckpt_clear(trainer *t);
 /* Seconds the loop was held up by checkpointing since the last call. */
