@@ -4,9 +4,10 @@
  * pointers — cuBLASLt GEMMs (fp32 without TF32, bf16 in with fp32
  * accumulation), the bf16 conversions, RMSNorm, RoPE, flash-style causal
  * attention with grouped-query heads (fp32 and bf16, forward and backward,
- * deterministic), SwiGLU, softmax cross-entropy, the token embedding, AdamW,
- * the sums of the gradient norm and the loss, and the accumulation of a
- * reduce-scatter's result into a gradient — each with the contract of
+ * deterministic; bf16 on the tensor cores at head sizes 64 and 128),
+ * SwiGLU, softmax cross-entropy, the token embedding, AdamW, the sums of the
+ * gradient norm and the loss, and the accumulation of a reduce-scatter's
+ * result into a gradient — each with the contract of
  * its CPU kernel (keel/kernels.h) and parity-tested against it on a machine
  * with a GPU (tests/cuda/gpu_parity.c, scripts/gpu-check.sh). Calls run in
  * order on the default stream; a launch's or cuBLASLt's failure is kept and
@@ -71,6 +72,23 @@ void keel_cuda_attention_forward_bf16(float *out, float *lse, const float *q, co
 void keel_cuda_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout, const float *out,
                                        const float *lse, const float *q, const float *k, const float *v, int B,
                                        int T, int NH, int NKV, int HS);
+/* The bf16 attention's two implementations, which the two above choose
+ * between (tests call them directly): _tc on the tensor cores (WMMA, bf16
+ * operands into fp32 accumulators; HS 64 and 128 only, other head sizes are
+ * refused) and _simt on the CUDA cores (HS 1..128). The functions above take
+ * _tc where it applies unless the environment has KEEL_CUDA_ATTENTION=simt,
+ * read at their first call and again after keel_cuda_attention_reread_env. */
+void keel_cuda_attention_forward_bf16_tc(float *out, float *lse, const float *q, const float *k, const float *v,
+                                         int B, int T, int NH, int NKV, int HS);
+void keel_cuda_attention_backward_bf16_tc(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                          const float *lse, const float *q, const float *k, const float *v, int B,
+                                          int T, int NH, int NKV, int HS);
+void keel_cuda_attention_forward_bf16_simt(float *out, float *lse, const float *q, const float *k, const float *v,
+                                           int B, int T, int NH, int NKV, int HS);
+void keel_cuda_attention_backward_bf16_simt(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                            const float *lse, const float *q, const float *k, const float *v, int B,
+                                            int T, int NH, int NKV, int HS);
+void keel_cuda_attention_reread_env(void);
 void keel_cuda_swiglu_forward(float *h, const float *gate, const float *up, int64_t n);
 void keel_cuda_swiglu_backward(float *dgate, float *dup, const float *dh, const float *gate, const float *up,
                                int64_t n);

@@ -36,9 +36,14 @@
 // products, to bf16 (keel_bf16_from_float's rounding), with fp32 sums; the
 // softmax, its backward (with the unrounded P), out and lse stay fp32, and D
 // takes the rounded dO — keel_attention_*_bf16's semantics.
+// keel_cuda_attention_*_bf16 run these kernels (the _simt functions) only
+// where attention_tc.cu's tensor-core ones do not apply (HS other than 64 and
+// 128), or when the environment has KEEL_CUDA_ATTENTION=simt.
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 extern "C" {
 #define _Noreturn __attribute__((noreturn)) // C11's, in keel/core.h; nvcc compiles C++
@@ -418,9 +423,32 @@ static void forward(float *out, float *lse, const float *q, const float *k, cons
     else forward_at<128, BF16>(out, lse, q, k, v, B, T, NH, NKV, HS, what);
 }
 
-// D's scratch, (B, NH, T) floats, grown when a call needs more
+// D's scratch, (B, NH, T) floats, grown when a call needs more; attention_tc.cu's
+// backward shares it (keel_cuda_attention_rowdot)
 static float *g_dot;
 static size_t g_dot_floats;
+
+float *keel_cuda_attention_rowdot(const float *dout, const float *out, int B, int T, int NH, int HS, bool bf16,
+                                  const char *what) {
+    const int64_t rows = (int64_t)B * T * NH;
+    if ((size_t)rows > g_dot_floats) {
+        if (g_dot) keel_cuda_note(cudaFree(g_dot), what); // in order after the kernels that read it
+        g_dot = NULL, g_dot_floats = 0;
+        cudaError_t e = cudaMalloc((void **)&g_dot, (size_t)rows * sizeof(float));
+        if (e != cudaSuccess) {
+            g_dot = NULL;
+            keel_cuda_note(e, "cudaMalloc of attention backward's rowsum(dO * O) scratch");
+            return NULL;
+        }
+        g_dot_floats = (size_t)rows;
+    }
+    const int per_block = ATT_THREADS / 32;
+    const unsigned blocks = (unsigned)((rows + per_block - 1) / per_block);
+    if (bf16) attention_dot<true><<<blocks, ATT_THREADS>>>(g_dot, dout, out, rows, T, NH, HS);
+    else attention_dot<false><<<blocks, ATT_THREADS>>>(g_dot, dout, out, rows, T, NH, HS);
+    keel_cuda_note(cudaGetLastError(), what);
+    return g_dot;
+}
 
 template <int D, bool BF16>
 static void backward_at(float *dq, float *dk, float *dv, const float *dout, const float *lse, const float *q,
@@ -448,22 +476,7 @@ static void backward(float *dq, float *dk, float *dv, const float *dout, const f
                      const float *q, const float *k, const float *v, int B, int T, int NH, int NKV, int HS) {
     const char *what = BF16 ? "attention_backward_bf16" : "attention_backward";
     if (B <= 0 || T <= 0 || NH <= 0 || !shape_ok(what, B, T, NH, NKV, HS)) return;
-    const int64_t rows = (int64_t)B * T * NH;
-    if ((size_t)rows > g_dot_floats) {
-        if (g_dot) keel_cuda_note(cudaFree(g_dot), what); // in order after the kernels that read it
-        g_dot = NULL, g_dot_floats = 0;
-        cudaError_t e = cudaMalloc((void **)&g_dot, (size_t)rows * sizeof(float));
-        if (e != cudaSuccess) {
-            g_dot = NULL;
-            keel_cuda_note(e, "cudaMalloc of attention backward's rowsum(dO * O) scratch");
-            return;
-        }
-        g_dot_floats = (size_t)rows;
-    }
-    const int per_block = ATT_THREADS / 32;
-    attention_dot<BF16><<<(unsigned)((rows + per_block - 1) / per_block), ATT_THREADS>>>(g_dot, dout, out, rows, T,
-                                                                                        NH, HS);
-    keel_cuda_note(cudaGetLastError(), what);
+    if (!keel_cuda_attention_rowdot(dout, out, B, T, NH, HS, BF16, what)) return;
     if (HS <= 32) backward_at<32, BF16>(dq, dk, dv, dout, lse, q, k, v, B, T, NH, NKV, HS, what);
     else if (HS <= 64) backward_at<64, BF16>(dq, dk, dv, dout, lse, q, k, v, B, T, NH, NKV, HS, what);
     else backward_at<128, BF16>(dq, dk, dv, dout, lse, q, k, v, B, T, NH, NKV, HS, what);
@@ -480,13 +493,44 @@ extern "C" void keel_cuda_attention_backward(float *dq, float *dk, float *dv, co
     backward<false>(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS);
 }
 
+extern "C" void keel_cuda_attention_forward_bf16_simt(float *out, float *lse, const float *q, const float *k,
+                                                      const float *v, int B, int T, int NH, int NKV, int HS) {
+    forward<true>(out, lse, q, k, v, B, T, NH, NKV, HS);
+}
+
+extern "C" void keel_cuda_attention_backward_bf16_simt(float *dq, float *dk, float *dv, const float *dout,
+                                                       const float *out, const float *lse, const float *q,
+                                                       const float *k, const float *v, int B, int T, int NH, int NKV,
+                                                       int HS) {
+    backward<true>(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS);
+}
+
+// Whether KEEL_CUDA_ATTENTION leaves the tensor cores on (anything but
+// "simt"): -1 until read, at the first bf16 call or the first after
+// keel_cuda_attention_reread_env (a plain int, like g_dot: one thread calls).
+static int g_tensor_cores = -1;
+
+extern "C" void keel_cuda_attention_reread_env(void) { g_tensor_cores = -1; }
+
+// attention_tc.cu's kernels where they apply: HS 64 or 128, not turned off
+static bool tensor_cores(int HS) {
+    if (HS != 64 && HS != 128) return false;
+    if (g_tensor_cores < 0) {
+        const char *e = getenv("KEEL_CUDA_ATTENTION");
+        g_tensor_cores = !(e && strcmp(e, "simt") == 0);
+    }
+    return g_tensor_cores != 0;
+}
+
 extern "C" void keel_cuda_attention_forward_bf16(float *out, float *lse, const float *q, const float *k,
                                                  const float *v, int B, int T, int NH, int NKV, int HS) {
-    forward<true>(out, lse, q, k, v, B, T, NH, NKV, HS);
+    if (tensor_cores(HS)) keel_cuda_attention_forward_bf16_tc(out, lse, q, k, v, B, T, NH, NKV, HS);
+    else forward<true>(out, lse, q, k, v, B, T, NH, NKV, HS);
 }
 
 extern "C" void keel_cuda_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout,
                                                   const float *out, const float *lse, const float *q, const float *k,
                                                   const float *v, int B, int T, int NH, int NKV, int HS) {
-    backward<true>(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS);
+    if (tensor_cores(HS)) keel_cuda_attention_backward_bf16_tc(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS);
+    else backward<true>(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS);
 }

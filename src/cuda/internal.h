@@ -1,8 +1,8 @@
 // cuda/internal.h: what the CUDA backend's files (kernels.cu, gemm.cu,
-// attention.cu) share and keel/cuda.h does not show: the first error since
-// the last keel_cuda_sync, kept with a line naming the call that failed
-// (a kernel launch, a CUDA runtime call, a cuBLASLt status), and the
-// launch-size helper. nvcc only (C++).
+// attention.cu, attention_tc.cu) share and keel/cuda.h does not show: the
+// first error since the last keel_cuda_sync, kept with a line naming the call
+// that failed (a kernel launch, a CUDA runtime call, a cuBLASLt status), the
+// launch-size helper, and attention backward's rowsum(dO ∘ O). nvcc only (C++).
 #ifndef KEEL_CUDA_INTERNAL_H
 #define KEEL_CUDA_INTERNAL_H
 
@@ -23,5 +23,12 @@ static inline int keel_cuda_blocks_for(int64_t n) {
     int64_t b = (n + KEEL_CUDA_THREADS - 1) / KEEL_CUDA_THREADS;
     return (int)(b < 65535 ? (b > 0 ? b : 1) : 65535);
 }
+
+// Attention backward's D = rowsum(dO ∘ O) per query and head (dO rounded to
+// bf16 when bf16), launched into a (B, NH, T) device scratch that
+// attention.cu keeps between calls and grows when a call needs more; the
+// scratch, or NULL after a failed allocation (noted under `what`).
+float *keel_cuda_attention_rowdot(const float *dout, const float *out, int B, int T, int NH, int HS, bool bf16,
+                                  const char *what);
 
 #endif

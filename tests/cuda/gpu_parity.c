@@ -31,7 +31,30 @@
  *     at T = 77..1024). The backward gets the CPU's out and lse, so its
  *     errors are its own. dq, dk, dv start as NaN on the device (they must
  *     be overwritten) and a second backward must be bit-identical (no
- *     atomics).
+ *     atomics). The public bf16 functions run the tensor-core kernels at
+ *     HS 64 and 128, the CUDA-core ones at 48 and 16;
+ *   - the tensor-core bf16 attention (keel_cuda_attention_*_bf16_tc, HS 64
+ *     and 128) against the CPU's and against the CUDA-core kernels (_simt),
+ *     at T = 1 (one query), 17 (less than a tile), 64 (one tile: the
+ *     diagonal), 65 (one query past it), 200 and 1000 (ragged tiles), GQA
+ *     and not, with the bf16 bounds above. The operands are the same bf16
+ *     values on every side (round to nearest even); the fp32 sums run in
+ *     another order (the tensor cores'), which moves a score by ~1e-6
+ *     (lse: 2e-5 holds with margin). Two things then move P and dS across
+ *     a bf16 rounding boundary: that noise, rarely (~1e-7 / 2^-8 ~ 3e-5 of
+ *     them; one ulp, <= 2^-7 of the value; a P that is not its row's
+ *     largest, exp(0) = 1 exactly, weighs < 1/2 of its row, so one such
+ *     flip moves an out by < 2^-8 max |v|, 4e-3 of the scale here), and in
+ *     forward the tiles: the CPU's are 256 keys, the GPU's 64, so a row
+ *     past 64 keys rounds its P against another running max, every P
+ *     independently — bf16 noise averaged over the row (a host emulation of
+ *     these kernels against the CPU: out max 6.4e-4, mean 2.3e-5 at
+ *     T = 200..1000; the gradients, whose P comes from the same lse on every
+ *     side, max 1.8e-4): max 1e-2 and mean 2e-4 keep a 9x margin. tc and
+ *     simt share the 64-key tiles, so they differ by the rare flips only;
+ *     measured relative to each other, the same bounds.
+ *     KEEL_CUDA_ATTENTION=simt makes the public functions the _simt ones
+ *     bit for bit, and unset the _tc ones.
  * Needs a GPU: without one it exits 77 (ctest SKIP) saying why;
  * scripts/gpu-check.sh runs it on the device machine. */
 #include <math.h>
@@ -478,6 +501,149 @@ static void test_attention(int B, int T, int NH, int NKV, int HS, bool bf16) {
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) keel_cuda_free(g[i]);
 }
 
+/* ---- attention on the tensor cores ------------------------------------------------------ */
+
+typedef void (*attention_fwd)(float *, float *, const float *, const float *, const float *, int, int, int, int,
+                              int);
+typedef void (*attention_bwd)(float *, float *, float *, const float *, const float *, const float *,
+                              const float *, const float *, const float *, int, int, int, int, int);
+
+/* One implementation's results on the host: forward from q, k, v; backward
+ * from the CPU's out and lse (so that its errors are its own) into NaNs,
+ * twice (repeatable: the second bit-identical to the first). */
+typedef struct {
+    float *out, *lse, *dq, *dk, *dv;
+    bool repeatable;
+} attention_run;
+
+typedef struct {
+    const float *q, *k, *v, *dout, *out, *lse; /* device; out and lse the CPU's */
+    int B, T, NH, NKV, HS;
+    int64_t nq, nkv, nl;
+} attention_case;
+
+static attention_run attention_on_device(const attention_case *c, attention_fwd fwd, attention_bwd bwd) {
+    float *outg = dev(NULL, c->nq), *lseg = dev(NULL, c->nl);
+    float *nan = malloc((size_t)c->nq * 4);
+    memset(nan, 0xff, (size_t)c->nq * 4);
+    float *dqg = dev(nan, c->nq), *dkg = dev(nan, c->nkv), *dvg = dev(nan, c->nkv);
+    fwd(outg, lseg, c->q, c->k, c->v, c->B, c->T, c->NH, c->NKV, c->HS);
+    bwd(dqg, dkg, dvg, c->dout, c->out, c->lse, c->q, c->k, c->v, c->B, c->T, c->NH, c->NKV, c->HS);
+    attention_run r = {back(outg, c->nq), back(lseg, c->nl), back(dqg, c->nq), back(dkg, c->nkv),
+                       back(dvg, c->nkv), false};
+    bwd(dqg, dkg, dvg, c->dout, c->out, c->lse, c->q, c->k, c->v, c->B, c->T, c->NH, c->NKV, c->HS);
+    float *a2 = back(dqg, c->nq), *b2 = back(dkg, c->nkv), *c2 = back(dvg, c->nkv);
+    r.repeatable = memcmp(r.dq, a2, (size_t)c->nq * 4) == 0 && memcmp(r.dk, b2, (size_t)c->nkv * 4) == 0 &&
+                   memcmp(r.dv, c2, (size_t)c->nkv * 4) == 0;
+    free(nan), free(a2), free(b2), free(c2);
+    keel_cuda_free(outg), keel_cuda_free(lseg), keel_cuda_free(dqg), keel_cuda_free(dkg), keel_cuda_free(dvg);
+    return r;
+}
+
+static void attention_run_free(attention_run *r) { free(r->out), free(r->lse), free(r->dq), free(r->dk), free(r->dv); }
+
+/* a bit for bit b (NaNs included: a kernel must leave none) */
+static bool attention_same(const attention_run *a, const attention_run *b, const attention_case *c) {
+    return memcmp(a->out, b->out, (size_t)c->nq * 4) == 0 && memcmp(a->lse, b->lse, (size_t)c->nl * 4) == 0 &&
+           memcmp(a->dq, b->dq, (size_t)c->nq * 4) == 0 && memcmp(a->dk, b->dk, (size_t)c->nkv * 4) == 0 &&
+           memcmp(a->dv, b->dv, (size_t)c->nkv * 4) == 0;
+}
+
+/* a against b (the reference) with test_attention's bf16 measures and bounds; what failed, in why */
+static bool attention_close(const attention_run *a, const float *out, const float *lse, const float *dq,
+                            const float *dk, const float *dv, const attention_case *c, char *why, size_t n) {
+    double mo, mq, mk, mv;
+    double eo = relmax_floor(a->out, out, c->nq, 0.01, &mo), el = relmax(a->lse, lse, c->nl),
+           eq = relmax_floor(a->dq, dq, c->nq, 0.01, &mq), ek = relmax_floor(a->dk, dk, c->nkv, 0.01, &mk),
+           ev = relmax_floor(a->dv, dv, c->nkv, 0.01, &mv);
+    double mean = fmax(fmax(mo, mq), fmax(mk, mv));
+    const double to = 1e-2, tl = 2e-5, tg = 1e-2, tm = 2e-4;
+    snprintf(why, n, "out %.2g lse %.2g (tol %.0g, %.0g) dq %.2g dk %.2g dv %.2g (tol %.0g), mean %.2g (tol %.0g)",
+             eo, el, to, tl, eq, ek, ev, tg, mean, tm);
+    return eo < to && el < tl && eq < tg && ek < tg && ev < tg && mean < tm;
+}
+
+/* q, k, v, dout as test_attention's, the CPU's bf16 forward and backward,
+ * and the device copies (with the CPU's out and lse) in *c */
+typedef struct {
+    float *q, *k, *v, *dout, *out, *lse, *dq, *dk, *dv;
+} attention_host;
+
+static attention_host attention_setup(attention_case *c, int B, int T, int NH, int NKV, int HS) {
+    unsigned seed = 43 + (unsigned)(T * 3 + HS + NKV);
+    *c = (attention_case){.B = B, .T = T, .NH = NH, .NKV = NKV, .HS = HS, .nq = (int64_t)B * T * NH * HS,
+                          .nkv = (int64_t)B * T * NKV * HS, .nl = (int64_t)B * NH * T};
+    attention_host h;
+    h.q = rnd(c->nq, &seed, 1), h.k = rnd(c->nkv, &seed, 1), h.v = rnd(c->nkv, &seed, 1);
+    h.dout = rnd(c->nq, &seed, 1);
+    h.out = malloc((size_t)c->nq * 4), h.lse = malloc((size_t)c->nl * 4);
+    h.dq = malloc((size_t)c->nq * 4), h.dk = malloc((size_t)c->nkv * 4), h.dv = malloc((size_t)c->nkv * 4);
+    keel_attention_forward_bf16(h.out, h.lse, h.q, h.k, h.v, B, T, NH, NKV, HS);
+    keel_attention_backward_bf16(h.dq, h.dk, h.dv, h.dout, h.out, h.lse, h.q, h.k, h.v, B, T, NH, NKV, HS);
+    c->q = dev(h.q, c->nq), c->k = dev(h.k, c->nkv), c->v = dev(h.v, c->nkv), c->dout = dev(h.dout, c->nq);
+    c->out = dev(h.out, c->nq), c->lse = dev(h.lse, c->nl);
+    return h;
+}
+
+static void attention_teardown(attention_case *c, attention_host *h) {
+    float *all[] = {h->q, h->k, h->v, h->dout, h->out, h->lse, h->dq, h->dk, h->dv};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
+    const float *g[] = {c->q, c->k, c->v, c->dout, c->out, c->lse};
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) keel_cuda_free((void *)g[i]);
+}
+
+static void test_attention_tc(int B, int T, int NH, int NKV, int HS) {
+    attention_case c;
+    attention_host h = attention_setup(&c, B, T, NH, NKV, HS);
+    attention_run tc = attention_on_device(&c, keel_cuda_attention_forward_bf16_tc,
+                                           keel_cuda_attention_backward_bf16_tc);
+    attention_run simt = attention_on_device(&c, keel_cuda_attention_forward_bf16_simt,
+                                             keel_cuda_attention_backward_bf16_simt);
+    char cpu[256], other[256];
+    bool ok_cpu = attention_close(&tc, h.out, h.lse, h.dq, h.dk, h.dv, &c, cpu, sizeof cpu);
+    bool ok_simt = attention_close(&tc, simt.out, simt.lse, simt.dq, simt.dk, simt.dv, &c, other, sizeof other);
+    EXPECT(ok_cpu && tc.repeatable, "attention tensor cores B=%d T=%d NH=%d NKV=%d HS=%d against the CPU: %s, "
+           "backward repeatable %s", B, T, NH, NKV, HS, cpu, tc.repeatable ? "yes" : "NO");
+    EXPECT(ok_simt, "attention tensor cores B=%d T=%d NH=%d NKV=%d HS=%d against the CUDA cores: %s", B, T, NH, NKV,
+           HS, other);
+    attention_run_free(&tc), attention_run_free(&simt);
+    attention_teardown(&c, &h);
+}
+
+/* KEEL_CUDA_ATTENTION=simt makes keel_cuda_attention_*_bf16 the _simt
+ * kernels, unset the _tc ones, bit for bit (both are deterministic); the two
+ * differ somewhere, or the comparison could not tell them apart. The
+ * variable is put back as it was. */
+static void test_attention_path(void) {
+    attention_case c;
+    attention_host h = attention_setup(&c, 2, 100, 4, 2, 64);
+    const char *was = getenv("KEEL_CUDA_ATTENTION");
+    char *saved = was ? strdup(was) : NULL;
+    attention_run tc = attention_on_device(&c, keel_cuda_attention_forward_bf16_tc,
+                                           keel_cuda_attention_backward_bf16_tc);
+    attention_run simt = attention_on_device(&c, keel_cuda_attention_forward_bf16_simt,
+                                             keel_cuda_attention_backward_bf16_simt);
+    setenv("KEEL_CUDA_ATTENTION", "simt", 1);
+    keel_cuda_attention_reread_env();
+    attention_run as_simt =
+        attention_on_device(&c, keel_cuda_attention_forward_bf16, keel_cuda_attention_backward_bf16);
+    unsetenv("KEEL_CUDA_ATTENTION");
+    keel_cuda_attention_reread_env();
+    attention_run as_tc =
+        attention_on_device(&c, keel_cuda_attention_forward_bf16, keel_cuda_attention_backward_bf16);
+    if (saved) setenv("KEEL_CUDA_ATTENTION", saved, 1);
+    keel_cuda_attention_reread_env();
+    free(saved);
+    bool s = attention_same(&as_simt, &simt, &c), t = attention_same(&as_tc, &tc, &c);
+    bool d = !attention_same(&tc, &simt, &c);
+    EXPECT(s && t && d,
+           "KEEL_CUDA_ATTENTION=simt: the CUDA-core kernels bit for bit %s; unset: the tensor-core ones %s "
+           "(and the two differ: %s)",
+           s ? "yes" : "NO", t ? "yes" : "NO", d ? "yes" : "NO");
+    attention_run_free(&tc), attention_run_free(&simt), attention_run_free(&as_simt), attention_run_free(&as_tc);
+    attention_teardown(&c, &h);
+}
+
 int main(void) {
     char why[512];
     if (keel_cuda_device_count(why, sizeof why) == 0) {
@@ -526,6 +692,11 @@ int main(void) {
         test_attention(1, 1024, 4, 2, 128, bf16);
     }
     test_attention(1, 4096, 2, 1, 128, false); /* the longest T */
+    const int tc_T[] = {1, 17, 64, 65, 200, 1000}, tc_heads[][2] = {{4, 4}, {8, 2}};
+    for (int HS = 64; HS <= 128; HS *= 2)
+        for (size_t i = 0; i < sizeof tc_T / sizeof tc_T[0]; i++)
+            for (int j = 0; j < 2; j++) test_attention_tc(2, tc_T[i], tc_heads[j][0], tc_heads[j][1], HS);
+    test_attention_path();
     keel_kernels_shutdown();
     return test_summary("gpu_parity");
 }

@@ -1,0 +1,496 @@
+// cuda/attention_tc.cu: attention.cu's bf16 flash attention on the tensor
+// cores, for head sizes 64 and 128 (keel_cuda_attention_*_bf16_tc, keel/cuda.h;
+// keel_cuda_attention_*_bf16 take them there unless KEEL_CUDA_ATTENTION=simt).
+// The same contract and algorithm (FlashAttention-2 forward with an online
+// softmax; backward recomputing P from lse, dK and dV per key tile, dQ per
+// query tile), with every product a WMMA m16n16k16 of bf16 operands into fp32
+// accumulators: exactly the bf16 semantics (operands rounded, sums in fp32),
+// up to the order of the fp32 sums. The softmax and its backward stay fp32.
+//
+// Blocks of 4 warps (128 threads), tiles of 64 queries x 64 keys. A warp owns
+// 16 rows of its block's result and computes every 16x16 fragment of them,
+// so what happens between a warp's products (scores, softmax, P, dS) touches
+// only that warp's rows: __syncwarp there, __syncthreads only around the
+// tiles all warps read (K and V; Q and dO).
+//   operands  bf16 in shared memory, row-major [64][HS + 8], rounded to
+//             nearest even as loaded (__float2bfloat16_rn: round_bf16 of
+//             attention.cu for every non-NaN), zeros past T. Kᵀ, Vᵀ, Qᵀ, dOᵀ
+//             are the same tiles read as col_major matrix_b. The row stride
+//             HS + 8 (ldm a multiple of 8) moves each row 4 banks on, so the
+//             8 rows of a fragment load hit distinct banks; fragments start
+//             at rows and columns that are multiples of 16: 32-byte aligned.
+//   fp32      an accumulator's element layout is unspecified: what row-wise
+//             math needs goes through shared memory (store_matrix_sync,
+//             row-major, ldm a multiple of 4) and comes back if it must.
+//   forward   block = (head, batch, query tile), heavy tiles first; warp w
+//             rows 16w..16w+15. Per key tile up to the diagonal: S = Q Kᵀ
+//             (4 fragments of 16x16, HS/16 steps each) to Ss fp32; the online
+//             softmax on Ss by the warp's lanes (two per row, even and odd
+//             keys), P to Ps bf16; the output O (HS/16 fragments, registers)
+//             goes to Os, its rows scaled by the correction, comes back, and
+//             O += P V. At the end out = Os / l, lse = m + log l.
+//             Q, K, V 3 x 64 x (HS+8) x 2 + Ss 64 x 68 x 4 + Ps 64 x 72 x 2
+//             + Os 64 x (HS+4) x 4 + l 64 x 4: 71,936 B (HS 64, 3 blocks/SM),
+//             112,896 B (HS 128, 2 blocks/SM).
+//   dK, dV    block = (kv head, batch, key tile), heavy tiles first; warp w
+//             keys 16w..16w+15, their dK and dV in registers (2 x HS/16
+//             fragments). For each query head of the group and each query
+//             tile at or past the diagonal, per 16 queries: Sᵀ = K Qᵀ and
+//             dPᵀ = V dOᵀ into the warp's fp32 16x24 scratch, P and dS by its
+//             lanes into its bf16 Pᵀ and dSᵀ [16][72]; then dV += Pᵀ dO,
+//             dK += dSᵀ Q.
+//   dQ        block = (head, batch, query tile), heavy tiles first; warp w
+//             queries 16w..16w+15, dQ in registers. Per key tile up to the
+//             diagonal, per 16 keys: S and dP into the scratch, dS into the
+//             warp's bf16 [16][72]; then dQ += dS K.
+//             Both: K, V, Q, dO 4 x 64 x (HS+8) x 2 + per warp 2 x 16 x 24 x 4
+//             + 2 x 16 x 72 x 2 + lse, D 2 x 64 x 4: 68,096 B (HS 64, 3
+//             blocks/SM), 100,864 B (HS 128, 2 blocks/SM).
+//             D = rowsum(dO ∘ O) is attention.cu's kernel and scratch.
+// Results leave through shared memory (a warp's rows, once every warp is
+// done with the operand tiles they overwrite), rows < T only, coalesced.
+// Deterministic: every output element has one owner warp, which adds its
+// terms in a fixed order (dK, dV over the group's heads and query tiles in
+// turn, like attention.cu); no atomics, and each element is written once.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <mma.h>
+#include <stdint.h>
+
+extern "C" {
+#define _Noreturn __attribute__((noreturn)) // C11's, in keel/core.h; nvcc compiles C++
+#include "keel/cuda.h"
+}
+#include "internal.h"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "attention_tc.cu: bf16 WMMA needs sm_80 or newer (KEEL_CUDA_ARCHITECTURES)"
+#endif
+
+namespace wmma = nvcuda::wmma;
+typedef __nv_bfloat16 bf16;
+
+#define TC_THREADS 128      // 4 warps
+#define TC_TILE 64          // queries and keys per tile: 4 fragments of 16
+#define TC_SL (TC_TILE + 4) // forward's fp32 scores: row stride
+#define TC_PL (TC_TILE + 8) // bf16 P and dS: row stride
+#define TC_WL 24            // backward's fp32 16x16 scratch: row stride
+
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> frag_a;  // A(m, k) = p[m * ldm + k]
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> frag_b;  // B(k, n) = p[k * ldm + n]
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> frag_bt; // B(k, n) = p[n * ldm + k]
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
+
+// dst [64][HS + 8] = rows r0.. of src (row stride ld floats) rounded to bf16,
+// zeros past T; the padding columns are never read. float4 loads where src is
+// 16-byte aligned (HS and ld are multiples of 4, so then every row is).
+template <int HS> __device__ static void load_rows(bf16 *dst, const float *src, int64_t ld, int r0, int T) {
+    constexpr int LD = HS + 8;
+    if ((reinterpret_cast<uintptr_t>(src) & 15) == 0) {
+        for (int e = threadIdx.x; e < TC_TILE * HS / 4; e += TC_THREADS) {
+            const int r = e / (HS / 4), d = e % (HS / 4) * 4;
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (r0 + r < T) x = *reinterpret_cast<const float4 *>(src + (int64_t)(r0 + r) * ld + d);
+            __nv_bfloat162 *o = reinterpret_cast<__nv_bfloat162 *>(dst + r * LD + d); // 8-byte aligned
+            o[0] = __floats2bfloat162_rn(x.x, x.y);
+            o[1] = __floats2bfloat162_rn(x.z, x.w);
+        }
+    } else {
+        for (int e = threadIdx.x; e < TC_TILE * HS; e += TC_THREADS) {
+            const int r = e / HS, d = e % HS;
+            dst[r * LD + d] = __float2bfloat16_rn(r0 + r < T ? src[(int64_t)(r0 + r) * ld + d] : 0.0f);
+        }
+    }
+}
+
+// A warp's 16 x HS accumulators to rows r0.. of dst (row stride ld), those
+// < T, through its stage [16][HS + 4] in shared memory
+template <int HS>
+__device__ __forceinline__ static void write_rows(float *dst, int64_t ld, int r0, int T, float *stage,
+                                                  const frag_c (&acc)[HS / 16], int lane) {
+    constexpr int OL = HS + 4;
+    __syncwarp(); // the warp's reads of stage before (a previous call) are done
+#pragma unroll
+    for (int dt = 0; dt < HS / 16; dt++) wmma::store_matrix_sync(stage + 16 * dt, acc[dt], OL, wmma::mem_row_major);
+    __syncwarp();
+    for (int e = lane; e < 16 * HS; e += 32) {
+        const int i = e / HS, d = e % HS;
+        if (r0 + i < T) dst[(int64_t)(r0 + i) * ld + d] = stage[i * OL + d];
+    }
+}
+
+// ---- forward -----------------------------------------------------------------
+
+template <int HS> struct fwd_smem {
+    static constexpr int LD = HS + 8, OL = HS + 4;
+    static constexpr size_t tile = (size_t)TC_TILE * LD * sizeof(bf16); // Q, K, V each
+    static constexpr size_t s = (size_t)TC_TILE * TC_SL * sizeof(float);
+    static constexpr size_t p = (size_t)TC_TILE * TC_PL * sizeof(bf16);
+    static constexpr size_t o = (size_t)TC_TILE * OL * sizeof(float);
+    static constexpr size_t bytes = 3 * tile + s + p + o + TC_TILE * sizeof(float);
+    static_assert(tile % 32 == 0 && s % 32 == 0 && p % 32 == 0 && o % 32 == 0, "fragments 32-byte aligned");
+};
+
+template <int HS>
+__global__ static void __launch_bounds__(TC_THREADS)
+    tc_forward(float *out, float *lse, const float *q, const float *k, const float *v, int T, int NH, int NKV,
+               float scale) {
+    typedef fwd_smem<HS> L;
+    constexpr int LD = L::LD, OL = L::OL, DT = HS / 16;
+    extern __shared__ __align__(128) unsigned char smem[];
+    bf16 *Qs = (bf16 *)smem;                                        // [64][LD]
+    bf16 *Ks = (bf16 *)(smem + L::tile);                            // [64][LD]
+    bf16 *Vs = (bf16 *)(smem + 2 * L::tile);                        // [64][LD]
+    float *Ss = (float *)(smem + 3 * L::tile);                      // [64][TC_SL]
+    bf16 *Ps = (bf16 *)(smem + 3 * L::tile + L::s);                 // [64][TC_PL]
+    float *Os = (float *)(smem + 3 * L::tile + L::s + L::p);        // [64][OL]
+    float *ls = (float *)(smem + 3 * L::tile + L::s + L::p + L::o); // [64]
+    const int h = blockIdx.x, b = blockIdx.y, nq = (T + TC_TILE - 1) / TC_TILE;
+    const int q0 = (nq - 1 - (int)blockIdx.z) * TC_TILE; // the longest rows first
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = h / (NH / NKV);
+    const int64_t ldq = (int64_t)NH * HS, ldkv = (int64_t)NKV * HS;
+    const float *qh = q + (int64_t)b * T * ldq + (int64_t)h * HS;
+    const float *kh = k + (int64_t)b * T * ldkv + (int64_t)g * HS, *vh = v + (int64_t)b * T * ldkv + (int64_t)g * HS;
+    // the softmax: lanes 2r and 2r+1 take row 16w + r, even and odd keys,
+    // and both keep its m and l (the same values: they combine by one shuffle)
+    const int half = lane % 2, row = 16 * w + lane / 2, qi = q0 + row;
+    float m = -INFINITY, l = 0.0f;
+    frag_c o[DT];
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) wmma::fill_fragment(o[dt], 0.0f);
+    load_rows<HS>(Qs, qh, ldq, q0, T);
+    const int kend = min(T, q0 + TC_TILE); // keys [0, kend): up to the tile's last query
+    for (int k0 = 0; k0 < kend; k0 += TC_TILE) {
+        __syncthreads(); // every warp is done with the last tile's K and V
+        load_rows<HS>(Ks, kh, ldkv, k0, T);
+        load_rows<HS>(Vs, vh, ldkv, k0, T);
+        __syncthreads();
+        // S = Q Kᵀ, the warp's 16 rows x 64 keys, to Ss; O to Os for its scaling
+#pragma unroll
+        for (int jt = 0; jt < 4; jt++) {
+            frag_c s;
+            wmma::fill_fragment(s, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < DT; kk++) {
+                frag_a a;
+                frag_bt kt;
+                wmma::load_matrix_sync(a, Qs + 16 * w * LD + 16 * kk, LD);
+                wmma::load_matrix_sync(kt, Ks + 16 * jt * LD + 16 * kk, LD);
+                wmma::mma_sync(s, a, kt, s);
+            }
+            wmma::store_matrix_sync(Ss + 16 * w * TC_SL + 16 * jt, s, TC_SL, wmma::mem_row_major);
+        }
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+            wmma::store_matrix_sync(Os + 16 * w * OL + 16 * dt, o[dt], OL, wmma::mem_row_major);
+        __syncwarp();
+        // online softmax: scaled scores, masked above the diagonal; m, l and O move on
+        float sv[TC_TILE / 2], mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < TC_TILE / 2; j++) {
+            const int c = 2 * j + half;
+            sv[j] = k0 + c <= qi ? Ss[row * TC_SL + c] * scale : -INFINITY;
+            mx = fmaxf(mx, sv[j]);
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        const float mnew = fmaxf(m, mx);
+        const float base = mnew == -INFINITY ? 0.0f : mnew; // a row that has seen no key yet
+        const float corr = expf(m - base);                  // 0 on the first tile (m = -inf)
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < TC_TILE / 2; j++) {
+            const float p = expf(sv[j] - base);
+            sum += p;
+            Ps[row * TC_PL + 2 * j + half] = __float2bfloat16_rn(p);
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        l = l * corr + sum;
+        m = mnew;
+        for (int d = half; d < HS; d += 2) Os[row * OL + d] *= corr;
+        __syncwarp(); // P written, O scaled
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+            wmma::load_matrix_sync(o[dt], Os + 16 * w * OL + 16 * dt, OL, wmma::mem_row_major);
+        // O += P V
+#pragma unroll
+        for (int kk = 0; kk < TC_TILE / 16; kk++) {
+            frag_a a;
+            wmma::load_matrix_sync(a, Ps + 16 * w * TC_PL + 16 * kk, TC_PL);
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) {
+                frag_b vb;
+                wmma::load_matrix_sync(vb, Vs + 16 * kk * LD + 16 * dt, LD);
+                wmma::mma_sync(o[dt], a, vb, o[dt]);
+            }
+        }
+    }
+    __syncwarp(); // the last tile's reads of Os are done
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+        wmma::store_matrix_sync(Os + 16 * w * OL + 16 * dt, o[dt], OL, wmma::mem_row_major);
+    if (half == 0) {
+        ls[row] = l;
+        if (qi < T) lse[((int64_t)b * NH + h) * T + qi] = m + logf(l);
+    }
+    __syncwarp();
+    for (int e = lane; e < 16 * HS; e += 32) {
+        const int r = 16 * w + e / HS, d = e % HS;
+        if (q0 + r < T) out[((int64_t)b * T + q0 + r) * ldq + (int64_t)h * HS + d] = Os[r * OL + d] * (1.0f / ls[r]);
+    }
+}
+
+// ---- backward ------------------------------------------------------------------
+
+template <int HS> struct bwd_smem {
+    static constexpr int LD = HS + 8, OL = HS + 4;
+    static constexpr size_t tile = (size_t)TC_TILE * LD * sizeof(bf16);      // K, V, Q, dO each
+    static constexpr size_t wf = (size_t)2 * 16 * TC_WL * sizeof(float);     // a warp's S, dP scratch
+    static constexpr size_t wb = (size_t)2 * 16 * TC_PL * sizeof(bf16);      // a warp's P, dS
+    static constexpr size_t bytes = 4 * tile + 4 * wf + 4 * wb + 2 * TC_TILE * sizeof(float);
+    static_assert(tile % 32 == 0 && wf / 2 % 32 == 0 && wb / 2 % 32 == 0, "fragments 32-byte aligned");
+    static_assert(4 * 16 * OL * sizeof(float) <= 2 * tile, "the warps' result stages fit in two operand tiles");
+};
+
+// Q, dO (bf16), lse and D of query rows q0.. of head h into shared memory
+template <int HS>
+__device__ static void load_queries(bf16 *Qs, bf16 *dOs, float *lse_s, float *D_s, const float *q, const float *dout,
+                                    const float *lse, const float *Dv, int b, int h, int q0, int T, int NH) {
+    const int64_t ldq = (int64_t)NH * HS, at = (int64_t)b * T * ldq + (int64_t)h * HS;
+    load_rows<HS>(Qs, q + at, ldq, q0, T);
+    load_rows<HS>(dOs, dout + at, ldq, q0, T);
+    if (threadIdx.x < TC_TILE) {
+        const int qi = q0 + (int)threadIdx.x;
+        const int64_t li = ((int64_t)b * NH + h) * T + qi;
+        lse_s[threadIdx.x] = qi < T ? lse[li] : 0.0f;
+        D_s[threadIdx.x] = qi < T ? Dv[li] : 0.0f;
+    }
+}
+
+// Sizes and places of the backward kernels' shared memory, warp w's pieces
+template <int HS> struct bwd_at {
+    bf16 *Ks, *Vs, *Qs, *dOs; // [64][HS + 8]
+    float *Sw, *dPw;          // warp w's [16][TC_WL]
+    bf16 *Pw, *dSw;           // warp w's [16][TC_PL]
+    float *lse_s, *D_s;       // [64]
+    __device__ bwd_at(unsigned char *smem, int w) {
+        typedef bwd_smem<HS> L;
+        Ks = (bf16 *)smem, Vs = (bf16 *)(smem + L::tile), Qs = (bf16 *)(smem + 2 * L::tile);
+        dOs = (bf16 *)(smem + 3 * L::tile);
+        Sw = (float *)(smem + 4 * L::tile + w * L::wf), dPw = Sw + 16 * TC_WL;
+        Pw = (bf16 *)(smem + 4 * L::tile + 4 * L::wf + w * L::wb), dSw = Pw + 16 * TC_PL;
+        lse_s = (float *)(smem + 4 * L::tile + 4 * L::wf + 4 * L::wb), D_s = lse_s + TC_TILE;
+    }
+};
+
+template <int HS>
+__global__ static void __launch_bounds__(TC_THREADS)
+    tc_backward_dkdv(float *dk, float *dv, const float *dout, const float *lse, const float *Dv, const float *q,
+                     const float *k, const float *v, int T, int NH, int NKV, float scale) {
+    constexpr int LD = HS + 8, OL = HS + 4, DT = HS / 16;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const bwd_at<HS> s(smem, w);
+    const int g = blockIdx.x, b = blockIdx.y, k0 = blockIdx.z * TC_TILE; // the longest columns first
+    const int group = NH / NKV, kw = k0 + 16 * w;                      // kw: the warp's first key
+    const int64_t ldkv = (int64_t)NKV * HS, at = (int64_t)b * T * ldkv + (int64_t)g * HS;
+    load_rows<HS>(s.Ks, k + at, ldkv, k0, T);
+    load_rows<HS>(s.Vs, v + at, ldkv, k0, T);
+
+    frag_c dK[DT], dV[DT]; // the warp's keys x HS
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) wmma::fill_fragment(dK[dt], 0.0f), wmma::fill_fragment(dV[dt], 0.0f);
+    for (int h = g * group; h < (g + 1) * group; h++)
+        for (int q0 = k0; q0 < T; q0 += TC_TILE) { // the query tiles that see these keys
+            __syncthreads(); // every warp is done with the last tile's Q, dO, lse and D
+            load_queries<HS>(s.Qs, s.dOs, s.lse_s, s.D_s, q, dout, lse, Dv, b, h, q0, T, NH);
+            __syncthreads();
+#pragma unroll 1
+            for (int qt = 0; qt < TC_TILE / 16; qt++) {
+                // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: the warp's 16 keys x queries 16qt..16qt+15
+                frag_c st, dpt;
+                wmma::fill_fragment(st, 0.0f);
+                wmma::fill_fragment(dpt, 0.0f);
+#pragma unroll
+                for (int kk = 0; kk < DT; kk++) {
+                    frag_a a;
+                    frag_bt bt;
+                    wmma::load_matrix_sync(a, s.Ks + 16 * w * LD + 16 * kk, LD);
+                    wmma::load_matrix_sync(bt, s.Qs + 16 * qt * LD + 16 * kk, LD);
+                    wmma::mma_sync(st, a, bt, st);
+                    wmma::load_matrix_sync(a, s.Vs + 16 * w * LD + 16 * kk, LD);
+                    wmma::load_matrix_sync(bt, s.dOs + 16 * qt * LD + 16 * kk, LD);
+                    wmma::mma_sync(dpt, a, bt, dpt);
+                }
+                wmma::store_matrix_sync(s.Sw, st, TC_WL, wmma::mem_row_major);
+                wmma::store_matrix_sync(s.dPw, dpt, TC_WL, wmma::mem_row_major);
+                __syncwarp();
+                // P (masked, from lse) and dS = scale P ∘ (dP - D), rounded for their products
+                for (int e = lane; e < 256; e += 32) {
+                    const int i = e / 16, r = 16 * qt + e % 16, qi = q0 + r; // key kw + i, query row r
+                    float p = 0.0f, ds = 0.0f;
+                    if (qi < T && kw + i <= qi) {
+                        p = expf(s.Sw[i * TC_WL + e % 16] * scale - s.lse_s[r]);
+                        ds = scale * p * (s.dPw[i * TC_WL + e % 16] - s.D_s[r]);
+                    }
+                    s.Pw[i * TC_PL + r] = __float2bfloat16_rn(p);
+                    s.dSw[i * TC_PL + r] = __float2bfloat16_rn(ds);
+                }
+                __syncwarp(); // scratch read (the next piece overwrites it), Pᵀ and dSᵀ written
+            }
+            // dV += Pᵀ dO, dK += dSᵀ Q over the tile's 64 queries (not unrolled:
+            // dK and dV hold 128 registers at HS 128)
+#pragma unroll 1
+            for (int kk = 0; kk < TC_TILE / 16; kk++) {
+                frag_a pa, sa;
+                wmma::load_matrix_sync(pa, s.Pw + 16 * kk, TC_PL);
+                wmma::load_matrix_sync(sa, s.dSw + 16 * kk, TC_PL);
+#pragma unroll
+                for (int dt = 0; dt < DT; dt++) {
+                    frag_b bb;
+                    wmma::load_matrix_sync(bb, s.dOs + 16 * kk * LD + 16 * dt, LD);
+                    wmma::mma_sync(dV[dt], pa, bb, dV[dt]);
+                    wmma::load_matrix_sync(bb, s.Qs + 16 * kk * LD + 16 * dt, LD);
+                    wmma::mma_sync(dK[dt], sa, bb, dK[dt]);
+                }
+            }
+        }
+    __syncthreads(); // every warp is done with Q and dO: the stages take their place
+    float *stage = (float *)s.Qs + w * 16 * OL;
+    write_rows<HS>(dv + at, ldkv, kw, T, stage, dV, lane);
+    write_rows<HS>(dk + at, ldkv, kw, T, stage, dK, lane);
+}
+
+template <int HS>
+__global__ static void __launch_bounds__(TC_THREADS)
+    tc_backward_dq(float *dq, const float *dout, const float *lse, const float *Dv, const float *q, const float *k,
+                   const float *v, int T, int NH, int NKV, float scale) {
+    constexpr int LD = HS + 8, OL = HS + 4, DT = HS / 16;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const bwd_at<HS> s(smem, w);
+    const int h = blockIdx.x, b = blockIdx.y, nq = (T + TC_TILE - 1) / TC_TILE;
+    const int q0 = (nq - 1 - (int)blockIdx.z) * TC_TILE; // the longest rows first
+    const int g = h / (NH / NKV);
+    const int64_t ldkv = (int64_t)NKV * HS, at = (int64_t)b * T * ldkv + (int64_t)g * HS;
+    load_queries<HS>(s.Qs, s.dOs, s.lse_s, s.D_s, q, dout, lse, Dv, b, h, q0, T, NH);
+
+    frag_c dQ[DT]; // the warp's queries x HS
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) wmma::fill_fragment(dQ[dt], 0.0f);
+    const int kend = min(T, q0 + TC_TILE);
+    for (int k0 = 0; k0 < kend; k0 += TC_TILE) {
+        __syncthreads(); // every warp is done with the last tile's K and V
+        load_rows<HS>(s.Ks, k + at, ldkv, k0, T);
+        load_rows<HS>(s.Vs, v + at, ldkv, k0, T);
+        __syncthreads();
+#pragma unroll 1
+        for (int jt = 0; jt < TC_TILE / 16; jt++) {
+            // S = Q Kᵀ and dP = dO Vᵀ: the warp's 16 queries x keys 16jt..16jt+15
+            frag_c st, dpt;
+            wmma::fill_fragment(st, 0.0f);
+            wmma::fill_fragment(dpt, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < DT; kk++) {
+                frag_a a;
+                frag_bt bt;
+                wmma::load_matrix_sync(a, s.Qs + 16 * w * LD + 16 * kk, LD);
+                wmma::load_matrix_sync(bt, s.Ks + 16 * jt * LD + 16 * kk, LD);
+                wmma::mma_sync(st, a, bt, st);
+                wmma::load_matrix_sync(a, s.dOs + 16 * w * LD + 16 * kk, LD);
+                wmma::load_matrix_sync(bt, s.Vs + 16 * jt * LD + 16 * kk, LD);
+                wmma::mma_sync(dpt, a, bt, dpt);
+            }
+            wmma::store_matrix_sync(s.Sw, st, TC_WL, wmma::mem_row_major);
+            wmma::store_matrix_sync(s.dPw, dpt, TC_WL, wmma::mem_row_major);
+            __syncwarp();
+            for (int e = lane; e < 256; e += 32) {
+                const int i = e / 16, j = e % 16, r = 16 * w + i, qi = q0 + r; // query row r, key k0 + 16jt + j
+                float ds = 0.0f;
+                if (qi < T && k0 + 16 * jt + j <= qi) {
+                    const float p = expf(s.Sw[i * TC_WL + j] * scale - s.lse_s[r]);
+                    ds = scale * p * (s.dPw[i * TC_WL + j] - s.D_s[r]);
+                }
+                s.dSw[i * TC_PL + 16 * jt + j] = __float2bfloat16_rn(ds);
+            }
+            __syncwarp(); // scratch read, dS written
+        }
+        // dQ += dS K over the tile's 64 keys
+#pragma unroll
+        for (int kk = 0; kk < TC_TILE / 16; kk++) {
+            frag_a a;
+            wmma::load_matrix_sync(a, s.dSw + 16 * kk, TC_PL);
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) {
+                frag_b kb;
+                wmma::load_matrix_sync(kb, s.Ks + 16 * kk * LD + 16 * dt, LD);
+                wmma::mma_sync(dQ[dt], a, kb, dQ[dt]);
+            }
+        }
+    }
+    __syncthreads(); // every warp is done with K and V: the stages take their place
+    const int64_t ldq = (int64_t)NH * HS;
+    write_rows<HS>(dq + (int64_t)b * T * ldq + (int64_t)h * HS, ldq, q0 + 16 * w, T, (float *)s.Ks + w * 16 * OL, dQ,
+                   lane);
+}
+
+// ---- launches --------------------------------------------------------------------
+
+static bool tc_shape_ok(const char *what, int B, int T, int NH, int NKV, int HS) {
+    if (NKV < 1 || NH % NKV != 0 || (HS != 64 && HS != 128) || B > 65535 || (T + TC_TILE - 1) / TC_TILE > 65535) {
+        keel_cuda_note_failure("%s: unsupported shape B=%d T=%d NH=%d NKV=%d HS=%d (NH a multiple of NKV, "
+                               "HS 64 or 128)",
+                               what, B, T, NH, NKV, HS);
+        return false;
+    }
+    return true;
+}
+
+template <int HS>
+static void tc_forward_at(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+                          int NH, int NKV, const char *what) {
+    const size_t smem = fwd_smem<HS>::bytes;
+    keel_cuda_note(cudaFuncSetAttribute(tc_forward<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), what);
+    dim3 grid((unsigned)NH, (unsigned)B, (unsigned)((T + TC_TILE - 1) / TC_TILE));
+    tc_forward<HS><<<grid, TC_THREADS, smem>>>(out, lse, q, k, v, T, NH, NKV, 1.0f / sqrtf((float)HS));
+    keel_cuda_note(cudaGetLastError(), what);
+}
+
+template <int HS>
+static void tc_backward_at(float *dq, float *dk, float *dv, const float *dout, const float *lse, const float *Dv,
+                           const float *q, const float *k, const float *v, int B, int T, int NH, int NKV,
+                           const char *what) {
+    const size_t smem = bwd_smem<HS>::bytes;
+    const float scale = 1.0f / sqrtf((float)HS);
+    const unsigned tiles = (unsigned)((T + TC_TILE - 1) / TC_TILE);
+    keel_cuda_note(cudaFuncSetAttribute(tc_backward_dkdv<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                   what);
+    keel_cuda_note(cudaFuncSetAttribute(tc_backward_dq<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                   what);
+    tc_backward_dkdv<HS><<<dim3((unsigned)NKV, (unsigned)B, tiles), TC_THREADS, smem>>>(dk, dv, dout, lse, Dv, q, k,
+                                                                                        v, T, NH, NKV, scale);
+    keel_cuda_note(cudaGetLastError(), what);
+    tc_backward_dq<HS><<<dim3((unsigned)NH, (unsigned)B, tiles), TC_THREADS, smem>>>(dq, dout, lse, Dv, q, k, v, T,
+                                                                                     NH, NKV, scale);
+    keel_cuda_note(cudaGetLastError(), what);
+}
+
+extern "C" void keel_cuda_attention_forward_bf16_tc(float *out, float *lse, const float *q, const float *k,
+                                                    const float *v, int B, int T, int NH, int NKV, int HS) {
+    const char *what = "attention_forward_bf16 (tensor cores)";
+    if (B <= 0 || T <= 0 || NH <= 0 || !tc_shape_ok(what, B, T, NH, NKV, HS)) return;
+    if (HS == 64) tc_forward_at<64>(out, lse, q, k, v, B, T, NH, NKV, what);
+    else tc_forward_at<128>(out, lse, q, k, v, B, T, NH, NKV, what);
+}
+
+extern "C" void keel_cuda_attention_backward_bf16_tc(float *dq, float *dk, float *dv, const float *dout,
+                                                     const float *out, const float *lse, const float *q,
+                                                     const float *k, const float *v, int B, int T, int NH, int NKV,
+                                                     int HS) {
+    const char *what = "attention_backward_bf16 (tensor cores)";
+    if (B <= 0 || T <= 0 || NH <= 0 || !tc_shape_ok(what, B, T, NH, NKV, HS)) return;
+    const float *Dv = keel_cuda_attention_rowdot(dout, out, B, T, NH, HS, true, what);
+    if (!Dv) return;
+    if (HS == 64) tc_backward_at<64>(dq, dk, dv, dout, lse, Dv, q, k, v, B, T, NH, NKV, what);
+    else tc_backward_at<128>(dq, dk, dv, dout, lse, Dv, q, k, v, B, T, NH, NKV, what);
+}
