@@ -518,6 +518,8 @@ static bool tensor_cores(int HS) {
     if (g_tensor_cores < 0) {
         const char *e = getenv("KEEL_CUDA_ATTENTION");
         g_tensor_cores = !(e && strcmp(e, "simt") == 0);
+        if (e && *e && strcmp(e, "simt") != 0 && strcmp(e, "tensor") != 0)
+            keel_log_warn("KEEL_CUDA_ATTENTION=%s is neither simt nor tensor: the tensor cores are used", e);
     }
     return g_tensor_cores != 0;
 }
