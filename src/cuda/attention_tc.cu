@@ -253,6 +253,31 @@ template <int HS> struct bwd_smem {
 };
 
 // Q, dO (bf16), lse and D of query rows q0.. of head h into shared memory
+// Both backward kernels' pair of 16x16 products over the head: x = a1 b1ᵀ and
+// y = a2 b2ᵀ (a: 16 rows of an operand tile, b: 16 rows read as bᵀ), stored
+// row-major into the warp's fp32 scratch tiles x_out and y_out.
+template <int HS>
+__device__ static void two_products(float *x_out, const bf16 *a1, const bf16 *b1, float *y_out, const bf16 *a2,
+                                    const bf16 *b2) {
+    constexpr int LD = bwd_smem<HS>::LD;
+    frag_c x, y;
+    wmma::fill_fragment(x, 0.0f);
+    wmma::fill_fragment(y, 0.0f);
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+        frag_a a;
+        frag_bt bt;
+        wmma::load_matrix_sync(a, a1 + 16 * kk, LD);
+        wmma::load_matrix_sync(bt, b1 + 16 * kk, LD);
+        wmma::mma_sync(x, a, bt, x);
+        wmma::load_matrix_sync(a, a2 + 16 * kk, LD);
+        wmma::load_matrix_sync(bt, b2 + 16 * kk, LD);
+        wmma::mma_sync(y, a, bt, y);
+    }
+    wmma::store_matrix_sync(x_out, x, TC_WL, wmma::mem_row_major);
+    wmma::store_matrix_sync(y_out, y, TC_WL, wmma::mem_row_major);
+}
+
 template <int HS>
 __device__ static void load_queries(bf16 *Qs, bf16 *dOs, float *lse_s, float *D_s, const float *q, const float *dout,
                                     const float *lse, const float *Dv, int b, int h, int q0, int T, int NH) {
@@ -308,22 +333,8 @@ __global__ static void __launch_bounds__(TC_THREADS)
 #pragma unroll 1
             for (int qt = 0; qt < TC_TILE / 16; qt++) {
                 // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: the warp's 16 keys x queries 16qt..16qt+15
-                frag_c st, dpt;
-                wmma::fill_fragment(st, 0.0f);
-                wmma::fill_fragment(dpt, 0.0f);
-#pragma unroll
-                for (int kk = 0; kk < DT; kk++) {
-                    frag_a a;
-                    frag_bt bt;
-                    wmma::load_matrix_sync(a, s.Ks + 16 * w * LD + 16 * kk, LD);
-                    wmma::load_matrix_sync(bt, s.Qs + 16 * qt * LD + 16 * kk, LD);
-                    wmma::mma_sync(st, a, bt, st);
-                    wmma::load_matrix_sync(a, s.Vs + 16 * w * LD + 16 * kk, LD);
-                    wmma::load_matrix_sync(bt, s.dOs + 16 * qt * LD + 16 * kk, LD);
-                    wmma::mma_sync(dpt, a, bt, dpt);
-                }
-                wmma::store_matrix_sync(s.Sw, st, TC_WL, wmma::mem_row_major);
-                wmma::store_matrix_sync(s.dPw, dpt, TC_WL, wmma::mem_row_major);
+                two_products<HS>(s.Sw, s.Ks + 16 * w * LD, s.Qs + 16 * qt * LD, s.dPw, s.Vs + 16 * w * LD,
+                                 s.dOs + 16 * qt * LD);
                 __syncwarp();
                 // P (masked, from lse) and dS = scale P ∘ (dP - D), rounded for their products
                 for (int e = lane; e < 256; e += 32) {
@@ -387,22 +398,8 @@ __global__ static void __launch_bounds__(TC_THREADS)
 #pragma unroll 1
         for (int jt = 0; jt < TC_TILE / 16; jt++) {
             // S = Q Kᵀ and dP = dO Vᵀ: the warp's 16 queries x keys 16jt..16jt+15
-            frag_c st, dpt;
-            wmma::fill_fragment(st, 0.0f);
-            wmma::fill_fragment(dpt, 0.0f);
-#pragma unroll
-            for (int kk = 0; kk < DT; kk++) {
-                frag_a a;
-                frag_bt bt;
-                wmma::load_matrix_sync(a, s.Qs + 16 * w * LD + 16 * kk, LD);
-                wmma::load_matrix_sync(bt, s.Ks + 16 * jt * LD + 16 * kk, LD);
-                wmma::mma_sync(st, a, bt, st);
-                wmma::load_matrix_sync(a, s.dOs + 16 * w * LD + 16 * kk, LD);
-                wmma::load_matrix_sync(bt, s.Vs + 16 * jt * LD + 16 * kk, LD);
-                wmma::mma_sync(dpt, a, bt, dpt);
-            }
-            wmma::store_matrix_sync(s.Sw, st, TC_WL, wmma::mem_row_major);
-            wmma::store_matrix_sync(s.dPw, dpt, TC_WL, wmma::mem_row_major);
+            two_products<HS>(s.Sw, s.Qs + 16 * w * LD, s.Ks + 16 * jt * LD, s.dPw, s.dOs + 16 * w * LD,
+                             s.Vs + 16 * jt * LD);
             __syncwarp();
             for (int e = lane; e < 256; e += 32) {
                 const int i = e / 16, j = e % 16, r = 16 * w + i, qi = q0 + r; // query row r, key k0 + 16jt + j
