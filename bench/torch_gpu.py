@@ -5,13 +5,13 @@ the anchor scripts/gpu-check.sh compares `keel train --device cuda` with.
 A plain PyTorch Llama 2 (no Hugging Face): RMSNorm, RoPE (rotate-half),
 grouped-query attention through scaled_dot_product_attention (causal), SwiGLU,
 untied lm_head; bf16 autocast over fp32 parameters, fp32 AdamW (fused) with
-keel's decay mask, clip_grad_norm_, optionally activation checkpointing per
-block; random tokens. Same shapes, batch and FLOPs formula as keel
+keel's decay mask, clip_grad_norm_, optionally activation checkpointing of
+every block or of the first K (keel's fsdp.activation_checkpointing=K); random tokens. Same shapes, batch and FLOPs formula as keel
 (keel_model_flops_per_token). Prints one JSON line: median tokens/s and MFU
 against --peak (default: an H100/H200's 989.4 TFLOP/s dense bf16).
 
     python3 bench/torch_gpu.py CONFIG.json [--set model.max_seq_len=2048 ...] \
-        [--steps 10] [--warmup 3] [--checkpoint-activations]
+        [--steps 10] [--warmup 3] [--checkpoint-activations | --checkpoint-blocks K]
 """
 import argparse
 import json
@@ -103,8 +103,8 @@ class Llama(torch.nn.Module):
 
     def forward(self, idx, targets):
         x = self.embed(idx)
-        for b in self.blocks:
-            x = checkpoint(b, x, self.cos, self.sin, use_reentrant=False) if self.ckpt else b(x, self.cos, self.sin)
+        for i, b in enumerate(self.blocks):
+            x = checkpoint(b, x, self.cos, self.sin, use_reentrant=False) if i < self.ckpt else b(x, self.cos, self.sin)
         logits = self.head(self.norm(x))
         return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
 
@@ -115,7 +115,8 @@ def main():
     ap.add_argument("--set", action="append", default=[], help="key=value, as keel train --set")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--checkpoint-activations", action="store_true")
+    ap.add_argument("--checkpoint-activations", action="store_true", help="every block")
+    ap.add_argument("--checkpoint-blocks", type=int, default=None, help="the first K blocks")
     ap.add_argument("--peak", type=float, default=989.4e12)
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to try the script out")
     a = ap.parse_args()
@@ -129,7 +130,8 @@ def main():
     torch.manual_seed(0)
     dev = torch.device(a.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    model = Llama(m, a.checkpoint_activations).to(dev)
+    ckpt = a.checkpoint_blocks if a.checkpoint_blocks is not None else m["n_layers"] if a.checkpoint_activations else 0
+    model = Llama(m, ckpt).to(dev)
     decay = [p for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.dim() == 2 and "embed" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": t["weight_decay"]},
@@ -156,7 +158,7 @@ def main():
     tps = B * T / statistics.median(times)
     print(json.dumps({"tokens_per_s": tps, "mfu": tps * flops_tok / a.peak, "step_s_median": statistics.median(times),
                       "params": sum(p.numel() for p in model.parameters()), "batch": B, "seq": T,
-                      "checkpoint_activations": a.checkpoint_activations,
+                      "checkpoint_blocks": ckpt,
                       "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else None, "torch": torch.__version__}))
 
 

@@ -16,8 +16,9 @@
 #                     else more ranks than GPUs refused
 #           roundtrip a checkpoint written on the GPU resumed on the CPU, and the reverse
 #           bench     tokens/s and MFU: a 1.1B Llama (dim 2048, 22 layers, 32 heads,
-#                     4 KV heads, ffn 5632, T 2048) and Llama 2 7B with activation
-#                     checkpointing, keel --device cuda beside bench/torch_gpu.py
+#                     4 KV heads, ffn 5632, T 2048) and Llama 2 7B checkpointing the
+#                     fewest blocks that fit (keel plan --memory: the GPU's free memory
+#                     less 2 GiB), keel --device cuda beside bench/torch_gpu.py
 #
 #   bash scripts/gpu-check.sh [OUT]            build here (needs keel's build dependencies)
 #   bash scripts/gpu-check.sh --pack DIR       on a machine with them: build for sm_90 and
@@ -237,14 +238,26 @@ if want roundtrip; then
 fi
 
 # ---- bench: keel beside PyTorch on the same GPU -------------------------------------------
-bench_keel() { # NAME SECONDS ARGS...: the median tokens/s and MFU of a keel run, as JSON
-  local name=$1; shift
-  train "$name" "$@"
+bench_keel() { # NAME SECONDS ARGS...: the median tokens/s and MFU of a keel run, as JSON; keel's exit status
+  local name=$1 rc=0; shift
+  train "$name" "$@" || rc=$?
   python3 - "$run_dir/$name/summary.json" <<'PY' 2>/dev/null || echo '{"ok": false}'
 import json, sys
 s = json.load(open(sys.argv[1]))
 print(json.dumps({"tokens_per_s": s["tokens_per_s_median"], "mfu": s["mfu_median"], "steps": s["steps"]}))
 PY
+  return $rc
+}
+checkpoint_blocks_7b() { # the fewest checkpointed blocks of Llama 2 7B that fit in GPU 0's free memory less
+  # 2 GiB (keel plan --memory): true, false or a count; true when the plan cannot say
+  local free_mib
+  free_mib=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits -i 0 2>/dev/null | head -1)
+  [[ $free_mib =~ ^[0-9]+$ ]] || { echo true; return; }
+  "$keel" plan "$root/configs/llama2-7b.json" --device h200 --per-node 1 --set fsdp.mixed_precision=bf16 \
+    --memory "$(awk -v m="$free_mib" 'BEGIN {printf "%.2f", m / 1024 - 2}')" --json 2>"$logs/plan-7b.log" |
+    tee "$logs/plan-7b.json" | python3 -c 'import json, sys
+r = json.load(sys.stdin)["recommendation"]
+print(json.dumps(r["activation_checkpointing"]) if r["fits"] else "true")' 2>/dev/null || echo true
 }
 bench_torch() { # NAME SECONDS ARGS...
   local name=$1 limit=$2; shift 2
@@ -258,10 +271,21 @@ if want bench; then
   record bench_1b_keel "$(bench_keel bench-1b 80 "${small[@]}" --device cuda --set train.steps=8 \
                           --set fsdp.mixed_precision=bf16)"
   record bench_1b_torch "$(bench_torch bench-1b-torch 80 "${small[@]}" --steps 6 --warmup 2)"
-  record bench_7b_keel "$(bench_keel bench-7b 120 "$root/configs/llama2-7b.json" --device cuda --set train.steps=6 \
-                          --set fsdp.mixed_precision=bf16 --set fsdp.activation_checkpointing=true)"
+  # Llama 2 7B: the fewest checkpointed blocks that fit (keel plan); every block if that run fails
+  # (the plan too tight); PyTorch checkpoints the same blocks
+  ac=$(checkpoint_blocks_7b)
+  seven=("$root/configs/llama2-7b.json" --device cuda --set train.steps=6 --set fsdp.mixed_precision=bf16)
+  r=$(bench_keel bench-7b 120 "${seven[@]}" --set fsdp.activation_checkpointing="$ac") ||
+    if [ "$ac" != true ]; then
+      record bench_7b_failed_at "\"$ac\""
+      ac=true
+      r=$(bench_keel bench-7b-all 120 "${seven[@]}" --set fsdp.activation_checkpointing=true)
+    fi
+  record bench_7b_checkpointing "$ac"
+  record bench_7b_keel "$r"
+  case $ac in true) torch_ac=(--checkpoint-activations) ;; false) torch_ac=() ;; *) torch_ac=(--checkpoint-blocks "$ac") ;; esac
   record bench_7b_torch "$(bench_torch bench-7b-torch 120 "$root/configs/llama2-7b.json" --steps 4 --warmup 2 \
-                           --checkpoint-activations)"
+                           "${torch_ac[@]}")"
   # what the tensor cores bring to attention: the 1B bench on the CUDA-core kernels (last: least needed)
   record bench_1b_keel_simt "$(KEEL_CUDA_ATTENTION=simt bench_keel bench-1b-simt 80 "${small[@]}" --device cuda \
                                --set train.steps=8 --set fsdp.mixed_precision=bf16)"

@@ -401,10 +401,15 @@ typedef struct {
     int synthetic_vocab;      /* tokens used (0 = min(vocab, 64)) */
 } keel_data_config;
 
+#define KEEL_CHECKPOINT_ALL (-1)
+
 typedef struct {
     keel_fsdp_strategy strategy;
     int shard_group_size; /* hybrid_shard: ranks per shard group (0 = 2) */
-    bool activation_checkpointing;
+    /* How many blocks, from the first, keep only their input and recompute
+     * the rest in backward: KEEL_CHECKPOINT_ALL (true in JSON) every block,
+     * 0 (false) none; keel_config_checkpoint_blocks resolves it. */
+    int activation_checkpointing;
     bool prefetch;        /* start the next unit's all-gather before computing this one */
     keel_dtype mixed_precision; /* GEMM weights and inputs */
     keel_dtype reduce_dtype;    /* gradient reductions */
@@ -473,5 +478,10 @@ keel_status keel_config_finalize(keel_config *cfg);
 char *keel_config_to_json(const keel_config *cfg);
 /* Print the documentation table of every key (markdown) to stdout. */
 void keel_config_print_keys(void);
+/* fsdp.activation_checkpointing as a count of blocks in [0, model.n_layers]. */
+int keel_config_checkpoint_blocks(const keel_config *cfg);
+/* An fsdp.activation_checkpointing value as the config writes it: true,
+ * false or the count. */
+void keel_config_format_checkpointing(int n, char *out, size_t size);
 
 #endif

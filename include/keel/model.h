@@ -82,10 +82,13 @@ typedef struct {
     /* Allocate the flat parameter and gradient vectors. Without them every
      * unit's buffers must be set with keel_model_set_unit_buffers (FSDP). */
     bool own_params;
-    /* Keep only each block's input; backward recomputes the block's forward
-     * first. Gradients are bit-identical; activation memory drops from L
-     * blocks' worth to one block's plus L inputs. */
-    bool checkpoint_activations;
+    /* Activation checkpointing of the first checkpoint_blocks blocks (0
+     * none, negative or >= L every block): they keep only their input and
+     * share one set of activations, which the last of them leaves in place
+     * for its backward; backward recomputes the others' forward first.
+     * Gradients are bit-identical; activation memory drops from L blocks'
+     * worth to L - K + 1 blocks' plus K inputs. */
+    int checkpoint_blocks;
     /* bf16 GEMMs (fsdp.mixed_precision "bf16"): weights are read as bf16 and
      * each GEMM's fp32 input is rounded to bf16; products accumulate in fp32,
      * and activations, gradients and everything else stay fp32. Unit buffers
@@ -109,6 +112,9 @@ typedef struct {
  * per-thread tiles are the kernels' own (keel_attention_workspace_bytes). */
 int64_t keel_model_activation_bytes(const keel_model_layout *lay, int B,
                                     const keel_model_options *opts);
+/* How many blocks, from the first, backward recomputes at checkpoint_blocks
+ * K: K - 1 (the last checkpointed block's activations are still in place). */
+int keel_model_recomputed_blocks(const keel_model_layout *lay, int checkpoint_blocks);
 keel_status keel_model_build_with(const keel_model_config *cfg, int B,
                                   const keel_model_options *opts, keel_model **out);
 void keel_model_free(keel_model *m);
@@ -144,8 +150,8 @@ bool keel_model_is_bf16(const keel_model *m);
 void keel_model_params_changed(keel_model *m);
 
 /* Called around each unit in compute order — forward: 0, 1, ..., head;
- * backward: head, ..., 1, 0, and with checkpoint_activations each block's
- * units run forward again (before_forward/after_forward) just before their
+ * backward: head, ..., 1, 0, and with checkpoint_blocks each recomputed
+ * block's units (keel_model_recomputed_blocks) run forward again (before_forward/after_forward) just before their
  * backward — so FSDP can gather a unit before it is used, prefetch, free it
  * after, and reduce-scatter its gradients as soon as they exist. `next` is
  * the next unit other than `unit` the model will use (-1: none), except in

@@ -88,16 +88,16 @@ typedef struct {
     int shard_group;           /* ranks a unit is split over */
     int replicas;              /* ranks holding the same shard */
     keel_unit_kind unit;       /* fsdp.unit */
-    bool checkpointing;
+    int checkpoint_blocks;     /* fsdp.activation_checkpointing as a count, 0..L */
     int micro_batch, grad_accum;
     keel_fsdp_memory memory;   /* per rank, by category */
     int64_t peak_bytes;        /* their total */
-    int64_t activations_without, activations_with; /* activation checkpointing off / on */
+    int64_t activations_without, activations_with; /* activation checkpointing of no block / every block */
     int64_t budget_bytes;      /* what a rank may use */
     bool fits;
     /* seconds per optimizer step */
     double compute_s;          /* forward + backward at the MFU */
-    double recompute_s;        /* checkpointing's second forward of each block */
+    double recompute_s;        /* checkpointing's second forward of the recomputed blocks */
     double optimizer_s;        /* AdamW and the shard's other passes (memory-bound) */
     double comm_s;             /* every collective, back to back */
     double exposed_s;          /* the compute thread waiting on them */

@@ -1,5 +1,5 @@
 /* cli/cmd_plan.c: `keel plan CONFIG [--set key=value ...] [--nodes N] [--per-node G]
- * [--device cpu|h100|h200|a100] [--net GBPS] [--intra GBPS] [--mfu X] [--json]`
+ * [--device cpu|h100|h200|a100] [--net GBPS] [--intra GBPS] [--mfu X] [--memory GIB] [--json]`
  * — memory and step time of a run before running it (keel/plan.h). */
 #include <getopt.h>
 #include <stdio.h>
@@ -13,7 +13,8 @@
 static void usage(FILE *out) {
     fprintf(out,
             "usage: keel plan CONFIG.json [--set key=value ...] [--nodes N] [--per-node G]\n"
-            "                 [--device cpu|h100|h200|a100] [--net GBPS] [--intra GBPS] [--mfu X] [--json]\n"
+            "                 [--device cpu|h100|h200|a100] [--net GBPS] [--intra GBPS] [--mfu X] [--memory GIB]\n"
+            "                 [--json]\n"
             "  memory per rank by category and time per step for every FSDP strategy, and the\n"
             "  fastest plan that fits (strategy, checkpointing, micro-batch)\n"
             "  --set key=value  override a config key, as keel train; repeatable\n"
@@ -25,6 +26,8 @@ static void usage(FILE *out) {
             "                   with keel health's mpi check)\n"
             "  --mfu X          compute efficiency, 0-1 (default h100/h200 0.40, a100 0.50; cpu:\n"
             "                   measured on a slice of the model)\n"
+            "  --memory GIB     memory a rank may use (default: a GPU's, the preset's; cpu: MemAvailable\n"
+            "                   divided by --per-node), e.g. a GPU's free memory less a margin\n"
             "  --json           the plan as JSON (schema in the README)\n"
             "exit status: 0 a plan fits, 1 none fits (or a measurement failed), 2 bad input\n");
 }
@@ -32,7 +35,7 @@ static void usage(FILE *out) {
 typedef struct {
     int nodes, per_node;
     const char *device;
-    double net_gbps, intra_gbps, mfu; /* 0 = the device's */
+    double net_gbps, intra_gbps, mfu, memory_gib; /* 0 = the device's */
     bool json;
 } plan_args;
 
@@ -59,6 +62,9 @@ static keel_status make_device(const keel_config *cfg, const plan_args *a, keel_
     if (a->net_gbps > 0) keel_plan_device_set_net(dev, a->net_gbps);
     if (a->intra_gbps > 0) keel_plan_device_set_intra(dev, a->intra_gbps, 0.8, "--intra");
     if (a->mfu > 0) dev->mfu = a->mfu, dev->mfu_source = "--mfu";
+    /* a cpu node's memory is shared by its ranks: the budget is memory_bytes / per_node */
+    double per_rank = a->memory_gib * 1073741824.0, ranks = dev->kind == KEEL_DEVICE_CPU ? a->per_node : 1;
+    if (a->memory_gib > 0) dev->memory_bytes = per_rank * ranks;
     if (dev->kind != KEEL_DEVICE_CPU) return KEEL_OK;
     if (a->intra_gbps == 0 && a->per_node > 4 * dev->cores) { /* mpirun would start them all here */
         keel_errorf("--per-node %d: more than 4 ranks per core of this machine (%d cores) to measure MPI between; "
@@ -75,7 +81,8 @@ static bool parse(int argc, char **argv, plan_args *a, char **sets, int *n_sets,
         {"per-node", required_argument, NULL, 'g'}, {"device", required_argument, NULL, 'd'},
         {"net", required_argument, NULL, 'b'},    {"intra", required_argument, NULL, 'i'},
         {"mfu", required_argument, NULL, 'm'},    {"json", no_argument, NULL, 'j'},
-        {"help", no_argument, NULL, 'h'},         {0, 0, 0, 0},
+        {"memory", required_argument, NULL, 'M'}, {"help", no_argument, NULL, 'h'},
+        {0, 0, 0, 0},
     };
     long long number;
     int c;
@@ -107,6 +114,9 @@ static bool parse(int argc, char **argv, plan_args *a, char **sets, int *n_sets,
             break;
         case 'm':
             if (!cli_parse_double("--mfu", optarg, 1e-4, 1, &a->mfu)) return false;
+            break;
+        case 'M':
+            if (!cli_parse_double("--memory", optarg, 1.0 / 1024, 1 << 20, &a->memory_gib)) return false;
             break;
         case 'j': a->json = true; break;
         case 'h': usage(stdout); *code = 0; return false;

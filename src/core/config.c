@@ -12,7 +12,7 @@
 
 /* K_ENUM: one name of `names`, held as its index (an int-sized enum);
  * K_ENUM_SET: a JSON array of such names, held as a bit mask (1u << index). */
-typedef enum { K_SECTION, K_INT, K_U64, K_DOUBLE, K_BOOL, K_STRING, K_ENUM, K_ENUM_SET, K_FLAG_SECTION } key_type;
+typedef enum { K_SECTION, K_INT, K_U64, K_DOUBLE, K_BOOL, K_BOOL_COUNT, K_STRING, K_ENUM, K_ENUM_SET, K_FLAG_SECTION } key_type;
 
 typedef struct {
     const char *key;  /* dotted path */
@@ -111,8 +111,9 @@ static const key_spec KEYS[] = {
     {"fsdp.unit", K_ENUM, OFF(fsdp.unit), 0, 0,
      "block or matrix: what one all-gather holds — a whole transformer block, or one weight "
      "matrix of it (5 units a block: less memory for wide layers, more collectives)", UNIT_NAMES},
-    {"fsdp.activation_checkpointing", K_BOOL, OFF(fsdp.activation_checkpointing), 0, 0,
-     "recompute each block's forward in backward (less memory, same gradients; any run)", NULL},
+    {"fsdp.activation_checkpointing", K_BOOL_COUNT, OFF(fsdp.activation_checkpointing), 0, 4096,
+     "recompute blocks' forward in backward (less memory, same gradients; any run): true every block, "
+     "N the first N (memory of L-N+1 blocks' activations, N-1 blocks recomputed), false none", NULL},
 
     {"init_from", K_STRING, OFF(init_from), 0, 0,
      "a checkpoint directory (e.g. from `keel ckpt import --from-hf`) whose parameters start the "
@@ -289,6 +290,7 @@ static const char *type_name(key_type t) {
     case K_INT: case K_U64: return "an integer";
     case K_DOUBLE: return "a number";
     case K_BOOL: return "true or false";
+    case K_BOOL_COUNT: return "true, false or a count";
     case K_STRING: return "a string";
     case K_ENUM: return "a string";
     case K_ENUM_SET: return "a list of strings";
@@ -376,6 +378,18 @@ static keel_status store(keel_config *cfg, const key_spec *k, const cJSON *v, co
     case K_BOOL:
         if (!cJSON_IsBool(v)) return bad_value(origin, k, v, "must be true or false");
         *(bool *)field = cJSON_IsTrue(v);
+        return KEEL_OK;
+    case K_BOOL_COUNT: /* true: all (KEEL_CHECKPOINT_ALL), false: 0, or a count */
+        if (cJSON_IsBool(v)) {
+            *(int *)field = cJSON_IsTrue(v) ? KEEL_CHECKPOINT_ALL : 0;
+            return KEEL_OK;
+        }
+        if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || !(v->valuedouble >= k->min) ||
+            !(v->valuedouble <= k->max)) {
+            snprintf(why, sizeof why, "must be true, false or a count in [%.0f, %.0f]", k->min, k->max);
+            return bad_value(origin, k, v, why);
+        }
+        *(int *)field = (int)v->valuedouble;
         return KEEL_OK;
     case K_STRING:
         if (cJSON_IsNull(v)) {
@@ -524,6 +538,16 @@ keel_status keel_config_set(keel_config *cfg, const char *assignment) {
     return st;
 }
 
+int keel_config_checkpoint_blocks(const keel_config *cfg) {
+    int n = cfg->fsdp.activation_checkpointing, L = cfg->model.n_layers;
+    return n == KEEL_CHECKPOINT_ALL || n > L ? L : n;
+}
+
+void keel_config_format_checkpointing(int n, char *out, size_t size) {
+    if (n == KEEL_CHECKPOINT_ALL || n == 0) snprintf(out, size, "%s", n ? "true" : "false");
+    else snprintf(out, size, "%d", n);
+}
+
 keel_status keel_config_finalize(keel_config *cfg) {
     const char *src = cfg->source ? cfg->source : "config";
     keel_model_config *m = &cfg->model;
@@ -549,6 +573,12 @@ keel_status keel_config_finalize(keel_config *cfg) {
     if (m->n_kv_heads > m->n_heads || m->n_heads % m->n_kv_heads != 0) {
         keel_errorf("%s: model.n_heads %d is not a multiple of model.n_kv_heads %d; use a "
                     "divisor of n_heads", src, m->n_heads, m->n_kv_heads);
+        return KEEL_ERR_INPUT;
+    }
+    int ac = cfg->fsdp.activation_checkpointing;
+    if (ac > m->n_layers) {
+        keel_errorf("%s: fsdp.activation_checkpointing %d is more than model.n_layers %d; use true to "
+                    "checkpoint every block", src, ac, m->n_layers);
         return KEEL_ERR_INPUT;
     }
     if (cfg->train.min_lr > cfg->train.lr) {
@@ -597,6 +627,13 @@ char *keel_config_to_json(const keel_config *cfg) {
         case K_U64: put(root, k->key, cJSON_CreateNumber((double)*(const uint64_t *)field)); break;
         case K_DOUBLE: put(root, k->key, cJSON_CreateNumber(*(const double *)field)); break;
         case K_BOOL: put(root, k->key, cJSON_CreateBool(*(const bool *)field)); break;
+        case K_BOOL_COUNT: {
+            int n = *(const int *)field;
+            put(root, k->key, n == KEEL_CHECKPOINT_ALL ? cJSON_CreateTrue()
+                              : n == 0                ? cJSON_CreateFalse()
+                                                      : cJSON_CreateNumber(n));
+            break;
+        }
         case K_STRING: {
             const char *s = *(char *const *)field;
             put(root, k->key, s ? cJSON_CreateString(s) : cJSON_CreateNull());
@@ -632,6 +669,7 @@ void keel_config_print_keys(void) {
         case K_U64: snprintf(def, sizeof def, "%llu", (unsigned long long)*(const uint64_t *)field); break;
         case K_DOUBLE: snprintf(def, sizeof def, "%g", *(const double *)field); break;
         case K_BOOL: snprintf(def, sizeof def, "%s", *(const bool *)field ? "true" : "false"); break;
+        case K_BOOL_COUNT: keel_config_format_checkpointing(*(const int *)field, def, sizeof def); break;
         case K_STRING: {
             const char *v = *(char *const *)field;
             snprintf(def, sizeof def, "%s", v ? v : "none");
@@ -642,6 +680,7 @@ void keel_config_print_keys(void) {
         }
         const char *type = k->type == K_FLAG_SECTION ? "object/false"
                            : k->type == K_BOOL       ? "bool"
+                           : k->type == K_BOOL_COUNT ? "bool or count"
                                                      : type_name(k->type);
         if (strncmp(type, "a ", 2) == 0) type += 2;
         if (strncmp(type, "an ", 3) == 0) type += 3;

@@ -67,7 +67,7 @@ void keel_fsdp_memory_plan_run(const keel_config *cfg, int world_size, bool dist
     keel_model_layout_init_units(&lay, &cfg->model, cfg->fsdp.unit);
     bool bf16 = cfg->fsdp.mixed_precision == KEEL_DTYPE_BF16;
     int B = cfg->train.micro_batch_size;
-    keel_model_options opts = {.checkpoint_activations = cfg->fsdp.activation_checkpointing, .bf16 = bf16};
+    keel_model_options opts = {.checkpoint_blocks = keel_config_checkpoint_blocks(cfg), .bf16 = bf16};
     keel_fsdp_memory m = {.activations = keel_model_activation_bytes(&lay, B, &opts)};
     m.workspaces = 4 * (int64_t)B * (lay.T + 1); /* the micro-batch's tokens (train.c) */
     int64_t shard = lay.n_params;

@@ -82,7 +82,8 @@ struct keel_model {
     bool have_dlogits;
     float grad_scale;     /* of the forward a backward follows */
     int head_rows;        /* rows of logits at a time: the whole (N, V) never exists */
-    bool checkpointing;   /* blocks share one set of activations; backward recomputes */
+    int checkpoint_blocks; /* the first ones share one set of activations (0..L) */
+    int recomputed_blocks; /* the first ones backward recomputes: checkpoint_blocks - 1 */
 };
 
 /* The activation table: every buffer with its size in floats, so one
@@ -102,11 +103,22 @@ static int head_rows(const keel_model_layout *lay, int B, const keel_model_optio
     return (int)(rows < 1 ? 1 : rows < N ? rows : N);
 }
 
-/* With checkpointing only each block's input is kept per layer; the rest is
- * one set that every block's forward overwrites and backward recomputes. */
+static int checkpoint_blocks(const keel_model_layout *lay, const keel_model_options *opts) {
+    int K = opts->checkpoint_blocks;
+    return K < 0 || K > lay->L ? lay->L : K;
+}
+
+int keel_model_recomputed_blocks(const keel_model_layout *lay, int K) {
+    K = K < 0 || K > lay->L ? lay->L : K;
+    return K > 0 ? K - 1 : 0;
+}
+
+/* The checkpointed blocks keep only their input per layer; the rest is one
+ * set (block 0's) that each of their forwards overwrites and backward
+ * recomputes, except for the last of them, whose forward wrote it last. */
 static int act_table(keel_model *m, const keel_model_layout *lay, int B,
                      const keel_model_options *opts, act_entry *tab) {
-    bool checkpointing = opts->checkpoint_activations;
+    int K = checkpoint_blocks(lay, opts);
     int64_t N = (int64_t)B * lay->T, C = lay->C, F = lay->F, V = lay->V;
     int64_t QD = (int64_t)lay->NH * lay->HS, KVD = (int64_t)lay->NKV * lay->HS;
     int64_t LSE = (int64_t)B * lay->NH * lay->T, HR = head_rows(lay, B, opts);
@@ -117,7 +129,7 @@ static int act_table(keel_model *m, const keel_model_layout *lay, int B,
         block_acts dummy;
         if (!a) a = &dummy;
         ACT(a->res, N * C);
-        if (checkpointing && l > 0) continue; /* shares layer 0's buffers */
+        if (l > 0 && l < K) continue; /* shares block 0's buffers */
         ACT(a->n1, N * C); ACT(a->rstd1, N);
         ACT(a->q, N * QD); ACT(a->k, N * KVD); ACT(a->v, N * KVD);
         ACT(a->lse, LSE); ACT(a->ao, N * QD); ACT(a->mid, N * C);
@@ -163,7 +175,8 @@ keel_status keel_model_build_with(const keel_model_config *cfg, int B,
     const keel_backend *be = m->be = opts->backend ? opts->backend : keel_backend_cpu();
     m->B_max = m->B = B;
     m->head_rows = head_rows(&m->lay, B, opts);
-    m->checkpointing = opts->checkpoint_activations;
+    m->checkpoint_blocks = checkpoint_blocks(&m->lay, opts);
+    m->recomputed_blocks = keel_model_recomputed_blocks(&m->lay, m->checkpoint_blocks);
     m->bf16 = opts->bf16;
     if (own_params) {
         m->params = be->alloc(sizeof(float) * (size_t)m->lay.n_params, "parameters");
@@ -193,7 +206,7 @@ keel_status keel_model_build_with(const keel_model_config *cfg, int B,
         p += (tab[i].floats + 15) / 16 * 16;
     }
     keel_free(tab);
-    for (int l = 1; m->checkpointing && l < m->lay.L; l++) {
+    for (int l = 1; l < m->checkpoint_blocks; l++) {
         float *res = m->acts[l].res;
         m->acts[l] = m->acts[0];
         m->acts[l].res = res;
@@ -266,9 +279,9 @@ static void progress(const keel_model *m, const char *doing) {
 }
 
 /* ---- the unit schedule -------------------------------------------------
- * Forward uses units 0, 1, ..., head; backward head, ..., 0, and with
- * checkpointing each block's units run forward once more (recomputation)
- * just before their backward. Each hook is told the next unit other than
+ * Forward uses units 0, 1, ..., head; backward head, ..., 0, and each
+ * recomputed block's units run forward once more (recomputation) just
+ * before their backward. Each hook is told the next unit other than
  * its own that the model will use, for FSDP to prefetch. */
 
 static bool last_of_block(const keel_model_layout *lay, int u) {
@@ -278,7 +291,8 @@ static bool last_of_block(const keel_model_layout *lay, int u) {
 static int next_backward(const keel_model *m, int u) {
     if (u == 0) return -1;
     int v = u - 1, P = m->lay.units_per_block;
-    if (m->checkpointing && last_of_block(&m->lay, v)) return 1 + (v - 1) / P * P; /* its recomputation */
+    if (last_of_block(&m->lay, v) && (v - 1) / P < m->recomputed_blocks)
+        return 1 + (v - 1) / P * P; /* its recomputation */
     return v;
 }
 
@@ -629,7 +643,7 @@ void keel_model_backward(keel_model *m) {
     for (int l = lay->L - 1; l >= 0; l--) {
         /* Recompute the block's activations from its saved input; the output
          * goes to res_final, which nothing needs after the head's backward. */
-        if (m->checkpointing) block_forward(m, l, m->res_final, true);
+        if (l < m->recomputed_blocks) block_forward(m, l, m->res_final, true);
         block_backward(m, l);
     }
 

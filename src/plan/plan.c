@@ -152,11 +152,13 @@ static void memory(const keel_config *cfg, const keel_cluster *cl, keel_plan_ent
     if (cl->device.kind != KEEL_DEVICE_CPU) e->memory.snapshot = 0; /* in the host's memory, not the GPU's */
     e->peak_bytes = keel_fsdp_memory_total(&e->memory);
     keel_config other = *cfg;
-    other.fsdp.activation_checkpointing = !cfg->fsdp.activation_checkpointing;
     keel_fsdp_memory m;
+    other.fsdp.activation_checkpointing = KEEL_CHECKPOINT_ALL;
     keel_fsdp_memory_plan_run(&other, W, true, cl->nodes, &m);
-    e->activations_with = cfg->fsdp.activation_checkpointing ? e->memory.activations : m.activations;
-    e->activations_without = cfg->fsdp.activation_checkpointing ? m.activations : e->memory.activations;
+    e->activations_with = m.activations;
+    other.fsdp.activation_checkpointing = 0;
+    keel_fsdp_memory_plan_run(&other, W, true, cl->nodes, &m);
+    e->activations_without = m.activations;
     const keel_device *d = &cl->device;
     e->budget_bytes = (int64_t)(d->kind == KEEL_DEVICE_CPU ? d->memory_bytes / cl->per_node : d->memory_bytes);
     e->fits = e->peak_bytes <= e->budget_bytes;
@@ -182,19 +184,20 @@ static void step_time(const keel_config *cfg, const keel_cluster *cl, keel_plan_
     unit_flops(&lay, c.fwd);
     double elem = bf16 ? 2 : 4, grad_elem = cfg->fsdp.reduce_dtype == KEEL_DTYPE_BF16 ? 2 : 4;
     e->compute_s = e->recompute_s = 0;
+    int recomputed = keel_model_recomputed_blocks(&lay, e->checkpoint_blocks);
     for (int u = 0; u < n; u++) {
         c.fwd[u] *= tokens / rate;
         c.bwd[u] = 2 * c.fwd[u];
         e->compute_s += accum * 3 * c.fwd[u];
-        bool block = u >= 1 && u < n - 1;
-        if (e->checkpointing && block) { /* blocks recompute their forward */
+        bool block = u >= 1 && u < n - 1, recompute = block && (u - 1) / lay.units_per_block < recomputed;
+        if (recompute) { /* the first checkpointed blocks recompute their forward */
             c.bwd[u] += c.fwd[u];
             e->recompute_s += accum * c.fwd[u];
         }
         c.gather[u] = ring_s(d, mem_bw, &shard, elem * (double)plan.units[u].padded, false);
         /* a block of several units gathers each again for its recomputation
          * (all but its last, kept for backward: counted for every one) */
-        bool regather = e->checkpointing && block && lay.units_per_block > 1 &&
+        bool regather = recompute && lay.units_per_block > 1 &&
                         e->strategy != KEEL_FSDP_SHARD_GRAD_OP;
         c.bwd_gather[u] = (regather ? 2 : 1) * c.gather[u];
         /* a shard group of one (no_shard) reduce-scatters in place: nothing moves */
@@ -238,7 +241,7 @@ void keel_plan_entry_make(const keel_config *cfg, const keel_cluster *cl, keel_p
     *e = (keel_plan_entry){.strategy = c.fsdp.strategy,
                            .shard_group = shard_ranks_of(&c, W),
                            .unit = c.fsdp.unit,
-                           .checkpointing = c.fsdp.activation_checkpointing,
+                           .checkpoint_blocks = keel_config_checkpoint_blocks(&c),
                            .micro_batch = c.train.micro_batch_size,
                            .grad_accum = c.train.grad_accum_steps};
     e->replicas = W / e->shard_group;
@@ -262,9 +265,11 @@ static bool better(const keel_plan_entry *a, const keel_plan_entry *b) {
  * micro-batches — the config's sequences per rank and optimizer step
  * (micro_batch_size x grad_accum_steps) split into micro-batches of every
  * divisor, so the global batch stays the config's — each up to the first
- * micro-batch that does not fit; block units, and matrix units only when no
- * plan with blocks fits (they cost 5x the collectives); when none fits, the
- * smallest plan (which says by how much). */
+ * micro-batch that does not fit even with every block checkpointed, and at
+ * each the fewest checkpointed blocks that fit (recomputation only costs
+ * time); block units, and matrix units only when no plan with blocks fits
+ * (they cost 5x the collectives); when none fits, the smallest plan (which
+ * says by how much). */
 static void search_units(const keel_config *cfg, const keel_cluster *cl, keel_unit_kind unit, keel_plan *p,
                          bool *any);
 static void search(const keel_config *cfg, const keel_cluster *cl, keel_plan *p) {
@@ -273,26 +278,52 @@ static void search(const keel_config *cfg, const keel_cluster *cl, keel_plan *p)
     if (!p->best.fits) search_units(cfg, cl, KEEL_UNIT_MATRIX, p, &any);
 }
 
+static void consider(keel_plan *p, const keel_plan_entry *e, bool *any) {
+    bool take = !*any || (e->fits && (!p->best.fits || better(e, &p->best))) ||
+                (!e->fits && !p->best.fits && e->peak_bytes < p->best.peak_bytes);
+    if (take) p->best = *e, *any = true;
+}
+
+/* c with K checkpointed blocks as an entry. */
+static void entry_at(keel_config *c, const keel_cluster *cl, int K, keel_plan_entry *e) {
+    c->fsdp.activation_checkpointing = K;
+    keel_plan_entry_make(c, cl, e);
+}
+
 static void search_units(const keel_config *cfg, const keel_cluster *cl, keel_unit_kind unit, keel_plan *p,
                          bool *any) {
     int64_t per_rank = (int64_t)cfg->train.micro_batch_size * cfg->train.grad_accum_steps;
+    int L = cfg->model.n_layers;
     for (int s = 0; s < KEEL_PLAN_STRATEGIES; s++)
-        for (int ac = 0; ac < 2; ac++)
-            for (int B = 1; B <= per_rank && B <= MAX_MICRO_BATCH; B++) {
-                if (per_rank % B || per_rank / B > INT32_MAX) continue;
-                keel_config c = *cfg;
-                c.fsdp.strategy = STRATEGIES[s];
-                c.fsdp.unit = unit;
-                c.fsdp.activation_checkpointing = ac;
-                c.train.micro_batch_size = B;
-                c.train.grad_accum_steps = (int)(per_rank / B);
-                keel_plan_entry e;
-                keel_plan_entry_make(&c, cl, &e);
-                bool take = !*any || (e.fits && (!p->best.fits || better(&e, &p->best))) ||
-                            (!e.fits && !p->best.fits && e.peak_bytes < p->best.peak_bytes);
-                if (take) p->best = e, *any = true;
-                if (!e.fits) break; /* memory grows with the micro-batch */
+        for (int B = 1; B <= per_rank && B <= MAX_MICRO_BATCH; B++) {
+            if (per_rank % B || per_rank / B > INT32_MAX) continue;
+            keel_config c = *cfg;
+            c.fsdp.strategy = STRATEGIES[s];
+            c.fsdp.unit = unit;
+            c.train.micro_batch_size = B;
+            c.train.grad_accum_steps = (int)(per_rank / B);
+            keel_plan_entry e;
+            entry_at(&c, cl, 0, &e);
+            if (!e.fits) {
+                keel_plan_entry all;
+                entry_at(&c, cl, L, &all);
+                if (!all.fits) { /* memory grows with the micro-batch */
+                    consider(p, &all, any);
+                    break;
+                }
+                /* memory falls as K grows: the fewest blocks that fit, in (lo, hi] */
+                int lo = 0, hi = L;
+                e = all;
+                while (hi - lo > 1) {
+                    int mid = lo + (hi - lo) / 2;
+                    keel_plan_entry m;
+                    entry_at(&c, cl, mid, &m);
+                    if (m.fits) hi = mid, e = m;
+                    else lo = mid;
+                }
             }
+            consider(p, &e, any);
+        }
 }
 
 void keel_plan_make(const keel_config *cfg, const keel_cluster *cl, keel_plan *p) {

@@ -121,18 +121,34 @@ static void print_time(FILE *out, const keel_plan *p) {
     fprintf(out, "\n");
 }
 
+/* fsdp.activation_checkpointing of an entry as the config takes it, and in words. */
+static const char *checkpointing_value(const keel_plan *p, const keel_plan_entry *e, char *buf, size_t n) {
+    int K = e->checkpoint_blocks;
+    keel_config_format_checkpointing(K == p->cfg->model.n_layers ? KEEL_CHECKPOINT_ALL : K, buf, n);
+    return buf;
+}
+
+static const char *checkpointing_words(const keel_plan *p, const keel_plan_entry *e, char *buf, size_t n) {
+    int K = e->checkpoint_blocks, L = p->cfg->model.n_layers;
+    if (K == 0 || K == L) snprintf(buf, n, "%s", K ? "on" : "off");
+    else snprintf(buf, n, "on for %d of %d blocks", K, L);
+    return buf;
+}
+
 void keel_plan_print(FILE *out, const keel_plan *p) {
     print_cluster(out, p);
     const keel_plan_entry *e = &p->strategies[0];
+    char ac[48];
     fprintf(out, "as configured: micro-batch %d x %d accumulation, activation checkpointing %s, prefetch %s\n",
-            e->micro_batch, e->grad_accum, e->checkpointing ? "on" : "off", p->cfg->fsdp.prefetch ? "on" : "off");
+            e->micro_batch, e->grad_accum, checkpointing_words(p, e, ac, sizeof ac),
+            p->cfg->fsdp.prefetch ? "on" : "off");
     print_memory(out, p);
     print_time(out, p);
     const keel_plan_entry *b = &p->best;
     if (!b->fits) {
         fprintf(out, "\nNO PLAN FITS: the smallest, %s with %s units and activation checkpointing %s at micro-batch "
                 "%d, needs %.2f GiB per rank and a rank has %.2f; add ranks or use a device with more memory\n",
-                keel_strategy_name(b->strategy), keel_unit_kind_name(b->unit), b->checkpointing ? "on" : "off",
+                keel_strategy_name(b->strategy), keel_unit_kind_name(b->unit), checkpointing_words(p, b, ac, sizeof ac),
                 b->micro_batch,
                 b->peak_bytes / GIB, b->budget_bytes / GIB);
         return;
@@ -141,12 +157,12 @@ void keel_plan_print(FILE *out, const keel_plan *p) {
             "micro-batch %d x %d: %.2f GiB of %.2f per rank, %.4g s per step, %.0f tokens/s, scaling efficiency %.3f\n",
             keel_strategy_name(b->strategy), b->shard_group, b->replicas,
             b->strategy == KEEL_FSDP_HYBRID_SHARD ? ", a node each" : "", keel_unit_kind_name(b->unit),
-            b->checkpointing ? "on" : "off",
+            checkpointing_words(p, b, ac, sizeof ac),
             b->micro_batch, b->grad_accum, b->peak_bytes / GIB, b->budget_bytes / GIB, b->step_s, b->tokens_per_s,
             b->scaling_efficiency);
     fprintf(out, "  --set fsdp.strategy=%s --set fsdp.unit=%s --set fsdp.activation_checkpointing=%s "
             "--set train.micro_batch_size=%d --set train.grad_accum_steps=%d%s", keel_strategy_name(b->strategy),
-            keel_unit_kind_name(b->unit), b->checkpointing ? "true" : "false",
+            keel_unit_kind_name(b->unit), checkpointing_value(p, b, ac, sizeof ac),
             b->micro_batch, b->grad_accum,
             b->strategy == KEEL_FSDP_HYBRID_SHARD ? " --set fsdp.shard_group_size=" : "");
     if (b->strategy == KEEL_FSDP_HYBRID_SHARD) fprintf(out, "%d", b->shard_group);
@@ -155,13 +171,17 @@ void keel_plan_print(FILE *out, const keel_plan *p) {
 
 /* ---- JSON ------------------------------------------------------------------ */
 
-static cJSON *entry_json(const keel_plan_entry *e) {
+static cJSON *entry_json(const keel_plan_entry *e, int L) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "strategy", keel_strategy_name(e->strategy));
     cJSON_AddNumberToObject(o, "shard_group", e->shard_group);
     cJSON_AddNumberToObject(o, "replicas", e->replicas);
     cJSON_AddStringToObject(o, "unit", keel_unit_kind_name(e->unit));
-    cJSON_AddBoolToObject(o, "activation_checkpointing", e->checkpointing);
+    /* as the config takes it: true (every block), false or the count */
+    if (e->checkpoint_blocks == 0 || e->checkpoint_blocks == L)
+        cJSON_AddBoolToObject(o, "activation_checkpointing", e->checkpoint_blocks == L);
+    else
+        cJSON_AddNumberToObject(o, "activation_checkpointing", e->checkpoint_blocks);
     cJSON_AddNumberToObject(o, "micro_batch", e->micro_batch);
     cJSON_AddNumberToObject(o, "grad_accum", e->grad_accum);
     cJSON *mem = cJSON_AddObjectToObject(o, "memory");
@@ -231,8 +251,9 @@ char *keel_plan_json(const keel_plan *p) {
     cJSON_AddStringToObject(m, "mixed_precision", keel_dtype_name(p->cfg->fsdp.mixed_precision));
     cJSON_AddItemToObject(o, "cluster", cluster_json(p));
     cJSON *list = cJSON_AddArrayToObject(o, "strategies");
-    for (int s = 0; s < KEEL_PLAN_STRATEGIES; s++) cJSON_AddItemToArray(list, entry_json(&p->strategies[s]));
-    cJSON_AddItemToObject(o, "recommendation", entry_json(&p->best));
+    int L = p->cfg->model.n_layers;
+    for (int s = 0; s < KEEL_PLAN_STRATEGIES; s++) cJSON_AddItemToArray(list, entry_json(&p->strategies[s], L));
+    cJSON_AddItemToObject(o, "recommendation", entry_json(&p->best, L));
     cJSON_AddBoolToObject(o, "fits", p->best.fits);
     char *text = cJSON_Print(o);
     cJSON_Delete(o);

@@ -214,8 +214,9 @@ keel_status keel_run_check_device_memory(const keel_config *cfg, int world_size,
     double need = on_device(&m), free_b = (double)be->memory_free();
     if (free_b > 0 && need > free_b) {
         keel_errorf("%s: this run needs %.1f GiB of %s memory per rank but %.1f GiB is free; lower "
-                    "train.micro_batch_size, turn on fsdp.activation_checkpointing, use more ranks or a smaller "
-                    "model (`keel train --dry-run` shows the breakdown)", source(cfg), gib(need), be->name,
+                    "train.micro_batch_size, checkpoint more blocks (fsdp.activation_checkpointing: `keel plan "
+                    "--memory GIB` finds the fewest that fit), use more ranks or a smaller model (`keel train "
+                    "--dry-run` shows the breakdown)", source(cfg), gib(need), be->name,
                     gib(free_b));
         return KEEL_ERR_INPUT;
     }

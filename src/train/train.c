@@ -216,7 +216,7 @@ static void rank_memory(trainer *t, double out[MEM_FIELDS]) {
     out[MEM_GRADS] = (double)params;
     out[MEM_OPTIMIZER] = (double)keel_optim_state_bytes(t->opt);
     out[MEM_COMPUTE] = (double)compute;
-    keel_model_options opts = {.checkpoint_activations = t->cfg->fsdp.activation_checkpointing,
+    keel_model_options opts = {.checkpoint_blocks = keel_config_checkpoint_blocks(t->cfg),
                                .bf16 = t->bf16};
     out[MEM_ACTIVATIONS] = (double)keel_model_activation_bytes(lay, t->cfg->train.micro_batch_size, &opts);
     out[MEM_CKPT] = (double)trainer_ckpt_buffer_bytes(t);
@@ -541,7 +541,7 @@ static keel_status build_state(trainer *t) {
     keel_status st = KEEL_OK;
     int B = cfg->train.micro_batch_size;
     keel_model_options opts = {.own_params = !t->world,
-                               .checkpoint_activations = cfg->fsdp.activation_checkpointing,
+                               .checkpoint_blocks = keel_config_checkpoint_blocks(cfg),
                                .bf16 = t->bf16,
                                .unit = cfg->fsdp.unit,
                                .backend = t->be};

@@ -28,6 +28,10 @@ int main(void) {
            "--set a name");
     EXPECT(keel_config_set(&a, "fsdp.mixed_precision=\"bf16\"") == KEEL_OK &&
                a.fsdp.mixed_precision == KEEL_DTYPE_BF16, "--set a JSON string name");
+    EXPECT(keel_config_set(&a, "fsdp.activation_checkpointing=true") == KEEL_OK &&
+               keel_config_checkpoint_blocks(&a) == a.model.n_layers, "checkpointing true: every block");
+    EXPECT(keel_config_set(&a, "fsdp.activation_checkpointing=3") == KEEL_OK &&
+               keel_config_checkpoint_blocks(&a) == 3, "checkpointing a count: the first blocks");
     EXPECT(keel_config_finalize(&a) == KEEL_OK && a.model.n_kv_heads == 4, "finalize fills n_kv_heads");
     EXPECT(a.data.synthetic && a.data.synthetic_branching == 3, "synthetic section parsed");
 
@@ -40,6 +44,7 @@ int main(void) {
     EXPECT(!strcmp(json, json2), "resolved JSON round-trips exactly");
     EXPECT(strstr(json, "\"health_checks\":\t[\"gemm\", \"mpi\"]") != NULL, "a list is a JSON array of names");
     EXPECT(strstr(json, "\"strategy\":\t\"hybrid_shard\"") != NULL, "a name is a JSON string");
+    EXPECT(strstr(json, "\"activation_checkpointing\":\t3") != NULL, "a checkpointing count is a JSON number");
     free(json);
     free(json2);
 
@@ -53,6 +58,12 @@ int main(void) {
     EXPECT(keel_config_set(&c, "train.steps=1.5") == KEEL_ERR_INPUT, "fraction for int rejected");
     EXPECT(keel_config_set(&c, "train.steps=-1") == KEEL_ERR_INPUT, "negative steps rejected");
     EXPECT(keel_config_set(&c, "model.tie_embeddings=1") == KEEL_ERR_INPUT, "number for bool rejected");
+    EXPECT(keel_config_set(&c, "fsdp.activation_checkpointing=-1") == KEEL_ERR_INPUT &&
+               keel_config_set(&c, "fsdp.activation_checkpointing=2.5") == KEEL_ERR_INPUT &&
+               keel_config_set(&c, "fsdp.activation_checkpointing=all") == KEEL_ERR_INPUT,
+           "checkpointing: a negative, a fraction or a name rejected");
+    EXPECT(keel_config_set(&c, "fsdp.activation_checkpointing=false") == KEEL_OK &&
+               keel_config_checkpoint_blocks(&c) == 0, "checkpointing false: none");
     EXPECT(keel_config_load_string(&c, "[1,2]", "t") == KEEL_ERR_INPUT, "non-object rejected");
     EXPECT(keel_config_load_string(&c, "{\"resilience\": {\"health_checks\": [1]}}", "t") == KEEL_ERR_INPUT,
            "list of numbers rejected");
@@ -78,6 +89,11 @@ int main(void) {
     EXPECT(keel_config_load_string(&c, "{\"model\": 3}", "t") == KEEL_ERR_INPUT, "section must be object");
     EXPECT(keel_config_load_string(&c, "{\"model\": {\"dim\": 100, \"n_heads\": 3}}", "t") == KEEL_OK &&
                keel_config_finalize(&c) == KEEL_ERR_INPUT, "dim %% n_heads rejected");
+    keel_config_free(&c);
+    keel_config_defaults(&c);
+    EXPECT(keel_config_set(&c, "fsdp.activation_checkpointing=7") == KEEL_OK &&
+               keel_config_set(&c, "model.n_layers=6") == KEEL_OK && keel_config_finalize(&c) == KEEL_ERR_INPUT,
+           "checkpointing more blocks than model.n_layers rejected");
     keel_config_free(&a);
     keel_config_free(&b);
     keel_config_free(&c);

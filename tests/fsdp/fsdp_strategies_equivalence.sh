@@ -4,8 +4,10 @@
 # |dp|/|p| <= 1e-5; each rank's persistent state is exactly 16 bytes x padded
 # params / (ranks in its shard group) — W for FULL_SHARD. Odd shapes make every
 # unit need padding; tied heads run on 3 ranks. HYBRID_SHARD: groups of 2.
-# Matrix units (fsdp.unit matrix: 5 per block), with and without activation
-# checkpointing (whose recomputation gathers a block's units again), follow too.
+# Matrix units (fsdp.unit matrix: 5 per block), with activation checkpointing
+# of no block, of the first 2 of 3 (block 0 recomputed, block 1's activations
+# kept in place, block 2 not checkpointed) and of all (whose recomputation
+# gathers a block's units again), follow too.
 source "$KEEL_SRC/tests/lib.sh"
 prog=$KEEL_BUILD/tests/mpi_fsdp_equivalence
 [ -x "$prog" ] || fail "$prog not built"
@@ -23,10 +25,11 @@ done
 run 2 0 hybrid_shard 2
 run 4 0 hybrid_shard 2
 run 4 1 hybrid_shard 2
-for ac in false true; do
+for ac in false 2 true; do
   run 2 0 full_shard 0 fsdp.unit=matrix fsdp.activation_checkpointing=$ac
   run 3 1 full_shard 0 fsdp.unit=matrix fsdp.activation_checkpointing=$ac
   run 2 0 shard_grad_op 0 fsdp.unit=matrix fsdp.activation_checkpointing=$ac
   run 4 0 hybrid_shard 2 fsdp.unit=matrix fsdp.activation_checkpointing=$ac
 done
 run 2 0 full_shard 0 fsdp.activation_checkpointing=true
+run 3 0 full_shard 0 fsdp.activation_checkpointing=2

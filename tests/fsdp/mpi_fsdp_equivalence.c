@@ -83,7 +83,7 @@ int main(int argc, char **argv) {
 
     keel_model *m;
     keel_model_options opts = {.unit = cfg.fsdp.unit,
-                               .checkpoint_activations = cfg.fsdp.activation_checkpointing};
+                               .checkpoint_blocks = keel_config_checkpoint_blocks(&cfg)};
     keel_model_build_with(&cfg.model, B, &opts, &m);
     keel_fsdp *f;
     if (keel_fsdp_build(m, world, strategy, group_size, &f) != KEEL_OK) return 2;

@@ -16,7 +16,7 @@ static int64_t activation_bytes(int T, bool checkpointing, bool bf16) {
                             .rope_theta = 10000, .max_seq_len = T};
     keel_model_layout lay;
     keel_model_layout_init(&lay, &mc);
-    keel_model_options opts = {.checkpoint_activations = checkpointing, .bf16 = bf16};
+    keel_model_options opts = {.checkpoint_blocks = checkpointing ? KEEL_CHECKPOINT_ALL : 0, .bf16 = bf16};
     int64_t bytes = keel_model_activation_bytes(&lay, 1, &opts);
     keel_model_layout_free(&lay);
     return bytes;

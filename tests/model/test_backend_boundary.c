@@ -54,7 +54,7 @@ static double step(const keel_backend *be, bool bf16, bool ckpt, float *grads, i
     int B = 2, T = mc.max_seq_len;
     int32_t tokens[2 * 21];
     for (int i = 0; i < 2 * 21; i++) tokens[i] = (i * 17 + 3) % mc.vocab_size;
-    keel_model_options opts = {.own_params = true, .checkpoint_activations = ckpt, .bf16 = bf16, .backend = be};
+    keel_model_options opts = {.own_params = true, .checkpoint_blocks = ckpt ? KEEL_CHECKPOINT_ALL : 0, .bf16 = bf16, .backend = be};
     keel_model *m;
     keel_model_build_with(&mc, B, &opts, &m);
     keel_model_init_weights(m, 5);

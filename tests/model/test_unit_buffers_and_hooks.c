@@ -1,5 +1,5 @@
-/* The FSDP contract of the model, for block and matrix units, with and
- * without activation checkpointing: units can live in separate buffers, the
+/* The FSDP contract of the model, for block and matrix units, with
+ * activation checkpointing of none, some and all blocks: units can live in separate buffers, the
  * hooks run in the documented order, each hook's `next` is the unit the
  * model really uses next, and a unit's parameters are read only between its
  * before_* and after_* hooks — poisoning them outside that window (what
@@ -65,10 +65,11 @@ static bool next_is_true(const hooks_ctx *h) {
     return true;
 }
 
-/* The documented order: forward 0..head; backward head..0, each block's
- * units recomputed (forward order) just before their backward when
- * checkpointing. */
-static int expected_order(const keel_model_layout *lay, bool checkpointing, char want[][24]) {
+/* The documented order: forward 0..head; backward head..0, the units of
+ * each of the first K - 1 blocks recomputed (forward order) just before
+ * their backward when the first K blocks are checkpointed (the last of them
+ * still has its activations). */
+static int expected_order(const keel_model_layout *lay, int K, char want[][24]) {
     int n = 0, head = lay->n_units - 1, P = lay->units_per_block;
     for (int u = 0; u <= head; u++) {
         snprintf(want[n++], 24, "f+%d", u);
@@ -78,7 +79,7 @@ static int expected_order(const keel_model_layout *lay, bool checkpointing, char
     snprintf(want[n++], 24, "b-%d", head);
     for (int l = lay->L - 1; l >= 0; l--) {
         int first = keel_model_block_unit(lay, l);
-        for (int u = first; checkpointing && u < first + P; u++) {
+        for (int u = first; l < K - 1 && u < first + P; u++) {
             snprintf(want[n++], 24, "f+%d", u);
             snprintf(want[n++], 24, "f-%d", u);
         }
@@ -110,9 +111,9 @@ int main(void) {
     keel_model_backward(ref);
 
     for (int kind = KEEL_UNIT_BLOCK; kind <= KEEL_UNIT_MATRIX; kind++)
-        for (int checkpointing = 0; checkpointing <= 1; checkpointing++) {
+        for (int K = 0; K <= mc.n_layers; K++) { /* the first K blocks */
             const char *name = keel_unit_kind_name((keel_unit_kind)kind);
-            keel_model_options opts = {.unit = (keel_unit_kind)kind, .checkpoint_activations = checkpointing};
+            keel_model_options opts = {.unit = (keel_unit_kind)kind, .checkpoint_blocks = K};
             keel_model *m;
             keel_model_build_with(&mc, B, &opts, &m);
             const keel_model_layout *lay = keel_model_get_layout(m);
@@ -138,23 +139,23 @@ int main(void) {
             double loss = keel_model_forward(m, tokens, B, 1.0f / (float)(B * T));
             keel_model_backward(m);
 
-            EXPECT(loss == loss_ref, "%s units, checkpointing %d: loss %.9g with separate, "
-                   "poisoned-outside-window unit buffers, %.9g without", name, checkpointing, loss, loss_ref);
+            EXPECT(loss == loss_ref, "%s units, checkpointing K %d: loss %.9g with separate, "
+                   "poisoned-outside-window unit buffers, %.9g without", name, K, loss, loss_ref);
             for (int u = 0; u < lay->n_units; u++)
                 EXPECT(!memcmp(grads[u], keel_model_grads(ref) + lay->unit_offset[u],
                                sizeof(float) * (size_t)lay->unit_size[u]),
-                       "%s units, checkpointing %d: unit %d gradients bit-identical", name, checkpointing, u);
+                       "%s units, checkpointing K %d: unit %d gradients bit-identical", name, K, u);
             EXPECT(lay->n_params == ref_lay->n_params && lay->unit_offset[lay->n_units - 1] ==
                    ref_lay->unit_offset[ref_lay->n_units - 1], "%s units tile the same parameters", name);
 
             static char want[512][24];
-            int n = expected_order(lay, checkpointing, want);
+            int n = expected_order(lay, K, want);
             bool order_ok = n == h.n;
             for (int i = 0; order_ok && i < n; i++) order_ok = !strcmp(want[i], h.order[i]);
-            EXPECT(order_ok, "%s units, checkpointing %d: hooks run in compute order (%d calls, want %d)",
-                   name, checkpointing, h.n, n);
-            EXPECT(next_is_true(&h), "%s units, checkpointing %d: every hook's next is the unit used next",
-                   name, checkpointing);
+            EXPECT(order_ok, "%s units, checkpointing K %d: hooks run in compute order (%d calls, want %d)",
+                   name, K, h.n, n);
+            EXPECT(next_is_true(&h), "%s units, checkpointing K %d: every hook's next is the unit used next",
+                   name, K);
             EXPECT(progress == n / 2, "progress after each unit's forward and backward: %d calls, want %d",
                    progress, n / 2);
 

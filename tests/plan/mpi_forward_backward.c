@@ -54,7 +54,7 @@ int main(int argc, char **argv) {
     keel_kernels_init(cfg.train.threads ? cfg.train.threads : (cores / local > 1 ? cores / local : 1));
 
     int B = cfg.train.micro_batch_size, T = cfg.model.max_seq_len;
-    keel_model_options opts = {.checkpoint_activations = cfg.fsdp.activation_checkpointing,
+    keel_model_options opts = {.checkpoint_blocks = keel_config_checkpoint_blocks(&cfg),
                                .bf16 = cfg.fsdp.mixed_precision == KEEL_DTYPE_BF16,
                                .unit = cfg.fsdp.unit};
     keel_model *m;

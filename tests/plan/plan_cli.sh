@@ -4,7 +4,9 @@
 # recommendation: bytes by category adding up to peak_bytes, fits,
 # scaling_efficiency in (0, 1]); a plan that cannot fit says so and exits 1;
 # more ranks shrink the sharded state and a slower network costs scaling
-# efficiency; the plan's memory on this machine is `keel train --dry-run`'s
+# efficiency; with --memory between "nothing checkpointed" and "every block"
+# the recommendation checkpoints a count of blocks, which keel train takes;
+# the plan's memory on this machine is `keel train --dry-run`'s
 # (one source); the shipped Llama 2 configs have Llama 2's published
 # parameter counts; and the on-paper plan for Llama 2 7B on 16 nodes x 8 H100
 # lands in the band of the published 87% (README, `keel plan`).
@@ -19,6 +21,7 @@ expect_input_error "no nodes" "error: --nodes '0': expected a whole number" plan
 expect_input_error "ranks per node not a number" "error: --per-node '8x'" plan "$CFG" --per-node 8x
 expect_input_error "negative network" "error: --net '-5'" plan "$CFG" --device h100 --net -5
 expect_input_error "MFU above 1" "error: --mfu '1.5'" plan "$CFG" --device h100 --mfu 1.5
+expect_input_error "no memory" "error: --memory '0'" plan "$CFG" --device h100 --memory 0
 echo "hello" >"$TMP/notes.json"
 expect_input_error "a file that is not a config" "notes.json: invalid JSON" plan "$TMP/notes.json" --device h100
 echo '[1, 2]' >"$TMP/list.json"
@@ -76,6 +79,40 @@ plan "$KEEL_SRC/configs/llama2-70b-slice.json" --device h100 --per-node 1 --set 
 plan "$KEEL_SRC/configs/llama2-70b-slice.json" --device h100 --per-node 1 --set model.n_layers=5 \
   --set model.max_seq_len=1024 | grep -q -- "--set fsdp.unit=matrix" || fail "the text plan must say --set fsdp.unit=matrix"
 pass "five 70B-width layers on one h100: no block plan fits, matrix units do and are recommended"
+
+# --- some blocks checkpointed: Llama 2 7B on one h200 with --memory ----------------------
+# nothing checkpointed needs ~139 GiB, everything ~110: at 130 GiB the plan checkpoints the
+# fewest blocks that fit, a count between, in JSON and in the text's --set line
+for mem in 130 139.5 100; do
+  rc=0
+  plan "$KEEL_SRC/configs/llama2-7b.json" --device h200 --per-node 1 --set fsdp.mixed_precision=bf16 --memory $mem \
+    --json >"$TMP/7b-$mem.json" || rc=$?
+  echo "$rc" >"$TMP/7b-$mem.rc"
+done
+python3 - "$TMP" <<'PY' || fail "llama2-7b on one h200 with --memory"
+import json, sys
+d = sys.argv[1]
+p = {m: json.load(open(f"{d}/7b-{m}.json")) for m in ("130", "139.5", "100")}
+rc = {m: open(f"{d}/7b-{m}.rc").read().strip() for m in p}
+mid, none = p["130"]["recommendation"], p["139.5"]["recommendation"]
+assert rc == {"130": "0", "139.5": "0", "100": "1"}, rc
+assert mid["budget_bytes"] == 130 * 2**30 and mid["fits"], mid["budget_bytes"]
+k = mid["activation_checkpointing"]
+assert type(k) is int and 1 < k < 32, f"at 130 GiB: checkpointing {k!r}, want a count of blocks"
+assert none["activation_checkpointing"] is False, none["activation_checkpointing"]
+assert none["time"]["recompute_s"] < mid["time"]["recompute_s"], "fewer checkpointed blocks, less recomputation"
+assert not p["100"]["recommendation"]["fits"] and p["100"]["recommendation"]["activation_checkpointing"] is True
+print(f"ok   7b on one h200: 139.5 GiB none, 130 GiB {k} of 32 blocks, 100 GiB nothing fits (exit 1)")
+PY
+k=$(json "$TMP/7b-130.json" 'j["recommendation"]["activation_checkpointing"]')
+"$K" plan "$KEEL_SRC/configs/llama2-7b.json" --device h200 --per-node 1 --set fsdp.mixed_precision=bf16 --memory 130 |
+  grep -q -- "--set fsdp.activation_checkpointing=$k " || fail "the text plan must say --set fsdp.activation_checkpointing=$k"
+# the plan runs: keel train takes the count it prints (and --dry-run's activations match the plan's)
+want=$(json "$TMP/7b-130.json" '"%.3f" % (j["recommendation"]["memory"]["activations"] / 2**30)')
+got=$("$K" train "$KEEL_SRC/configs/llama2-7b.json" --set fsdp.mixed_precision=bf16 --set fsdp.activation_checkpointing=$k \
+  --dry-run | awk '/^  activations/ {print $2}')
+[ "$got" = "$want" ] || fail "activations at $k checkpointed blocks: dry-run $got GiB, plan $want GiB"
+pass "llama2-7b on one h200: --memory 130 checkpoints $k of 32 blocks (the fewest that fit), $want GiB of activations"
 
 # --- more ranks, slower network ---------------------------------------------------
 per_rank() { plan "$KEEL_SRC/configs/llama2-13b.json" --device h100 "$@" --json |

@@ -3,9 +3,10 @@
  * communication costs nothing and scales perfectly; slow communication
  * bounds the step; bandwidth scales transfer time; prefetch hides gathers;
  * replicas all-reduce after backward (exposed) and only with replicas;
- * checkpointing trades activations for recompute; accumulation repeats the
- * per-micro-batch work; the recommendation is the fastest plan that fits,
- * and when nothing fits it is the smallest plan, marked so. */
+ * checkpointing trades activations for recompute, block by block;
+ * accumulation repeats the per-micro-batch work; the recommendation is the
+ * fastest plan that fits, checkpointing no more blocks than it must, and
+ * when nothing fits it is the smallest plan, marked so. */
 #include <math.h>
 
 #include "keel/plan.h"
@@ -113,16 +114,25 @@ static void check_replicas(const keel_config *cfg) {
 static void check_checkpointing_and_accumulation(const keel_config *cfg) {
     keel_cluster cl = cluster(1, 8);
     keel_config c = *cfg;
-    c.fsdp.activation_checkpointing = true;
-    keel_plan_entry on, off;
+    c.fsdp.activation_checkpointing = KEEL_CHECKPOINT_ALL;
+    keel_plan_entry on, off, part;
     entry(&c, KEEL_FSDP_FULL_SHARD, &cl, &on);
     entry(cfg, KEEL_FSDP_FULL_SHARD, &cl, &off);
-    EXPECT(on.recompute_s > 0 && on.recompute_s < on.compute_s / 3 && off.recompute_s == 0,
-           "checkpointing recomputes the blocks' forward (%.3g s of %.3g)", on.recompute_s, on.compute_s);
+    int L = cfg->model.n_layers;
+    EXPECT(on.checkpoint_blocks == L && on.recompute_s > 0 && on.recompute_s < on.compute_s / 3 &&
+               off.recompute_s == 0,
+           "checkpointing recomputes the blocks' forward but the last's (%.3g s of %.3g)", on.recompute_s,
+           on.compute_s);
     EXPECT(on.memory.activations == on.activations_with && off.memory.activations == off.activations_without &&
                on.activations_with < on.activations_without && on.activations_without == off.activations_without,
            "activations with checkpointing %lld < without %lld", (long long)on.activations_with,
            (long long)on.activations_without);
+    c.fsdp.activation_checkpointing = 2; /* the first two blocks: one recomputed */
+    entry(&c, KEEL_FSDP_FULL_SHARD, &cl, &part);
+    EXPECT(fabs(part.recompute_s * (L - 1) - on.recompute_s) < 1e-9 * on.recompute_s &&
+               part.memory.activations < off.memory.activations && part.memory.activations > on.memory.activations,
+           "2 of %d blocks checkpointed: 1/%d of the recomputation (%.3g s), activations between (%lld)", L, L - 1,
+           part.recompute_s, (long long)part.memory.activations);
     c = *cfg;
     c.train.grad_accum_steps = 4;
     keel_plan_entry acc;
@@ -148,7 +158,7 @@ static void check_recommendation(const keel_config *cfg) {
     keel_plan_make(&c, &cl, &p);
     bool beaten = false;
     for (int s = 0; s < 4; s++)
-        for (int ac = 0; ac < 2; ac++)
+        for (int ac = 0; ac <= c.model.n_layers; ac++)
             for (int B = 1; B <= 8; B *= 2) {
                 keel_config x = c;
                 x.fsdp.strategy = (keel_fsdp_strategy)s;
@@ -168,7 +178,7 @@ static void check_recommendation(const keel_config *cfg) {
     for (int s = 0; s < 4; s++) {
         keel_config x = c;
         x.fsdp.strategy = (keel_fsdp_strategy)s;
-        x.fsdp.activation_checkpointing = true;
+        x.fsdp.activation_checkpointing = KEEL_CHECKPOINT_ALL;
         x.train.micro_batch_size = 1;
         x.train.grad_accum_steps = 8;
         keel_plan_entry e;
@@ -180,6 +190,28 @@ static void check_recommendation(const keel_config *cfg) {
            (long long)p.best.peak_bytes);
 }
 
+/* A rank with room for some blocks' activations but not all: the
+ * recommendation checkpoints the fewest blocks that fit. */
+static void check_partial_checkpointing(const keel_config *cfg) {
+    keel_cluster cl = cluster(1, 2);
+    keel_config c = *cfg;
+    c.train.micro_batch_size = 1;
+    c.fsdp.activation_checkpointing = 0;
+    keel_plan_entry none, fewer;
+    keel_plan_entry_make(&c, &cl, &none);
+    int64_t set = none.activations_without - none.activations_with; /* L - 1 blocks' sets */
+    int L = c.model.n_layers;
+    cl.device.memory_bytes = (double)(none.peak_bytes - set / (L - 1) * 3 / 2); /* 1.5 sets short */
+    keel_plan p;
+    keel_plan_make(&c, &cl, &p);
+    c.fsdp.strategy = p.best.strategy;
+    c.fsdp.activation_checkpointing = p.best.checkpoint_blocks - 1;
+    keel_plan_entry_make(&c, &cl, &fewer);
+    EXPECT(p.best.fits && p.best.checkpoint_blocks == 3 && p.best.micro_batch == 1 && !fewer.fits,
+           "1.5 blocks' activations short: the recommendation checkpoints 3 of %d blocks (%d), and 2 do not fit",
+           L, p.best.checkpoint_blocks);
+}
+
 int main(void) {
     keel_config cfg;
     keel_config_defaults(&cfg);
@@ -189,6 +221,7 @@ int main(void) {
     check_bandwidth_and_prefetch(&cfg);
     check_replicas(&cfg);
     check_checkpointing_and_accumulation(&cfg);
+    check_partial_checkpointing(&cfg);
     check_recommendation(&cfg);
     keel_config_free(&cfg);
     return test_summary("test_plan_model");
