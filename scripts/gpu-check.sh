@@ -206,6 +206,14 @@ if want nccl; then
   train nccl-1 150 "${tiny[@]}" --device cuda --nproc 1
   # world size 1 exercises NCCL's API; its copies leave the one-process run's math as it was
   record nccl_1rank "$(compare_losses cuda-fp32 nccl-1 1e-4 2>>"$logs/compare.log" || echo '{"passed": false, "log": "nccl-1.log"}')"
+  # the compute stream's waits for collectives, timed on the GPU (comm_stall_s): medians over the steps
+  record nccl_1rank_comm_wait "$(python3 - "$run_dir/nccl-1/metrics.jsonl" <<'PY' 2>/dev/null || echo null
+import json, statistics, sys
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "comm_wait_s" in r]
+print(json.dumps({"comm_wait_s_median": statistics.median(r["comm_wait_s"] for r in rows),
+                  "step_s_median": statistics.median(r["step_s"] for r in rows), "steps": len(rows)}))
+PY
+)"
   train nccl-1-bf16 150 "${tiny[@]}" --device cuda --nproc 1 --set fsdp.mixed_precision=bf16 --set fsdp.reduce_dtype=bf16
   [ -d "$run_dir/cpu-fp32" ] &&
     record nccl_1rank_bf16 "$(compare_losses cpu-fp32 nccl-1-bf16 3e-2 2>>"$logs/compare.log" || echo '{"passed": false, "log": "nccl-1-bf16.log"}')"

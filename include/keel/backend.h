@@ -158,6 +158,12 @@ typedef struct keel_backend {
     void (*wait)(keel_backend_req *req);
     /* Before keel_comm_free(c): what the backend holds for the group (cuda: its communicator). */
     void (*release_group)(keel_comm *c);
+    /* Seconds the device's compute sat waiting in wait() (and allreduce)
+     * since the last call, as the device timed them: cuda brackets each wait
+     * with timed events, read here (call it when the step's work is done —
+     * it waits for them). cpu and fenced: 0, since their wait blocks the
+     * host, whose clock around it already counts the time. */
+    double (*comm_stall_s)(void);
 } keel_backend;
 
 /* The CPU backend: always there. */

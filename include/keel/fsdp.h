@@ -175,8 +175,11 @@ typedef struct {
     int64_t master_bytes, grad_bytes;  /* persistent fp32 shards */
     int64_t gathered_bytes;            /* unit slots for gathered parameters (+ bf16 send buffers) */
     int64_t unit_grad_bytes;           /* unit-sized gradient buffers (+ bf16 copies) */
-    double gather_wait_s, reduce_wait_s; /* compute thread blocked on communication */
+    double gather_wait_s, reduce_wait_s; /* compute thread blocked on communication (the host's clock) */
+    double device_wait_s; /* a device's compute stream waiting for collectives (its clock; 0 on the cpu) */
 } keel_fsdp_stats;
-void keel_fsdp_get_stats(const keel_fsdp *f, keel_fsdp_stats *out);
+/* Reads the backend's stall timings first (comm_stall_s): call it between
+ * steps, when the device's work is done. */
+void keel_fsdp_get_stats(keel_fsdp *f, keel_fsdp_stats *out);
 
 #endif

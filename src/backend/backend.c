@@ -48,6 +48,7 @@ static void cpu_wait(keel_backend_req *req) {
     KEEL_CHECK(keel_comm_wait((keel_comm_req *)req) == KEEL_OK, "collective wait");
 }
 static void cpu_release_group(keel_comm *c) { (void)c; }
+static double no_stalls(void) { return 0; } /* wait blocks the host: its clock counts it */
 
 static const keel_backend CPU = {
     .name = "cpu",
@@ -96,6 +97,7 @@ static const keel_backend CPU = {
     .allreduce = cpu_allreduce,
     .wait = cpu_wait,
     .release_group = cpu_release_group,
+    .comm_stall_s = no_stalls,
 };
 
 const keel_backend *keel_backend_cpu(void) { return &CPU; }

@@ -186,6 +186,7 @@ static const keel_backend CUDA = {
     .allreduce = keel_backend_cuda_allreduce,
     .wait = keel_backend_cuda_wait,
     .release_group = keel_backend_cuda_release_group,
+    .comm_stall_s = keel_backend_cuda_comm_stall_s,
 };
 
 const keel_backend *keel_backend_cuda_table(void) { return &CUDA; }

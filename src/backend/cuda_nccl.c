@@ -43,6 +43,7 @@ void keel_backend_cuda_wait(keel_backend_req *req) {
     UNREACHABLE;
 }
 void keel_backend_cuda_release_group(keel_comm *c) { (void)c; } /* nothing was made */
+double keel_backend_cuda_comm_stall_s(void) { return 0; }
 #elif defined(KEEL_HAVE_CUDA)
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -188,6 +189,58 @@ static keel_backend_req *req_now(void) {
     return r;
 }
 
+/* ---- the compute stream's stalls, timed on the GPU -----------------------
+ * The host never waits for a collective, so its clock cannot say how long
+ * compute waited for one. Each wait is bracketed by two timed events on
+ * COMPUTE: the first completes when the work before the wait is done, the
+ * second when the collective is too; their gap is the compute stream's
+ * idle time (~0 when communication was hidden). comm_stall_s reads and
+ * recycles them once the step is over (the events are complete then: the
+ * loss has come back to the host). */
+
+#define MAX_STALLS 65536 /* one step's waits, many times over; beyond, the oldest are read at once */
+
+static struct {
+    cudaEvent_t before, after;
+} *g_stalls;
+static int g_nstalls, g_stall_cap;
+static double g_stalled_s; /* read but not yet returned */
+
+static void read_stalls(void) {
+    for (int i = 0; i < g_nstalls; i++) {
+        float ms = 0;
+        cuda_must(cudaEventSynchronize(g_stalls[i].after), "cudaEventSynchronize");
+        cuda_must(cudaEventElapsedTime(&ms, g_stalls[i].before, g_stalls[i].after), "cudaEventElapsedTime");
+        g_stalled_s += ms / 1e3;
+    }
+    g_nstalls = 0;
+}
+
+/* COMPUTE waits for ev, timed */
+static void compute_waits_for(cudaEvent_t ev) {
+    if (g_nstalls == MAX_STALLS) read_stalls();
+    if (g_nstalls == g_stall_cap) { /* the first steps only: the same waits every step */
+        int cap = g_stall_cap ? 2 * g_stall_cap : 256;
+        g_stalls = keel_xrealloc(g_stalls, sizeof *g_stalls * (size_t)cap, "stall events");
+        for (int i = g_stall_cap; i < cap; i++) {
+            cuda_must(cudaEventCreate(&g_stalls[i].before), "cudaEventCreate");
+            cuda_must(cudaEventCreate(&g_stalls[i].after), "cudaEventCreate");
+        }
+        g_stall_cap = cap;
+    }
+    cuda_must(cudaEventRecord(g_stalls[g_nstalls].before, COMPUTE), "cudaEventRecord (compute stream)");
+    cuda_must(cudaStreamWaitEvent(COMPUTE, ev, 0), "cudaStreamWaitEvent (compute stream)");
+    cuda_must(cudaEventRecord(g_stalls[g_nstalls].after, COMPUTE), "cudaEventRecord (compute stream)");
+    g_nstalls++;
+}
+
+double keel_backend_cuda_comm_stall_s(void) {
+    read_stalls();
+    double s = g_stalled_s;
+    g_stalled_s = 0;
+    return s;
+}
+
 /* ---- communicators, one per group --------------------------------------- */
 
 #define MAX_GROUPS 64
@@ -305,13 +358,13 @@ void keel_backend_cuda_allreduce(keel_comm *c, void *buf, size_t count, keel_com
     comm_after_compute();
     nccl_must(nccl.all_reduce(buf, buf, count, nccl_type(dtype), ncclSum, comm, g_comm), "ncclAllReduce", comm);
     cuda_must(cudaEventRecord(g_reduced, g_comm), "cudaEventRecord (communication stream)");
-    cuda_must(cudaStreamWaitEvent(COMPUTE, g_reduced, 0), "cudaStreamWaitEvent (compute stream)");
+    compute_waits_for(g_reduced);
 }
 
 /* The compute stream waits for the collective; the host does not. */
 void keel_backend_cuda_wait(keel_backend_req *req) {
     KEEL_CHECK(req, "wait for a NULL request");
-    cuda_must(cudaStreamWaitEvent(COMPUTE, req->done, 0), "cudaStreamWaitEvent (compute stream)");
+    compute_waits_for(req->done);
     req->next = g_free_reqs; /* the wait above holds the event's current record: re-recording it later is safe */
     g_free_reqs = req;
 }

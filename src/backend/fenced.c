@@ -164,6 +164,7 @@ static void f_allreduce(keel_comm *c, void *buf, size_t count, keel_comm_dtype d
     keel_free(host);
 }
 static void f_release_group(keel_comm *c) { cpu->release_group(c); }
+static double f_comm_stall_s(void) { return cpu->comm_stall_s(); }
 static int64_t f_memory_free(void) { return cpu->memory_free(); }
 static int64_t f_allocations(void) { return allocs; }
 
@@ -181,6 +182,7 @@ static const keel_backend FENCED_BACKEND = {
     .embedding_backward = f_embedding_backward, .adamw_update = f_adamw_update, .sumsq = f_sumsq,
     .accumulate = f_accumulate, .accumulate_bf16 = f_accumulate_bf16, .attach = f_attach, .iallgather = f_iallgather,
     .ireduce_scatter = f_ireduce_scatter, .allreduce = f_allreduce, .wait = f_wait, .release_group = f_release_group,
+    .comm_stall_s = f_comm_stall_s,
 };
 
 const keel_backend *keel_backend_fenced(void) {

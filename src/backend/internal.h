@@ -18,6 +18,7 @@ void keel_backend_cuda_ireduce_scatter(keel_comm *c, const void *send, void *rec
 void keel_backend_cuda_allreduce(keel_comm *c, void *buf, size_t count, keel_comm_dtype dtype);
 void keel_backend_cuda_wait(keel_backend_req *req);
 void keel_backend_cuda_release_group(keel_comm *c);
+double keel_backend_cuda_comm_stall_s(void);
 #endif
 
 #endif

@@ -58,6 +58,7 @@ struct keel_fsdp {
     int next_gbuf;
     float *host_unit;           /* gather_unit's copy on the host, when the backend's memory is not */
     double gather_wait_s, reduce_wait_s;
+    double device_wait_s; /* the backend's comm_stall_s, summed */
 };
 
 static int pinned_unit(const keel_fsdp *f) { return f->plan.tied ? 0 : -1; }
@@ -443,8 +444,10 @@ int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy
     return gathered + unit_grads;
 }
 
-void keel_fsdp_get_stats(const keel_fsdp *f, keel_fsdp_stats *out) {
+void keel_fsdp_get_stats(keel_fsdp *f, keel_fsdp_stats *out) {
+    f->device_wait_s += f->be->comm_stall_s();
     *out = (keel_fsdp_stats){
+        .device_wait_s = f->device_wait_s,
         .master_bytes = 4 * f->plan.shard_total,
         .grad_bytes = 4 * f->plan.shard_total,
         .gather_wait_s = f->gather_wait_s,

@@ -267,12 +267,13 @@ static keel_status write_summary(trainer *t, const char *xxh, const double *memo
     return st;
 }
 
-/* Seconds the leader's compute thread has spent blocked on FSDP communication. */
+/* Seconds the leader's compute has spent blocked on FSDP communication: the
+ * host's waits, and a device's compute stream's (timed on the device). */
 static double comm_wait_s(const trainer *t) {
     if (!t->fsdp) return 0;
     keel_fsdp_stats st;
     keel_fsdp_get_stats(t->fsdp, &st);
-    return st.gather_wait_s + st.reduce_wait_s;
+    return st.gather_wait_s + st.reduce_wait_s + st.device_wait_s;
 }
 
 static void log_step(trainer *t, int step, double loss, double lr, double norm, double step_s,
