@@ -44,12 +44,14 @@ mpi_env() {
 hb() { sed -n "s/.* $1=\([^ ]*\) .*/\1/p" "$2/heartbeats/rank-$3" 2>/dev/null || true; }
 # wait_train_step RUN RANK N [NOT_PID]: wait (at most WAIT_STEP_S, default
 # 120 s) until the rank has done N steps in a process other than NOT_PID;
-# prints its pid.
+# prints its pid. The heartbeat is rewritten in place (pwrite), so a read
+# can catch a line mid-write: a step or pid that is not a number is read again.
 wait_train_step() {
   local run=$1 rank=$2 n=$3 not=${4:-x} s p
   for _ in $(seq 1 $(( ${WAIT_STEP_S:-120} * 20 ))); do
     s=$(hb step "$run" "$rank"); p=$(hb pid "$run" "$rank")
-    if [ "$(hb phase "$run" "$rank")" = train ] && [ -n "$s" ] && [ "$s" -ge "$n" ] && [ "$p" != "$not" ]; then
+    if [ "$(hb phase "$run" "$rank")" = train ] && [[ $s =~ ^[0-9]+$ && $p =~ ^[0-9]+$ ]] && [ "$s" -ge "$n" ] &&
+       [ "$p" != "$not" ]; then
       echo "$p"; return 0
     fi
     sleep 0.05
