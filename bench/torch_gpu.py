@@ -12,6 +12,7 @@ against --peak (default: an H100/H200's 989.4 TFLOP/s dense bf16).
 
     python3 bench/torch_gpu.py CONFIG.json [--set model.max_seq_len=2048 ...] \
         [--steps 10] [--warmup 3] [--checkpoint-activations | --checkpoint-blocks K]
+        (--set train.grad_accum_steps=N: N micro-batches per optimizer step, as keel)
 """
 import argparse
 import json
@@ -25,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 MODEL_DEFAULTS = dict(n_kv_heads=0, multiple_of=32, ffn_dim_multiplier=0, norm_eps=1e-5,
                       rope_theta=10000.0, tie_embeddings=False)
-TRAIN_DEFAULTS = dict(micro_batch_size=4, lr=3e-4, weight_decay=0.1, beta1=0.9, beta2=0.95,
+TRAIN_DEFAULTS = dict(micro_batch_size=4, grad_accum_steps=1, lr=3e-4, weight_decay=0.1, beta1=0.9, beta2=0.95,
                       adam_eps=1e-8, grad_clip=1.0)
 
 
@@ -137,17 +138,18 @@ def main():
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": t["weight_decay"]},
                              {"params": rest, "weight_decay": 0.0}], lr=t["lr"],
                             betas=(t["beta1"], t["beta2"]), eps=t["adam_eps"], fused=dev.type == "cuda")
-    B, T = t["micro_batch_size"], m["max_seq_len"]
+    B, T, accum = t["micro_batch_size"], m["max_seq_len"], t["grad_accum_steps"]
     matmul = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n)
     flops_tok = 6.0 * matmul + 12.0 * m["n_layers"] * m["dim"] * T
     times = []
     for step in range(a.warmup + a.steps):
-        tok = torch.randint(0, m["vocab_size"], (B, T + 1), device=dev)
+        toks = [torch.randint(0, m["vocab_size"], (B, T + 1), device=dev) for _ in range(accum)]
         sync()
         t0 = time.perf_counter()
-        with torch.autocast(dev.type, dtype=torch.bfloat16):
-            loss = model(tok[:, :-1], tok[:, 1:])
-        loss.backward()
+        for tok in toks:
+            with torch.autocast(dev.type, dtype=torch.bfloat16):
+                loss = model(tok[:, :-1], tok[:, 1:]) / accum
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), t["grad_clip"])
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -155,9 +157,9 @@ def main():
         sync()
         if step >= a.warmup:
             times.append(time.perf_counter() - t0)
-    tps = B * T / statistics.median(times)
+    tps = accum * B * T / statistics.median(times)
     print(json.dumps({"tokens_per_s": tps, "mfu": tps * flops_tok / a.peak, "step_s_median": statistics.median(times),
-                      "params": sum(p.numel() for p in model.parameters()), "batch": B, "seq": T,
+                      "params": sum(p.numel() for p in model.parameters()), "batch": B, "grad_accum": accum, "seq": T,
                       "checkpoint_blocks": ckpt,
                       "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else None, "torch": torch.__version__}))
 
