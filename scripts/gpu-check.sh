@@ -267,11 +267,13 @@ checkpoint_blocks_7b() { # the fewest checkpointed blocks of Llama 2 7B that fit
   local free_mib
   free_mib=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits -i 0 2>/dev/null | head -1)
   [[ $free_mib =~ ^[0-9]+$ ]] || { echo true; return; }
+  # exit 1 (nothing fits) still writes the plan
   "$keel" plan "$root/configs/llama2-7b.json" --device h200 --per-node 1 --set fsdp.mixed_precision=bf16 \
-    --memory "$(awk -v m="$free_mib" 'BEGIN {printf "%.2f", m / 1024 - 2}')" --json 2>"$logs/plan-7b.log" |
-    tee "$logs/plan-7b.json" | python3 -c 'import json, sys
-r = json.load(sys.stdin)["recommendation"]
-print(json.dumps(r["activation_checkpointing"]) if r["fits"] else "true")' 2>/dev/null || echo true
+    --memory "$(awk -v m="$free_mib" 'BEGIN {printf "%.2f", m / 1024 - 2}')" --json >"$logs/plan-7b.json" \
+    2>"$logs/plan-7b.log"
+  python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))["recommendation"]
+print(json.dumps(r["activation_checkpointing"]) if r["fits"] else "true")' "$logs/plan-7b.json" 2>/dev/null || echo true
 }
 bench_torch() { # NAME SECONDS ARGS...
   local name=$1 limit=$2; shift 2
