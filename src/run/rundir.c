@@ -206,38 +206,67 @@ static double on_device(const keel_fsdp_memory *m) {
     return (double)(m->params + m->grads + m->optimizer + m->gathered + m->activations);
 }
 
+/* What the run needs at K checkpointed blocks: a rank's bytes on its
+ * device (device), or the host's for its ranks here. */
+static double need_at(const keel_config *cfg, int world_size, int ranks_here, bool device, int K) {
+    keel_config c = *cfg;
+    c.fsdp.activation_checkpointing = K;
+    keel_fsdp_memory m;
+    keel_fsdp_memory_plan_run(&c, world_size, world_size > 1, (world_size + ranks_here - 1) / ranks_here, &m);
+    if (device) return on_device(&m);
+    double need = (double)keel_fsdp_memory_total(&m) * ranks_here;
+    if (cfg->device != KEEL_BACKEND_CPU) need -= on_device(&m) * ranks_here; /* each rank's is on its GPU */
+    return need;
+}
+
+/* The refusal's first fix: the fewest checkpointed blocks above the
+ * config's that fit in `have` (memory falls as K grows), as "checkpoint
+ * ..., or "; empty when none does. */
+static void blocks_that_fit(const keel_config *cfg, int world_size, int ranks_here, bool device, double have,
+                            char *out, size_t n) {
+    out[0] = 0;
+    int L = cfg->model.n_layers;
+    for (int K = keel_config_checkpoint_blocks(cfg) + 1; K <= L; K++)
+        if (need_at(cfg, world_size, ranks_here, device, K) <= have) {
+            char v[16];
+            keel_config_format_checkpointing(K == L ? KEEL_CHECKPOINT_ALL : K, v, sizeof v);
+            snprintf(out, n, "checkpoint the first %d of %d blocks (--set fsdp.activation_checkpointing=%s), or ", K,
+                     L, v);
+            return;
+        }
+}
+
 keel_status keel_run_check_device_memory(const keel_config *cfg, int world_size, int ranks_here,
                                          const keel_backend *be) {
     if (be->host_memory) return KEEL_OK; /* the host check counted it */
-    keel_fsdp_memory m;
-    keel_fsdp_memory_plan_run(cfg, world_size, world_size > 1, (world_size + ranks_here - 1) / ranks_here, &m);
-    double need = on_device(&m), free_b = (double)be->memory_free();
+    int K = keel_config_checkpoint_blocks(cfg);
+    double need = need_at(cfg, world_size, ranks_here, true, K), free_b = (double)be->memory_free();
     if (free_b > 0 && need > free_b) {
-        keel_errorf("%s: this run needs %.1f GiB of %s memory per rank but %.1f GiB is free; lower "
-                    "train.micro_batch_size, checkpoint more blocks (fsdp.activation_checkpointing: `keel plan "
-                    "--memory GIB` finds the fewest that fit), use more ranks or a smaller model (`keel train "
-                    "--dry-run` shows the breakdown)", source(cfg), gib(need), be->name,
-                    gib(free_b));
+        char fix[160];
+        blocks_that_fit(cfg, world_size, ranks_here, true, free_b, fix, sizeof fix);
+        keel_errorf("%s: this run needs %.1f GiB of %s memory per rank but %.1f GiB is free: %slower "
+                    "train.micro_batch_size, use more ranks or a smaller model (`keel plan` weighs them, `keel "
+                    "train --dry-run` shows the breakdown)", source(cfg), gib(need), be->name, gib(free_b), fix);
         return KEEL_ERR_INPUT;
     }
     return KEEL_OK;
 }
 
 keel_status keel_run_check_memory(const keel_config *cfg, int world_size, int ranks_here) {
-    int K = cfg->fsdp.shard_group_size ? cfg->fsdp.shard_group_size : 2;
-    if (world_size > 1 && cfg->fsdp.strategy == KEEL_FSDP_HYBRID_SHARD && (K > world_size || world_size % K != 0)) {
-        keel_errorf("%s: fsdp.shard_group_size %d does not divide --nproc %d; pick a divisor", source(cfg), K,
+    int G = cfg->fsdp.shard_group_size ? cfg->fsdp.shard_group_size : 2;
+    if (world_size > 1 && cfg->fsdp.strategy == KEEL_FSDP_HYBRID_SHARD && (G > world_size || world_size % G != 0)) {
+        keel_errorf("%s: fsdp.shard_group_size %d does not divide --nproc %d; pick a divisor", source(cfg), G,
                     world_size);
         return KEEL_ERR_INPUT;
     }
-    keel_fsdp_memory m;
-    keel_fsdp_memory_plan_run(cfg, world_size, world_size > 1, (world_size + ranks_here - 1) / ranks_here, &m);
-    double need = (double)keel_fsdp_memory_total(&m) * ranks_here, avail = (double)keel_mem_available_bytes();
-    if (cfg->device != KEEL_BACKEND_CPU) need -= on_device(&m) * ranks_here; /* each rank's is on its GPU */
+    int K = keel_config_checkpoint_blocks(cfg);
+    double need = need_at(cfg, world_size, ranks_here, false, K), avail = (double)keel_mem_available_bytes();
     if (avail > 0 && need > avail) {
-        keel_errorf("%s: this run needs %.1f GiB (%d rank(s) here) but %.1f GiB is available; lower "
-                    "train.micro_batch_size or the model size (`keel train --dry-run` shows the "
-                    "breakdown)", source(cfg), gib(need), ranks_here, gib(avail));
+        char fix[160];
+        blocks_that_fit(cfg, world_size, ranks_here, false, avail, fix, sizeof fix);
+        keel_errorf("%s: this run needs %.1f GiB (%d rank(s) here) but %.1f GiB is available: %slower "
+                    "train.micro_batch_size or the model size (`keel train --dry-run` shows the breakdown)",
+                    source(cfg), gib(need), ranks_here, gib(avail), fix);
         return KEEL_ERR_INPUT;
     }
     return KEEL_OK;
