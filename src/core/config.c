@@ -12,7 +12,10 @@
 
 /* K_ENUM: one name of `names`, held as its index (an int-sized enum);
  * K_ENUM_SET: a JSON array of such names, held as a bit mask (1u << index). */
-typedef enum { K_SECTION, K_INT, K_U64, K_DOUBLE, K_BOOL, K_BOOL_COUNT, K_STRING, K_ENUM, K_ENUM_SET, K_FLAG_SECTION } key_type;
+/* K_BOOL_COUNT: true, false or a count, held as an int (true: -1). */
+typedef enum {
+    K_SECTION, K_INT, K_U64, K_DOUBLE, K_BOOL, K_BOOL_COUNT, K_STRING, K_ENUM, K_ENUM_SET, K_FLAG_SECTION
+} key_type;
 
 typedef struct {
     const char *key;  /* dotted path */
