@@ -102,7 +102,7 @@ write_results() {
 trap 'write_results; rm -rf "$logs"' EXIT
 trap 'exit 143' TERM INT
 
-{ date -u; nvidia-smi 2>&1 | head -15; nvcc --version 2>&1 | tail -2; nproc; } >"$logs/machine.log"
+{ date -u; nvidia-smi 2>&1 | head -15; nvcc --version 2>&1 | tail -2; nproc; ldd --version 2>&1 | head -1; } >"$logs/machine.log"
 
 # ---- build (or unpack) ---------------------------------------------------------
 t0=$(date +%s)
@@ -113,6 +113,9 @@ if [ -n "$from" ]; then
     else python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' "$from/keel-gpu.tar.xz" "$bin"; fi
   }
   if unpack 2>"$logs/build.log"; then
+    # the pack's libraries (Debian 12's libstdc++, expat, ...) for keel and OpenMPI only: PyTorch
+    # (bench/torch_gpu.py) runs on the machine's own, which may be newer than the pack's
+    system_ld=${LD_LIBRARY_PATH:-}
     export LD_LIBRARY_PATH="$bin/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
     # cuBLASLt (opened on the first GEMM): the toolkit's, else the one PyTorch's wheels carry
     # (nvidia/cu13/lib or nvidia/cublas/lib in site-packages)
@@ -277,7 +280,8 @@ print(json.dumps(r["activation_checkpointing"]) if r["fits"] else "true")' "$log
 }
 bench_torch() { # NAME SECONDS ARGS...
   local name=$1 limit=$2; shift 2
-  timeout "$(limit "$limit")" python3 "$root/bench/torch_gpu.py" "$@" >"$logs/$name.json" 2>"$logs/$name.log" &&
+  LD_LIBRARY_PATH=${system_ld-${LD_LIBRARY_PATH:-}} timeout "$(limit "$limit")" python3 "$root/bench/torch_gpu.py" "$@" \
+    >"$logs/$name.json" 2>"$logs/$name.log" &&
     cat "$logs/$name.json" || echo '{"ok": false}'
 }
 if want bench; then
