@@ -27,8 +27,10 @@
 //             (4 fragments of 16x16, HS/16 steps each) to Ss fp32; the online
 //             softmax on Ss by the warp's lanes (two per row, even and odd
 //             keys), P to Ps bf16; the output O (HS/16 fragments, registers)
-//             goes to Os, its rows scaled by the correction, comes back, and
-//             O += P V. At the end out = Os / l, lse = m + log l.
+//             goes to Os, its rows scaled by the correction, and comes back
+//             when a row of the warp has a new max (else every correction is
+//             1: nothing to do); O += P V. At the end out = Os / l,
+//             lse = m + log l.
 //             Q, K, V 3 x 64 x (HS+8) x 2 + Ss 64 x 68 x 4 + Ps 64 x 72 x 2
 //             + Os 64 x (HS+4) x 4 + l 64 x 4: 71,936 B (HS 64, 3 blocks/SM),
 //             112,896 B (HS 128, 2 blocks/SM).
@@ -181,9 +183,6 @@ __global__ static void __launch_bounds__(TC_THREADS)
             }
             wmma::store_matrix_sync(Ss + 16 * w * TC_SL + 16 * jt, s, TC_SL, wmma::mem_row_major);
         }
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++)
-            wmma::store_matrix_sync(Os + 16 * w * OL + 16 * dt, o[dt], OL, wmma::mem_row_major);
         __syncwarp();
         // online softmax: scaled scores, masked above the diagonal; m, l and O move on
         float sv[TC_TILE / 2], mx = -INFINITY;
@@ -207,11 +206,22 @@ __global__ static void __launch_bounds__(TC_THREADS)
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         l = l * corr + sum;
         m = mnew;
-        for (int d = half; d < HS; d += 2) Os[row * OL + d] *= corr;
-        __syncwarp(); // P written, O scaled
+        // O's rows scaled by corr, through Os (an accumulator's layout is
+        // unspecified) — only when a row of the warp has a new max: where
+        // every corr is 1 the scaling is the identity, so skipping it changes
+        // no bit, and once the maxima settle most tiles skip it
+        if (!__all_sync(0xffffffffu, corr == 1.0f)) { // warp-uniform
 #pragma unroll
-        for (int dt = 0; dt < DT; dt++)
-            wmma::load_matrix_sync(o[dt], Os + 16 * w * OL + 16 * dt, OL, wmma::mem_row_major);
+            for (int dt = 0; dt < DT; dt++)
+                wmma::store_matrix_sync(Os + 16 * w * OL + 16 * dt, o[dt], OL, wmma::mem_row_major);
+            __syncwarp();
+            for (int d = half; d < HS; d += 2) Os[row * OL + d] *= corr;
+            __syncwarp();
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++)
+                wmma::load_matrix_sync(o[dt], Os + 16 * w * OL + 16 * dt, OL, wmma::mem_row_major);
+        }
+        __syncwarp(); // P written
         // O += P V
 #pragma unroll
         for (int kk = 0; kk < TC_TILE / 16; kk++) {
