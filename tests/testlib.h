@@ -12,6 +12,7 @@
 #define KEEL_TESTLIB_H
 
 #include <ftw.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -21,6 +22,13 @@
 #include <unistd.h>
 
 static int failures;
+
+/* The larger of two errors, and NaN once either is NaN: a maximum over
+ * errors that a NaN anywhere fails (fmax, or `if (e > worst)`, would let a
+ * later number replace it and the check pass). */
+static inline double testlib_worst(double worst, double e) {
+    return isnan(worst) || isnan(e) ? NAN : e > worst ? e : worst;
+}
 
 static inline void testlib_report(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static inline void testlib_report(bool ok, const char *fmt, ...) {

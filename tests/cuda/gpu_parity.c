@@ -118,7 +118,7 @@ static double relmax_floor(const float *a, const float *b, int64_t n, double flo
     for (int64_t i = 0; i < n; i++) {
         double e = fabs((double)a[i] - b[i]);
         sum += e;
-        if (!(e <= worst)) worst = e; /* NaN sticks */
+        worst = testlib_worst(worst, e);
     }
     if (scale <= 0) scale = 1;
     if (mean) *mean = n > 0 ? sum / (double)n / scale : 0;
@@ -131,7 +131,7 @@ static double relmax(const float *a, const float *b, int64_t n) { return relmax_
 /* max |a - b| / max(1, |b|) */
 static double rel(const float *a, const float *b, int64_t n) {
     double worst = 0;
-    for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)a[i] - b[i]) / fmax(1, fabs((double)b[i])));
+    for (int64_t i = 0; i < n; i++) worst = testlib_worst(worst, fabs((double)a[i] - b[i]) / fmax(1, fabs((double)b[i])));
     return worst;
 }
 

@@ -42,7 +42,7 @@ static double rel_err(const float *got, const float *want, int64_t n) {
     for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(want[i]));
     for (int64_t i = 0; i < n; i++) {
         double err = fabs((double)got[i] - want[i]) / (scale + 1e-30);
-        if (!(err <= worst)) worst = err;
+        worst = testlib_worst(worst, err);
     }
     return worst;
 }

@@ -74,7 +74,7 @@ static void test_gemm(int M, int N, int K, bool a_t, bool b_t, bool accumulate) 
                 mag += fabs(x * y);
             }
             double err = fabs(out[(int64_t)i * N + j] - want) / (mag + 1e-30);
-            if (!(err <= worst)) worst = err;
+            worst = testlib_worst(worst, err);
         }
     /* fp32 accumulation of exact bf16 products: error ~ K x 2^-24 of the magnitudes */
     EXPECT(worst <= 1e-5, "gemm bf16 M=%d N=%d K=%d a_t=%d b_t=%d acc=%d threads=%d: err/sum|ab| %.1e",

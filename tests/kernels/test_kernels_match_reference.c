@@ -30,7 +30,7 @@ static void compare(const char *what, const float *got, const float *want, int64
     for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(want[i]));
     for (int64_t i = 0; i < n; i++) {
         double err = fabs((double)got[i] - want[i]) / (scale + 1e-30);
-        if (!(err <= worst)) worst = err; /* NaN-safe */
+        worst = testlib_worst(worst, err);
     }
     EXPECT(worst <= tol, "%-28s n=%-8lld max_err/max|ref|=%.2e (tol %.0e)", what, (long long)n, worst, tol);
 }

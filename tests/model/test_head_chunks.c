@@ -49,7 +49,7 @@ int main(void) {
             double l = step(bf16, rows, chunked, &b_chunked);
             double worst = 0, scale = 0;
             for (int i = 0; i < MAX_PARAMS; i++) {
-                worst = fmax(worst, fabs((double)whole[i] - chunked[i]));
+                worst = testlib_worst(worst, fabs((double)whole[i] - chunked[i]));
                 scale = fmax(scale, fabs((double)whole[i]));
             }
             /* each row's logits in fp32 from a GEMM of fewer rows: ulps of difference */
