@@ -2,6 +2,7 @@
  * progress line. */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,9 +110,10 @@ void keel_progress_step(keel_progress *p, int step, double loss, double tokens_p
     format_duration(spent, sizeof spent, elapsed_s);
     int width = 1;
     for (int t = p->total_steps; t >= 10; t /= 10) width++;
-    char line[256];
-    snprintf(line, sizeof line, "step %*d/%d | loss %.4f | %.0f tok/s | MFU %.1f%% | %s elapsed | ETA %s",
-             width, step, p->total_steps, loss, tokens_per_s, 100 * mfu, spent, eta);
+    char line[256], mfu_text[16] = "?"; /* a device whose peak keel does not know */
+    if (isfinite(mfu)) snprintf(mfu_text, sizeof mfu_text, "%.1f%%", 100 * mfu);
+    snprintf(line, sizeof line, "step %*d/%d | loss %.4f | %.0f tok/s | MFU %s | %s elapsed | ETA %s", width,
+             step, p->total_steps, loss, tokens_per_s, mfu_text, spent, eta);
     if (p->tty) {
         /* Redraw in place, but leave every tenth of the run on screen so the
          * loss curve stays readable. */

@@ -246,7 +246,7 @@ static keel_status write_summary(trainer *t, const char *xxh, const double *memo
     cJSON_AddNumberToObject(s, "world_size", t->world_size);
     cJSON_AddNumberToObject(s, "wall_s", wall_s);
     cJSON_AddNumberToObject(s, "tokens_per_s_median", median_tps);
-    cJSON_AddNumberToObject(s, "mfu_median", median_tps * t->flops_per_token / t->peak_flops);
+    if (t->peak_flops > 0) cJSON_AddNumberToObject(s, "mfu_median", median_tps * t->flops_per_token / t->peak_flops);
     cJSON_AddNumberToObject(s, "threads", t->threads);
     cJSON_AddNumberToObject(s, "peak_flops", t->peak_flops);
     cJSON_AddStringToObject(s, "mixed_precision", t->bf16 ? "bf16" : "fp32");
@@ -291,7 +291,7 @@ static void log_step(trainer *t, int step, double loss, double lr, double norm, 
     cJSON_AddNumberToObject(o, "grad_norm", norm);
     cJSON_AddNumberToObject(o, "tokens", tokens * (step + 1));
     cJSON_AddNumberToObject(o, "tokens_per_s", tps);
-    cJSON_AddNumberToObject(o, "mfu", tps * t->flops_per_token / t->peak_flops);
+    if (t->peak_flops > 0) cJSON_AddNumberToObject(o, "mfu", tps * t->flops_per_token / t->peak_flops);
     cJSON_AddNumberToObject(o, "step_s", step_s);
     if (t->fsdp) cJSON_AddNumberToObject(o, "comm_wait_s", exposed_comm_s);
     if (ckpt_stall_s > 0) cJSON_AddNumberToObject(o, "ckpt_stall_s", ckpt_stall_s);
@@ -512,7 +512,8 @@ static keel_status train_loop(trainer *t) {
                      snap_stall_s, val_loss);
             double tps = (double)trainer_global_batch(t) * lay->T / step_s;
             keel_progress_step(&t->progress, step + 1, loss, tps,
-                               tps * t->flops_per_token / t->peak_flops, keel_now_s() - start);
+                               t->peak_flops > 0 ? tps * t->flops_per_token / t->peak_flops : NAN,
+                               keel_now_s() - start);
             if (!isnan(val_loss))
                 keel_progress_note(&t->progress, "step %d: val loss %.4f", step + 1, val_loss);
         }

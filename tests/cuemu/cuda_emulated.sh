@@ -1,0 +1,84 @@
+#!/bin/bash
+# keel's CUDA backend as written — kernels, cuBLASLt and NCCL calls, streams,
+# events, pinned copies — trained on the host CUDA emulator (keel-cuemu,
+# tests/cuemu/cuemu.cpp) against keel's CPU runs. What scripts/gpu-check.sh
+# checks on a GPU, here on every machine, with two stream schedules: the
+# compute stream first (the others as late as their waits allow) and the
+# others first (as early as their waits allow), so a missing event wait
+# between streams changes a loss under one of them. Every comparison is
+# against a run on the other device, or another world size.
+source "$KEEL_SRC/tests/lib.sh"
+: "${KEEL_CUEMU_BIN:?KEEL_CUEMU_BIN must point at keel-cuemu (a CUDA build)}"
+: "${KEEL_CUEMU_LIB:?KEEL_CUEMU_LIB must point at the stand-in libraries of the emulator}"
+mpi_env
+export LD_LIBRARY_PATH=$KEEL_CUEMU_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+CFG=$KEEL_SRC/tests/cuemu/micro.json # head size 64: the tensor-core attention in bf16
+
+run() { # NAME BIN ARGS...: a 10-step run into $TMP/NAME
+  local name=$1 bin=$2; shift 2
+  timeout 600 "$bin" train "$CFG" --run-dir "$TMP/$name" "$@" >"$TMP/$name.log" 2>&1 ||
+    { tail -20 "$TMP/$name.log"; fail "$name: exit $?"; }
+}
+gpu() { local name=$1; shift; run "$name" "$KEEL_CUEMU_BIN" --device cuda "$@"; }
+compare() { # A B TOLERANCE WHAT: per-step losses, max |a - b| / a over the steps both ran
+  python3 - "$TMP/$1" "$TMP/$2" "$3" "$4" <<'PY' || fail "$4"
+import json, sys
+a, b, tol, what = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+def losses(d):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(f"{d}/metrics.jsonl")) if "loss" in r}
+x, y = losses(a), losses(b)
+steps = sorted(set(x) & set(y))
+assert len(steps) >= 5, (what, steps)
+worst = max(abs(x[s] - y[s]) / x[s] for s in steps)
+assert worst <= tol, (what, worst, tol)
+print(f"ok   {what}: {len(steps)} steps, loss {x[steps[0]]:.4f} -> {x[steps[-1]]:.4f}, max rel diff {worst:.1e} (tol {tol:g})")
+PY
+}
+
+# ---- one device ------------------------------------------------------------------
+run cpu "$KEEL_BIN"
+gpu cuda
+grep -q "device cuda: the model and optimizer run there" "$TMP/cuda.log" || fail "keel-cuemu did not train on the device"
+grep -q "MFU ?" "$TMP/cuda.log" || fail "a GPU whose peak keel does not know: the console should print MFU ?"
+# fp32: the same math in other summation orders (cuBLASLt's, the kernels' block sums)
+compare cpu cuda 1e-4 "cuda fp32 against the CPU"
+run cpu-bf16 "$KEEL_BIN" --set fsdp.mixed_precision=bf16
+gpu cuda-bf16 --set fsdp.mixed_precision=bf16
+# bf16: the same rounded operands on both sides; a probability near a rounding boundary may round the other way
+compare cpu-bf16 cuda-bf16 1e-2 "cuda bf16 (tensor-core attention) against the CPU's bf16"
+KEEL_CUDA_ATTENTION=simt gpu cuda-bf16-simt --set fsdp.mixed_precision=bf16
+compare cuda-bf16 cuda-bf16-simt 1e-2 "cuda bf16, KEEL_CUDA_ATTENTION=simt (the CUDA-core attention) against the default"
+CUEMU_CUBLASLT_NO_ALGO=1 gpu cuda-plain-gemm
+grep -q "a plain CUDA kernel runs it instead" "$TMP/cuda-plain-gemm.log" || fail "the GEMM fallback did not run"
+compare cuda cuda-plain-gemm 1e-4 "cuda fp32, keel's own GEMM kernel where cuBLASLt has no algorithm"
+
+# ---- FSDP on NCCL, under both stream schedules --------------------------------------
+for schedule in compute-first comm-first; do
+  export CUEMU_SCHEDULE=$schedule
+  gpu "nccl1-$schedule" --nproc 1
+  compare cuda "nccl1-$schedule" 1e-6 "NCCL, 1 rank, $schedule, against the run without NCCL"
+  CUEMU_DEVICES=2 gpu "nccl2-$schedule" --nproc 2 --set train.micro_batch_size=1
+  compare cuda "nccl2-$schedule" 1e-4 "NCCL, 2 ranks (full_shard), $schedule, against 1 device"
+done
+CUEMU_DEVICES=2 gpu nccl2-bf16 --nproc 2 --set train.micro_batch_size=1 --set fsdp.mixed_precision=bf16 \
+  --set fsdp.reduce_dtype=bf16 --set fsdp.strategy=shard_grad_op
+compare cuda-bf16 nccl2-bf16 1e-2 "NCCL, 2 ranks (shard_grad_op, bf16 gathers and reductions) against 1 device"
+unset CUEMU_SCHEDULE
+
+# ---- checkpoints cross devices -------------------------------------------------------------
+ckpt=(--set checkpoint.every_steps=5 --set checkpoint.keep_last=0)
+run cpu-ckpt "$KEEL_BIN" "${ckpt[@]}"
+gpu cuda-ckpt "${ckpt[@]}"
+resume_from_step5() { # SRC DST BIN ARGS...: DST resumes from SRC's step-5 checkpoint
+  local src=$1 dst=$2; shift 2
+  mkdir -p "$TMP/$dst/checkpoints"
+  cp "$TMP/$src/config.json" "$TMP/$dst/"
+  cp -r "$TMP/$src/checkpoints/step_00000005" "$TMP/$dst/checkpoints/"
+  echo step_00000005 >"$TMP/$dst/checkpoints/LATEST"
+  run "$dst" "$@" "${ckpt[@]}"
+  grep -q "resuming from .*step_00000005" "$TMP/$dst.log" || { tail "$TMP/$dst.log"; fail "$dst did not resume"; }
+}
+resume_from_step5 cuda-ckpt gpu-to-cpu "$KEEL_BIN"
+compare cpu-ckpt gpu-to-cpu 1e-4 "a checkpoint written on the GPU, resumed on the CPU (steps 6-10)"
+resume_from_step5 cpu-ckpt cpu-to-gpu "$KEEL_CUEMU_BIN" --device cuda
+compare cpu-ckpt cpu-to-gpu 1e-4 "a checkpoint written on the CPU, resumed on the GPU (steps 6-10)"
