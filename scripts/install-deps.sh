@@ -11,7 +11,7 @@
 
 # ---- packages ---------------------------------------------------------------
 KEEL_BUILD_DEPS=(
-    build-essential          # gcc, make, libc headers: keel is C17
+    build-essential          # gcc, make, libc headers: keel is C17 (g++: the CUDA emulator of the tests)
     cmake                    # the build (CMakeLists.txt)
     pkg-config               # library discovery for the build
     libopenblas-dev          # cblas.h + libopenblas: the CPU matmuls

@@ -40,6 +40,8 @@ run cpu "$KEEL_BIN"
 gpu cuda
 grep -q "device cuda: the model and optimizer run there" "$TMP/cuda.log" || fail "keel-cuemu did not train on the device"
 grep -q "MFU ?" "$TMP/cuda.log" || fail "a GPU whose peak keel does not know: the console should print MFU ?"
+python3 -c 'import json, sys; assert not any("mfu" in json.loads(l) for l in open(sys.argv[1]))' \
+  "$TMP/cuda/metrics.jsonl" || fail "a GPU whose peak keel does not know: metrics.jsonl should have no mfu"
 # fp32: the same math in other summation orders (cuBLASLt's, the kernels' block sums)
 compare cpu cuda 1e-4 "cuda fp32 against the CPU"
 run cpu-bf16 "$KEEL_BIN" --set fsdp.mixed_precision=bf16
