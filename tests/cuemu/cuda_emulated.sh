@@ -84,3 +84,25 @@ resume_from_step5 cuda-ckpt gpu-to-cpu "$KEEL_BIN"
 compare cpu-ckpt gpu-to-cpu 1e-4 "a checkpoint written on the GPU, resumed on the CPU (steps 6-10)"
 resume_from_step5 cpu-ckpt cpu-to-gpu "$KEEL_CUEMU_BIN" --device cuda
 compare cpu-ckpt cpu-to-gpu 1e-4 "a checkpoint written on the CPU, resumed on the GPU (steps 6-10)"
+
+# ---- FSDP's paths on the device: hybrid groups, matrix units, recomputation, a rank lost ----
+run cpu4 "$KEEL_BIN" --set train.micro_batch_size=4
+run cpu4-30 "$KEEL_BIN" --set train.micro_batch_size=4 --set train.steps=30
+export CUEMU_DEVICES=4
+gpu hybrid4 --nproc 4 --set fsdp.strategy=hybrid_shard --set fsdp.shard_group_size=2 --set train.micro_batch_size=1
+compare cpu4 hybrid4 1e-4 "HYBRID_SHARD on 4 ranks (2 x 2: NCCL shard and replica communicators) against the CPU"
+gpu matrix-recompute2 --nproc 2 --set fsdp.unit=matrix --set fsdp.activation_checkpointing=1 \
+  --set train.micro_batch_size=1 --set train.grad_accum_steps=2
+compare cpu4 matrix-recompute2 1e-4 "matrix units, a checkpointed block, 2 accumulated micro-batches, 2 ranks, against the CPU"
+# rank 1 killed in step >= 12 of 30: the supervisor restarts both ranks from the newest in-memory
+# snapshot (pinned copies of the device shards); every step then follows the CPU's
+"$KEEL_CUEMU_BIN" train "$CFG" --device cuda --nproc 2 --run-dir "$TMP/lost" --set train.micro_batch_size=2 \
+  --set train.steps=30 --set resilience.snapshot_every_steps=2 --set resilience.backoff_s=0 >"$TMP/lost.log" 2>&1 &
+trainer=$!
+trap 'kill_leftovers; rm -rf "$TMP"' EXIT
+victim=$(wait_train_step "$TMP/lost" 1 12)
+kill -9 "$victim"
+wait "$trainer" || { tail -20 "$TMP/lost.log"; fail "the run with a lost rank: exit $?"; }
+grep -q "resuming from the in-memory snapshot of step" "$TMP/lost.log" ||
+  { tail -20 "$TMP/lost.log"; fail "the lost rank's run did not resume from its in-memory snapshot"; }
+compare cpu4-30 lost 1e-4 "2 ranks, rank 1 killed at step >= 12, resumed from the in-memory snapshot, against the CPU"
