@@ -120,6 +120,11 @@ if [ -n "$emulated" ]; then
   [ -x "$keel" ] && [ -x "$parity" ] && [ -e "$emulated/cuemu/libnccl.so.2" ] ||
     { record build "{\"ok\": false, \"emulated\": true, \"why\": \"no keel-cuemu in $emulated (a build with -DKEEL_CUDA_EMULATOR=ON)\"}"; exit 1; }
   export LD_LIBRARY_PATH="$emulated/cuemu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" KEEL_GPU_PARITY_SHAPES=small
+  # a sanitized build: the leaks that are not keel's suppressed, as the tests do (tests/lib.sh)
+  if grep -q '^KEEL_SANITIZE:BOOL=ON' "$emulated/CMakeCache.txt" 2>/dev/null; then
+    export ASAN_OPTIONS=fast_unwind_on_malloc=0 OMPI_MCA_mca_base_component_disable_dlclose=1 \
+      LSAN_OPTIONS=suppressions=$root/tests/lsan.supp:print_suppressions=0
+  fi
   tiny_config=$root/tests/cuemu/micro.json
   record build "{\"ok\": true, \"emulated\": true, \"from\": \"$emulated\"}"
 elif [ -n "$from" ]; then
