@@ -18,7 +18,9 @@
 #           bench     tokens/s and MFU: a 1.1B Llama (dim 2048, 22 layers, 32 heads,
 #                     4 KV heads, ffn 5632, T 2048) and Llama 2 7B checkpointing the
 #                     fewest blocks that fit (keel plan --memory: the GPU's free memory
-#                     less 2 GiB), keel --device cuda beside bench/torch_gpu.py
+#                     less 2 GiB), keel --device cuda beside bench/torch_gpu.py; each
+#                     keel run's second step profiled (train.profile_steps): the calls
+#                     that took 1% of it or more, with their TFLOP/s
 #
 #   bash scripts/gpu-check.sh [OUT]            build here (needs keel's build dependencies)
 #   bash scripts/gpu-check.sh --pack DIR       on a machine with them: build for sm_90 and
@@ -103,6 +105,7 @@ write_results() {
     n=$(basename "$d")
     cp "$d/metrics.jsonl" "$logs/$n.metrics.jsonl" 2>/dev/null
     cp "$d/summary.json" "$logs/$n.summary.json" 2>/dev/null
+    cp "$d/profile.json" "$logs/$n.profile.json" 2>/dev/null
   done
   tar -C "$out" -czf "$out/logs.tar.gz" logs
 }
@@ -280,13 +283,20 @@ if want roundtrip; then
 fi
 
 # ---- bench: keel beside PyTorch on the same GPU -------------------------------------------
-bench_keel() { # NAME SECONDS ARGS...: the median tokens/s and MFU of a keel run, as JSON; keel's exit status
+bench_keel() { # NAME SECONDS ARGS...: the median tokens/s and MFU of a keel run, as JSON, with where its
+  # second step's time went (train.profile_steps: that step is left out of the median); keel's exit status
   local name=$1 rc=0; shift
-  train "$name" "$@" || rc=$?
-  python3 - "$run_dir/$name/summary.json" <<'PY' 2>/dev/null || echo '{"ok": false}'
-import json, sys
+  train "$name" "$@" --set train.profile_steps=1 || rc=$?
+  python3 - "$run_dir/$name/summary.json" "$run_dir/$name/profile.json" <<'PY' 2>/dev/null || echo '{"ok": false}'
+import json, os, sys
 s = json.load(open(sys.argv[1]))
-print(json.dumps({"tokens_per_s": s["tokens_per_s_median"], "mfu": s["mfu_median"], "steps": s["steps"]}))
+r = {"tokens_per_s": s["tokens_per_s_median"], "mfu": s["mfu_median"], "steps": s["steps"]}
+if os.path.exists(sys.argv[2]):  # the calls that took 1% of the step or more: [op, share, TFLOP/s]
+    p = json.load(open(sys.argv[2]))
+    r["profile_step_s"] = p["step_s"]
+    r["profile"] = [[o["op"], round(o["share"], 4), round(o.get("tflops_per_s", 0), 1)]
+                    for o in p["ops"] if o["share"] >= 0.01]
+print(json.dumps(r))
 PY
   return $rc
 }

@@ -178,6 +178,28 @@ const keel_backend *keel_backend_cpu(void);
 const keel_backend *keel_backend_fenced(void);
 /* Calls the fenced backend has run (tests). */
 int64_t keel_backend_fenced_calls(void);
+/* Profiling (train.profile_steps): `inner` with its calls timed while a
+ * window is open. Each call is waited for (inner's sync) before it starts and
+ * after it returns, so on a GPU its time is its own, without overlap, and the
+ * window's steps run slower than the others; on the CPU, whose calls return
+ * when done, that costs nothing. Outside the window the calls pass straight
+ * on. One profiled backend per process (the same inner every call). */
+const keel_backend *keel_backend_profiled(const keel_backend *inner);
+void keel_backend_profile_window(bool open);
+/* A call's totals over the windows so far: flops counts the useful work of
+ * GEMMs and attention (2 per multiply-add; attention causal), 0 for the rest.
+ * op names the backend's function ("gemm_bf16"), or all_gather,
+ * reduce_scatter, all_reduce (the issue: the host's part; all_reduce
+ * waits) and collective_wait. */
+typedef struct {
+    const char *op;
+    int64_t calls;
+    double seconds, flops;
+} keel_backend_op_time;
+#define KEEL_BACKEND_PROFILE_OPS 64
+/* The calls made in a window, most time first, at most cap of them: how many. */
+int keel_backend_profile_read(keel_backend_op_time *out, int cap);
+
 /* The backend of a kind; KEEL_ERR_INPUT with a line saying why it is not
  * here (a keel built without CUDA, no driver, no GPU). For cpu, the
  * environment variable KEEL_FENCED_BACKEND=1 gives the fenced backend. */

@@ -390,6 +390,7 @@ typedef struct {
     int threads;          /* 0 = all cores */
     int eval_every;       /* 0 = never */
     int eval_batches;
+    int profile_steps;    /* 0 = off */
 } keel_train_config;
 
 typedef struct {

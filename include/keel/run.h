@@ -11,6 +11,7 @@
  *   RUN/logs/rank-R.log     each rank's log; launcher.log the launcher's messages
  *   RUN/checkpoints/        sharded checkpoints (keel/ckpt.h)
  *   RUN/weights.bin         the final parameters (keel/ckpt.h)
+ *   RUN/profile.json        with train.profile_steps: the leader's calls, timed
  *
  *     keel_run_prepare(&cfg, "runs/x", 4);       // supervisor: validate, new or resume, create
  *     keel_run_load_config("runs/x", &cfg);      // each worker
@@ -28,6 +29,7 @@
 #define KEEL_RUN_SUMMARY "summary.json"
 #define KEEL_RUN_SUPERVISOR "supervisor.json"
 #define KEEL_RUN_WEIGHTS "weights.bin"
+#define KEEL_RUN_PROFILE "profile.json"
 #define KEEL_RUN_LOGS "logs"
 
 /* out := RUN/name. */

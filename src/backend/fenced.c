@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "backend/internal.h"
 #include "keel/backend.h"
 
 static char *arena;
@@ -59,52 +60,16 @@ static const keel_backend *cpu;
         cpu->name args;                                                                                                \
         close_fence();                                                                                                 \
     }
-FENCED(zero, (void *p, size_t n), (p, n))
-FENCED(copy, (void *d, const void *s, size_t n), (d, s, n))
-FENCED(to_device, (void *d, const void *s, size_t n), (d, s, n))
-FENCED(to_host, (void *d, const void *s, size_t n), (d, s, n))
-FENCED(matmul_forward, (float *o, const float *i, const float *w, int M, int N, int K, bool acc), (o, i, w, M, N, K, acc))
-FENCED(matmul_backward, (float *di, float *dw, const float *dy, const float *i, const float *w, int M, int N, int K, bool acc),
-       (di, dw, dy, i, w, M, N, K, acc))
-FENCED(gemm_bf16, (float *o, const keel_bf16 *a, bool at, const keel_bf16 *b, bool bt, int M, int N, int K, bool acc),
-       (o, a, at, b, bt, M, N, K, acc))
-FENCED(f32_to_bf16, (keel_bf16 *d, const float *s, int64_t n), (d, s, n))
-FENCED(bf16_to_f32, (float *d, const keel_bf16 *s, int64_t n), (d, s, n))
-FENCED(rmsnorm_forward, (float *o, float *r, const float *x, const float *w, int N, int C, float eps), (o, r, x, w, N, C, eps))
-FENCED(rmsnorm_backward, (float *dx, float *dw, const float *dy, const float *x, const float *w, const float *r, int N, int C),
-       (dx, dw, dy, x, w, r, N, C))
-FENCED(rope_forward, (float *x, const float *cs, int B, int T, int H, int HS), (x, cs, B, T, H, HS))
-FENCED(rope_backward, (float *x, const float *cs, int B, int T, int H, int HS), (x, cs, B, T, H, HS))
-#define ATT_FWD (float *o, float *l, const float *q, const float *k, const float *v, int B, int T, int NH, int NKV, int HS)
-#define ATT_BWD                                                                                                        \
-    (float *dq, float *dk, float *dv, const float *dy, const float *o, const float *l, const float *q, const float *k,  \
-     const float *v, int B, int T, int NH, int NKV, int HS)
-FENCED(attention_forward, ATT_FWD, (o, l, q, k, v, B, T, NH, NKV, HS))
-FENCED(attention_forward_bf16, ATT_FWD, (o, l, q, k, v, B, T, NH, NKV, HS))
-FENCED(attention_backward, ATT_BWD, (dq, dk, dv, dy, o, l, q, k, v, B, T, NH, NKV, HS))
-FENCED(attention_backward_bf16, ATT_BWD, (dq, dk, dv, dy, o, l, q, k, v, B, T, NH, NKV, HS))
-FENCED(swiglu_forward, (float *h, const float *g, const float *u, int64_t n), (h, g, u, n))
-FENCED(swiglu_backward, (float *dg, float *du, const float *dh, const float *g, const float *u, int64_t n),
-       (dg, du, dh, g, u, n))
-FENCED(embedding_forward, (float *o, const float *t, const int32_t *tok, int N, int C), (o, t, tok, N, C))
-FENCED(embedding_forward_bf16, (float *o, const keel_bf16 *t, const int32_t *tok, int N, int C), (o, t, tok, N, C))
-FENCED(embedding_backward, (float *dt, const float *dy, const int32_t *tok, int N, int C), (dt, dy, tok, N, C))
-static double f_xent_forward_backward(float *logits, const int32_t *targets, int N, int V, float dscale) {
-    open_fence();
-    double loss = cpu->xent_forward_backward(logits, targets, N, V, dscale);
-    close_fence();
-    return loss;
-}
-static double f_sumsq(const float *x, int64_t n) {
-    open_fence();
-    double s = cpu->sumsq(x, n);
-    close_fence();
-    return s;
-}
-FENCED(adamw_update, (float *p, const float *g, float *m, float *v, int64_t n, const keel_adamw_step *s),
-       (p, g, m, v, n, s))
-FENCED(accumulate, (float *d, const float *s, int64_t n), (d, s, n))
-FENCED(accumulate_bf16, (float *d, const keel_bf16 *s, int64_t n), (d, s, n))
+KEEL_BACKEND_FLOP_CALLS(FENCED)
+KEEL_BACKEND_OTHER_CALLS(FENCED)
+#define FENCED_DOUBLE(name, params, args)                                                                              \
+    static double f_##name params {                                                                                    \
+        open_fence();                                                                                                  \
+        double r = cpu->name args;                                                                                     \
+        close_fence();                                                                                                 \
+        return r;                                                                                                      \
+    }
+KEEL_BACKEND_DOUBLE_CALLS(FENCED_DOUBLE)
 static keel_status f_sync(void) { return KEEL_OK; }
 static void f_copies_wait(void) { cpu->copies_wait(); }
 static void f_pin(void *p, size_t bytes, const char *what) { cpu->pin(p, bytes, what); }

@@ -85,6 +85,9 @@ static const key_spec KEYS[] = {
      "validation loss every N steps when a val split exists (0 = never)", NULL},
     {"train.eval_batches", K_INT, OFF(train.eval_batches), 1, 1e6,
      "global batches (micro_batch_size x grad_accum_steps x ranks sequences) per validation pass", NULL},
+    {"train.profile_steps", K_INT, OFF(train.profile_steps), 0, 1e9,
+     "time every backend call of this many steps after the launch's first: RUN/profile.json and a table "
+     "(on a GPU each call is waited for, so those steps run slower; 0 = off)", NULL},
 
     {"data", K_SECTION, 0, 0, 0, "training data", NULL},
     {"data.path", K_STRING, OFF(data.path), 0, 0,
@@ -226,7 +229,8 @@ void keel_config_defaults(keel_config *cfg) {
                                      .warmup_steps = 10, .weight_decay = 0.1,
                                      .decay_norms_and_embeddings = false, .beta1 = 0.9,
                                      .beta2 = 0.95, .adam_eps = 1e-8, .grad_clip = 1.0,
-                                     .threads = 0, .eval_every = 0, .eval_batches = 8};
+                                     .threads = 0, .eval_every = 0, .eval_batches = 8,
+                                     .profile_steps = 0};
     cfg->data.synthetic_seed = 1;
     cfg->fsdp.strategy = KEEL_FSDP_FULL_SHARD;
     cfg->fsdp.prefetch = true;

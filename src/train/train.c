@@ -230,10 +230,10 @@ static keel_status write_summary(trainer *t, const char *xxh, const double *memo
                                  int steps_done, double final_loss, double final_val_loss, double wall_s) {
     const keel_model_layout *lay = keel_model_get_layout(t->model);
     double median_tps = 0;
-    int timed = steps_done - t->start_step; /* steps this process ran */
-    if (timed > 0) {
-        median_tps = keel_median(t->step_tps + t->start_step, timed);
-    }
+    int timed = 0; /* steps this process ran, less the profiled ones */
+    for (int i = t->start_step; i < steps_done; i++)
+        if (!isnan(t->step_tps[i])) t->step_tps[t->start_step + timed++] = t->step_tps[i];
+    if (timed > 0) median_tps = keel_median(t->step_tps + t->start_step, timed);
     cJSON *s = cJSON_CreateObject();
     cJSON_AddStringToObject(s, "status", status);
     cJSON_AddNumberToObject(s, "steps", steps_done);
@@ -281,7 +281,7 @@ static void log_step(trainer *t, int step, double loss, double lr, double norm, 
     const keel_model_layout *lay = keel_model_get_layout(t->model);
     double tokens = (double)trainer_global_batch(t) * lay->T;
     double tps = tokens / step_s;
-    t->step_tps[step] = tps;
+    t->step_tps[step] = t->profile.now ? NAN : tps; /* a profiled step's time is not the run's */
     if (t->be->kind == KEEL_BACKEND_CPU) /* a measured yardstick can be wrong; a datasheet's is not revised */
         t->peak_flops = keel_peak_revise(t->peak_flops, tps * t->flops_per_token, t->world_size, t->bf16);
     cJSON *o = cJSON_CreateObject();
@@ -297,6 +297,7 @@ static void log_step(trainer *t, int step, double loss, double lr, double norm, 
     if (ckpt_stall_s > 0) cJSON_AddNumberToObject(o, "ckpt_stall_s", ckpt_stall_s);
     if (snapshot_stall_s > 0) cJSON_AddNumberToObject(o, "snapshot_stall_s", snapshot_stall_s);
     if (!isnan(val_loss)) cJSON_AddNumberToObject(o, "val_loss", val_loss);
+    if (t->profile.now) cJSON_AddBoolToObject(o, "profiled", true);
     char *text = cJSON_PrintUnformatted(o);
     keel_jsonl_write(t->metrics, text);
     free(text);
@@ -364,6 +365,7 @@ static keel_status open_inputs(trainer *t) {
     int ranks_here = t->world ? keel_comm_local_size(t->world) : 1;
     /* the device first: a rank binds to its GPU before anything touches one */
     if (st == KEEL_OK) st = keel_backend_get(cfg->device, &t->be);
+    if (st == KEEL_OK) trainer_profile_init(t);
     if (st == KEEL_OK && t->world) st = t->be->attach(t->world);
     if (st == KEEL_OK) st = keel_run_check_memory(cfg, t->world_size, ranks_here);
     if (st == KEEL_OK) st = keel_run_check_device_memory(cfg, t->world_size, ranks_here, t->be);
@@ -478,11 +480,13 @@ static keel_status train_loop(trainer *t) {
             if (t->fault.sig > 0) raise(t->fault.sig);
             else for (;;) pause(); /* hang: until the supervisor kills the process */
         }
+        bool profiled = trainer_profile_begin(t, step);
         double t0 = keel_now_s(), wait0 = comm_wait_s(t), norm;
         trainer_stop_deadline(true);
         loss = train_step(t, step, &norm);
         if (t->allocs_after_first_step < 0) t->allocs_after_first_step = t->be->allocations();
         double step_s = keel_now_s() - t0, step_wait_s = comm_wait_s(t) - wait0;
+        if (profiled) trainer_profile_end(t, step_s);
         if (!isfinite(loss) || !isfinite(norm) || loss > max_loss) {
             report_divergence(t, step, loss, norm, max_loss);
             status = "diverged";
@@ -516,6 +520,7 @@ static keel_status train_loop(trainer *t) {
                                keel_now_s() - start);
             if (!isnan(val_loss))
                 keel_progress_note(&t->progress, "step %d: val loss %.4f", step + 1, val_loss);
+            if (profiled) trainer_profile_report(t, false);
         }
         if (stop) {
             /* saved at the boundary (when checkpointing is on): resume-me; else plain failure */
@@ -531,6 +536,7 @@ static keel_status train_loop(trainer *t) {
         }
     }
     trainer_stop_deadline(false); /* the final weights wait on disks */
+    trainer_profile_report(t, true); /* a run stopped inside the window: what it profiled */
     keel_status fst = finish(t, status, step, loss, last_val, keel_now_s() - start);
     return st != KEEL_OK ? st : fst;
 }

@@ -41,6 +41,11 @@ typedef struct {
     trainer_snap *snap;     /* in-memory snapshots (snapshots.c) */
     keel_heartbeat *heartbeat; /* RUN/heartbeats/rank-R for the supervisor (workers only) */
     keel_run_state state;   /* RUN/supervisor.json: the data windows to skip */
+    struct {                /* train.profile_steps: steps [first, end) of this launch (0-based) */
+        int first, end, done;
+        double step_s;      /* the profiled steps' time */
+        bool now, reported; /* now: the current step is profiled (its work and its metrics line) */
+    } profile;
     struct {                /* $KEEL_FAULT: a fault injected on purpose (chaos tests) */
         int sig, step, rank;/* as it begins step `step` (1-based): raise sig, or hang (-1); rank -1: every rank */
     } fault;
@@ -48,6 +53,20 @@ typedef struct {
 
 /* Sequences per optimizer step over all ranks. */
 int64_t trainer_global_batch(const trainer *t);
+
+/* ---- profile.c: train.profile_steps ----------------------------------------
+ * The backend becomes keel_backend_profiled's (with the key set: before the
+ * model is built), and the window covers the steps after the launch's first
+ * (its warm-up: first GEMM plans, lazy loading), or the first when it is the
+ * only one. The leader writes RUN/profile.json and prints a table as the
+ * window's last step ends, or at the end of a run stopped inside it. */
+void trainer_profile_init(trainer *t);
+/* Around a step's work: true when step is profiled (its window is open until
+ * trainer_profile_end). */
+bool trainer_profile_begin(trainer *t, int step);
+void trainer_profile_end(trainer *t, double step_s);
+/* The report, once: when the window is complete, or (final) whatever it holds. */
+void trainer_profile_report(trainer *t, bool final);
 
 /* ---- checkpointing.c ---------------------------------------------------------
  * Every function here is collective: all ranks call it at the same point. */

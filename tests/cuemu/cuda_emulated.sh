@@ -50,6 +50,19 @@ gpu cuda-bf16 --set fsdp.mixed_precision=bf16
 compare cpu-bf16 cuda-bf16 1e-2 "cuda bf16 (tensor-core attention) against the CPU's bf16"
 KEEL_CUDA_ATTENTION=simt gpu cuda-bf16-simt --set fsdp.mixed_precision=bf16
 compare cuda-bf16 cuda-bf16-simt 1e-2 "cuda bf16, KEEL_CUDA_ATTENTION=simt (the CUDA-core attention) against the default"
+# train.profile_steps on the device: each call waited for, the same losses
+gpu cuda-bf16-profiled --set fsdp.mixed_precision=bf16 --set train.profile_steps=2
+compare cuda-bf16 cuda-bf16-profiled 0 "cuda bf16 with 2 steps profiled against the run without"
+python3 - "$TMP/cuda-bf16-profiled/profile.json" <<'PY' || fail "the profile of a GPU run (above)"
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert (p["device"], p["calls_waited_for"], p["first_step"], p["steps"]) == ("cuda", True, 2, 2), p
+ops = {o["op"]: o for o in p["ops"]}
+for op in ("gemm_bf16", "attention_forward_bf16", "attention_backward_bf16"):
+    assert ops[op]["calls"] > 0 and ops[op]["tflops_per_s"] > 0, (op, ops.get(op))
+assert 0 < p["in_calls_s"] <= p["step_s"], p
+print(f"ok   the profile on the device: {len(ops)} kinds of call, each waited for")
+PY
 CUEMU_CUBLASLT_NO_ALGO=1 gpu cuda-plain-gemm
 grep -q "a plain CUDA kernel runs it instead" "$TMP/cuda-plain-gemm.log" || fail "the GEMM fallback did not run"
 compare cuda cuda-plain-gemm 1e-4 "cuda fp32, keel's own GEMM kernel where cuBLASLt has no algorithm"
