@@ -3,37 +3,36 @@
 // keel_cuda_attention_*_bf16 take them there unless KEEL_CUDA_ATTENTION=simt).
 // The same contract and algorithm (FlashAttention-2 forward with an online
 // softmax; backward recomputing P from lse, dK and dV per key tile, dQ per
-// query tile), with every product a WMMA m16n16k16 of bf16 operands into fp32
-// accumulators: exactly the bf16 semantics (operands rounded, sums in fp32),
-// up to the order of the fp32 sums. The softmax and its backward stay fp32.
+// query tile), with every product on the tensor cores, bf16 operands into
+// fp32 accumulators: exactly the bf16 semantics (operands rounded to nearest
+// even, sums in fp32), up to the order of the fp32 sums. The softmax and its
+// backward stay fp32.
 //
 // Blocks of 4 warps (128 threads), tiles of 64 queries x 64 keys. A warp owns
-// 16 rows of its block's result and computes every 16x16 fragment of them,
-// so what happens between a warp's products (scores, softmax, P, dS) touches
-// only that warp's rows: __syncwarp there, __syncthreads only around the
-// tiles all warps read (K and V; Q and dO).
-//   operands  bf16 in shared memory, row-major [64][HS + 8], rounded to
-//             nearest even as loaded (__float2bfloat16_rn: round_bf16 of
-//             attention.cu for every non-NaN), zeros past T. Kᵀ, Vᵀ, Qᵀ, dOᵀ
-//             are the same tiles read as col_major matrix_b. The row stride
-//             HS + 8 (ldm a multiple of 8) moves each row 4 banks on, so the
-//             8 rows of a fragment load hit distinct banks; fragments start
-//             at rows and columns that are multiples of 16: 32-byte aligned.
-//   fp32      an accumulator's element layout is unspecified: what row-wise
-//             math needs goes through shared memory (store_matrix_sync,
-//             row-major, ldm a multiple of 4) and comes back if it must.
-//   forward   block = (head, batch, query tile), heavy tiles first; warp w
-//             rows 16w..16w+15. Per key tile up to the diagonal: S = Q Kᵀ
-//             (4 fragments of 16x16, HS/16 steps each) to Ss fp32; the online
-//             softmax on Ss by the warp's lanes (two per row, even and odd
-//             keys), P to Ps bf16; the output O (HS/16 fragments, registers)
-//             goes to Os, its rows scaled by the correction, and comes back
-//             when a row of the warp has a new max (else every correction is
-//             1: nothing to do); O += P V. At the end out = Os / l,
-//             lse = m + log l.
-//             Q, K, V 3 x 64 x (HS+8) x 2 + Ss 64 x 68 x 4 + Ps 64 x 72 x 2
-//             + Os 64 x (HS+4) x 4 + l 64 x 4: 71,936 B (HS 64, 3 blocks/SM),
-//             112,896 B (HS 128, 2 blocks/SM).
+// 16 rows of its block's result, so what happens between a warp's products
+// (scores, softmax, P, dS) touches only that warp's rows; __syncthreads only
+// around the tiles all warps read.
+//   forward   warp_mma.h's mma.m16n8k16, whose register layouts PTX
+//             documents: everything about the warp's rows stays in
+//             registers (Q's fragments, loaded once; S, P, O, m, l). q, k, v
+//             are rounded to bf16 copies first (keel_cuda_f32_to_bf16, into
+//             a scratch kept between calls), which cp.async copies into
+//             shared memory as they are: K and V in two stages, the next key
+//             tile landing while this one is used. [64][HS + 8] bf16 tiles
+//             (the row stride moves each row 16 bytes on, so an ldmatrix's 8
+//             rows hit distinct banks): Q + 2 x (K, V) = 46,080 B (HS 64, 3
+//             blocks/SM by registers) or 87,040 B (HS 128, 2 blocks/SM).
+//             Block = (head, batch, query tile), heavy tiles first; warp w
+//             rows 16w..16w+15; per key tile up to the diagonal S = Q Kᵀ,
+//             the online softmax (a row's 64 scores in the 4 lanes of a quad:
+//             two shuffles), O = O corr + P V with P's accumulators as the A
+//             fragments; at the end out = O / l, lse = m + log l.
+//   backward  WMMA m16n16k16 on tiles rounded to bf16 as loaded
+//             (__float2bfloat16_rn), row-major [64][HS + 8] in shared memory:
+//             Kᵀ, Vᵀ, Qᵀ, dOᵀ are the same tiles read as col_major matrix_b.
+//             An accumulator's element layout is unspecified, so what
+//             row-wise math needs goes through shared memory
+//             (store_matrix_sync, row-major, ldm a multiple of 4).
 //   dK, dV    block = (kv head, batch, key tile), heavy tiles first; warp w
 //             keys 16w..16w+15, their dK and dV in registers (2 x HS/16
 //             fragments). For each query head of the group and each query
@@ -49,8 +48,9 @@
 //             + 2 x 16 x 72 x 2 + lse, D 2 x 64 x 4: 68,096 B (HS 64, 3
 //             blocks/SM), 100,864 B (HS 128, 2 blocks/SM).
 //             D = rowsum(dO ∘ O) is attention.cu's kernel and scratch.
-// Results leave through shared memory (a warp's rows, once every warp is
-// done with the operand tiles they overwrite), rows < T only, coalesced.
+//             Results leave through shared memory (a warp's rows, once every
+//             warp is done with the operand tiles they overwrite), rows < T
+//             only, coalesced.
 // Deterministic: every output element has one owner warp, which adds its
 // terms in a fixed order (dK, dV over the group's heads and query tiles in
 // turn, like attention.cu); no atomics, and each element is written once.
@@ -59,12 +59,14 @@
 #include <math.h>
 #include <mma.h>
 #include <stdint.h>
+#include <string.h>
 
 extern "C" {
 #define _Noreturn __attribute__((noreturn)) // C11's, in keel/core.h; nvcc compiles C++
 #include "keel/cuda.h"
 }
 #include "internal.h"
+#include "warp_mma.h"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "attention_tc.cu: bf16 WMMA needs sm_80 or newer (KEEL_CUDA_ARCHITECTURES)"
@@ -75,7 +77,6 @@ typedef __nv_bfloat16 bf16;
 
 #define TC_THREADS 128      // 4 warps
 #define TC_TILE 64          // queries and keys per tile: 4 fragments of 16
-#define TC_SL (TC_TILE + 4) // forward's fp32 scores: row stride
 #define TC_PL (TC_TILE + 8) // bf16 P and dS: row stride
 #define TC_WL 24            // backward's fp32 16x16 scratch: row stride
 
@@ -125,128 +126,165 @@ __device__ __forceinline__ static void write_rows(float *dst, int64_t ld, int r0
 // ---- forward -----------------------------------------------------------------
 
 template <int HS> struct fwd_smem {
-    static constexpr int LD = HS + 8, OL = HS + 4;
-    static constexpr size_t tile = (size_t)TC_TILE * LD * sizeof(bf16); // Q, K, V each
-    static constexpr size_t s = (size_t)TC_TILE * TC_SL * sizeof(float);
-    static constexpr size_t p = (size_t)TC_TILE * TC_PL * sizeof(bf16);
-    static constexpr size_t o = (size_t)TC_TILE * OL * sizeof(float);
-    static constexpr size_t bytes = 3 * tile + s + p + o + TC_TILE * sizeof(float);
-    static_assert(tile % 32 == 0 && s % 32 == 0 && p % 32 == 0 && o % 32 == 0, "fragments 32-byte aligned");
+    static constexpr int LD = HS + 8; // bf16 row stride: 16 bytes past a multiple of 128, so the 8 rows of an
+                                      // ldmatrix hit distinct banks
+    static constexpr size_t tile = (size_t)TC_TILE * LD * sizeof(bf16);
+    static constexpr size_t bytes = 5 * tile; // Q, K and V twice (the tile in use and the next, landing)
 };
 
+// rows r0.. (64 of them, HS bf16 each) of src (row stride ld) to dst [64][HS + 8],
+// asynchronously (this thread's share, in the group the caller commits); zeros past T
+template <int HS>
+__device__ __forceinline__ static void copy_rows_async(bf16 *dst, const bf16 *src, int64_t ld, int r0, int T) {
+    constexpr int LD = HS + 8, CHUNKS = HS / 8; // 16 bytes = 8 bf16
+#pragma unroll
+    for (int e = threadIdx.x; e < TC_TILE * CHUNKS; e += TC_THREADS) {
+        const int r = e / CHUNKS, c = e % CHUNKS * 8;
+        const bool in = r0 + r < T;
+        cp_async_16(dst + r * LD + c, src + (int64_t)(in ? r0 + r : 0) * ld + c, in);
+    }
+}
+
+__device__ __forceinline__ static uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); // .x, the low half, from lo
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    return u;
+}
+
+// Block = (head, batch, query tile), heavy tiles first; warp w owns query rows
+// 16w..16w+15 and keeps everything about them in registers: Q's fragments,
+// the scores S (16 x 64 as 8 mma tiles of 16 x 8), P, the output O (HS/8
+// tiles) and the softmax's m and l. Lane (g, t) holds rows g and g + 8, and
+// of each 8-column tile the columns 2t and 2t + 1: a row's values live in the
+// 4 lanes of its quad, so its max and sum take two shuffles, and P's
+// accumulator tiles are already A fragments for P V. K and V come in by
+// cp.async, the next key tile landing while the current one is used.
 template <int HS>
 __global__ static void __launch_bounds__(TC_THREADS)
-    tc_forward(float *out, float *lse, const float *q, const float *k, const float *v, int T, int NH, int NKV,
+    tc_forward(float *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int T, int NH, int NKV,
                float scale) {
     typedef fwd_smem<HS> L;
-    constexpr int LD = L::LD, OL = L::OL, DT = HS / 16;
+    constexpr int LD = L::LD, KT = HS / 16, DT = HS / 8, NT = TC_TILE / 8;
     extern __shared__ __align__(128) unsigned char smem[];
-    bf16 *Qs = (bf16 *)smem;                                        // [64][LD]
-    bf16 *Ks = (bf16 *)(smem + L::tile);                            // [64][LD]
-    bf16 *Vs = (bf16 *)(smem + 2 * L::tile);                        // [64][LD]
-    float *Ss = (float *)(smem + 3 * L::tile);                      // [64][TC_SL]
-    bf16 *Ps = (bf16 *)(smem + 3 * L::tile + L::s);                 // [64][TC_PL]
-    float *Os = (float *)(smem + 3 * L::tile + L::s + L::p);        // [64][OL]
-    float *ls = (float *)(smem + 3 * L::tile + L::s + L::p + L::o); // [64]
+    // Q, then K and V of stage 0, then of stage 1: [64][LD] each
+    bf16 *Qs = (bf16 *)smem;
+    auto Ks = [&](int stage) { return (bf16 *)(smem + (1 + 2 * stage) * L::tile); };
+    auto Vs = [&](int stage) { return (bf16 *)(smem + (2 + 2 * stage) * L::tile); };
     const int h = blockIdx.x, b = blockIdx.y, nq = (T + TC_TILE - 1) / TC_TILE;
     const int q0 = (nq - 1 - (int)blockIdx.z) * TC_TILE; // the longest rows first
-    const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = h / (NH / NKV);
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int kvh = h / (NH / NKV);
     const int64_t ldq = (int64_t)NH * HS, ldkv = (int64_t)NKV * HS;
-    const float *qh = q + (int64_t)b * T * ldq + (int64_t)h * HS;
-    const float *kh = k + (int64_t)b * T * ldkv + (int64_t)g * HS, *vh = v + (int64_t)b * T * ldkv + (int64_t)g * HS;
-    // the softmax: lanes 2r and 2r+1 take row 16w + r, even and odd keys,
-    // and both keep its m and l (the same values: they combine by one shuffle)
-    const int half = lane % 2, row = 16 * w + lane / 2, qi = q0 + row;
-    float m = -INFINITY, l = 0.0f;
-    frag_c o[DT];
-#pragma unroll
-    for (int dt = 0; dt < DT; dt++) wmma::fill_fragment(o[dt], 0.0f);
-    load_rows<HS>(Qs, qh, ldq, q0, T);
+    const bf16 *qh = q + (int64_t)b * T * ldq + (int64_t)h * HS;
+    const bf16 *kh = k + (int64_t)b * T * ldkv + (int64_t)kvh * HS, *vh = v + (int64_t)b * T * ldkv + (int64_t)kvh * HS;
     const int kend = min(T, q0 + TC_TILE); // keys [0, kend): up to the tile's last query
-    for (int k0 = 0; k0 < kend; k0 += TC_TILE) {
-        __syncthreads(); // every warp is done with the last tile's K and V
-        load_rows<HS>(Ks, kh, ldkv, k0, T);
-        load_rows<HS>(Vs, vh, ldkv, k0, T);
-        __syncthreads();
-        // S = Q Kᵀ, the warp's 16 rows x 64 keys, to Ss; O to Os for its scaling
+    const int ntiles = (kend + TC_TILE - 1) / TC_TILE;
+    copy_rows_async<HS>(Qs, qh, ldq, q0, T);
+    copy_rows_async<HS>(Ks(0), kh, ldkv, 0, T);
+    copy_rows_async<HS>(Vs(0), vh, ldkv, 0, T);
+    cp_async_commit();
+
+    const int qi[2] = {q0 + 16 * w + g, q0 + 16 * w + g + 8}; // the lane's two rows
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float o[DT][4];
 #pragma unroll
-        for (int jt = 0; jt < 4; jt++) {
-            frag_c s;
-            wmma::fill_fragment(s, 0.0f);
+    for (int d = 0; d < DT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    uint32_t qf[KT][4]; // the warp's 16 rows of Q as A fragments, loaded once
+    // ldmatrix row addresses: lane l points at row l % 16 (and l % 8 + 8 (l / 16)), column 8 (l / 16) (and 8 (l / 8 % 2))
+    const int ar = lane % 16, ac = lane / 16 * 8;               // A: matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15)
+    const int br = lane % 8 + lane / 16 * 8, bc = lane / 8 % 2 * 8; // B: (keys 0-7 | 8-15) x (d 0-7 | 8-15)
+    for (int j = 0; j < ntiles; j++) {
+        const int k0 = j * TC_TILE;
+        const bf16 *Kt = Ks(j % 2), *Vt = Vs(j % 2);
+        if (j + 1 < ntiles) { // the next tile lands while this one is used
+            copy_rows_async<HS>(Ks((j + 1) % 2), kh, ldkv, k0 + TC_TILE, T);
+            copy_rows_async<HS>(Vs((j + 1) % 2), vh, ldkv, k0 + TC_TILE, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads(); // tile j (and Q) landed for every thread
+        if (j == 0)
 #pragma unroll
-            for (int kk = 0; kk < DT; kk++) {
-                frag_a a;
-                frag_bt kt;
-                wmma::load_matrix_sync(a, Qs + 16 * w * LD + 16 * kk, LD);
-                wmma::load_matrix_sync(kt, Ks + 16 * jt * LD + 16 * kk, LD);
-                wmma::mma_sync(s, a, kt, s);
+            for (int kk = 0; kk < KT; kk++) ldmatrix_x4(qf[kk], Qs + (16 * w + ar) * LD + 16 * kk + ac);
+        // S = Q Kᵀ: B(d, key) = K[key][d], K's rows read as B by plain ldmatrix
+        float s[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++)
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) { // keys 16np..16np+15: two 8-key tiles
+                uint32_t r[4];
+                ldmatrix_x4(r, Kt + (16 * np + br) * LD + 16 * kk + bc);
+                const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                mma_bf16_16816(s[2 * np], qf[kk], b0);
+                mma_bf16_16816(s[2 * np + 1], qf[kk], b1);
             }
-            wmma::store_matrix_sync(Ss + 16 * w * TC_SL + 16 * jt, s, TC_SL, wmma::mem_row_major);
+        // online softmax per row (registers c 0-1: row g; 2-3: row g + 8), masked above the diagonal
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int key = k0 + 8 * n + 2 * t + c;
+                    float x = key <= qi[hr] ? s[n][2 * hr + c] * scale : -INFINITY;
+                    s[n][2 * hr + c] = x;
+                    mx = fmaxf(mx, x);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mnew = fmaxf(m[hr], mx);
+            const float base = mnew == -INFINITY ? 0.0f : mnew; // a row that has seen no key yet
+            const float corr = expf(m[hr] - base);              // 0 on the first tile (m = -inf)
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const float p = expf(s[n][2 * hr + c] - base);
+                    s[n][2 * hr + c] = p;
+                    sum += p;
+                }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            l[hr] = l[hr] * corr + sum;
+            m[hr] = mnew;
+#pragma unroll
+            for (int d = 0; d < DT; d++) o[d][2 * hr] *= corr, o[d][2 * hr + 1] *= corr;
         }
-        __syncwarp();
-        // online softmax: scaled scores, masked above the diagonal; m, l and O move on
-        float sv[TC_TILE / 2], mx = -INFINITY;
+        // O += P V: P's accumulator tiles 2kc and 2kc + 1 are the A fragment of keys 16kc..16kc+15;
+        // B(key, d) = V[key][d], V's rows read as B by ldmatrix .trans
 #pragma unroll
-        for (int j = 0; j < TC_TILE / 2; j++) {
-            const int c = 2 * j + half;
-            sv[j] = k0 + c <= qi ? Ss[row * TC_SL + c] * scale : -INFINITY;
-            mx = fmaxf(mx, sv[j]);
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        const float mnew = fmaxf(m, mx);
-        const float base = mnew == -INFINITY ? 0.0f : mnew; // a row that has seen no key yet
-        const float corr = expf(m - base);                  // 0 on the first tile (m = -inf)
-        float sum = 0.0f;
+        for (int kc = 0; kc < TC_TILE / 16; kc++) {
+            const uint32_t a[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                                   pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                   pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
 #pragma unroll
-        for (int j = 0; j < TC_TILE / 2; j++) {
-            const float p = expf(sv[j] - base);
-            sum += p;
-            Ps[row * TC_PL + 2 * j + half] = __float2bfloat16_rn(p);
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        l = l * corr + sum;
-        m = mnew;
-        // O's rows scaled by corr, through Os (an accumulator's layout is
-        // unspecified) — only when a row of the warp has a new max: where
-        // every corr is 1 the scaling is the identity, so skipping it changes
-        // no bit, and once the maxima settle most tiles skip it
-        if (!__all_sync(0xffffffffu, corr == 1.0f)) { // warp-uniform
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++)
-                wmma::store_matrix_sync(Os + 16 * w * OL + 16 * dt, o[dt], OL, wmma::mem_row_major);
-            __syncwarp();
-            for (int d = half; d < HS; d += 2) Os[row * OL + d] *= corr;
-            __syncwarp();
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++)
-                wmma::load_matrix_sync(o[dt], Os + 16 * w * OL + 16 * dt, OL, wmma::mem_row_major);
-        }
-        __syncwarp(); // P written
-        // O += P V
-#pragma unroll
-        for (int kk = 0; kk < TC_TILE / 16; kk++) {
-            frag_a a;
-            wmma::load_matrix_sync(a, Ps + 16 * w * TC_PL + 16 * kk, TC_PL);
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++) {
-                frag_b vb;
-                wmma::load_matrix_sync(vb, Vs + 16 * kk * LD + 16 * dt, LD);
-                wmma::mma_sync(o[dt], a, vb, o[dt]);
+            for (int dp = 0; dp < DT / 2; dp++) { // d 16dp..16dp+15: two 8-wide tiles
+                uint32_t r[4];
+                ldmatrix_x4_trans(r, Vt + (16 * kc + ar) * LD + 16 * dp + ac);
+                const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                mma_bf16_16816(o[2 * dp], a, b0);
+                mma_bf16_16816(o[2 * dp + 1], a, b1);
             }
         }
+        __syncthreads(); // every warp is done with tile j before its buffers take tile j + 2
     }
-    __syncwarp(); // the last tile's reads of Os are done
+    // out = O / l, lse = m + log l: rows < T, each lane its columns 2t, 2t + 1 of every 8
 #pragma unroll
-    for (int dt = 0; dt < DT; dt++)
-        wmma::store_matrix_sync(Os + 16 * w * OL + 16 * dt, o[dt], OL, wmma::mem_row_major);
-    if (half == 0) {
-        ls[row] = l;
-        if (qi < T) lse[((int64_t)b * NH + h) * T + qi] = m + logf(l);
-    }
-    __syncwarp();
-    for (int e = lane; e < 16 * HS; e += 32) {
-        const int r = 16 * w + e / HS, d = e % HS;
-        if (q0 + r < T) out[((int64_t)b * T + q0 + r) * ldq + (int64_t)h * HS + d] = Os[r * OL + d] * (1.0f / ls[r]);
+    for (int hr = 0; hr < 2; hr++) {
+        if (qi[hr] >= T) continue;
+        const float inv = 1.0f / l[hr];
+        float *row = out + ((int64_t)b * T + qi[hr]) * ldq + (int64_t)h * HS;
+#pragma unroll
+        for (int d = 0; d < DT; d++)
+            *reinterpret_cast<float2 *>(row + 8 * d + 2 * t) = make_float2(o[d][2 * hr] * inv, o[d][2 * hr + 1] * inv);
+        if (t == 0) lse[((int64_t)b * NH + h) * T + qi[hr]] = m[hr] + logf(l[hr]);
     }
 }
 
@@ -453,13 +491,34 @@ static bool tc_shape_ok(const char *what, int B, int T, int NH, int NKV, int HS)
     return true;
 }
 
+// The forward's bf16 copies of q, k and v (their layouts), grown when a call
+// needs more: what cp.async copies into shared memory as it is
+static bf16 *g_qkv;
+static size_t g_qkv_elems;
+
 template <int HS>
 static void tc_forward_at(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
                           int NH, int NKV, const char *what) {
+    const int64_t nq = (int64_t)B * T * NH * HS, nkv = (int64_t)B * T * NKV * HS;
+    if ((size_t)(nq + 2 * nkv) > g_qkv_elems) {
+        if (g_qkv) keel_cuda_note(cudaFree(g_qkv), what); // in order after the kernels that read it
+        g_qkv = NULL, g_qkv_elems = 0;
+        cudaError_t e = cudaMalloc((void **)&g_qkv, (size_t)(nq + 2 * nkv) * sizeof(bf16));
+        if (e != cudaSuccess) {
+            g_qkv = NULL;
+            keel_cuda_note(e, "cudaMalloc of the tensor-core attention's bf16 q, k, v");
+            return;
+        }
+        g_qkv_elems = (size_t)(nq + 2 * nkv);
+    }
+    bf16 *qb = g_qkv, *kb = g_qkv + nq, *vb = g_qkv + nq + nkv; // 16-byte aligned: nq, nkv multiples of 64
+    keel_cuda_f32_to_bf16((keel_bf16 *)qb, q, nq);
+    keel_cuda_f32_to_bf16((keel_bf16 *)kb, k, nkv);
+    keel_cuda_f32_to_bf16((keel_bf16 *)vb, v, nkv);
     const size_t smem = fwd_smem<HS>::bytes;
     keel_cuda_note(cudaFuncSetAttribute(tc_forward<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), what);
     dim3 grid((unsigned)NH, (unsigned)B, (unsigned)((T + TC_TILE - 1) / TC_TILE));
-    tc_forward<HS><<<grid, TC_THREADS, smem>>>(out, lse, q, k, v, T, NH, NKV, 1.0f / sqrtf((float)HS));
+    tc_forward<HS><<<grid, TC_THREADS, smem>>>(out, lse, qb, kb, vb, T, NH, NKV, 1.0f / sqrtf((float)HS));
     keel_cuda_note(cudaGetLastError(), what);
 }
 

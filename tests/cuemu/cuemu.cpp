@@ -18,12 +18,15 @@
 //             too early under one policy or the other.
 //   kernels   every CUDA thread of a block is a fiber on the device thread;
 //             blocks run one at a time. __syncthreads and the warp
-//             collectives (__syncwarp, __shfl_xor_sync, __all_sync) switch
-//             fibers, and the collective runs once every lane its mask names
-//             has reached one: a lane that exited or waits elsewhere is
-//             reported, as a deadlock or undefined behaviour would be on the
-//             hardware. Between switches the fibers run in turn, forward in
-//             even rounds and backward in odd ones, so a missing barrier
+//             collectives (__syncwarp, __shfl_xor_sync, __all_sync, and
+//             warp_mma.h's mma and ldmatrix) switch fibers, and the
+//             collective runs once every lane its mask names has reached
+//             one: a lane that exited or waits elsewhere is reported, as a
+//             deadlock or undefined behaviour would be on the hardware.
+//             Between barriers the warps run one after another, each as far
+//             as it can (forward and backward in turn), and within a warp the
+//             lanes run in turn between collectives, forward in even rounds
+//             and backward in odd ones: a missing __syncthreads or __syncwarp
 //             between a write and another thread's read shows up as a
 //             different result. The dynamic shared memory is a fresh
 //             allocation per block filled with 0xFF (NaN as float and bf16),
@@ -51,6 +54,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -107,6 +111,13 @@ enum warp_op { WARP_SYNC, WARP_SHFL_XOR, WARP_ALL };
 #define STACK_BYTES ((size_t)256 << 10)
 #define GUARD_BYTES ((size_t)4096)
 
+struct pending_copy { // a cp.async not yet waited for
+    void *dst;
+    const void *src;
+    bool valid;
+    int group;
+};
+
 struct fiber {
     void *sp = nullptr;
     char *stack = nullptr; // [guard page | STACK_BYTES]
@@ -117,6 +128,10 @@ struct fiber {
     unsigned mask = 0;
     uint64_t value = 0, result = 0;
     int lane_mask = 0, width = 32;
+    const void *row = nullptr; // ldmatrix: the row this lane points at
+    uint32_t regs[6] = {};     // mma: this lane's a[4], b[2]
+    std::vector<pending_copy> copies;
+    int committed = 0;         // cp.async groups closed
 };
 
 // the block being run (the device thread only)
@@ -131,6 +146,7 @@ struct block_run {
     void *closure = nullptr;
     const char *kernel = "";
     unsigned char *smem = nullptr;
+    size_t smem_bytes = 0;
 } g_block;
 
 void set_thread_index(int t) {
@@ -204,6 +220,8 @@ void fiber_start(fiber &f) {
     f.sp = sp;
     f.state = READY;
     f.fake_stack = nullptr;
+    f.copies.clear();
+    f.committed = 0;
 }
 
 const char *state_name(const fiber &f) {
@@ -222,11 +240,11 @@ const char *state_name(const fiber &f) {
                blockIdx.z, t, state_name(f), f.line, what);
 }
 
-// Runs the warp collectives whose every named lane has arrived; true if any ran.
-bool run_warp_collectives() {
+// Runs the collectives of the warp of threads w0.. whose every named lane has arrived; true if any ran.
+bool run_warp_collectives(int w0) {
     bool ran = false;
     const int n = g_block.nthreads;
-    for (int w0 = 0; w0 < n; w0 += 32) {
+    {
         const int lanes = n - w0 < 32 ? n - w0 : 32;
         const unsigned present = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1);
         fiber *warp = &g_block.fibers[(size_t)w0];
@@ -277,16 +295,30 @@ bool run_warp_collectives() {
     return ran;
 }
 
-void run_block() {
-    const int n = g_block.nthreads;
-    if (g_block.fibers.size() < (size_t)n) g_block.fibers.resize((size_t)n);
-    for (int t = 0; t < n; t++) fiber_start(g_block.fibers[(size_t)t]);
+// One warp as far as it goes: its fibers in turn (forward in even rounds,
+// backward in odd ones), then its collectives, until every fiber of it waits
+// at __syncthreads, has exited, or waits in a collective that cannot run.
+void run_warp(int w0) {
+    const int lanes = g_block.nthreads - w0 < 32 ? g_block.nthreads - w0 : 32;
     for (unsigned round = 0;; round++) {
-        for (int i = 0; i < n; i++) {
-            const int t = round % 2 ? n - 1 - i : i;
+        for (int i = 0; i < lanes; i++) {
+            const int t = w0 + (round % 2 ? lanes - 1 - i : i);
             if (g_block.fibers[(size_t)t].state == READY) resume(t);
         }
-        if (g_block.at_warp && run_warp_collectives()) continue;
+        if (!g_block.at_warp || !run_warp_collectives(w0)) return;
+    }
+}
+
+// The warps one after another, each up to the next __syncthreads (forward in
+// even phases, backward in odd ones): warps drift apart as far as the
+// barriers let them, so a missing __syncthreads between one warp's write and
+// another's read (or overwrite) shows up as a different result.
+void run_block() {
+    const int n = g_block.nthreads, warps = (n + 31) / 32;
+    if (g_block.fibers.size() < (size_t)n) g_block.fibers.resize((size_t)n);
+    for (int t = 0; t < n; t++) fiber_start(g_block.fibers[(size_t)t]);
+    for (unsigned phase = 0;; phase++) {
+        for (int i = 0; i < warps; i++) run_warp(32 * (phase % 2 ? warps - 1 - i : i));
         int live = 0, barrier = 0, first_other = -1;
         for (int t = 0; t < n; t++) {
             const fiber &f = g_block.fibers[(size_t)t];
@@ -295,7 +327,12 @@ void run_block() {
             if (f.state == AT_BARRIER) barrier++;
             else if (first_other < 0) first_other = t;
         }
-        if (live == 0) return;
+        if (live == 0) {
+            for (int t = 0; t < n; t++)
+                if (!g_block.fibers[(size_t)t].copies.empty())
+                    block_fail(t, "ended with cp.async copies it never waited for (cp_async_wait)");
+            return;
+        }
         if (barrier < live) {
             // a warp collective that cannot complete, with others at a barrier: a deadlock on the hardware
             block_fail(first_other, "can never go on (the rest of the block waits at __syncthreads)");
@@ -341,6 +378,88 @@ uint64_t shfl_xor_bits(int line, unsigned mask, uint64_t bits, int lane_mask, in
     return warp_collective(line, WARP_SHFL_XOR, mask, bits, lane_mask, width);
 }
 int all_sync(int line, unsigned mask, int pred) { return (int)warp_collective(line, WARP_ALL, mask, pred != 0, 0, 32); }
+
+// ---- warp_mma.h's PTX (cuemu_warp_mma.h) ----
+static void check_smem(int line, const void *p, size_t bytes, const char *what) {
+    const unsigned char *c = (const unsigned char *)p;
+    if ((uintptr_t)p % 16 != 0 || c < g_block.smem || c + bytes > g_block.smem + g_block.smem_bytes)
+        block_fail(g_block.current, (std::string(what) + " at line " + std::to_string(line) +
+                                     ": not a 16-byte aligned address inside the block's dynamic shared memory")
+                                        .c_str());
+}
+static fiber *warp_base(int &lane) {
+    lane = g_block.current % 32;
+    return &g_block.fibers[(size_t)(g_block.current - lane)];
+}
+static float bf16_at(uint32_t reg, int half) { return __uint_as_float((reg >> (16 * half) & 0xffffu) << 16); }
+
+void mma_16816(int line, float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    fiber &f = current_fiber();
+    memcpy(f.regs, a, 4 * sizeof *a);
+    memcpy(f.regs + 4, b, 2 * sizeof *b);
+    syncwarp(line, 0xffffffffu);
+    int lane;
+    const fiber *w = warp_base(lane);
+    const int g = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; i++) {
+        const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+        float acc = d[i];
+        for (int k = 0; k < 16; k++) {
+            // A(row, k): lane (row % 8) * 4 + (k % 8) / 2, register (row >= 8) + 2 (k >= 8);
+            // B(k, col): lane col * 4 + (k % 8) / 2, register b[k >= 8]; half k % 2
+            const float x = bf16_at(w[(row % 8) * 4 + (k % 8) / 2].regs[(row >= 8) + 2 * (k >= 8)], k % 2);
+            const float y = bf16_at(w[col * 4 + (k % 8) / 2].regs[4 + (k >= 8)], k % 2);
+            acc += x * y; // exact: 8-bit significands
+        }
+        d[i] = acc;
+    }
+    syncwarp(line, 0xffffffffu); // every lane has read the others' registers
+}
+
+void ldsm_x4(int line, uint32_t r[4], const void *row, bool trans) {
+    check_smem(line, row, 16, trans ? "ldmatrix .trans" : "ldmatrix");
+    current_fiber().row = row;
+    syncwarp(line, 0xffffffffu);
+    int lane;
+    const fiber *w = warp_base(lane);
+    const int g = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; i++) {
+        uint16_t lo, hi;
+        if (!trans) { // row g of matrix i, elements 2t, 2t + 1
+            const uint16_t *p = (const uint16_t *)w[8 * i + g].row;
+            lo = p[2 * t], hi = p[2 * t + 1];
+        } else { // (2t, g) and (2t + 1, g)
+            lo = ((const uint16_t *)w[8 * i + 2 * t].row)[g];
+            hi = ((const uint16_t *)w[8 * i + 2 * t + 1].row)[g];
+        }
+        r[i] = (uint32_t)lo | (uint32_t)hi << 16;
+    }
+    syncwarp(line, 0xffffffffu);
+}
+
+void cp_async16(int line, void *smem, const void *global, bool valid) {
+    check_smem(line, smem, 16, "cp.async");
+    if ((uintptr_t)global % 16 != 0) block_fail(g_block.current, "cp.async from a global address not 16-byte aligned");
+    fiber &f = current_fiber();
+    memset(smem, 0xff, 16); // undefined until waited for
+    f.copies.push_back(pending_copy{smem, global, valid, f.committed});
+}
+
+void cp_async_close_group() { current_fiber().committed++; }
+
+void cp_async_wait_groups(int pending) {
+    fiber &f = current_fiber();
+    std::vector<pending_copy> left;
+    for (const pending_copy &c : f.copies) {
+        if (c.group >= f.committed - pending) { // in a newer group, or in none yet
+            left.push_back(c);
+            continue;
+        }
+        if (c.valid) memcpy(c.dst, c.src, 16);
+        else memset(c.dst, 0, 16);
+    }
+    f.copies.swap(left);
+}
 
 } // namespace cuemu
 
@@ -590,6 +709,7 @@ static void run_grid(void *p) {
                 void *m = nullptr;
                 if (posix_memalign(&m, 1024, w->smem ? w->smem : 1)) cuemu_fail("out of memory for shared memory");
                 g_block.smem = (unsigned char *)m;
+                g_block.smem_bytes = w->smem;
                 memset(g_block.smem, 0xff, w->smem);
                 run_block();
                 free(g_block.smem);
