@@ -362,4 +362,3 @@ for p in sorted(glob.glob(sys.argv[1] + "/*/summary.json")):
 print(json.dumps(out))
 PY
 )"
-record missing '["the tensor-core attention backward on documented-layout PTX with asynchronous copies (it is WMMA, converting operands as it loads them)"]'

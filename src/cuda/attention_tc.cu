@@ -8,56 +8,46 @@
 // even, sums in fp32), up to the order of the fp32 sums. The softmax and its
 // backward stay fp32.
 //
-// Blocks of 4 warps (128 threads), tiles of 64 queries x 64 keys. A warp owns
-// 16 rows of its block's result, so what happens between a warp's products
-// (scores, softmax, P, dS) touches only that warp's rows; __syncthreads only
-// around the tiles all warps read.
-//   forward   warp_mma.h's mma.m16n8k16, whose register layouts PTX
-//             documents: everything about the warp's rows stays in
-//             registers (Q's fragments, loaded once; S, P, O, m, l). q, k, v
-//             are rounded to bf16 copies first (keel_cuda_f32_to_bf16, into
-//             a scratch kept between calls), which cp.async copies into
-//             shared memory as they are: K and V in two stages, the next key
-//             tile landing while this one is used. [64][HS + 8] bf16 tiles
-//             (the row stride moves each row 16 bytes on, so an ldmatrix's 8
-//             rows hit distinct banks): Q + 2 x (K, V) = 46,080 B (HS 64, 3
-//             blocks/SM by registers) or 87,040 B (HS 128, 2 blocks/SM).
-//             Block = (head, batch, query tile), heavy tiles first; warp w
-//             rows 16w..16w+15; per key tile up to the diagonal S = Q Kᵀ,
-//             the online softmax (a row's 64 scores in the 4 lanes of a quad:
-//             two shuffles), O = O corr + P V with P's accumulators as the A
-//             fragments; at the end out = O / l, lse = m + log l.
-//   backward  WMMA m16n16k16 on tiles rounded to bf16 as loaded
-//             (__float2bfloat16_rn), row-major [64][HS + 8] in shared memory:
-//             Kᵀ, Vᵀ, Qᵀ, dOᵀ are the same tiles read as col_major matrix_b.
-//             An accumulator's element layout is unspecified, so what
-//             row-wise math needs goes through shared memory
-//             (store_matrix_sync, row-major, ldm a multiple of 4).
+// Built on warp_mma.h's PTX, whose register layouts are documented
+// (mma.m16n8k16, ldmatrix, cp.async), so a product's result stays in
+// registers for the row-wise math after it, and a result's accumulator tiles
+// are already the A fragments of the next product (P V, Pᵀ dO, dSᵀ Q, dS K).
+// Blocks of 4 warps (128 threads), tiles of 64 queries x 64 keys; a warp owns
+// 16 rows of its block's result and everything about them (a row's values
+// in the 4 lanes of a quad: a max or a sum takes two shuffles), so
+// __syncthreads comes only around the tiles all warps read. The operands are
+// rounded to bf16 copies first (keel_cuda_f32_to_bf16, into a scratch kept
+// between calls), which cp.async copies into shared memory as they are, in
+// two stages: the next tile lands while this one is used. Tiles are
+// [64][HS + 8] bf16 (the row stride moves each row 16 bytes on, so an
+// ldmatrix's 8 rows hit distinct banks).
+//   forward   block = (head, batch, query tile), heavy tiles first; warp w
+//             rows 16w..16w+15: Q's fragments (loaded once), S, P, O, m, l in
+//             registers. Per key tile up to the diagonal: S = Q Kᵀ, the
+//             online softmax, O = O corr + P V; at the end out = O / l,
+//             lse = m + log l. Q + 2 x (K, V): 46,080 B (HS 64, 3 blocks/SM
+//             by registers), 87,040 B (HS 128, 2 blocks/SM).
 //   dK, dV    block = (kv head, batch, key tile), heavy tiles first; warp w
-//             keys 16w..16w+15, their dK and dV in registers (2 x HS/16
-//             fragments). For each query head of the group and each query
-//             tile at or past the diagonal, per 16 queries: Sᵀ = K Qᵀ and
-//             dPᵀ = V dOᵀ into the warp's fp32 16x24 scratch, P and dS by its
-//             lanes into its bf16 Pᵀ and dSᵀ [16][72]; then dV += Pᵀ dO,
-//             dK += dSᵀ Q.
+//             keys 16w..16w+15, their dK and dV in registers. Over the
+//             group's query heads and each one's query tiles at or past the
+//             diagonal (Q, dO, lse, D in two stages), per 32 queries:
+//             Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, Pᵀ and dSᵀ in the same registers, then
+//             dV += Pᵀ dO, dK += dSᵀ Q.
 //   dQ        block = (head, batch, query tile), heavy tiles first; warp w
-//             queries 16w..16w+15, dQ in registers. Per key tile up to the
-//             diagonal, per 16 keys: S and dP into the scratch, dS into the
-//             warp's bf16 [16][72]; then dQ += dS K.
-//             Both: K, V, Q, dO 4 x 64 x (HS+8) x 2 + per warp 2 x 16 x 24 x 4
-//             + 2 x 16 x 72 x 2 + lse, D 2 x 64 x 4: 68,096 B (HS 64, 3
-//             blocks/SM), 100,864 B (HS 128, 2 blocks/SM).
+//             queries 16w..16w+15: Q and dO fragments (loaded once) and dQ in
+//             registers. Per key tile up to the diagonal, per 32 keys: S, dP,
+//             dS, then dQ += dS K.
+//             Both: 2 tiles + 2 stages of 2 (+ lse, D of each stage):
+//             56,320 B (HS 64, 3 blocks/SM), 105,472 B (HS 128, 2 blocks/SM).
 //             D = rowsum(dO ∘ O) is attention.cu's kernel and scratch.
-//             Results leave through shared memory (a warp's rows, once every
-//             warp is done with the operand tiles they overwrite), rows < T
-//             only, coalesced.
-// Deterministic: every output element has one owner warp, which adds its
-// terms in a fixed order (dK, dV over the group's heads and query tiles in
-// turn, like attention.cu); no atomics, and each element is written once.
+// Results go from the accumulators to global memory, rows < T only, each lane
+// 2 adjacent floats of every 8 columns. Deterministic: every output element
+// has one owner warp, which adds its terms in a fixed order (dK, dV over the
+// group's heads and query tiles in turn, like attention.cu); no atomics, and
+// each element is written once.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
-#include <mma.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -72,63 +62,23 @@ extern "C" {
 #error "attention_tc.cu: bf16 WMMA needs sm_80 or newer (KEEL_CUDA_ARCHITECTURES)"
 #endif
 
-namespace wmma = nvcuda::wmma;
 typedef __nv_bfloat16 bf16;
 
-#define TC_THREADS 128      // 4 warps
-#define TC_TILE 64          // queries and keys per tile: 4 fragments of 16
-#define TC_PL (TC_TILE + 8) // bf16 P and dS: row stride
-#define TC_WL 24            // backward's fp32 16x16 scratch: row stride
+#define TC_THREADS 128 // 4 warps
+#define TC_TILE 64     // queries and keys per tile
 
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> frag_a;  // A(m, k) = p[m * ldm + k]
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> frag_b;  // B(k, n) = p[k * ldm + n]
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> frag_bt; // B(k, n) = p[n * ldm + k]
-typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
-
-// dst [64][HS + 8] = rows r0.. of src (row stride ld floats) rounded to bf16,
-// zeros past T; the padding columns are never read. float4 loads where src is
-// 16-byte aligned (HS and ld are multiples of 4, so then every row is).
-template <int HS> __device__ static void load_rows(bf16 *dst, const float *src, int64_t ld, int r0, int T) {
-    constexpr int LD = HS + 8;
-    if ((reinterpret_cast<uintptr_t>(src) & 15) == 0) {
-        for (int e = threadIdx.x; e < TC_TILE * HS / 4; e += TC_THREADS) {
-            const int r = e / (HS / 4), d = e % (HS / 4) * 4;
-            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (r0 + r < T) x = *reinterpret_cast<const float4 *>(src + (int64_t)(r0 + r) * ld + d);
-            __nv_bfloat162 *o = reinterpret_cast<__nv_bfloat162 *>(dst + r * LD + d); // 8-byte aligned
-            o[0] = __floats2bfloat162_rn(x.x, x.y);
-            o[1] = __floats2bfloat162_rn(x.z, x.w);
-        }
-    } else {
-        for (int e = threadIdx.x; e < TC_TILE * HS; e += TC_THREADS) {
-            const int r = e / HS, d = e % HS;
-            dst[r * LD + d] = __float2bfloat16_rn(r0 + r < T ? src[(int64_t)(r0 + r) * ld + d] : 0.0f);
-        }
-    }
-}
-
-// A warp's 16 x HS accumulators to rows r0.. of dst (row stride ld), those
-// < T, through its stage [16][HS + 4] in shared memory
-template <int HS>
-__device__ __forceinline__ static void write_rows(float *dst, int64_t ld, int r0, int T, float *stage,
-                                                  const frag_c (&acc)[HS / 16], int lane) {
-    constexpr int OL = HS + 4;
-    __syncwarp(); // the warp's reads of stage before (a previous call) are done
-#pragma unroll
-    for (int dt = 0; dt < HS / 16; dt++) wmma::store_matrix_sync(stage + 16 * dt, acc[dt], OL, wmma::mem_row_major);
-    __syncwarp();
-    for (int e = lane; e < 16 * HS; e += 32) {
-        const int i = e / HS, d = e % HS;
-        if (r0 + i < T) dst[(int64_t)(r0 + i) * ld + d] = stage[i * OL + d];
-    }
-}
+// The tiles in shared memory: [64][HS + 8] bf16 (the row stride moves each
+// row 16 bytes on, so an ldmatrix's 8 rows hit distinct banks)
+template <int HS> struct tc_tile {
+    static constexpr int LD = HS + 8;
+    static constexpr size_t bytes = (size_t)TC_TILE * LD * sizeof(bf16);
+};
 
 // ---- forward -----------------------------------------------------------------
 
 template <int HS> struct fwd_smem {
-    static constexpr int LD = HS + 8; // bf16 row stride: 16 bytes past a multiple of 128, so the 8 rows of an
-                                      // ldmatrix hit distinct banks
-    static constexpr size_t tile = (size_t)TC_TILE * LD * sizeof(bf16);
+    static constexpr int LD = tc_tile<HS>::LD;
+    static constexpr size_t tile = tc_tile<HS>::bytes;
     static constexpr size_t bytes = 5 * tile; // Q, K and V twice (the tile in use and the next, landing)
 };
 
@@ -288,195 +238,281 @@ __global__ static void __launch_bounds__(TC_THREADS)
     }
 }
 
-// ---- backward ------------------------------------------------------------------
+// ---- backward ----------------------------------------------------------------
 
 template <int HS> struct bwd_smem {
-    static constexpr int LD = HS + 8, OL = HS + 4;
-    static constexpr size_t tile = (size_t)TC_TILE * LD * sizeof(bf16);      // K, V, Q, dO each
-    static constexpr size_t wf = (size_t)2 * 16 * TC_WL * sizeof(float);     // a warp's S, dP scratch
-    static constexpr size_t wb = (size_t)2 * 16 * TC_PL * sizeof(bf16);      // a warp's P, dS
-    static constexpr size_t bytes = 4 * tile + 4 * wf + 4 * wb + 2 * TC_TILE * sizeof(float);
-    static_assert(tile % 32 == 0 && wf / 2 % 32 == 0 && wb / 2 % 32 == 0, "fragments 32-byte aligned");
-    static_assert(4 * 16 * OL * sizeof(float) <= 2 * tile, "the warps' result stages fit in two operand tiles");
+    static constexpr int LD = tc_tile<HS>::LD;
+    static constexpr size_t tile = tc_tile<HS>::bytes;
+    // 2 tiles for the block's own rows, 2 stages of 2 for the tiles it loops over, and (dK, dV) the
+    // lse and D of each stage's queries
+    static constexpr size_t bytes = 6 * tile + 2 * 2 * TC_TILE * sizeof(float);
 };
 
-// Q, dO (bf16), lse and D of query rows q0.. of head h into shared memory
-// Both backward kernels' pair of 16x16 products over the head: x = a1 b1ᵀ and
-// y = a2 b2ᵀ (a: 16 rows of an operand tile, b: 16 rows read as bᵀ), stored
-// row-major into the warp's fp32 scratch tiles x_out and y_out.
+// A fragment: rows r0..r0+15, columns c0..c0+15 of a tile (row-major)
+template <int HS> __device__ __forceinline__ static void load_a(uint32_t a[4], const bf16 *tile, int r0, int c0) {
+    const int lane = threadIdx.x % 32;
+    ldmatrix_x4(a, tile + (r0 + lane % 16) * tc_tile<HS>::LD + c0 + lane / 16 * 8);
+}
+// B fragments of two 8-column tiles, B(k, n) = tile[n][k]: rows n0..n0+15 read as n, columns k0..k0+15 as k;
+// b[0..1] for n0..n0+7, b[2..3] for n0+8..n0+15
+template <int HS> __device__ __forceinline__ static void load_bt(uint32_t b[4], const bf16 *tile, int n0, int k0) {
+    const int lane = threadIdx.x % 32;
+    ldmatrix_x4(b, tile + (n0 + lane % 8 + lane / 16 * 8) * tc_tile<HS>::LD + k0 + lane / 8 % 2 * 8);
+}
+// B fragments of two 8-column tiles, B(k, n) = tile[k][n]: rows k0..k0+15, columns n0..n0+15
+template <int HS> __device__ __forceinline__ static void load_b(uint32_t b[4], const bf16 *tile, int k0, int n0) {
+    const int lane = threadIdx.x % 32;
+    ldmatrix_x4_trans(b, tile + (k0 + lane % 16) * tc_tile<HS>::LD + n0 + lane / 16 * 8);
+}
+// acc[dt] += a B for the 8-column tiles dt of B(k, n) = tile[k0 + k][n] (row-major), every n < HS
 template <int HS>
-__device__ static void two_products(float *x_out, const bf16 *a1, const bf16 *b1, float *y_out, const bf16 *a2,
-                                    const bf16 *b2) {
-    constexpr int LD = bwd_smem<HS>::LD;
-    frag_c x, y;
-    wmma::fill_fragment(x, 0.0f);
-    wmma::fill_fragment(y, 0.0f);
+__device__ __forceinline__ static void mma_rows(float (*acc)[4], const uint32_t a[4], const bf16 *tile, int k0) {
 #pragma unroll
-    for (int kk = 0; kk < HS / 16; kk++) {
-        frag_a a;
-        frag_bt bt;
-        wmma::load_matrix_sync(a, a1 + 16 * kk, LD);
-        wmma::load_matrix_sync(bt, b1 + 16 * kk, LD);
-        wmma::mma_sync(x, a, bt, x);
-        wmma::load_matrix_sync(a, a2 + 16 * kk, LD);
-        wmma::load_matrix_sync(bt, b2 + 16 * kk, LD);
-        wmma::mma_sync(y, a, bt, y);
+    for (int dp = 0; dp < HS / 16; dp++) {
+        uint32_t r[4];
+        load_b<HS>(r, tile, k0, 16 * dp);
+        const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+        mma_bf16_16816(acc[2 * dp], a, b0);
+        mma_bf16_16816(acc[2 * dp + 1], a, b1);
     }
-    wmma::store_matrix_sync(x_out, x, TC_WL, wmma::mem_row_major);
-    wmma::store_matrix_sync(y_out, y, TC_WL, wmma::mem_row_major);
 }
-
+// The A fragment of columns 16kc..16kc+15 of a 16-row result held as accumulator tiles: tiles 2kc, 2kc + 1
+__device__ __forceinline__ static void acc_to_a(uint32_t a[4], const float (*c)[4], int kc) {
+    a[0] = pack_bf16(c[2 * kc][0], c[2 * kc][1]);
+    a[1] = pack_bf16(c[2 * kc][2], c[2 * kc][3]);
+    a[2] = pack_bf16(c[2 * kc + 1][0], c[2 * kc + 1][1]);
+    a[3] = pack_bf16(c[2 * kc + 1][2], c[2 * kc + 1][3]);
+}
+// A warp's 16 result rows (row0.., those < T) from its accumulator tiles to dst (row stride ld)
 template <int HS>
-__device__ static void load_queries(bf16 *Qs, bf16 *dOs, float *lse_s, float *D_s, const float *q, const float *dout,
-                                    const float *lse, const float *Dv, int b, int h, int q0, int T, int NH) {
-    const int64_t ldq = (int64_t)NH * HS, at = (int64_t)b * T * ldq + (int64_t)h * HS;
-    load_rows<HS>(Qs, q + at, ldq, q0, T);
-    load_rows<HS>(dOs, dout + at, ldq, q0, T);
-    if (threadIdx.x < TC_TILE) {
-        const int qi = q0 + (int)threadIdx.x;
-        const int64_t li = ((int64_t)b * NH + h) * T + qi;
-        lse_s[threadIdx.x] = qi < T ? lse[li] : 0.0f;
-        D_s[threadIdx.x] = qi < T ? Dv[li] : 0.0f;
+__device__ __forceinline__ static void store_rows(float *dst, int64_t ld, int row0, int T, const float (*acc)[4]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int r = row0 + g + 8 * hr;
+        if (r >= T) continue;
+#pragma unroll
+        for (int d = 0; d < HS / 8; d++)
+            *reinterpret_cast<float2 *>(dst + (int64_t)r * ld + 8 * d + 2 * t) = make_float2(acc[d][2 * hr], acc[d][2 * hr + 1]);
     }
 }
 
-// Sizes and places of the backward kernels' shared memory, warp w's pieces
-template <int HS> struct bwd_at {
-    bf16 *Ks, *Vs, *Qs, *dOs; // [64][HS + 8]
-    float *Sw, *dPw;          // warp w's [16][TC_WL]
-    bf16 *Pw, *dSw;           // warp w's [16][TC_PL]
-    float *lse_s, *D_s;       // [64]
-    __device__ bwd_at(unsigned char *smem, int w) {
-        typedef bwd_smem<HS> L;
-        Ks = (bf16 *)smem, Vs = (bf16 *)(smem + L::tile), Qs = (bf16 *)(smem + 2 * L::tile);
-        dOs = (bf16 *)(smem + 3 * L::tile);
-        Sw = (float *)(smem + 4 * L::tile + w * L::wf), dPw = Sw + 16 * TC_WL;
-        Pw = (bf16 *)(smem + 4 * L::tile + 4 * L::wf + w * L::wb), dSw = Pw + 16 * TC_PL;
-        lse_s = (float *)(smem + 4 * L::tile + 4 * L::wf + 4 * L::wb), D_s = lse_s + TC_TILE;
-    }
-};
-
+// Block = (kv head, batch, key tile), heavy tiles first; warp w owns keys
+// 16w..16w+15 and their dK and dV (registers). It loops over the group's query
+// heads and, for each, the query tiles at or past the diagonal, the next
+// (Q, dO, lse, D) landing while this one is used; per 32 queries: Sᵀ = K Qᵀ,
+// dPᵀ = V dOᵀ, then Pᵀ = exp(scale Sᵀ - lse) and dSᵀ = scale Pᵀ ∘ (dPᵀ - D)
+// in the same registers, which are the A fragments of dV += Pᵀ dO and
+// dK += dSᵀ Q.
 template <int HS>
 __global__ static void __launch_bounds__(TC_THREADS)
-    tc_backward_dkdv(float *dk, float *dv, const float *dout, const float *lse, const float *Dv, const float *q,
-                     const float *k, const float *v, int T, int NH, int NKV, float scale) {
-    constexpr int LD = HS + 8, OL = HS + 4, DT = HS / 16;
+    tc_backward_dkdv(float *dk, float *dv, const bf16 *dout, const float *lse, const float *Dv, const bf16 *q,
+                     const bf16 *k, const bf16 *v, int T, int NH, int NKV, float scale) {
+    typedef bwd_smem<HS> L;
+    constexpr int KT = HS / 16, DT = HS / 8;
     extern __shared__ __align__(128) unsigned char smem[];
-    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const bwd_at<HS> s(smem, w);
+    // K, V; then Q and dO of stage 0, of stage 1; then lse and D of stage 0, of stage 1: [64] each
+    const bf16 *Ks = (const bf16 *)smem, *Vs = (const bf16 *)(smem + L::tile);
+    auto Qs = [&](int stage) { return (bf16 *)(smem + (2 + 2 * stage) * L::tile); };
+    auto dOs = [&](int stage) { return (bf16 *)(smem + (3 + 2 * stage) * L::tile); };
+    auto LDs = [&](int stage) { return (float *)(smem + 6 * L::tile) + 2 * TC_TILE * stage; };
     const int g = blockIdx.x, b = blockIdx.y, k0 = blockIdx.z * TC_TILE; // the longest columns first
-    const int group = NH / NKV, kw = k0 + 16 * w;                      // kw: the warp's first key
-    const int64_t ldkv = (int64_t)NKV * HS, at = (int64_t)b * T * ldkv + (int64_t)g * HS;
-    load_rows<HS>(s.Ks, k + at, ldkv, k0, T);
-    load_rows<HS>(s.Vs, v + at, ldkv, k0, T);
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, t = lane % 4;
+    const int group = NH / NKV, ntq = (T - k0 + TC_TILE - 1) / TC_TILE, iters = group * ntq;
+    const int64_t ldq = (int64_t)NH * HS, ldkv = (int64_t)NKV * HS, at = (int64_t)b * T * ldkv + (int64_t)g * HS;
+    // iteration i: query head g group + i / ntq, queries k0 + 64 (i % ntq)..; into stage i % 2
+    auto issue = [&](int i) {
+        const int h = g * group + i / ntq, q0 = k0 + i % ntq * TC_TILE, stage = i % 2;
+        const int64_t qat = (int64_t)b * T * ldq + (int64_t)h * HS;
+        copy_rows_async<HS>(Qs(stage), q + qat, ldq, q0, T);
+        copy_rows_async<HS>(dOs(stage), dout + qat, ldq, q0, T);
+        if (threadIdx.x < TC_TILE) { // plain stores: the barrier before the stage's use shows them
+            const int qi = q0 + (int)threadIdx.x;
+            const int64_t li = ((int64_t)b * NH + h) * T + qi;
+            LDs(stage)[threadIdx.x] = qi < T ? lse[li] : 0.0f;
+            LDs(stage)[TC_TILE + threadIdx.x] = qi < T ? Dv[li] : 0.0f;
+        }
+    };
+    copy_rows_async<HS>((bf16 *)Ks, k + at, ldkv, k0, T);
+    copy_rows_async<HS>((bf16 *)Vs, v + at, ldkv, k0, T);
+    issue(0);
+    cp_async_commit();
 
-    frag_c dK[DT], dV[DT]; // the warp's keys x HS
+    const int kw = 16 * w; // the warp's first key in the tile
+    float dK[DT][4], dV[DT][4];
 #pragma unroll
-    for (int dt = 0; dt < DT; dt++) wmma::fill_fragment(dK[dt], 0.0f), wmma::fill_fragment(dV[dt], 0.0f);
-    for (int h = g * group; h < (g + 1) * group; h++)
-        for (int q0 = k0; q0 < T; q0 += TC_TILE) { // the query tiles that see these keys
-            __syncthreads(); // every warp is done with the last tile's Q, dO, lse and D
-            load_queries<HS>(s.Qs, s.dOs, s.lse_s, s.D_s, q, dout, lse, Dv, b, h, q0, T, NH);
-            __syncthreads();
+    for (int d = 0; d < DT; d++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) dK[d][c] = dV[d][c] = 0.0f;
+    for (int i = 0; i < iters; i++) {
+        const int q0 = k0 + i % ntq * TC_TILE, stage = i % 2;
+        if (i + 1 < iters) {
+            issue(i + 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads(); // iteration i's tiles (and K, V) landed for every thread
+        const bf16 *Qt = Qs(stage), *dOt = dOs(stage);
+        const float *lse_s = LDs(stage), *D_s = lse_s + TC_TILE;
 #pragma unroll 1
-            for (int qt = 0; qt < TC_TILE / 16; qt++) {
-                // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: the warp's 16 keys x queries 16qt..16qt+15
-                two_products<HS>(s.Sw, s.Ks + 16 * w * LD, s.Qs + 16 * qt * LD, s.dPw, s.Vs + 16 * w * LD,
-                                 s.dOs + 16 * qt * LD);
-                __syncwarp();
-                // P (masked, from lse) and dS = scale P ∘ (dP - D), rounded for their products
-                for (int e = lane; e < 256; e += 32) {
-                    const int i = e / 16, r = 16 * qt + e % 16, qi = q0 + r; // key kw + i, query row r
-                    float p = 0.0f, ds = 0.0f;
-                    if (qi < T && kw + i <= qi) {
-                        p = expf(s.Sw[i * TC_WL + e % 16] * scale - s.lse_s[r]);
-                        ds = scale * p * (s.dPw[i * TC_WL + e % 16] - s.D_s[r]);
-                    }
-                    s.Pw[i * TC_PL + r] = __float2bfloat16_rn(p);
-                    s.dSw[i * TC_PL + r] = __float2bfloat16_rn(ds);
+        for (int half = 0; half < 2; half++) { // queries 32 half..32 half + 31: 4 tiles of 8
+            float sT[4][4], dpT[4][4];
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) sT[n][c] = dpT[n][c] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KT; kk++) {
+                uint32_t ka[4], va[4];
+                load_a<HS>(ka, Ks, kw, 16 * kk);
+                load_a<HS>(va, Vs, kw, 16 * kk);
+#pragma unroll
+                for (int np = 0; np < 2; np++) {
+                    uint32_t r[4];
+                    load_bt<HS>(r, Qt, 32 * half + 16 * np, 16 * kk); // B(d, query) = Q[query][d]
+                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                    mma_bf16_16816(sT[2 * np], ka, b0);
+                    mma_bf16_16816(sT[2 * np + 1], ka, b1);
+                    load_bt<HS>(r, dOt, 32 * half + 16 * np, 16 * kk);
+                    const uint32_t c0[2] = {r[0], r[1]}, c1[2] = {r[2], r[3]};
+                    mma_bf16_16816(dpT[2 * np], va, c0);
+                    mma_bf16_16816(dpT[2 * np + 1], va, c1);
                 }
-                __syncwarp(); // scratch read (the next piece overwrites it), Pᵀ and dSᵀ written
             }
-            // dV += Pᵀ dO, dK += dSᵀ Q over the tile's 64 queries (not unrolled:
-            // dK and dV hold 128 registers at HS 128)
-#pragma unroll 1
-            for (int kk = 0; kk < TC_TILE / 16; kk++) {
-                frag_a pa, sa;
-                wmma::load_matrix_sync(pa, s.Pw + 16 * kk, TC_PL);
-                wmma::load_matrix_sync(sa, s.dSw + 16 * kk, TC_PL);
+            // Pᵀ and dSᵀ (zero where masked): element (key k0 + kw + gr + 8 hr, query q0 + r)
 #pragma unroll
-                for (int dt = 0; dt < DT; dt++) {
-                    frag_b bb;
-                    wmma::load_matrix_sync(bb, s.dOs + 16 * kk * LD + 16 * dt, LD);
-                    wmma::mma_sync(dV[dt], pa, bb, dV[dt]);
-                    wmma::load_matrix_sync(bb, s.Qs + 16 * kk * LD + 16 * dt, LD);
-                    wmma::mma_sync(dK[dt], sa, bb, dK[dt]);
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = 32 * half + 8 * n + 2 * t + e % 2, qi = q0 + r, key = k0 + kw + gr + 8 * (e / 2);
+                    float p = 0.0f, ds = 0.0f;
+                    if (qi < T && key <= qi) {
+                        p = expf(sT[n][e] * scale - lse_s[r]);
+                        ds = scale * p * (dpT[n][e] - D_s[r]);
+                    }
+                    sT[n][e] = p, dpT[n][e] = ds;
                 }
+            // dV += Pᵀ dO, dK += dSᵀ Q over these 32 queries: B(query, d) = dO[query][d], Q[query][d]
+#pragma unroll
+            for (int kc = 0; kc < 2; kc++) {
+                uint32_t pa[4], sa[4];
+                acc_to_a(pa, sT, kc);
+                acc_to_a(sa, dpT, kc);
+                mma_rows<HS>(dV, pa, dOt, 32 * half + 16 * kc);
+                mma_rows<HS>(dK, sa, Qt, 32 * half + 16 * kc);
             }
         }
-    __syncthreads(); // every warp is done with Q and dO: the stages take their place
-    float *stage = (float *)s.Qs + w * 16 * OL;
-    write_rows<HS>(dv + at, ldkv, kw, T, stage, dV, lane);
-    write_rows<HS>(dk + at, ldkv, kw, T, stage, dK, lane);
+        __syncthreads(); // every warp is done with stage i % 2 before it takes iteration i + 2
+    }
+    store_rows<HS>(dv + at, ldkv, k0 + kw, T, dV);
+    store_rows<HS>(dk + at, ldkv, k0 + kw, T, dK);
 }
 
+// Block = (head, batch, query tile), heavy tiles first; warp w owns queries
+// 16w..16w+15: their Q and dO fragments (loaded once) and dQ in registers.
+// Per key tile up to the diagonal (the next landing while this one is used),
+// per 32 keys: S = Q Kᵀ, dP = dO Vᵀ, dS = scale P ∘ (dP - D) in the same
+// registers, the A fragments of dQ += dS K.
 template <int HS>
 __global__ static void __launch_bounds__(TC_THREADS)
-    tc_backward_dq(float *dq, const float *dout, const float *lse, const float *Dv, const float *q, const float *k,
-                   const float *v, int T, int NH, int NKV, float scale) {
-    constexpr int LD = HS + 8, OL = HS + 4, DT = HS / 16;
+    tc_backward_dq(float *dq, const bf16 *dout, const float *lse, const float *Dv, const bf16 *q, const bf16 *k,
+                   const bf16 *v, int T, int NH, int NKV, float scale) {
+    typedef bwd_smem<HS> L;
+    constexpr int KT = HS / 16, DT = HS / 8;
     extern __shared__ __align__(128) unsigned char smem[];
-    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const bwd_at<HS> s(smem, w);
+    // Q, dO; then K and V of stage 0, of stage 1
+    const bf16 *Qs = (const bf16 *)smem, *dOs = (const bf16 *)(smem + L::tile);
+    auto Ks = [&](int stage) { return (bf16 *)(smem + (2 + 2 * stage) * L::tile); };
+    auto Vs = [&](int stage) { return (bf16 *)(smem + (3 + 2 * stage) * L::tile); };
     const int h = blockIdx.x, b = blockIdx.y, nq = (T + TC_TILE - 1) / TC_TILE;
     const int q0 = (nq - 1 - (int)blockIdx.z) * TC_TILE; // the longest rows first
-    const int g = h / (NH / NKV);
-    const int64_t ldkv = (int64_t)NKV * HS, at = (int64_t)b * T * ldkv + (int64_t)g * HS;
-    load_queries<HS>(s.Qs, s.dOs, s.lse_s, s.D_s, q, dout, lse, Dv, b, h, q0, T, NH);
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, t = lane % 4;
+    const int kvh = h / (NH / NKV);
+    const int64_t ldq = (int64_t)NH * HS, ldkv = (int64_t)NKV * HS, qat = (int64_t)b * T * ldq + (int64_t)h * HS;
+    const bf16 *kh = k + (int64_t)b * T * ldkv + (int64_t)kvh * HS, *vh = v + (int64_t)b * T * ldkv + (int64_t)kvh * HS;
+    const int kend = min(T, q0 + TC_TILE), ntiles = (kend + TC_TILE - 1) / TC_TILE;
+    copy_rows_async<HS>((bf16 *)Qs, q + qat, ldq, q0, T);
+    copy_rows_async<HS>((bf16 *)dOs, dout + qat, ldq, q0, T);
+    copy_rows_async<HS>(Ks(0), kh, ldkv, 0, T);
+    copy_rows_async<HS>(Vs(0), vh, ldkv, 0, T);
+    cp_async_commit();
 
-    frag_c dQ[DT]; // the warp's queries x HS
+    float lse_r[2], D_r[2]; // the lane's rows g and g + 8
+    int qi[2];
 #pragma unroll
-    for (int dt = 0; dt < DT; dt++) wmma::fill_fragment(dQ[dt], 0.0f);
-    const int kend = min(T, q0 + TC_TILE);
-    for (int k0 = 0; k0 < kend; k0 += TC_TILE) {
-        __syncthreads(); // every warp is done with the last tile's K and V
-        load_rows<HS>(s.Ks, k + at, ldkv, k0, T);
-        load_rows<HS>(s.Vs, v + at, ldkv, k0, T);
-        __syncthreads();
-#pragma unroll 1
-        for (int jt = 0; jt < TC_TILE / 16; jt++) {
-            // S = Q Kᵀ and dP = dO Vᵀ: the warp's 16 queries x keys 16jt..16jt+15
-            two_products<HS>(s.Sw, s.Qs + 16 * w * LD, s.Ks + 16 * jt * LD, s.dPw, s.dOs + 16 * w * LD,
-                             s.Vs + 16 * jt * LD);
-            __syncwarp();
-            for (int e = lane; e < 256; e += 32) {
-                const int i = e / 16, j = e % 16, r = 16 * w + i, qi = q0 + r; // query row r, key k0 + 16jt + j
-                float ds = 0.0f;
-                if (qi < T && k0 + 16 * jt + j <= qi) {
-                    const float p = expf(s.Sw[i * TC_WL + j] * scale - s.lse_s[r]);
-                    ds = scale * p * (s.dPw[i * TC_WL + j] - s.D_s[r]);
-                }
-                s.dSw[i * TC_PL + 16 * jt + j] = __float2bfloat16_rn(ds);
-            }
-            __syncwarp(); // scratch read, dS written
-        }
-        // dQ += dS K over the tile's 64 keys
-#pragma unroll
-        for (int kk = 0; kk < TC_TILE / 16; kk++) {
-            frag_a a;
-            wmma::load_matrix_sync(a, s.dSw + 16 * kk, TC_PL);
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++) {
-                frag_b kb;
-                wmma::load_matrix_sync(kb, s.Ks + 16 * kk * LD + 16 * dt, LD);
-                wmma::mma_sync(dQ[dt], a, kb, dQ[dt]);
-            }
-        }
+    for (int hr = 0; hr < 2; hr++) {
+        qi[hr] = q0 + 16 * w + gr + 8 * hr;
+        const int64_t li = ((int64_t)b * NH + h) * T + qi[hr];
+        lse_r[hr] = qi[hr] < T ? lse[li] : 0.0f;
+        D_r[hr] = qi[hr] < T ? Dv[li] : 0.0f;
     }
-    __syncthreads(); // every warp is done with K and V: the stages take their place
-    const int64_t ldq = (int64_t)NH * HS;
-    write_rows<HS>(dq + (int64_t)b * T * ldq + (int64_t)h * HS, ldq, q0 + 16 * w, T, (float *)s.Ks + w * 16 * OL, dQ,
-                   lane);
+    float dQ[DT][4];
+#pragma unroll
+    for (int d = 0; d < DT; d++) dQ[d][0] = dQ[d][1] = dQ[d][2] = dQ[d][3] = 0.0f;
+    uint32_t qf[KT][4], df[KT][4];
+    for (int j = 0; j < ntiles; j++) {
+        const int k0 = j * TC_TILE;
+        const bf16 *Kt = Ks(j % 2), *Vt = Vs(j % 2);
+        if (j + 1 < ntiles) {
+            copy_rows_async<HS>(Ks((j + 1) % 2), kh, ldkv, k0 + TC_TILE, T);
+            copy_rows_async<HS>(Vs((j + 1) % 2), vh, ldkv, k0 + TC_TILE, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads(); // tile j (and Q, dO) landed for every thread
+        if (j == 0)
+#pragma unroll
+            for (int kk = 0; kk < KT; kk++) {
+                load_a<HS>(qf[kk], Qs, 16 * w, 16 * kk);
+                load_a<HS>(df[kk], dOs, 16 * w, 16 * kk);
+            }
+#pragma unroll 1
+        for (int half = 0; half < 2; half++) { // keys 32 half..32 half + 31: 4 tiles of 8
+            float s[4][4], dp[4][4];
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) s[n][c] = dp[n][c] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KT; kk++)
+#pragma unroll
+                for (int np = 0; np < 2; np++) {
+                    uint32_t r[4];
+                    load_bt<HS>(r, Kt, 32 * half + 16 * np, 16 * kk); // B(d, key) = K[key][d]
+                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                    mma_bf16_16816(s[2 * np], qf[kk], b0);
+                    mma_bf16_16816(s[2 * np + 1], qf[kk], b1);
+                    load_bt<HS>(r, Vt, 32 * half + 16 * np, 16 * kk);
+                    const uint32_t c0[2] = {r[0], r[1]}, c1[2] = {r[2], r[3]};
+                    mma_bf16_16816(dp[2 * np], df[kk], c0);
+                    mma_bf16_16816(dp[2 * np + 1], df[kk], c1);
+                }
+            // dS (zero where masked): element (query qi[e / 2], key k0 + 32 half + 8 n + 2t + e % 2)
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int hr = e / 2, key = k0 + 32 * half + 8 * n + 2 * t + e % 2;
+                    float ds = 0.0f;
+                    if (qi[hr] < T && key <= qi[hr])
+                        ds = scale * expf(s[n][e] * scale - lse_r[hr]) * (dp[n][e] - D_r[hr]);
+                    s[n][e] = ds;
+                }
+            // dQ += dS K over these 32 keys: B(key, d) = K[key][d]
+#pragma unroll
+            for (int kc = 0; kc < 2; kc++) {
+                uint32_t sa[4];
+                acc_to_a(sa, s, kc);
+                mma_rows<HS>(dQ, sa, Kt, 32 * half + 16 * kc);
+            }
+        }
+        __syncthreads(); // every warp is done with tile j before its buffers take tile j + 2
+    }
+    store_rows<HS>(dq + qat, ldq, q0 + 16 * w, T, dQ);
 }
 
 // ---- launches --------------------------------------------------------------------
@@ -491,34 +527,48 @@ static bool tc_shape_ok(const char *what, int B, int T, int NH, int NKV, int HS)
     return true;
 }
 
-// The forward's bf16 copies of q, k and v (their layouts), grown when a call
-// needs more: what cp.async copies into shared memory as it is
-static bf16 *g_qkv;
-static size_t g_qkv_elems;
+// The operands rounded to bf16 (keel_cuda_f32_to_bf16) in a scratch kept
+// between calls and grown when a call needs more: what cp.async copies into
+// shared memory as it is. q, k, v, and dout unless NULL, in op[0..3]; false
+// (noted under `what`) when the scratch cannot be had.
+static bf16 *g_ops;
+static size_t g_ops_elems;
+
+static bool bf16_operands(const bf16 *op[4], const float *q, const float *k, const float *v, const float *dout, int B,
+                          int T, int NH, int NKV, int HS, const char *what) {
+    const int64_t nq = (int64_t)B * T * NH * HS, nkv = (int64_t)B * T * NKV * HS; // multiples of 64: 16-byte aligned
+    const size_t need = (size_t)(nq + 2 * nkv + (dout ? nq : 0));
+    if (need > g_ops_elems) {
+        if (g_ops) keel_cuda_note(cudaFree(g_ops), what); // in order after the kernels that read it
+        g_ops = NULL, g_ops_elems = 0;
+        cudaError_t e = cudaMalloc((void **)&g_ops, need * sizeof(bf16));
+        if (e != cudaSuccess) {
+            g_ops = NULL;
+            keel_cuda_note(e, "cudaMalloc of the tensor-core attention's bf16 operands");
+            return false;
+        }
+        g_ops_elems = need;
+    }
+    const float *src[4] = {q, k, v, dout};
+    const int64_t n[4] = {nq, nkv, nkv, nq};
+    bf16 *at = g_ops;
+    for (int i = 0; i < (dout ? 4 : 3); i++) {
+        keel_cuda_f32_to_bf16((keel_bf16 *)at, src[i], n[i]);
+        op[i] = at;
+        at += n[i];
+    }
+    return true;
+}
 
 template <int HS>
 static void tc_forward_at(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
                           int NH, int NKV, const char *what) {
-    const int64_t nq = (int64_t)B * T * NH * HS, nkv = (int64_t)B * T * NKV * HS;
-    if ((size_t)(nq + 2 * nkv) > g_qkv_elems) {
-        if (g_qkv) keel_cuda_note(cudaFree(g_qkv), what); // in order after the kernels that read it
-        g_qkv = NULL, g_qkv_elems = 0;
-        cudaError_t e = cudaMalloc((void **)&g_qkv, (size_t)(nq + 2 * nkv) * sizeof(bf16));
-        if (e != cudaSuccess) {
-            g_qkv = NULL;
-            keel_cuda_note(e, "cudaMalloc of the tensor-core attention's bf16 q, k, v");
-            return;
-        }
-        g_qkv_elems = (size_t)(nq + 2 * nkv);
-    }
-    bf16 *qb = g_qkv, *kb = g_qkv + nq, *vb = g_qkv + nq + nkv; // 16-byte aligned: nq, nkv multiples of 64
-    keel_cuda_f32_to_bf16((keel_bf16 *)qb, q, nq);
-    keel_cuda_f32_to_bf16((keel_bf16 *)kb, k, nkv);
-    keel_cuda_f32_to_bf16((keel_bf16 *)vb, v, nkv);
+    const bf16 *op[4];
+    if (!bf16_operands(op, q, k, v, NULL, B, T, NH, NKV, HS, what)) return;
     const size_t smem = fwd_smem<HS>::bytes;
     keel_cuda_note(cudaFuncSetAttribute(tc_forward<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), what);
     dim3 grid((unsigned)NH, (unsigned)B, (unsigned)((T + TC_TILE - 1) / TC_TILE));
-    tc_forward<HS><<<grid, TC_THREADS, smem>>>(out, lse, qb, kb, vb, T, NH, NKV, 1.0f / sqrtf((float)HS));
+    tc_forward<HS><<<grid, TC_THREADS, smem>>>(out, lse, op[0], op[1], op[2], T, NH, NKV, 1.0f / sqrtf((float)HS));
     keel_cuda_note(cudaGetLastError(), what);
 }
 
@@ -526,6 +576,8 @@ template <int HS>
 static void tc_backward_at(float *dq, float *dk, float *dv, const float *dout, const float *lse, const float *Dv,
                            const float *q, const float *k, const float *v, int B, int T, int NH, int NKV,
                            const char *what) {
+    const bf16 *op[4];
+    if (!bf16_operands(op, q, k, v, dout, B, T, NH, NKV, HS, what)) return;
     const size_t smem = bwd_smem<HS>::bytes;
     const float scale = 1.0f / sqrtf((float)HS);
     const unsigned tiles = (unsigned)((T + TC_TILE - 1) / TC_TILE);
@@ -533,11 +585,11 @@ static void tc_backward_at(float *dq, float *dk, float *dv, const float *dout, c
                    what);
     keel_cuda_note(cudaFuncSetAttribute(tc_backward_dq<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                    what);
-    tc_backward_dkdv<HS><<<dim3((unsigned)NKV, (unsigned)B, tiles), TC_THREADS, smem>>>(dk, dv, dout, lse, Dv, q, k,
-                                                                                        v, T, NH, NKV, scale);
+    tc_backward_dkdv<HS><<<dim3((unsigned)NKV, (unsigned)B, tiles), TC_THREADS, smem>>>(
+        dk, dv, op[3], lse, Dv, op[0], op[1], op[2], T, NH, NKV, scale);
     keel_cuda_note(cudaGetLastError(), what);
-    tc_backward_dq<HS><<<dim3((unsigned)NH, (unsigned)B, tiles), TC_THREADS, smem>>>(dq, dout, lse, Dv, q, k, v, T,
-                                                                                     NH, NKV, scale);
+    tc_backward_dq<HS><<<dim3((unsigned)NH, (unsigned)B, tiles), TC_THREADS, smem>>>(dq, op[3], lse, Dv, op[0], op[1],
+                                                                                     op[2], T, NH, NKV, scale);
     keel_cuda_note(cudaGetLastError(), what);
 }
 
