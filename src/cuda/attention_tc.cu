@@ -77,7 +77,6 @@ template <int HS> struct tc_tile {
 // ---- forward -----------------------------------------------------------------
 
 template <int HS> struct fwd_smem {
-    static constexpr int LD = tc_tile<HS>::LD;
     static constexpr size_t tile = tc_tile<HS>::bytes;
     static constexpr size_t bytes = 5 * tile; // Q, K and V twice (the tile in use and the next, landing)
 };
@@ -102,6 +101,74 @@ __device__ __forceinline__ static uint32_t pack_bf16(float lo, float hi) {
     return u;
 }
 
+// A fragment: rows r0..r0+15, columns c0..c0+15 of a tile (row-major)
+template <int HS> __device__ __forceinline__ static void load_a(uint32_t a[4], const bf16 *tile, int r0, int c0) {
+    const int lane = threadIdx.x % 32;
+    ldmatrix_x4(a, tile + (r0 + lane % 16) * tc_tile<HS>::LD + c0 + lane / 16 * 8);
+}
+// B fragments of two 8-column tiles, B(k, n) = tile[n][k]: rows n0..n0+15 read as n, columns k0..k0+15 as k;
+// b[0..1] for n0..n0+7, b[2..3] for n0+8..n0+15
+template <int HS> __device__ __forceinline__ static void load_bt(uint32_t b[4], const bf16 *tile, int n0, int k0) {
+    const int lane = threadIdx.x % 32;
+    ldmatrix_x4(b, tile + (n0 + lane % 8 + lane / 16 * 8) * tc_tile<HS>::LD + k0 + lane / 8 % 2 * 8);
+}
+// B fragments of two 8-column tiles, B(k, n) = tile[k][n]: rows k0..k0+15, columns n0..n0+15
+template <int HS> __device__ __forceinline__ static void load_b(uint32_t b[4], const bf16 *tile, int k0, int n0) {
+    const int lane = threadIdx.x % 32;
+    ldmatrix_x4_trans(b, tile + (k0 + lane % 16) * tc_tile<HS>::LD + n0 + lane / 16 * 8);
+}
+// acc[dt] += a B for the 8-column tiles dt of B(k, n) = tile[k0 + k][n] (row-major), every n < HS
+template <int HS>
+__device__ __forceinline__ static void mma_rows(float (*acc)[4], const uint32_t a[4], const bf16 *tile, int k0) {
+#pragma unroll
+    for (int dp = 0; dp < HS / 16; dp++) {
+        uint32_t r[4];
+        load_b<HS>(r, tile, k0, 16 * dp);
+        const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+        mma_bf16_16816(acc[2 * dp], a, b0);
+        mma_bf16_16816(acc[2 * dp + 1], a, b1);
+    }
+}
+// x += a B₁ and y += c B₂ over k = 16kk..16kk+15, for the 32 columns n0..n0+31 (4 tiles of 8) of
+// B(k, n) = t1[n][k] and t2[n][k]
+template <int HS>
+__device__ __forceinline__ static void mma_32cols(float (*x)[4], const uint32_t a[4], const bf16 *t1, float (*y)[4],
+                                                  const uint32_t c[4], const bf16 *t2, int n0, int kk) {
+#pragma unroll
+    for (int np = 0; np < 2; np++) {
+        uint32_t r[4];
+        load_bt<HS>(r, t1, n0 + 16 * np, 16 * kk);
+        const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+        mma_bf16_16816(x[2 * np], a, b0);
+        mma_bf16_16816(x[2 * np + 1], a, b1);
+        load_bt<HS>(r, t2, n0 + 16 * np, 16 * kk);
+        const uint32_t d0[2] = {r[0], r[1]}, d1[2] = {r[2], r[3]};
+        mma_bf16_16816(y[2 * np], c, d0);
+        mma_bf16_16816(y[2 * np + 1], c, d1);
+    }
+}
+// The A fragment of columns 16kc..16kc+15 of a 16-row result held as accumulator tiles: tiles 2kc, 2kc + 1
+__device__ __forceinline__ static void acc_to_a(uint32_t a[4], const float (*c)[4], int kc) {
+    a[0] = pack_bf16(c[2 * kc][0], c[2 * kc][1]);
+    a[1] = pack_bf16(c[2 * kc][2], c[2 * kc][3]);
+    a[2] = pack_bf16(c[2 * kc + 1][0], c[2 * kc + 1][1]);
+    a[3] = pack_bf16(c[2 * kc + 1][2], c[2 * kc + 1][3]);
+}
+// A warp's 16 result rows (row0.., those < T) from its accumulator tiles to dst (row stride ld)
+template <int HS>
+__device__ __forceinline__ static void store_rows(float *dst, int64_t ld, int row0, int T, const float (*acc)[4]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int r = row0 + g + 8 * hr;
+        if (r >= T) continue;
+#pragma unroll
+        for (int d = 0; d < HS / 8; d++)
+            *reinterpret_cast<float2 *>(dst + (int64_t)r * ld + 8 * d + 2 * t) = make_float2(acc[d][2 * hr], acc[d][2 * hr + 1]);
+    }
+}
+
+
 // Block = (head, batch, query tile), heavy tiles first; warp w owns query rows
 // 16w..16w+15 and keeps everything about them in registers: Q's fragments,
 // the scores S (16 x 64 as 8 mma tiles of 16 x 8), P, the output O (HS/8
@@ -115,7 +182,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
     tc_forward(float *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int T, int NH, int NKV,
                float scale) {
     typedef fwd_smem<HS> L;
-    constexpr int LD = L::LD, KT = HS / 16, DT = HS / 8, NT = TC_TILE / 8;
+    constexpr int KT = HS / 16, DT = HS / 8, NT = TC_TILE / 8;
     extern __shared__ __align__(128) unsigned char smem[];
     // Q, then K and V of stage 0, then of stage 1: [64][LD] each
     bf16 *Qs = (bf16 *)smem;
@@ -141,9 +208,6 @@ __global__ static void __launch_bounds__(TC_THREADS)
 #pragma unroll
     for (int d = 0; d < DT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
     uint32_t qf[KT][4]; // the warp's 16 rows of Q as A fragments, loaded once
-    // ldmatrix row addresses: lane l points at row l % 16 (and l % 8 + 8 (l / 16)), column 8 (l / 16) (and 8 (l / 8 % 2))
-    const int ar = lane % 16, ac = lane / 16 * 8;               // A: matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15)
-    const int br = lane % 8 + lane / 16 * 8, bc = lane / 8 % 2 * 8; // B: (keys 0-7 | 8-15) x (d 0-7 | 8-15)
     for (int j = 0; j < ntiles; j++) {
         const int k0 = j * TC_TILE;
         const bf16 *Kt = Ks(j % 2), *Vt = Vs(j % 2);
@@ -158,7 +222,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
         __syncthreads(); // tile j (and Q) landed for every thread
         if (j == 0)
 #pragma unroll
-            for (int kk = 0; kk < KT; kk++) ldmatrix_x4(qf[kk], Qs + (16 * w + ar) * LD + 16 * kk + ac);
+            for (int kk = 0; kk < KT; kk++) load_a<HS>(qf[kk], Qs, 16 * w, 16 * kk);
         // S = Q Kᵀ: B(d, key) = K[key][d], K's rows read as B by plain ldmatrix
         float s[NT][4];
 #pragma unroll
@@ -168,7 +232,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
 #pragma unroll
             for (int np = 0; np < NT / 2; np++) { // keys 16np..16np+15: two 8-key tiles
                 uint32_t r[4];
-                ldmatrix_x4(r, Kt + (16 * np + br) * LD + 16 * kk + bc);
+                load_bt<HS>(r, Kt, 16 * np, 16 * kk);
                 const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
                 mma_bf16_16816(s[2 * np], qf[kk], b0);
                 mma_bf16_16816(s[2 * np + 1], qf[kk], b1);
@@ -211,17 +275,9 @@ __global__ static void __launch_bounds__(TC_THREADS)
         // B(key, d) = V[key][d], V's rows read as B by ldmatrix .trans
 #pragma unroll
         for (int kc = 0; kc < TC_TILE / 16; kc++) {
-            const uint32_t a[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
-                                   pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                                   pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-#pragma unroll
-            for (int dp = 0; dp < DT / 2; dp++) { // d 16dp..16dp+15: two 8-wide tiles
-                uint32_t r[4];
-                ldmatrix_x4_trans(r, Vt + (16 * kc + ar) * LD + 16 * dp + ac);
-                const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                mma_bf16_16816(o[2 * dp], a, b0);
-                mma_bf16_16816(o[2 * dp + 1], a, b1);
-            }
+            uint32_t a[4];
+            acc_to_a(a, s, kc);
+            mma_rows<HS>(o, a, Vt, 16 * kc);
         }
         __syncthreads(); // every warp is done with tile j before its buffers take tile j + 2
     }
@@ -241,61 +297,11 @@ __global__ static void __launch_bounds__(TC_THREADS)
 // ---- backward ----------------------------------------------------------------
 
 template <int HS> struct bwd_smem {
-    static constexpr int LD = tc_tile<HS>::LD;
     static constexpr size_t tile = tc_tile<HS>::bytes;
     // 2 tiles for the block's own rows, 2 stages of 2 for the tiles it loops over, and (dK, dV) the
     // lse and D of each stage's queries
     static constexpr size_t bytes = 6 * tile + 2 * 2 * TC_TILE * sizeof(float);
 };
-
-// A fragment: rows r0..r0+15, columns c0..c0+15 of a tile (row-major)
-template <int HS> __device__ __forceinline__ static void load_a(uint32_t a[4], const bf16 *tile, int r0, int c0) {
-    const int lane = threadIdx.x % 32;
-    ldmatrix_x4(a, tile + (r0 + lane % 16) * tc_tile<HS>::LD + c0 + lane / 16 * 8);
-}
-// B fragments of two 8-column tiles, B(k, n) = tile[n][k]: rows n0..n0+15 read as n, columns k0..k0+15 as k;
-// b[0..1] for n0..n0+7, b[2..3] for n0+8..n0+15
-template <int HS> __device__ __forceinline__ static void load_bt(uint32_t b[4], const bf16 *tile, int n0, int k0) {
-    const int lane = threadIdx.x % 32;
-    ldmatrix_x4(b, tile + (n0 + lane % 8 + lane / 16 * 8) * tc_tile<HS>::LD + k0 + lane / 8 % 2 * 8);
-}
-// B fragments of two 8-column tiles, B(k, n) = tile[k][n]: rows k0..k0+15, columns n0..n0+15
-template <int HS> __device__ __forceinline__ static void load_b(uint32_t b[4], const bf16 *tile, int k0, int n0) {
-    const int lane = threadIdx.x % 32;
-    ldmatrix_x4_trans(b, tile + (k0 + lane % 16) * tc_tile<HS>::LD + n0 + lane / 16 * 8);
-}
-// acc[dt] += a B for the 8-column tiles dt of B(k, n) = tile[k0 + k][n] (row-major), every n < HS
-template <int HS>
-__device__ __forceinline__ static void mma_rows(float (*acc)[4], const uint32_t a[4], const bf16 *tile, int k0) {
-#pragma unroll
-    for (int dp = 0; dp < HS / 16; dp++) {
-        uint32_t r[4];
-        load_b<HS>(r, tile, k0, 16 * dp);
-        const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-        mma_bf16_16816(acc[2 * dp], a, b0);
-        mma_bf16_16816(acc[2 * dp + 1], a, b1);
-    }
-}
-// The A fragment of columns 16kc..16kc+15 of a 16-row result held as accumulator tiles: tiles 2kc, 2kc + 1
-__device__ __forceinline__ static void acc_to_a(uint32_t a[4], const float (*c)[4], int kc) {
-    a[0] = pack_bf16(c[2 * kc][0], c[2 * kc][1]);
-    a[1] = pack_bf16(c[2 * kc][2], c[2 * kc][3]);
-    a[2] = pack_bf16(c[2 * kc + 1][0], c[2 * kc + 1][1]);
-    a[3] = pack_bf16(c[2 * kc + 1][2], c[2 * kc + 1][3]);
-}
-// A warp's 16 result rows (row0.., those < T) from its accumulator tiles to dst (row stride ld)
-template <int HS>
-__device__ __forceinline__ static void store_rows(float *dst, int64_t ld, int row0, int T, const float (*acc)[4]) {
-    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        const int r = row0 + g + 8 * hr;
-        if (r >= T) continue;
-#pragma unroll
-        for (int d = 0; d < HS / 8; d++)
-            *reinterpret_cast<float2 *>(dst + (int64_t)r * ld + 8 * d + 2 * t) = make_float2(acc[d][2 * hr], acc[d][2 * hr + 1]);
-    }
-}
 
 // Block = (kv head, batch, key tile), heavy tiles first; warp w owns keys
 // 16w..16w+15 and their dK and dV (registers). It loops over the group's query
@@ -364,22 +370,11 @@ __global__ static void __launch_bounds__(TC_THREADS)
 #pragma unroll
                 for (int c = 0; c < 4; c++) sT[n][c] = dpT[n][c] = 0.0f;
 #pragma unroll
-            for (int kk = 0; kk < KT; kk++) {
+            for (int kk = 0; kk < KT; kk++) { // B(d, query) = Q[query][d], dO[query][d]
                 uint32_t ka[4], va[4];
                 load_a<HS>(ka, Ks, kw, 16 * kk);
                 load_a<HS>(va, Vs, kw, 16 * kk);
-#pragma unroll
-                for (int np = 0; np < 2; np++) {
-                    uint32_t r[4];
-                    load_bt<HS>(r, Qt, 32 * half + 16 * np, 16 * kk); // B(d, query) = Q[query][d]
-                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                    mma_bf16_16816(sT[2 * np], ka, b0);
-                    mma_bf16_16816(sT[2 * np + 1], ka, b1);
-                    load_bt<HS>(r, dOt, 32 * half + 16 * np, 16 * kk);
-                    const uint32_t c0[2] = {r[0], r[1]}, c1[2] = {r[2], r[3]};
-                    mma_bf16_16816(dpT[2 * np], va, c0);
-                    mma_bf16_16816(dpT[2 * np + 1], va, c1);
-                }
+                mma_32cols<HS>(sT, ka, Qt, dpT, va, dOt, 32 * half, kk);
             }
             // Pᵀ and dSᵀ (zero where masked): element (key k0 + kw + gr + 8 hr, query q0 + r)
 #pragma unroll
@@ -478,19 +473,8 @@ __global__ static void __launch_bounds__(TC_THREADS)
 #pragma unroll
                 for (int c = 0; c < 4; c++) s[n][c] = dp[n][c] = 0.0f;
 #pragma unroll
-            for (int kk = 0; kk < KT; kk++)
-#pragma unroll
-                for (int np = 0; np < 2; np++) {
-                    uint32_t r[4];
-                    load_bt<HS>(r, Kt, 32 * half + 16 * np, 16 * kk); // B(d, key) = K[key][d]
-                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                    mma_bf16_16816(s[2 * np], qf[kk], b0);
-                    mma_bf16_16816(s[2 * np + 1], qf[kk], b1);
-                    load_bt<HS>(r, Vt, 32 * half + 16 * np, 16 * kk);
-                    const uint32_t c0[2] = {r[0], r[1]}, c1[2] = {r[2], r[3]};
-                    mma_bf16_16816(dp[2 * np], df[kk], c0);
-                    mma_bf16_16816(dp[2 * np + 1], df[kk], c1);
-                }
+            for (int kk = 0; kk < KT; kk++) // B(d, key) = K[key][d], V[key][d]
+                mma_32cols<HS>(s, qf[kk], Kt, dp, df[kk], Vt, 32 * half, kk);
             // dS (zero where masked): element (query qi[e / 2], key k0 + 32 half + 8 n + 2t + e % 2)
 #pragma unroll
             for (int n = 0; n < 4; n++)
