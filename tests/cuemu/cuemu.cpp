@@ -389,6 +389,8 @@ static void check_smem(int line, const void *p, size_t bytes, const char *what) 
 }
 static fiber *warp_base(int &lane) {
     lane = g_block.current % 32;
+    if (g_block.current - lane + 32 > g_block.nthreads)
+        block_fail(g_block.current, "mma or ldmatrix in a warp of fewer than 32 threads");
     return &g_block.fibers[(size_t)(g_block.current - lane)];
 }
 static float bf16_at(uint32_t reg, int half) { return __uint_as_float((reg >> (16 * half) & 0xffffu) << 16); }
