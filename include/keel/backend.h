@@ -189,8 +189,9 @@ void keel_backend_profile_window(bool open);
 /* A call's totals over the windows so far: flops counts the useful work of
  * GEMMs and attention (2 per multiply-add; attention causal), 0 for the rest.
  * op names the backend's function ("gemm_bf16"), or all_gather,
- * reduce_scatter, all_reduce (the issue: the host's part; all_reduce
- * waits) and collective_wait. */
+ * reduce_scatter, all_reduce and collective_wait (on a GPU an issued
+ * collective's time includes its run: the sync waits for every stream; on
+ * the CPU only the issue, and the wait shows in collective_wait). */
 typedef struct {
     const char *op;
     int64_t calls;
