@@ -183,7 +183,8 @@ export KEEL_BIN=$keel
 
 # ---- parity ----------------------------------------------------------------------
 if want parity; then
-  timeout "$(limit 120)" "$parity" >"$logs/parity.log" 2>&1
+  # seconds on a GPU; the emulator under the sanitizers takes minutes
+  timeout "$(limit "$([ -n "$emulated" ] && echo 400 || echo 120)")" "$parity" >"$logs/parity.log" 2>&1
   rc=$?
   record parity "{\"exit\": $rc, \"passed\": $([ $rc = 0 ] && echo true || echo false), \"failures\": $(grep -c '^FAIL' "$logs/parity.log"), \"log\": \"parity.log\"}"
   # the tensor-core attention has never run before this: if it fails its parity, every later
