@@ -74,12 +74,7 @@ template <int HS> struct tc_tile {
     static constexpr size_t bytes = (size_t)TC_TILE * LD * sizeof(bf16);
 };
 
-// ---- forward -----------------------------------------------------------------
-
-template <int HS> struct fwd_smem {
-    static constexpr size_t tile = tc_tile<HS>::bytes;
-    static constexpr size_t bytes = 5 * tile; // Q, K and V twice (the tile in use and the next, landing)
-};
+// ---- fragments: loads, products, results -------------------------------------
 
 // rows r0.. (64 of them, HS bf16 each) of src (row stride ld) to dst [64][HS + 8],
 // asynchronously (this thread's share, in the group the caller commits); zeros past T
@@ -163,11 +158,19 @@ __device__ __forceinline__ static void store_rows(float *dst, int64_t ld, int ro
         const int r = row0 + g + 8 * hr;
         if (r >= T) continue;
 #pragma unroll
-        for (int d = 0; d < HS / 8; d++)
-            *reinterpret_cast<float2 *>(dst + (int64_t)r * ld + 8 * d + 2 * t) = make_float2(acc[d][2 * hr], acc[d][2 * hr + 1]);
+        for (int d = 0; d < HS / 8; d++) { // two stores: dst need only be a float's alignment
+            float *at = dst + (int64_t)r * ld + 8 * d + 2 * t;
+            at[0] = acc[d][2 * hr], at[1] = acc[d][2 * hr + 1];
+        }
     }
 }
 
+// ---- forward -----------------------------------------------------------------
+
+template <int HS> struct fwd_smem {
+    static constexpr size_t tile = tc_tile<HS>::bytes;
+    static constexpr size_t bytes = 5 * tile; // Q, K and V twice (the tile in use and the next, landing)
+};
 
 // Block = (head, batch, query tile), heavy tiles first; warp w owns query rows
 // 16w..16w+15 and keeps everything about them in registers: Q's fragments,
@@ -288,8 +291,8 @@ __global__ static void __launch_bounds__(TC_THREADS)
         const float inv = 1.0f / l[hr];
         float *row = out + ((int64_t)b * T + qi[hr]) * ldq + (int64_t)h * HS;
 #pragma unroll
-        for (int d = 0; d < DT; d++)
-            *reinterpret_cast<float2 *>(row + 8 * d + 2 * t) = make_float2(o[d][2 * hr] * inv, o[d][2 * hr + 1] * inv);
+        for (int d = 0; d < DT; d++) // two stores: out need only be a float's alignment
+            row[8 * d + 2 * t] = o[d][2 * hr] * inv, row[8 * d + 2 * t + 1] = o[d][2 * hr + 1] * inv;
         if (t == 0) lse[((int64_t)b * NH + h) * T + qi[hr]] = m[hr] + logf(l[hr]);
     }
 }
