@@ -66,14 +66,26 @@ flip() { # flip FILE OFFSET: complement one byte in place
   local b; b=$(od -An -tu1 -j "$2" -N1 "$1" | tr -d ' ')
   printf "\\$(printf %o $(( b ^ 255 )))" | dd of="$1" bs=1 seek="$2" conv=notrunc status=none
 }
+# both slots of a segment committed: segment_header's slot[0].state and slot[1].state (src/ckpt/snapshot.c,
+# bytes 64 and 88) are SLOT_COMMITTED (2)
+slots_committed() {
+  [ "$(od -An -tu4 -j 64 -N4 "$1" | tr -d ' ')" = 2 ] && [ "$(od -An -tu4 -j 88 -N4 "$1" | tr -d ' ')" = 2 ]
+}
 damaged() {
   local run=$1 every=$2 sup pid seg size rc res got
   "$KEEL_BIN" train "$CFG" "${args[@]}" --set checkpoint.every_steps="$every" --run-dir "$run" >"$run.out" 2>&1 &
   sup=$!
   pid=$(wait_train_step "$run" 1 35)
-  kill -STOP "$pid"
   seg=$(ls /dev/shm/keel-snap-*-r1 | while read -r f; do grep -q -a -- "$(realpath "$run")" "$f" && echo "$f"; done)
   [ -n "$seg" ] || fail "no segment of rank 1"
+  # stopped with both slots committed: a slot caught mid-copy is skipped as unfinished, not damaged
+  for _ in $(seq 1 100); do
+    kill -STOP "$pid"
+    slots_committed "$seg" && break
+    kill -CONT "$pid"
+    sleep 0.02
+  done
+  slots_committed "$seg" || fail "rank 1's two snapshot slots were never both committed while it was stopped"
   size=$(stat -c %s "$seg")
   flip "$seg" $(( 4096 + 100 )); flip "$seg" $(( 4096 + (size - 4096) / 2 + 100 ))
   kill -9 "$pid"
