@@ -5,9 +5,10 @@
 #     steps 12, 27 and 41): every relaunch resumes from memory, each failure
 #     loses at most the step in flight, and the run ends with the undisturbed
 #     run's params_xxh3; no segment is left in /dev/shm.
-# (2) a damaged snapshot: rank 1 is frozen, a byte of each of its two slots
-#     flipped, then it is killed: the checksum fails on rank 1 only, every rank
-#     falls back together to the newest checkpoint on disk, same result.
+# (2) a damaged snapshot: both ranks are frozen holding the same two committed
+#     steps, a byte of each of rank 1's two slots flipped, then both killed:
+#     the checksum fails on rank 1 only, for both steps, and every rank falls
+#     back together to the newest checkpoint on disk, same result.
 # (3) a run that is given up (crash loop) leaves no segment either.
 # (4) node loss: 4 ranks on 2 simulated nodes (KEEL_SIMULATED_NODES=2: ranks
 #     0-1 and 2-3), each rank also keeping a replica of its buddy's snapshot
@@ -66,33 +67,38 @@ flip() { # flip FILE OFFSET: complement one byte in place
   local b; b=$(od -An -tu1 -j "$2" -N1 "$1" | tr -d ' ')
   printf "\\$(printf %o $(( b ^ 255 )))" | dd of="$1" bs=1 seek="$2" conv=notrunc status=none
 }
-# both slots of a segment committed: segment_header's slot[0].state and slot[1].state (src/ckpt/snapshot.c,
-# bytes 64 and 88) are SLOT_COMMITTED (2)
-slots_committed() {
-  [ "$(od -An -tu4 -j 64 -N4 "$1" | tr -d ' ')" = 2 ] && [ "$(od -An -tu4 -j 88 -N4 "$1" | tr -d ' ')" = 2 ]
+# the steps of a segment's two slots, newest first, when both are committed (segment_header's slot[i].state
+# at bytes 64 and 88 is SLOT_COMMITTED, 2; slot[i].step at 72 and 96: src/ckpt/snapshot.c); else nothing
+slot_steps() {
+  [ "$(od -An -tu4 -j 64 -N4 "$1" | tr -d ' ')" = 2 ] && [ "$(od -An -tu4 -j 88 -N4 "$1" | tr -d ' ')" = 2 ] &&
+    { od -An -td8 -j 72 -N8 "$1"; od -An -td8 -j 96 -N8 "$1"; } | tr -d ' ' | sort -rn | tr '\n' ' '
 }
+segment_of() { ls /dev/shm/keel-snap-*-"$2" | while read -r f; do grep -q -a -- "$(realpath "$1")" "$f" && echo "$f"; done; }
 damaged() {
-  local run=$1 every=$2 sup pid seg size rc res got
+  local run=$1 every=$2 sup p0 p1 seg0 seg1 steps size rc res got
   "$KEEL_BIN" train "$CFG" "${args[@]}" --set checkpoint.every_steps="$every" --run-dir "$run" >"$run.out" 2>&1 &
   sup=$!
-  pid=$(wait_train_step "$run" 1 35)
-  seg=$(ls /dev/shm/keel-snap-*-r1 | while read -r f; do grep -q -a -- "$(realpath "$run")" "$f" && echo "$f"; done)
-  [ -n "$seg" ] || fail "no segment of rank 1"
-  # stopped with both slots committed: a slot caught mid-copy is skipped as unfinished, not damaged
-  for _ in $(seq 1 100); do
-    kill -STOP "$pid"
-    slots_committed "$seg" && break
-    kill -CONT "$pid"
+  p1=$(wait_train_step "$run" 1 35) p0=$(wait_train_step "$run" 0 35)
+  seg0=$(segment_of "$run" r0) seg1=$(segment_of "$run" r1)
+  [ -n "$seg0" ] && [ -n "$seg1" ] || fail "no segment of rank 0 or 1"
+  # Both ranks frozen holding the same two committed steps, so the relaunch tries both of rank 1's and finds
+  # each damaged. A slot caught mid-copy is skipped as unfinished, not damaged, and a step only one rank holds
+  # is never tried (each copies its snapshot beside the next step, so one rank can be a step ahead).
+  for _ in $(seq 1 200); do
+    kill -STOP "$p1" "$p0"
+    steps=$(slot_steps "$seg1")
+    [ -n "$steps" ] && [ "$steps" = "$(slot_steps "$seg0")" ] && break
+    kill -CONT "$p1" "$p0"; steps=""
     sleep 0.02
   done
-  slots_committed "$seg" || fail "rank 1's two snapshot slots were never both committed while it was stopped"
-  size=$(stat -c %s "$seg")
-  flip "$seg" $(( 4096 + 100 )); flip "$seg" $(( 4096 + (size - 4096) / 2 + 100 ))
-  kill -9 "$pid"
+  [ -n "$steps" ] || fail "ranks 0 and 1 were never both stopped holding the same two committed steps"
+  size=$(stat -c %s "$seg1")
+  flip "$seg1" $(( 4096 + 100 )); flip "$seg1" $(( 4096 + (size - 4096) / 2 + 100 ))
+  kill -9 "$p1" "$p0"
   rc=0; wait "$sup" || rc=$?
   [ "$rc" = 0 ] || { tail -5 "$run.out"; fail "exit $rc after a damaged snapshot, want 0"; }
-  [ "$(event_count "$run" snapshot_damaged)" = 2 ] ||
-    fail "want 2 snapshot_damaged events (both slots): $(grep snapshot_damaged "$run/events.jsonl")"
+  got=$(grep '"event":"snapshot_damaged"' "$run/events.jsonl" | sed -n 's/.*"step":\([0-9]*\),.*/\1/p' | tr '\n' ' ')
+  [ "$got" = "$steps" ] || fail "want snapshot_damaged for steps $steps (both slots), newest first: $(grep snapshot_damaged "$run/events.jsonl")"
   grep '"snapshot_damaged"' "$run/events.jsonl" | grep -q "rank 1: .*keel-snap-.*-r1: the snapshot of step [0-9]* fails its checksum" ||
     fail "the damage is not named: $(grep snapshot_damaged "$run/events.jsonl" | head -1)"
   res=$(grep '"event":"resumed"' "$run/events.jsonl" || true)
