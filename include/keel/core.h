@@ -448,7 +448,7 @@ typedef struct {
 } keel_resilience_config;
 
 /* Where the model runs ("device"): the CPU, or NVIDIA GPUs through the CUDA
- * backend (keel/cuda.h; not yet able to train: issue 14). */
+ * backend (keel/cuda.h, src/backend/cuda.c). */
 typedef enum { KEEL_BACKEND_CPU, KEEL_BACKEND_CUDA } keel_backend_kind;
 const char *keel_backend_kind_name(keel_backend_kind b);
 

@@ -1,5 +1,5 @@
 /* cuda: keel's CUDA backend (issue 14), built where CMake finds nvcc
- * (KEEL_CUDA=ON, the default; KEEL_HAVE_CUDA is then defined). Today: the
+ * (KEEL_CUDA=ON, the default; KEEL_HAVE_CUDA is then defined). It holds the
  * runtime's view of the GPUs, device memory, and the kernels on device
  * pointers — cuBLASLt GEMMs (fp32 without TF32, bf16 in with fp32
  * accumulation), the bf16 conversions, RMSNorm, RoPE, flash-style causal
@@ -12,7 +12,7 @@
  * with a GPU (tests/cuda/gpu_parity.c, scripts/gpu-check.sh). Calls run in
  * order on the default stream; a launch's or cuBLASLt's failure is kept and
  * reported by the next keel_cuda_sync with a line naming the call. The model
- * does not run on them yet: `"device": "cuda"` is refused with the reason.
+ * reaches them through the backend interface (keel/backend.h, src/backend/cuda.c).
  *
  *     char why[256];
  *     if (keel_cuda_device_count(why, sizeof why) == 0) puts(why);

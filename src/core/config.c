@@ -125,7 +125,7 @@ static const key_spec KEYS[] = {
      "a checkpoint directory (e.g. from `keel ckpt import --from-hf`) whose parameters start the "
      "run instead of random ones; the model keys must match it (null = random init)", NULL},
     {"device", K_ENUM, OFF(device), 0, 0,
-     "where the model runs: cpu, or cuda (NVIDIA GPUs: the CUDA backend cannot train yet, and says so)",
+     "where the model runs: cpu, or cuda (NVIDIA GPUs, one rank per GPU; refused in one line where none can be used)",
      DEVICE_NAMES},
     {"checkpoint", K_SECTION, 0, 0, 0, "sharded checkpoints in RUN/checkpoints (resume: keel train again)", NULL},
     {"checkpoint.every_steps", K_INT, OFF(checkpoint.every_steps), 0, 1 << 30,

@@ -31,6 +31,16 @@ static int64_t checkpoint_buffer_bytes(const keel_config *cfg, bool distributed,
     return 3 * 4 * shard_floats;
 }
 
+/* The CUDA backend's attention scratch, kept between calls and sized by the
+ * largest (src/cuda/attention.cu, attention_tc.cu): the backward's
+ * rowsum(dO * O), (B, NH, T) floats, and under bf16 at head sizes 64 and 128
+ * the tensor-core kernels' bf16 copies of q, k, v and dO. */
+static int64_t cuda_attention_scratch(const keel_model_layout *lay, int B, bool bf16) {
+    int64_t bt = (int64_t)B * lay->T, bytes = 4 * bt * lay->NH;
+    if (bf16 && (lay->HS == 64 || lay->HS == 128)) bytes += 2 * bt * 2 * (int64_t)(lay->NH + lay->NKV) * lay->HS;
+    return bytes;
+}
+
 /* One process: the whole model, no FSDP. */
 static void one_process(const keel_model_layout *lay, bool bf16, keel_fsdp_memory *m) {
     m->params = m->grads = 4 * lay->n_params;
@@ -70,6 +80,7 @@ void keel_fsdp_memory_plan_run(const keel_config *cfg, int world_size, bool dist
     keel_model_options opts = {.checkpoint_blocks = keel_config_checkpoint_blocks(cfg), .bf16 = bf16};
     keel_fsdp_memory m = {.activations = keel_model_activation_bytes(&lay, B, &opts)};
     m.workspaces = 4 * (int64_t)B * (lay.T + 1); /* the micro-batch's tokens (train.c) */
+    if (cfg->device == KEEL_BACKEND_CUDA) m.workspaces += cuda_attention_scratch(&lay, B, bf16);
     int64_t shard = lay.n_params;
     if (distributed) shard = one_rank(cfg, &lay, world_size, bf16, &m);
     else one_process(&lay, bf16, &m);

@@ -147,17 +147,18 @@ static int shard_ranks_of(const keel_config *cfg, int W) {
 
 static void memory(const keel_config *cfg, const keel_cluster *cl, keel_plan_entry *e) {
     int W = cl->nodes * cl->per_node;
-    keel_fsdp_memory_plan_run(cfg, W, true, cl->nodes, &e->memory);
+    keel_config c = *cfg; /* a GPU's ranks run the CUDA backend, whatever the config's device */
+    if (cl->device.kind != KEEL_DEVICE_CPU) c.device = KEEL_BACKEND_CUDA;
+    keel_fsdp_memory_plan_run(&c, W, true, cl->nodes, &e->memory);
     if (cl->device.runtime_bytes >= 0) e->memory.runtime = (int64_t)cl->device.runtime_bytes;
     if (cl->device.kind != KEEL_DEVICE_CPU) e->memory.snapshot = 0; /* in the host's memory, not the GPU's */
     e->peak_bytes = keel_fsdp_memory_total(&e->memory);
-    keel_config other = *cfg;
     keel_fsdp_memory m;
-    other.fsdp.activation_checkpointing = KEEL_CHECKPOINT_ALL;
-    keel_fsdp_memory_plan_run(&other, W, true, cl->nodes, &m);
+    c.fsdp.activation_checkpointing = KEEL_CHECKPOINT_ALL;
+    keel_fsdp_memory_plan_run(&c, W, true, cl->nodes, &m);
     e->activations_with = m.activations;
-    other.fsdp.activation_checkpointing = 0;
-    keel_fsdp_memory_plan_run(&other, W, true, cl->nodes, &m);
+    c.fsdp.activation_checkpointing = 0;
+    keel_fsdp_memory_plan_run(&c, W, true, cl->nodes, &m);
     e->activations_without = m.activations;
     const keel_device *d = &cl->device;
     e->budget_bytes = (int64_t)(d->kind == KEEL_DEVICE_CPU ? d->memory_bytes / cl->per_node : d->memory_bytes);

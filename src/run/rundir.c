@@ -201,9 +201,9 @@ static int planned_ranks_per_node(const keel_config *cfg, int world_size) {
     return active > 0 ? (world_size + active - 1) / active : world_size;
 }
 
-/* A rank's bytes on a device: the model's state and activations; the host keeps the rest. */
+/* A rank's bytes on a device: the model's state, activations and workspaces; the host keeps the rest. */
 static double on_device(const keel_fsdp_memory *m) {
-    return (double)(m->params + m->grads + m->optimizer + m->gathered + m->activations);
+    return (double)(m->params + m->grads + m->optimizer + m->gathered + m->activations + m->workspaces);
 }
 
 /* What the run needs at K checkpointed blocks: a rank's bytes on its

@@ -33,8 +33,15 @@ static void check_memory(const keel_config *cfg) {
     keel_cluster cl = cluster(2, 4);
     keel_plan_entry e;
     entry(cfg, KEEL_FSDP_FULL_SHARD, &cl, &e);
-    keel_fsdp_memory m;
-    keel_fsdp_memory_plan_run(cfg, 8, true, 1, &m);
+    keel_config gpu = *cfg; /* the cluster's ranks are GPUs: the CUDA backend's memory */
+    gpu.device = KEEL_BACKEND_CUDA;
+    keel_fsdp_memory m, host;
+    keel_fsdp_memory_plan_run(&gpu, 8, true, 1, &m);
+    keel_fsdp_memory_plan_run(cfg, 8, true, 1, &host);
+    int64_t B = cfg->train.micro_batch_size, T = cfg->model.max_seq_len, NH = cfg->model.n_heads;
+    EXPECT(m.workspaces - host.workspaces >= 4 * B * T * NH,
+           "a GPU rank's workspaces hold the attention's scratch (%lld more bytes than the CPU's)",
+           (long long)(m.workspaces - host.workspaces));
     keel_fsdp_memory_item items[KEEL_FSDP_MEMORY_CATEGORIES];
     keel_fsdp_memory_items(&e.memory, items);
     int64_t sum = 0;
