@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# comm.sh: dist's collective bandwidth at 1, 16 and 64 MB and how much of a
+# comm.sh: comm's collective bandwidth at 1, 16 and 64 MB and how much of a
 # non-blocking all-reduce hides behind compute, on BENCH_NP ranks (default 2),
 # for keel's comm layer and, as the reference, plain MPI called from the main
 # thread (same collectives; its non-blocking all-reduce gets no progress

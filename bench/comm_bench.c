@@ -1,4 +1,4 @@
-/* bench/comm_bench.c: dist's collective bandwidth and compute/comm overlap
+/* bench/comm_bench.c: comm's collective bandwidth and compute/comm overlap
  * (run by bench/comm.sh under mpirun). `comm_bench keel` measures keel's comm
  * layer; `comm_bench raw` the same collectives called straight from the main
  * thread with plain MPI (no comm thread, no peer-arrival barrier), for the
@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "keel/dist.h"
+#include "keel/comm.h"
 
 typedef enum { ALLGATHER, REDUCE_SCATTER, ALLREDUCE } coll;
 static const char *COLL_NAMES[] = {"all-gather", "reduce-scatter", "all-reduce"};
@@ -212,7 +212,7 @@ int main(int argc, char **argv) {
     }
     if (g_rank == 0)
         printf("== %s, %d ranks ==\n", g_raw ? "plain MPI from the main thread (reference)"
-                                             : "keel dist (comm thread)", g_size);
+                                             : "keel comm (comm thread)", g_size);
     bandwidth_table();
     latency();
     overlap();

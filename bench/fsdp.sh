@@ -6,7 +6,7 @@
 # peak keel measures for the run's precision: one core x 2), exposed
 # communication per step (time the leader's compute thread waited on gathers
 # and reduce-scatters), persistent fp32 state and peak RSS per rank, and peak
-# RSS over the budget: persistent state + two gathered units (the
+# RSS over the budget: persistent state + two gathered units (the
 # largest, in the gather's precision) + activations. Medians over the steps
 # after two warm-up steps. Not a test.
 #

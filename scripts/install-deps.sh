@@ -27,7 +27,7 @@ KEEL_BUILD_DEPS=(
     xxhash                   # xxhsum: tests/train check params_xxh3 against weights.bin
     python3                  # tests/lib.sh and the train tests read JSON with python3
     openmpi-bin              # mpirun: keel's ranks (FSDP) and the MPI tests
-    libopenmpi-dev           # mpi.h + libmpi for the dist module
+    libopenmpi-dev           # mpi.h + libmpi for the comm module
     slurmctld                # the tests' local multi-node Slurm cluster (tests/slurm/cluster.sh)
     slurmd                   #   its nodes (several slurmd on one host)
     slurm-client             #   srun, salloc, scontrol: keel train launches with srun in an allocation

@@ -1,5 +1,5 @@
 /* backend: where the model's tensors live and which kernels run on them — the
- * one boundary between the model's code path and a device (issue 14).
+ * one boundary between the model's code path and a device.
  *
  * A backend is a table of functions: memory (allocations, copies to and from
  * the host), and every kernel the model's forward and backward use, each with
@@ -29,7 +29,7 @@
 #include <stddef.h>
 
 #include "keel/core.h"
-#include "keel/dist.h"
+#include "keel/comm.h"
 #include "keel/kernels.h"
 
 /* A backend's non-blocking collective; its wait consumes it. */
@@ -132,12 +132,12 @@ typedef struct keel_backend {
     void (*accumulate)(float *dst, const float *src, int64_t n);
     void (*accumulate_bf16)(float *dst, const keel_bf16 *src, int64_t n);
 
-    /* ---- collectives: FSDP's, over keel/dist.h's groups, on this backend's memory
-     * keel/dist.h's semantics (counts per rank, in-place forms, every rank
+    /* ---- collectives: FSDP's, over keel/comm.h's groups, on this backend's memory
+     * keel/comm.h's semantics (counts per rank, in-place forms, every rank
      * issuing the same sequence), sums only. A collective is issued in the
      * backend's order: it reads its send buffer as the calls before it left
      * it. wait(req) orders every later call of the backend after the result:
-     *   cpu     keel/dist.h's collectives on the buffers; wait blocks.
+     *   cpu     keel/comm.h's collectives on the buffers; wait blocks.
      *   fenced  staged through host buffers, so the comm thread never reads
      *           the fence: the CPU's results, bit for bit.
      *   cuda    NCCL on a communication stream, ordered by events: the host

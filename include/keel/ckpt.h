@@ -1,7 +1,7 @@
 /* ckpt: durable files for model state — the final-weights file of a run
- * (RUN/weights.bin) and sharded checkpoints (DESIGN §5; what to save and when
- * is train/checkpointing.c). The durable-write helpers are core's (keel/core.h,
- * "durable file I/O").
+ * (RUN/weights.bin) and sharded checkpoints (DESIGN §5; what to save and
+ * when is train/saving.c, where to resume from train/resume.c). The
+ * durable-write helpers are core's (keel/core.h, "durable file I/O").
  *
  * weights.bin: 64-byte little-endian header — magic "KEELWTS1", u32 version,
  * u32 dtype (1 = fp32), u64 n_params, u64 XXH3-64 of the payload, zero padding
@@ -170,7 +170,7 @@ keel_status keel_ckpt_write_model(const char *out, const keel_config *cfg, keel_
 /* Bytes of one checkpoint of this model saved by world_size shard ranks. */
 int64_t keel_ckpt_bytes(const keel_model_config *model, int world_size);
 
-/* ---- in-memory snapshots (snapshot.c) ---------------------------------------
+/* ---- in-memory snapshots (segment.c) ---------------------------------------
  * One shared-memory segment per rank, /dev/shm/keel-snap-<run id>-w<world size>-r<rank>
  * (a replica of rank R's that a buddy keeps: -b<R>), outliving the process:
  * two slots of `floats` floats (the rank's packed shard, in the layout of shard

@@ -3,7 +3,7 @@
  * lifecycle scripts), either brought up on this one machine with every node
  * its own host (network, UTS and mount namespaces on a bridge: spec.c writes
  * the files, local.c runs it), or written out as slurm.conf and friends for
- * real hosts (README "Running on Slurm").
+ * real hosts (docs/slurm.md).
  *
  *     keel_cluster_spec s;
  *     keel_cluster_spec_load("examples/cluster-local.json", &s);

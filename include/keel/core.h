@@ -35,7 +35,7 @@ typedef enum {
     KEEL_ERR_UNHEALTHY = 7, /* a health check failed where the job runs */
 } keel_status;
 
-/* Exit codes of keel train and keel worker (README "Failure behaviour"). */
+/* Exit codes of keel train and keel worker (docs/configuration.md, "Exit codes"). */
 enum {
     KEEL_EXIT_RESUME = 75,    /* stopped on SIGTERM/SIGUSR1/SIGINT at a step boundary, state
                                  saved: run the same keel train again to go on (EX_TEMPFAIL) */

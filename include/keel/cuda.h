@@ -1,4 +1,4 @@
-/* cuda: keel's CUDA backend (issue 14), built where CMake finds nvcc
+/* cuda: keel's CUDA backend, built where CMake finds nvcc
  * (KEEL_CUDA=ON, the default; KEEL_HAVE_CUDA is then defined). It holds the
  * runtime's view of the GPUs, device memory, and the kernels on device
  * pointers — cuBLASLt GEMMs (fp32 without TF32, bf16 in with fp32

@@ -1,5 +1,5 @@
 /* data: token-shard files, world-size-independent sample order, the synthetic
- * source, and `keel data prepare`. See README "Token-shard format".
+ * source, and `keel data prepare`. See docs/checkpoints.md, "File formats".
  *
  *     keel_data *d;
  *     if (keel_data_open(&cfg.data, "train", T, V, cfg.train.seed, &d) != KEEL_OK) return 2;

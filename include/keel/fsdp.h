@@ -19,6 +19,26 @@
 #include "keel/model.h"
 #include "keel/optim.h"
 
+/* ---- the parallel dimensions (dims.c) ----------------------------------------
+ * What fsdp.strategy, fsdp.shard_group_size and a world size mean, resolved
+ * in one place: the runtime's groups, the memory plan, keel plan and the run
+ * directory's checks all ask it. A shard group is the ranks one copy of the
+ * state is split over; the replicas are the shard groups, each holding the
+ * whole state. */
+typedef struct {
+    int world_size;  /* ranks */
+    int shard_ranks; /* ranks in a shard group: all (FULL_SHARD, SHARD_GRAD_OP), one (NO_SHARD), K (HYBRID_SHARD) */
+    int replicas;    /* shard groups: world_size / shard_ranks */
+} keel_parallel_dims;
+
+/* Resolve the dimensions of `world_size` ranks (>= 1). HYBRID_SHARD's group
+ * is shard_group_size ranks, 0 meaning 2; a world of one rank is one shard
+ * rank and one replica whatever the strategy. A group size that does not
+ * divide the world is KEEL_ERR_INPUT with `why` (why_n bytes) saying so and
+ * how to fix it; nothing is printed. */
+keel_status keel_parallel_dims_resolve(keel_fsdp_strategy strategy, int shard_group_size, int world_size,
+                                       keel_parallel_dims *out, char *why, size_t why_n);
+
 /* Shards are multiples of 16 floats: every rank's slice starts on a 64-byte
  * boundary of a gathered unit, so AVX-512 and streaming stores apply. */
 #define KEEL_FSDP_ALIGN 16
@@ -121,13 +141,14 @@ int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy
  * then all-reduce it. With tied embeddings unit 0 stays gathered for the
  * whole step (the head reads it too).
  */
-#include "keel/dist.h"
+#include "keel/comm.h"
 
 typedef struct keel_fsdp keel_fsdp;
 
 /* Shard `model` over world with a strategy (shard_group_size: HYBRID_SHARD's
- * K, 0 = 2; it must divide the world size). The shard plan is over the shard
- * group: all ranks (FULL_SHARD, SHARD_GRAD_OP), one (NO_SHARD) or K (HYBRID). */
+ * K, keel_parallel_dims_resolve). The shard plan is over the shard group:
+ * all ranks (FULL_SHARD, SHARD_GRAD_OP), one (NO_SHARD) or K (HYBRID). A
+ * group size that does not divide the world is an input error. */
 keel_status keel_fsdp_build(keel_model *model, keel_comm *world, keel_fsdp_strategy strategy,
                             int shard_group_size, keel_fsdp **out);
 void keel_fsdp_free(keel_fsdp *f);
@@ -137,7 +158,7 @@ int keel_fsdp_shard_rank(const keel_fsdp *f);
  * current one is ready. Off: gather each unit only when it is needed. */
 void keel_fsdp_set_prefetch(keel_fsdp *f, bool prefetch);
 /* fsdp.reduce_dtype bf16: round unit gradients to bf16 for the reduce-scatter
- * (and the replicas' all-reduce); sums combine pairs in fp32 (dist.h). The
+ * (and the replicas' all-reduce); sums combine pairs in fp32 (keel/comm.h). The
  * gradient shard and everything after stay fp32. Default fp32. */
 void keel_fsdp_set_reduce_bf16(keel_fsdp *f, bool bf16);
 const keel_fsdp_plan *keel_fsdp_get_plan(const keel_fsdp *f);

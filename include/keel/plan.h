@@ -134,7 +134,7 @@ void keel_plan_entry_make(const keel_config *cfg, const keel_cluster *cl, keel_p
 /* The plan as text: memory by category per strategy, time per step, and the
  * recommendation. */
 void keel_plan_print(FILE *out, const keel_plan *p);
-/* The plan as JSON (schema in the README, `keel plan`); caller frees. */
+/* The plan as JSON (schema in docs/planning.md); caller frees. */
 char *keel_plan_json(const keel_plan *p);
 
 #endif

@@ -74,7 +74,7 @@ bool keel_pid_alive(int pid);
 /* ---- health checks: keel health (health.c) -------------------------------------- */
 
 /* The gpu check's limits (health_gpu.c): the node config's "gpu" object, each
- * key defaulting to keel_gpu_limits_defaults's value (README, "Health checks").
+ * key defaulting to keel_gpu_limits_defaults's value (docs/auto-resume.md, "Health checks").
  * A GPU fails on any one of them. */
 #define KEEL_GPU_BASELINE_DEFAULT "/var/lib/keel/gpu-baseline.json"
 #define KEEL_GPU_XID_IGNORE_MAX 32

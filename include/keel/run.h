@@ -4,7 +4,7 @@
  *   RUN/config.json         the resolved config (every key), written before any
  *                           rank starts (keel_run_prepare), read by every rank
  *   RUN/metrics.jsonl       one line per optimizer step (the leader rank)
- *   RUN/events.jsonl        one line per decision (keel/obs.h keel_event)
+ *   RUN/events.jsonl        one line per decision (keel/monitor.h keel_event)
  *   RUN/summary.json        the leader's report at the end; the supervisor adds its own
  *   RUN/supervisor.json     the supervisor's state that workers read (skipped data windows)
  *   RUN/heartbeats/rank-R   each rank's progress marker (below)

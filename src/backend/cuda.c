@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/internal.h"
+#include "backend/cuda_table.h"
 #include "keel/cuda.h"
 
 #ifndef KEEL_HAVE_CUDA

@@ -13,7 +13,7 @@
  * communicator on its first collective: its rank 0 makes the unique id, the
  * group's MPI broadcasts it. Every failure is fatal with a line (MPI is
  * fail-stop too). */
-#include "backend/internal.h"
+#include "backend/cuda_table.h"
 
 #if defined(KEEL_HAVE_CUDA) && !defined(KEEL_HAVE_NCCL)
 /* A CUDA build without nccl.h: one GPU trains; ranks on GPUs are refused at attach. */

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "backend/internal.h"
+#include "backend/passthrough.h"
 #include "keel/backend.h"
 
 static char *arena;

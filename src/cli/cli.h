@@ -1,4 +1,4 @@
-/* cli: one function per `keel` subcommand. Each parses its own argv (argv[0]
+/* cli/cli.h: one function per `keel` subcommand. Each parses its own argv (argv[0]
  * is the subcommand name), validates, calls a module, and returns the process
  * exit code (0 ok, 2 bad input, 1 other failure). No logic of its own. */
 #ifndef KEEL_CLI_H

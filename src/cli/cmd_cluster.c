@@ -24,7 +24,7 @@ static void usage(FILE *out) {
             "              keel-node.json, keel-health.sh into --out (default .), never overwriting;\n"
             "              --hosts has lines \"NAME ADDRESS GROUP\"; the files name --conf-dir (default\n"
             "              /etc/slurm) and --keel (default /usr/local/bin/keel)\n"
-            "the spec: README \"Running on Slurm\"; examples/cluster-local.json\n");
+            "the spec: docs/slurm.md; examples/cluster-local.json\n");
 }
 
 static int slurm_conf(keel_cluster_spec *s, int argc, char **argv) {

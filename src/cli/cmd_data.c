@@ -1,4 +1,4 @@
-/* cli/cmd_data: `keel data prepare` — parse the flags, call keel_data_prepare. */
+/* cli/cmd_data.c: `keel data prepare` — parse the flags, call keel_data_prepare. */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>

@@ -23,7 +23,7 @@ static void usage(FILE *out) {
             "  --gemm-floor X    fail the gemm check below X GFLOP/s per core (default 10, or the config's)\n"
             "  --node-config F   this node's checks and thresholds: {\"checks\": [...], \"gemm_floor_gflops\":\n"
             "                    X, \"memory_floor_gib\": Y, \"dir\": PATH, \"gpu\": {the gpu check's limits:\n"
-            "                    \"temp_max_c\": 87, \"xid_max\": 0, ... (README, Health checks)}} (options win)\n"
+            "                    \"temp_max_c\": 87, \"xid_max\": 0, ... (docs/auto-resume.md, Health checks)}} (options win)\n"
             "  --gpu-baseline F  the gpu check's XID baseline: XIDs in the kernel log count from it on; the\n"
             "                    first check writes it (default " KEEL_GPU_BASELINE_DEFAULT ",\n"
             "                    or the node config's gpu.baseline; remove it to accept the XIDs logged since)\n"

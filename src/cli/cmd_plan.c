@@ -28,7 +28,7 @@ static void usage(FILE *out) {
             "                   measured on a slice of the model)\n"
             "  --memory GIB     memory a rank may use (default: a GPU's, the preset's; cpu: MemAvailable\n"
             "                   divided by --per-node), e.g. a GPU's free memory less a margin\n"
-            "  --json           the plan as JSON (schema in the README)\n"
+            "  --json           the plan as JSON (schema in docs/planning.md)\n"
             "exit status: 0 a plan fits, 1 none fits (or a measurement failed), 2 bad input\n");
 }
 

@@ -1,4 +1,4 @@
-/* cli/cmd_tokenize: `keel tokenize --model M [--decode]` — lines of text on
+/* cli/cmd_tokenize.c: `keel tokenize --model M [--decode]` — lines of text on
  * stdin to lines of ids on stdout (like spm_encode --output_format=id, no
  * BOS/EOS), or with --decode lines of ids back to text (like spm_decode
  * --input_format=id). */

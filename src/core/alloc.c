@@ -13,7 +13,7 @@
  * start on a 2 MiB boundary and ask for transparent huge pages: touching a
  * GiB for the first time then takes 512 page faults instead of 262144 — 0.14
  * s instead of 0.8 s measured on this VM — half of what a relaunch spent
- * between its process start and its state loaded (README, "What a failure
+ * between its process start and its state loaded (docs/benchmarks.md, "What a failure
  * costs"). Where THP is off the advice is ignored. */
 #define HUGE_FROM ((size_t)8 << 20)
 #define HUGE_ALIGN ((size_t)2 << 20)

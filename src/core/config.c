@@ -1,5 +1,5 @@
 /* core/config.c: the config schema as one table that drives parsing, --set,
- * the resolved config.json, validation of ranges, and the README key list. */
+ * the resolved config.json, validation of ranges, and the key table of docs/configuration.md. */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>

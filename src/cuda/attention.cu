@@ -36,20 +36,18 @@
 // products, to bf16 (keel_bf16_from_float's rounding), with fp32 sums; the
 // softmax, its backward (with the unrounded P), out and lse stay fp32, and D
 // takes the rounded dO — keel_attention_*_bf16's semantics.
-// keel_cuda_attention_*_bf16 run these kernels (the _simt functions) only
-// where attention_tc.cu's tensor-core ones do not apply (HS other than 64 and
-// 128), or when the environment has KEEL_CUDA_ATTENTION=simt.
+// keel_cuda_attention_*_bf16 (attention_tc.cu) run these kernels (the _simt
+// functions) only where the tensor-core ones do not apply (HS other than 64
+// and 128), or when the environment has KEEL_CUDA_ATTENTION=simt.
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
 extern "C" {
 #define _Noreturn __attribute__((noreturn)) // C11's, in keel/core.h; nvcc compiles C++
 #include "keel/cuda.h"
 }
-#include "internal.h"
+#include "common.h"
 
 #define ATT_THREADS 256
 #define FWD_Q 64 // forward: queries per tile
@@ -503,36 +501,4 @@ extern "C" void keel_cuda_attention_backward_bf16_simt(float *dq, float *dk, flo
                                                        const float *k, const float *v, int B, int T, int NH, int NKV,
                                                        int HS) {
     backward<true>(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS);
-}
-
-// Whether KEEL_CUDA_ATTENTION leaves the tensor cores on (anything but
-// "simt"): -1 until read, at the first bf16 call or the first after
-// keel_cuda_attention_reread_env (a plain int, like g_dot: one thread calls).
-static int g_tensor_cores = -1;
-
-extern "C" void keel_cuda_attention_reread_env(void) { g_tensor_cores = -1; }
-
-// attention_tc.cu's kernels where they apply: HS 64 or 128, not turned off
-static bool tensor_cores(int HS) {
-    if (HS != 64 && HS != 128) return false;
-    if (g_tensor_cores < 0) {
-        const char *e = getenv("KEEL_CUDA_ATTENTION");
-        g_tensor_cores = !(e && strcmp(e, "simt") == 0);
-        if (e && *e && strcmp(e, "simt") != 0 && strcmp(e, "tensor") != 0)
-            keel_log_warn("KEEL_CUDA_ATTENTION=%s is neither simt nor tensor: the tensor cores are used", e);
-    }
-    return g_tensor_cores != 0;
-}
-
-extern "C" void keel_cuda_attention_forward_bf16(float *out, float *lse, const float *q, const float *k,
-                                                 const float *v, int B, int T, int NH, int NKV, int HS) {
-    if (tensor_cores(HS)) keel_cuda_attention_forward_bf16_tc(out, lse, q, k, v, B, T, NH, NKV, HS);
-    else forward<true>(out, lse, q, k, v, B, T, NH, NKV, HS);
-}
-
-extern "C" void keel_cuda_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout,
-                                                  const float *out, const float *lse, const float *q, const float *k,
-                                                  const float *v, int B, int T, int NH, int NKV, int HS) {
-    if (tensor_cores(HS)) keel_cuda_attention_backward_bf16_tc(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS);
-    else backward<true>(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS);
 }

@@ -49,13 +49,14 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 extern "C" {
 #define _Noreturn __attribute__((noreturn)) // C11's, in keel/core.h; nvcc compiles C++
 #include "keel/cuda.h"
 }
-#include "internal.h"
+#include "common.h"
 #include "warp_mma.h"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
@@ -598,4 +599,38 @@ extern "C" void keel_cuda_attention_backward_bf16_tc(float *dq, float *dk, float
     if (!Dv) return;
     if (HS == 64) tc_backward_at<64>(dq, dk, dv, dout, lse, Dv, q, k, v, B, T, NH, NKV, what);
     else tc_backward_at<128>(dq, dk, dv, dout, lse, Dv, q, k, v, B, T, NH, NKV, what);
+}
+
+// ---- the bf16 entry points: the tensor cores, or attention.cu's kernels ----
+
+// Whether KEEL_CUDA_ATTENTION leaves the tensor cores on (anything but
+// "simt"): -1 until read, at the first bf16 call or the first after
+// keel_cuda_attention_reread_env (a plain int: one thread calls).
+static int g_tensor_cores = -1;
+
+extern "C" void keel_cuda_attention_reread_env(void) { g_tensor_cores = -1; }
+
+// these kernels where they apply: HS 64 or 128, not turned off
+static bool tensor_cores(int HS) {
+    if (HS != 64 && HS != 128) return false;
+    if (g_tensor_cores < 0) {
+        const char *e = getenv("KEEL_CUDA_ATTENTION");
+        g_tensor_cores = !(e && strcmp(e, "simt") == 0);
+        if (e && *e && strcmp(e, "simt") != 0 && strcmp(e, "tensor") != 0)
+            keel_log_warn("KEEL_CUDA_ATTENTION=%s is neither simt nor tensor: the tensor cores are used", e);
+    }
+    return g_tensor_cores != 0;
+}
+
+extern "C" void keel_cuda_attention_forward_bf16(float *out, float *lse, const float *q, const float *k,
+                                                 const float *v, int B, int T, int NH, int NKV, int HS) {
+    if (tensor_cores(HS)) keel_cuda_attention_forward_bf16_tc(out, lse, q, k, v, B, T, NH, NKV, HS);
+    else keel_cuda_attention_forward_bf16_simt(out, lse, q, k, v, B, T, NH, NKV, HS);
+}
+
+extern "C" void keel_cuda_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout,
+                                                  const float *out, const float *lse, const float *q, const float *k,
+                                                  const float *v, int B, int T, int NH, int NKV, int HS) {
+    if (tensor_cores(HS)) keel_cuda_attention_backward_bf16_tc(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS);
+    else keel_cuda_attention_backward_bf16_simt(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS);
 }

@@ -40,7 +40,7 @@ extern "C" {
 #define _Noreturn __attribute__((noreturn)) // C11's, in keel/core.h; nvcc compiles C++
 #include "keel/cuda.h"
 }
-#include "internal.h"
+#include "common.h"
 
 // cuBLASLt is opened on the first GEMM (dlopen), not linked: the library is
 // half a GiB, and loading it at start cost every keel command, GPU or not,

@@ -14,7 +14,7 @@ extern "C" {
 #define _Noreturn __attribute__((noreturn)) // C11's, in keel/core.h; nvcc compiles C++
 #include "keel/cuda.h"
 }
-#include "internal.h"
+#include "common.h"
 
 // The first failure since the last keel_cuda_sync, as the line it reports.
 static bool g_failed;

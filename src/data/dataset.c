@@ -1,4 +1,4 @@
-/* data/dataset: a split of token shards (or the synthetic source) served in
+/* data/dataset.c: a split of token shards (or the synthetic source) served in
  * the world-size-independent global sample order of DESIGN §4.
  *
  * The shards of a split form one logical token stream; sample i is tokens

@@ -1,4 +1,4 @@
-/* data/prepare: `keel data prepare` — text files to train/val token shards.
+/* data/prepare.c: `keel data prepare` — text files to train/val token shards.
  * The document, BOS/EOS and split rules are stated in keel/data.h. */
 #include "keel/data.h"
 

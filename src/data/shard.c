@@ -1,4 +1,4 @@
-/* data/shard: the token-shard file — a 64-byte header, then n_tokens ids.
+/* data/shard.c: the token-shard file — a 64-byte header, then n_tokens ids.
  *
  * Layout (all integers little-endian):
  *   0  char[8] magic "KEELTOK1"      24  u32 vocab_size

@@ -1,4 +1,4 @@
-/* data/textblocks: input text read in blocks of whole lines, encoded on a pool
+/* data/textblocks.c: input text read in blocks of whole lines, encoded on a pool
  * of threads, handed back in input order (see textblocks.h). */
 #include "data/textblocks.h"
 

@@ -1,4 +1,4 @@
-/* data/tokenizer: SentencePiece .model reader and BPE encoder/decoder that
+/* data/tokenizer.c: SentencePiece .model reader and BPE encoder/decoder that
  * gives the same ids and text as spm_encode / spm_decode (SentencePiece 0.1.97).
  *
  * What is reproduced, step by step as SentencePiece does it:

@@ -12,15 +12,15 @@
  * MB per thread), the synthetic data table — and for a rank, OpenMPI (its
  * shared-memory segments, the comm thread, the ring all-reduce's two 1 MiB
  * segments). Measured as peak RSS minus the categories of real runs of a
- * Release build (bench/plan.sh: tiny and small, 1-4 ranks; see the README's
- * `keel plan` section). Sanitizer builds cost more (ASan's shadow and
+ * Release build (bench/plan.sh: tiny and small, 1-4 ranks; see docs/planning.md,
+ * "Validated on this machine"). Sanitizer builds cost more (ASan's shadow and
  * allocator): tests/plan measures that in their own build. Token shards of
  * data.path are mapped files: the pages a run has read count in its RSS but
  * are page cache the kernel can drop, and are not counted here. */
 #define RUNTIME_PROCESS_BYTES ((int64_t)14 << 20)
 #define RUNTIME_RANK_BYTES ((int64_t)23 << 20)
 
-/* The async checkpoint's host buffer (train/checkpointing.c): parameters,
+/* The async checkpoint's host buffer (train/saving.c): parameters,
  * AdamW m and v of the rank's shard buffer, on a rank that writes a file —
  * one process always packs into it; under FSDP only with checkpoint.async.
  * Rank 0 always writes, so this is the largest rank's. */
@@ -55,10 +55,13 @@ static void one_process(const keel_model_layout *lay, bool bf16, keel_fsdp_memor
 static int64_t one_rank(const keel_config *cfg, const keel_model_layout *lay, int world_size, bool bf16,
                         keel_fsdp_memory *m) {
     keel_fsdp_strategy strategy = cfg->fsdp.strategy;
-    int K = cfg->fsdp.shard_group_size ? cfg->fsdp.shard_group_size : 2;
-    int shard_ranks = strategy == KEEL_FSDP_NO_SHARD       ? 1
-                      : strategy == KEEL_FSDP_HYBRID_SHARD ? K
-                                                           : world_size;
+    keel_parallel_dims dims;
+    char why[256];
+    /* keel health passes a node's share of the ranks, which a hybrid group may
+     * exceed: a group that does not divide world_size is planned as given */
+    if (keel_parallel_dims_resolve(strategy, cfg->fsdp.shard_group_size, world_size, &dims, why, sizeof why) != KEEL_OK)
+        dims.shard_ranks = cfg->fsdp.shard_group_size;
+    int shard_ranks = dims.shard_ranks;
     bool bf16_reduce = cfg->fsdp.reduce_dtype == KEEL_DTYPE_BF16;
     keel_fsdp_plan plan;
     keel_fsdp_plan_init(&plan, lay, shard_ranks);

@@ -228,6 +228,12 @@ static void after_backward(void *p, int u, int next) {
 /* The shard group and the replica group of this rank for a strategy. */
 static keel_status make_groups(keel_fsdp *f, keel_comm *world, int shard_group_size) {
     int W = keel_comm_size(world), r = keel_comm_rank(world);
+    keel_parallel_dims dims;
+    char why[256];
+    if (keel_parallel_dims_resolve(f->strategy, shard_group_size, W, &dims, why, sizeof why) != KEEL_OK) {
+        keel_errorf("%s", why);
+        return KEEL_ERR_INPUT;
+    }
     switch (f->strategy) {
     case KEEL_FSDP_FULL_SHARD:
     case KEEL_FSDP_SHARD_GRAD_OP:
@@ -237,16 +243,11 @@ static keel_status make_groups(keel_fsdp *f, keel_comm *world, int shard_group_s
         f->own_group = true;
         f->replicas = world;
         return keel_comm_split(world, r, 0, &f->group);
-    case KEEL_FSDP_HYBRID_SHARD: {
-        int K = shard_group_size ? shard_group_size : 2;
-        if (K > W || W % K != 0) {
-            keel_errorf("fsdp.shard_group_size %d does not divide the %d ranks; pick a divisor of "
-                        "--nproc", K, W);
-            return KEEL_ERR_INPUT;
-        }
+    case KEEL_FSDP_HYBRID_SHARD: { /* groups of K consecutive ranks; replicas: one place in every group */
+        int K = dims.shard_ranks;
         f->own_group = true;
         keel_status st = keel_comm_split(world, r / K, r, &f->group);
-        if (st == KEEL_OK && W / K > 1) st = keel_comm_split(world, r % K, r, &f->replicas);
+        if (st == KEEL_OK && dims.replicas > 1) st = keel_comm_split(world, r % K, r, &f->replicas);
         return st;
     }
     }

@@ -12,7 +12,7 @@
  * is widened once, and an MC-row block of a is widened for each panel — a
  * widening per MC*NC*KC multiply-adds, under 1% of the time, into a fixed
  * per-chunk scratch. The tiles are large enough that sgemm runs at its full
- * rate (measured in README "CPUs"). Stored layouts are kept (a transposed
+ * rate (measured in docs/cpus.md). Stored layouts are kept (a transposed
  * operand is widened as stored and passed to sgemm as transposed). */
 #include <cblas.h>
 

@@ -2,7 +2,7 @@
  * CPU and its OS offer, capped by KEEL_MAX_ISA — and the same cap handed to
  * oneDNN, so that one machine can run every path below its own.
  *
- * keel is compiled for x86-64-v3 (AVX2 + FMA, README "CPUs"); everything wider
+ * keel is compiled for x86-64-v3 (AVX2 + FMA, docs/cpus.md); everything wider
  * lives in functions compiled with __attribute__((target(...))) and is only
  * called when keel_isa_active() says so. The build and CI machines change
  * from day to day (AVX2 only; AVX-512 + AVX512_BF16; + AMX), so each path
@@ -73,7 +73,7 @@ static keel_isa detect(void) {
     }
     if (!avx2 || !fma) { /* not a bug in keel, and nothing to recover: say why, then stop */
         keel_errorf("this CPU lacks AVX2 or FMA, which this build of keel needs (x86-64-v3; "
-                    "README \"CPUs\")");
+                    "docs/cpus.md)");
         abort();
     }
     if (!avx512) return KEEL_ISA_AVX2;

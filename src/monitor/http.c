@@ -14,7 +14,7 @@
 
 #include "keel/monitor.h"
 
-extern const char keel_dashboard_html[]; /* src/obs/dashboard.html, compiled in (CMakeLists.txt) */
+extern const char keel_dashboard_html[]; /* src/monitor/dashboard.html, compiled in (CMakeLists.txt) */
 
 struct keel_metrics_server {
     struct MHD_Daemon *daemon;

@@ -13,7 +13,7 @@
 #define MIB (1024.0 * 1024.0)
 #define ADAMW_BYTES 28.0 /* per parameter: reads param, grad, m, v; writes param, m, v */
 
-/* The presets (README, `keel plan`): dense bf16 tensor-core and fp32 peaks,
+/* The presets (docs/planning.md, `keel plan`): dense bf16 tensor-core and fp32 peaks,
  * memory as nvidia-smi reports it, HBM bandwidth, NVLink per GPU per
  * direction, the default network per node (8 NICs), ring-hop latencies,
  * an MFU from published FSDP runs of Llama-sized models, and what a GPU

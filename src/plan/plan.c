@@ -137,14 +137,6 @@ static void unit_flops(const keel_model_layout *lay, double *fwd) {
     for (int l = 0; l < lay->L; l++) fwd[keel_model_block_unit(lay, l)] += 4.0 * lay->C * lay->T; /* attention */
 }
 
-static int shard_ranks_of(const keel_config *cfg, int W) {
-    switch (cfg->fsdp.strategy) {
-    case KEEL_FSDP_NO_SHARD: return 1;
-    case KEEL_FSDP_HYBRID_SHARD: return cfg->fsdp.shard_group_size;
-    default: return W;
-    }
-}
-
 static void memory(const keel_config *cfg, const keel_cluster *cl, keel_plan_entry *e) {
     int W = cl->nodes * cl->per_node;
     keel_config c = *cfg; /* a GPU's ranks run the CUDA backend, whatever the config's device */
@@ -238,14 +230,18 @@ static void step_time(const keel_config *cfg, const keel_cluster *cl, keel_plan_
 void keel_plan_entry_make(const keel_config *cfg, const keel_cluster *cl, keel_plan_entry *e) {
     int W = cl->nodes * cl->per_node;
     keel_config c = *cfg;
-    if (c.fsdp.strategy == KEEL_FSDP_HYBRID_SHARD) c.fsdp.shard_group_size = cl->per_node;
+    if (c.fsdp.strategy == KEEL_FSDP_HYBRID_SHARD) c.fsdp.shard_group_size = cl->per_node; /* a node */
+    keel_parallel_dims dims;
+    char why[256];
+    KEEL_CHECK(keel_parallel_dims_resolve(c.fsdp.strategy, c.fsdp.shard_group_size, W, &dims, why, sizeof why) ==
+                   KEEL_OK, "%s", why);
     *e = (keel_plan_entry){.strategy = c.fsdp.strategy,
-                           .shard_group = shard_ranks_of(&c, W),
+                           .shard_group = dims.shard_ranks,
                            .unit = c.fsdp.unit,
                            .checkpoint_blocks = keel_config_checkpoint_blocks(&c),
                            .micro_batch = c.train.micro_batch_size,
                            .grad_accum = c.train.grad_accum_steps};
-    e->replicas = W / e->shard_group;
+    e->replicas = dims.replicas;
     memory(&c, cl, e);
     step_time(&c, cl, e);
 }

@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 #include "keel/ckpt.h"
-#include "keel/dist.h"
+#include "keel/comm.h"
 #include "keel/fsdp.h"
 #include "keel/kernels.h"
 #include "keel/resil.h"

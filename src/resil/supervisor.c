@@ -9,7 +9,7 @@
  * exit status, each rank's heartbeat (RUN/heartbeats/rank-R) and its own
  * signals. MPI is fail-stop here, so every failure ends the whole launch;
  * recovery is a relaunch, and the workers resume from the newest in-memory
- * snapshot or checkpoint that verifies (train/snapshots.c, checkpointing.c). What it decided and why goes to RUN/events.jsonl. */
+ * snapshot or checkpoint that verifies (train/resume.c). What it decided and why goes to RUN/events.jsonl. */
 #include <cjson/cJSON.h>
 #include <limits.h>
 #include <math.h>
@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "keel/ckpt.h"
-#include "keel/obs.h"
+#include "keel/monitor.h"
 #include "keel/resil.h"
 #include "keel/run.h"
 

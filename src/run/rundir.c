@@ -253,10 +253,11 @@ keel_status keel_run_check_device_memory(const keel_config *cfg, int world_size,
 }
 
 keel_status keel_run_check_memory(const keel_config *cfg, int world_size, int ranks_here) {
-    int G = cfg->fsdp.shard_group_size ? cfg->fsdp.shard_group_size : 2;
-    if (world_size > 1 && cfg->fsdp.strategy == KEEL_FSDP_HYBRID_SHARD && (G > world_size || world_size % G != 0)) {
-        keel_errorf("%s: fsdp.shard_group_size %d does not divide --nproc %d; pick a divisor", source(cfg), G,
-                    world_size);
+    keel_parallel_dims dims;
+    char why[256];
+    if (keel_parallel_dims_resolve(cfg->fsdp.strategy, cfg->fsdp.shard_group_size, world_size, &dims, why,
+                                   sizeof why) != KEEL_OK) {
+        keel_errorf("%s: %s", source(cfg), why);
         return KEEL_ERR_INPUT;
     }
     int K = keel_config_checkpoint_blocks(cfg);

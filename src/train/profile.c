@@ -1,5 +1,5 @@
 /* train/profile.c: train.profile_steps — where a step's time goes, call by
- * call (trainer.h). The backend's calls are timed by keel_backend_profiled;
+ * call (train/profile.h). The backend's calls are timed by keel_backend_profiled;
  * this file places the window and reports it: RUN/profile.json and a table. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -7,7 +7,7 @@
 
 #include "keel/backend.h"
 #include "keel/run.h"
-#include "train/trainer.h"
+#include "train/profile.h"
 
 void trainer_profile_init(trainer *t) {
     if (t->cfg->train.profile_steps > 0) t->be = keel_backend_profiled(t->be);

@@ -3,7 +3,7 @@
  *
  * After every N steps each rank packs its arrays (parameters, AdamW m and v;
  * replicas too, in the layout of its checkpoint file) into the older slot of
- * its shared-memory segment (ckpt/snapshot.c) on a thread of its own, and
+ * its shared-memory segment (ckpt/segment.c) on a thread of its own, and
  * commits it with its step and checksum. The copy overlaps the next forward
  * and backward as a save's does; that step's update waits for the copy (not
  * for the checksum). Nothing else is needed to resume: the data position and
@@ -35,7 +35,8 @@
 #include "keel/fsdp.h"
 #include "keel/run.h"
 #include "keel/train.h"
-#include "train/trainer.h"
+#include "train/snapshots.h"
+#include "train/stop.h"
 
 struct trainer_snap {
     int every;
@@ -139,7 +140,7 @@ void trainer_snap_init(trainer *t) {
     s->to = s->from = -1;
     s->every = t->world ? t->cfg->resilience.snapshot_every_steps : 0;
     if (s->every <= 0) return;
-    s->floats = trainer_ckpt_packed_floats(t);
+    s->floats = trainer_packed_floats(&t->packed);
     pick_buddies(t, s);
     const keel_fsdp_plan *plan = keel_fsdp_get_plan(t->fsdp);
     double mine = keel_fsdp_shard_rank(t->fsdp), *all = keel_xmalloc(sizeof(double) * (size_t)t->world_size, "shards");
@@ -218,7 +219,7 @@ double trainer_snap_take_stall(trainer *t) {
 static void snapshot_copy(trainer *t, bool async) {
     trainer_snap *s = t->snap;
     s->dst = keel_snap_begin(s->own, s->step, &s->slot);
-    trainer_ckpt_pack_copies(t, s->dst, async);
+    trainer_packed_copy_out(&t->packed, s->dst, async);
 }
 
 static void *snapshot_thread(void *arg) {
@@ -315,7 +316,7 @@ static bool load(trainer *t, int64_t step, int *from_buddies) {
     trainer_snap *s = t->snap;
     int W = t->world_size;
     const float *own = verified(t, s->own, step), *rep = s->from >= 0 ? verified(t, s->replica, step) : NULL;
-    if (own) trainer_ckpt_unpack(t, own);
+    if (own) trainer_packed_copy_in(&t->packed, own);
     double mine[2] = {own != NULL, rep != NULL}, *ok = keel_xmalloc(sizeof(double) * 2 * (size_t)W, "snapshot");
     keel_comm_allgather(t->world, mine, ok, 2, KEEL_COMM_F64);
     bool all = true;
@@ -333,7 +334,7 @@ static bool load(trainer *t, int64_t step, int *from_buddies) {
                            (size_t)s->floats, KEEL_COMM_F32);
         if (get) {
             keel_snap_commit(s->own, slot, step);
-            trainer_ckpt_unpack(t, into);
+            trainer_packed_copy_in(&t->packed, into);
         }
     }
     keel_free(ok);
@@ -487,7 +488,7 @@ static bool reshard_step(trainer *t, keel_snap *const *seg, int n, int64_t step,
         keel_free(in);
         keel_free(round);
         keel_snap_commit(s->own, slot, step);
-        trainer_ckpt_unpack(t, into);
+        trainer_packed_copy_in(&t->packed, into);
         keel_fsdp_plan_free(&old);
     }
     keel_free(src);
@@ -562,7 +563,7 @@ bool trainer_snap_resume(trainer *t, int64_t disk) {
         t->start_step = (int)step;
         t->restored_from = "memory";
     } else if (tried > 0) {
-        trainer_ckpt_clear(t); /* a checkpoint overwrites every array; a fresh start only the parameters */
+        trainer_packed_clear(&t->packed); /* a checkpoint overwrites every array; a fresh start only the parameters */
     }
     return loaded;
 }

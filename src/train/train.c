@@ -1,4 +1,6 @@
-/* train/train.c: the single-rank training loop and its run directory. */
+/* train/train.c: the training loop — one process, or one rank of many (a
+ * worker under the supervisor, or a Slurm task) — and what it writes to the
+ * run directory: metrics, summary, final weights. */
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
@@ -8,76 +10,24 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include "keel/ckpt.h"
 #include "keel/data.h"
-#include "keel/dist.h"
+#include "keel/comm.h"
 #include "keel/fsdp.h"
 #include "keel/kernels.h"
 #include "keel/model.h"
-#include "keel/obs.h"
+#include "keel/monitor.h"
 #include "keel/optim.h"
 #include "keel/run.h"
 #include "keel/train.h"
+#include "train/profile.h"
+#include "train/resume.h"
+#include "train/saving.h"
+#include "train/snapshots.h"
+#include "train/stop.h"
 #include "train/trainer.h"
-
-static volatile sig_atomic_t g_stop_signal;
-/* A rank of a distributed run: after a stop signal, how long it may wait on
- * its peers to reach the step's end (0: no limit), in ms. A peer that is
- * gone keeps it in a collective for good, and Slurm, having cancelled the
- * step for that peer, would wait KillWait (30 s by default) before SIGKILL:
- * a relaunch's time. The deadline runs only while the rank waits on peers
- * (set-up, a step, the boundary's agreement, the snapshot exchange), never
- * while a save waits on disks (trainer_stop_deadline). */
-static volatile sig_atomic_t g_stop_grace_ms, g_on_peers;
-static void arm_deadline(void) {
-    struct itimerval it = {.it_value = {.tv_sec = g_stop_grace_ms / 1000, .tv_usec = g_stop_grace_ms % 1000 * 1000}};
-    setitimer(ITIMER_REAL, &it, NULL);
-}
-static void disarm_deadline(void) {
-    struct itimerval it = {0};
-    setitimer(ITIMER_REAL, &it, NULL);
-}
-static void on_stop_signal(int sig) {
-    if (!g_stop_signal && g_stop_grace_ms > 0 && g_on_peers) arm_deadline();
-    g_stop_signal = sig;
-}
-void trainer_stop_deadline(bool on_peers) {
-    g_on_peers = on_peers;
-    if (on_peers && g_stop_signal && g_stop_grace_ms > 0) arm_deadline(); /* a stop that came meanwhile */
-    if (!on_peers) disarm_deadline();
-}
-static void on_stop_deadline(int sig) {
-    (void)sig;
-    static const char msg[] = "keel: error: a stop signal came and this rank did not reach the end of its step "
-                              "in time (a peer gone?): exiting\n";
-    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
-    (void)w;
-    _exit(1);
-}
-
-/* SIGINT, SIGTERM, SIGUSR1: stop after the current step (checkpointing first).
- * Caught from the start, so a stop during set-up ends the run after one step.
- * SIGALRM: the stop's deadline (g_stop_grace_s). */
-#define STOP_SIGNALS_N 4
-static const int STOP_SIGNALS[STOP_SIGNALS_N] = {SIGINT, SIGTERM, SIGUSR1, SIGALRM};
-static void catch_stop_signals(struct sigaction old[STOP_SIGNALS_N]) {
-    struct sigaction sa = {.sa_handler = on_stop_signal};
-    sigemptyset(&sa.sa_mask);
-    g_stop_signal = 0;
-    for (int i = 0; i < STOP_SIGNALS_N; i++) {
-        sa.sa_handler = STOP_SIGNALS[i] == SIGALRM ? on_stop_deadline : on_stop_signal;
-        sigaction(STOP_SIGNALS[i], &sa, &old[i]);
-    }
-}
-static void restore_stop_signals(const struct sigaction old[STOP_SIGNALS_N]) {
-    disarm_deadline();
-    g_stop_grace_ms = 0;
-    g_on_peers = 0;
-    for (int i = 0; i < STOP_SIGNALS_N; i++) sigaction(STOP_SIGNALS[i], &old[i], NULL);
-}
 
 /* fsdp.mixed_precision bf16 runs bf16 GEMMs on bf16 instructions where the
  * CPU has them and emulates them elsewhere (the same math, no faster than fp32). */
@@ -100,6 +50,13 @@ static bool bf16_usable(const keel_config *cfg, const keel_backend *be) {
 static double gib(int64_t bytes) { return (double)bytes / (1024.0 * 1024 * 1024); }
 
 keel_status keel_train_dry_run(const keel_config *cfg, int world_size) {
+    keel_parallel_dims dims;
+    char why[256];
+    if (keel_parallel_dims_resolve(cfg->fsdp.strategy, cfg->fsdp.shard_group_size, world_size, &dims, why,
+                                   sizeof why) != KEEL_OK) {
+        keel_errorf("%s", why);
+        return KEEL_ERR_INPUT;
+    }
     keel_model_layout lay;
     keel_model_layout_init(&lay, &cfg->model);
     keel_fsdp_memory m;
@@ -118,11 +75,6 @@ keel_status keel_train_dry_run(const keel_config *cfg, int world_size) {
            gib(keel_fsdp_memory_total(&m)), world_size, gib((int64_t)keel_mem_available_bytes()));
     keel_model_layout_free(&lay);
     return KEEL_OK;
-}
-
-/* Sequences per optimizer step over all ranks. */
-int64_t trainer_global_batch(const trainer *t) {
-    return (int64_t)t->cfg->train.micro_batch_size * t->cfg->train.grad_accum_steps * t->world_size;
 }
 
 /* One optimizer step: accumulate over micro-batches, clip, AdamW. Returns the mean loss. */
@@ -161,7 +113,7 @@ static double train_step(trainer *t, int step, double *grad_norm_out) {
     }
     double norm = sqrt(sumsq);
     *grad_norm_out = norm;
-    trainer_ckpt_before_update(t); /* a save may still be copying the state */
+    trainer_save_before_update(t); /* a save may still be copying the state */
     trainer_snap_before_update(t); /* so may a snapshot */
     keel_heartbeat_progress(t->heartbeat, "optimizer");
     keel_optim_update(t->opt, params, grads, step, keel_lr_at(&cfg->train, step),
@@ -219,7 +171,7 @@ static void rank_memory(trainer *t, double out[MEM_FIELDS]) {
     keel_model_options opts = {.checkpoint_blocks = keel_config_checkpoint_blocks(t->cfg),
                                .bf16 = t->bf16};
     out[MEM_ACTIVATIONS] = (double)keel_model_activation_bytes(lay, t->cfg->train.micro_batch_size, &opts);
-    out[MEM_CKPT] = (double)trainer_ckpt_buffer_bytes(t);
+    out[MEM_CKPT] = (double)trainer_save_buffer_bytes(t);
     out[MEM_SNAPSHOT] = (double)trainer_snap_bytes(t);
     out[MEM_PEAK_RSS] = (double)keel_peak_rss_bytes();
     /* after this launch's first step (which may size a kernel's scratch) */
@@ -499,18 +451,17 @@ static keel_status train_loop(trainer *t) {
             last_val = val_loss = evaluate(t, &n);
         }
         /* every rank must stop at the same step: the boundary agrees on signals */
-        bool stop = g_stop_signal != 0, last = step + 1 == cfg->train.steps;
-        /* a stop's deadline: two steps as this one (a rank mid-step needs at most one), at least 2 s */
-        if (t->world) g_stop_grace_ms = (sig_atomic_t)ceil(1000 * fmax(2, 2 * step_s));
+        bool stop = trainer_stop_requested(), last = step + 1 == cfg->train.steps;
+        if (t->world) trainer_stop_grace_after(step_s); /* a stop's deadline */
         /* the last step's save and the final weights wait on the slowest disk: not a hang */
         if (last) keel_heartbeat_beat(t->heartbeat, "finish", step + 1, 0);
         keel_heartbeat_progress(t->heartbeat, "checkpoint"); /* a save due here waits on disks, not peers */
-        trainer_ckpt_boundary(t, step + 1, last, &stop);
+        trainer_save_boundary(t, step + 1, last, &stop);
         trainer_snap_boundary(t, step + 1, last || stop);
         /* compute: the step less its waits on peers (FSDP collectives, the step's last reductions) */
         keel_heartbeat_step_done(t->heartbeat, step_s, fmax(0, step_s - step_wait_s - t->sync_s), t->threads);
         keel_heartbeat_beat(t->heartbeat, last || stop ? "finish" : "train", step + 1, 0);
-        double stall_s = trainer_ckpt_take_stall(t), snap_stall_s = trainer_snap_take_stall(t);
+        double stall_s = trainer_save_take_stall(t), snap_stall_s = trainer_snap_take_stall(t);
         if (t->leader) {
             log_step(t, step, loss, keel_lr_at(&cfg->train, step), norm, step_s, step_wait_s, stall_s,
                      snap_stall_s, val_loss);
@@ -524,7 +475,7 @@ static keel_status train_loop(trainer *t) {
         }
         if (stop) {
             /* saved at the boundary (when checkpointing is on): resume-me; else plain failure */
-            bool saved = trainer_ckpt_saved_step(t) == step + 1;
+            bool saved = trainer_save_committed_step(t) == step + 1;
             if (t->leader)
                 keel_progress_note(&t->progress, "stopped after step %d on a signal%s", step + 1,
                                    saved ? ", checkpoint saved: run the same command again to resume"
@@ -614,10 +565,11 @@ static keel_status run(trainer *t) {
     if (t->be->kind != KEEL_BACKEND_CPU) keel_log_info("device %s: the model and optimizer run there", t->be->name);
     t->bf16 = bf16_usable(cfg, t->be);
     if ((st = build_state(t)) != KEEL_OK) return st;
-    trainer_ckpt_init(t);
+    trainer_packed_init(&t->packed, t->model, t->opt, t->fsdp);
+    trainer_save_init(t);
     trainer_snap_init(t);
     double restore0 = keel_now_s();
-    if ((st = trainer_ckpt_resume(t)) != KEEL_OK) return st;
+    if ((st = trainer_resume(t)) != KEEL_OK) return st;
     /* parameters are initialized only when nothing was resumed: wasted time on every restart otherwise */
     if (t->start_step == 0 && (st = initial_params(t)) != KEEL_OK) return st;
     keel_heartbeat_restored(t->heartbeat, keel_now_s() - restore0, t->restored_from);
@@ -654,7 +606,8 @@ static void free_trainer(trainer *t, keel_status st) {
     keel_data_close(t->train);
     keel_data_close(t->val);
     trainer_snap_free(t, st == KEEL_OK);
-    trainer_ckpt_free(t);
+    trainer_save_free(t);
+    trainer_packed_free(&t->packed);
     keel_optim_free(t->opt);
     keel_fsdp_free(t->fsdp);
     keel_model_free(t->model);
@@ -665,8 +618,8 @@ static void free_trainer(trainer *t, keel_status st) {
 
 keel_status keel_train_run(keel_config *cfg, const char *run_dir) {
     trainer t = {.cfg = cfg, .run_dir = run_dir, .world_size = 1, .leader = true, .allocs_after_first_step = -1};
-    struct sigaction old[STOP_SIGNALS_N];
-    catch_stop_signals(old);
+    trainer_stop_handlers saved;
+    trainer_stop_catch(&saved, 0, false);
     keel_status st = keel_run_prepare(cfg, run_dir, 1);
     if (st == KEEL_OK) { /* rank 0's heartbeat: keel status and the metrics read it as for --nproc */
         t.heartbeat = keel_heartbeat_open(run_dir, 0);
@@ -681,7 +634,7 @@ keel_status keel_train_run(keel_config *cfg, const char *run_dir) {
     keel_heartbeat_beat(t.heartbeat, "exit", -1, keel_status_exit_code(st));
     keel_heartbeat_close(t.heartbeat);
     free_trainer(&t, st);
-    restore_stop_signals(old);
+    trainer_stop_restore(&saved);
     return st;
 }
 
@@ -725,11 +678,9 @@ keel_status keel_train_task(keel_config *cfg, const char *run_dir) {
 }
 
 static keel_status worker(keel_comm *world, const char *run_dir) {
-    struct sigaction old[STOP_SIGNALS_N];
-    catch_stop_signals(old);
     /* until a step is done: set-up and the first step (the supervisor's first-step bound) */
-    g_stop_grace_ms = 120 * 1000;
-    g_on_peers = 1;
+    trainer_stop_handlers saved;
+    trainer_stop_catch(&saved, 120 * 1000, true);
     keel_status st = KEEL_OK;
     trainer t = {.run_dir = run_dir, .world = world, .rank = keel_comm_rank(world),
                  .world_size = keel_comm_size(world), .allocs_after_first_step = -1};
@@ -768,7 +719,7 @@ static keel_status worker(keel_comm *world, const char *run_dir) {
     if (log) fclose(log);
     keel_heartbeat_beat(t.heartbeat, "exit", -1, keel_status_exit_code(st));
     keel_heartbeat_close(t.heartbeat);
-    restore_stop_signals(old);
+    trainer_stop_restore(&saved);
     /* A rank that failed validation cannot finalize with the others: MPI is
      * fail-stop here, so exiting non-zero ends the job. */
     if (st == KEEL_OK) keel_comm_finalize(world);

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "keel/data.h"
-#include "keel/dist.h"
+#include "keel/comm.h"
 #include "keel/fsdp.h"
 #include "keel/kernels.h"
 #include "keel/model.h"

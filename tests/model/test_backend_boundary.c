@@ -12,7 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "backend/internal.h"
+#include "backend/cuda_table.h"
 #include "keel/backend.h"
 #include "keel/kernels.h"
 #include "keel/model.h"

@@ -4,7 +4,7 @@
  * with NVML's ABI (src/core/nvml_abi.h); it is never installed or shipped.
  * GPU 1 lacks power and row-remapping readings (NVML_ERROR_NOT_SUPPORTED) and
  * has one XID 79 event waiting; GPU 0 is busy (87 %), GPU 1 idle (clock event
- * reason "GPU idle"). Real readings come from a real GPU (issue 14).
+ * reason "GPU idle"). Real readings come from a real GPU.
  *
  * Tests change readings with KEEL_NVML_STAND_IN_STATE=FILE, read at nvmlInit:
  * lines "gpuN.KNOB=VALUE" (KNOB: one of KNOBS below; VALUE a number, 0x..

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 
 #include "keel/data.h"
-#include "keel/dist.h"
+#include "keel/comm.h"
 #include "keel/fsdp.h"
 #include "keel/kernels.h"
 #include "keel/model.h"

@@ -117,7 +117,7 @@ def mean_loss(model, tokens):
 
 
 def lr_at(t, step):
-    """keel_lr_at (src/optim/adamw.c), line for line."""
+    """keel_lr_at (src/optim/optim.c), line for line."""
     if step < t["warmup_steps"]:
         return t["lr"] * (step + 1) / t["warmup_steps"]
     decay_steps = t["steps"] - t["warmup_steps"]

@@ -68,7 +68,7 @@ flip() { # flip FILE OFFSET: complement one byte in place
   printf "\\$(printf %o $(( b ^ 255 )))" | dd of="$1" bs=1 seek="$2" conv=notrunc status=none
 }
 # the steps of a segment's two slots, newest first, when both are committed (segment_header's slot[i].state
-# at bytes 64 and 88 is SLOT_COMMITTED, 2; slot[i].step at 72 and 96: src/ckpt/snapshot.c); else nothing
+# at bytes 64 and 88 is SLOT_COMMITTED, 2; slot[i].step at 72 and 96: src/ckpt/segment.c); else nothing
 slot_steps() {
   [ "$(od -An -tu4 -j 64 -N4 "$1" | tr -d ' ')" = 2 ] && [ "$(od -An -tu4 -j 88 -N4 "$1" | tr -d ' ')" = 2 ] &&
     { od -An -td8 -j 72 -N8 "$1"; od -An -td8 -j 96 -N8 "$1"; } | tr -d ' ' | sort -rn | tr '\n' ' '

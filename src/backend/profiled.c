@@ -1,4 +1,4 @@
-/* backend/profile.c: a backend that times another's calls
+/* backend/profiled.c: a backend that times another's calls
  * (keel_backend_profiled in keel/backend.h, train.profile_steps). While the
  * window is open every call is bracketed by the wrapped backend's sync, so
  * its time is the call's alone on the device, with nothing before it still
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/internal.h"
+#include "backend/passthrough.h"
 #include "keel/backend.h"
 
 enum {

@@ -1,8 +1,8 @@
-/* tests/dist/mpi_collectives.c: dist under real OpenMPI (mpi_collectives.sh runs
+/* tests/comm/mpi_collectives.c: comm under real OpenMPI (mpi_collectives.sh runs
  * it on 1-4 ranks): exact results of every collective in every dtype, in place
  * and not, on the world and on uneven split groups; many outstanding requests
  * finishing in issue order; and progress of a non-blocking all-reduce while
- * the caller is busy elsewhere and never calls into dist.
+ * the caller is busy elsewhere and never calls into comm.
  *
  * Values are small integers, so every sum is exact in fp32 and in bf16 and any
  * difference is a bug, not rounding. A failed check is counted, not fatal, so
@@ -14,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "keel/dist.h"
+#include "keel/comm.h"
 
 static int g_failures;
 static int g_world_rank;
@@ -250,7 +250,7 @@ static double inexact_value(keel_comm_dtype dt, int rank, size_t j) {
     return 1.0 + (double)(((size_t)rank * 7919 + j * 104729) % 8388608) / 8388608.0;
 }
 
-/* dist.h: element j of chunk c is ((x[c+1] + x[c+2]) + ...) + x[c], each
+/* keel/comm.h: element j of chunk c is ((x[c+1] + x[c+2]) + ...) + x[c], each
  * partial sum rounded to the dtype. */
 static double ring_sum(keel_comm_dtype dt, int size, int c, size_t j) {
     float acc = (float)inexact_value(dt, (c + 1) % size, j);
@@ -472,7 +472,7 @@ static void check_outstanding(keel_comm *world, keel_comm *shard) {
 /* ---- progress while the caller computes ------------------------------------- */
 
 /* A 16 MB all-reduce alone takes T (the fastest of 3). Issued non-blocking
- * before a "compute" phase of 2T + 20 ms that never calls into dist, it must
+ * before a "compute" phase of 2T + 20 ms that never calls into comm, it must
  * be done, or nearly, when the compute ends: the wait afterwards must be under
  * T/10 (measured: a few µs). Compute is a sleep so that the comm threads have
  * the cores even when 4 ranks share 2; the best of 3 tries counts, as one rank

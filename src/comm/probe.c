@@ -1,10 +1,10 @@
-/* dist/probe.c: is the network between the ranks sound? An all-reduce of
+/* comm/probe.c: is the network between the ranks sound? An all-reduce of
  * known values checked exactly and timed: `keel health`'s mpi check (a job of
  * its own) and the first collective of a relaunch after a failure. */
 #include <math.h>
 #include <stdio.h>
 
-#include "keel/dist.h"
+#include "keel/comm.h"
 
 bool keel_comm_probe(keel_comm *world, double *bus_gbps, char *detail, size_t detail_n) {
     int rank = keel_comm_rank(world), W = keel_comm_size(world);

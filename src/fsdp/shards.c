@@ -1,4 +1,4 @@
-/* fsdp/plan.c: padded equal shards of each unit for any group size. */
+/* fsdp/shards.c: padded equal shards of each unit for any group size. */
 #include "keel/fsdp.h"
 
 void keel_fsdp_plan_init(keel_fsdp_plan *plan, const keel_model_layout *lay, int shard_ranks) {

@@ -1,6 +1,6 @@
-/* dist: collectives between ranks — all-gather, reduce-scatter, all-reduce,
+/* comm: collectives between ranks — all-gather, reduce-scatter, all-reduce,
  * broadcast, barrier — blocking and non-blocking, over process groups.
- * Backend: OpenMPI. dist moves and sums flat arrays; it never knows what a
+ * Backend: OpenMPI. comm moves and sums flat arrays; it never knows what a
  * parameter is.
  *
  *     keel_comm *world, *shard;
@@ -25,7 +25,7 @@
  * thread runs the operations one at a time to completion, so an operation
  * progresses at full speed whatever the compute thread is doing. All-gather,
  * broadcast and barrier are OpenMPI's blocking collectives; reduce-scatter and
- * all-reduce are keel's own ring over MPI point-to-point (src/dist/ring.c):
+ * all-reduce are keel's own ring over MPI point-to-point (src/comm/ring.c):
  * OpenMPI 4.1's were 2.5-6x slower here, as every call faults in a fresh
  * full-size temporary (a 64 MB reduce-scatter: 16,386 page faults, 59 ms).
  *
@@ -54,8 +54,8 @@
  * group freed with operations outstanding, ...) is a bug and trips KEEL_CHECK.
  * Element counts per rank must fit in an int (MPI's count type).
  */
-#ifndef KEEL_DIST_H
-#define KEEL_DIST_H
+#ifndef KEEL_COMM_H
+#define KEEL_COMM_H
 
 #include "keel/core.h"
 
@@ -80,7 +80,14 @@ typedef enum { KEEL_COMM_F32 = 0, KEEL_COMM_BF16 = 1, KEEL_COMM_F64 = 2 } keel_c
 typedef enum { KEEL_COMM_SUM = 0, KEEL_COMM_MAX = 1 } keel_comm_op;
 
 /* Bytes of one element of dtype. */
-size_t keel_comm_dtype_size(keel_comm_dtype dtype);
+static inline size_t keel_comm_dtype_size(keel_comm_dtype dtype) {
+    switch (dtype) {
+    case KEEL_COMM_F32: return 4;
+    case KEEL_COMM_BF16: return 2;
+    case KEEL_COMM_F64: return 8;
+    }
+    KEEL_CHECK(false, "unknown dtype %d", (int)dtype);
+}
 
 /* ---- the world and groups ------------------------------------------------ */
 

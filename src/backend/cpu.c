@@ -1,11 +1,9 @@
-/* backend/backend.c: the CPU backend — keel/kernels.h's kernels on host
- * memory, called directly — and the choice of a backend by kind. */
+/* backend/cpu.c: the CPU backend — keel/kernels.h's kernels on host memory,
+ * called directly; its collectives keel/comm.h's on the buffers. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/internal.h"
 #include "keel/backend.h"
-#include "keel/cuda.h"
 #include "keel/kernels.h"
 
 static int64_t cpu_allocs;
@@ -23,7 +21,7 @@ static void cpu_pin(void *p, size_t bytes, const char *what) { (void)p, (void)by
 static void cpu_unpin(void *p) { (void)p; }
 static int64_t cpu_memory_free(void) { return (int64_t)keel_mem_available_bytes(); }
 
-/* Collectives: keel/dist.h's, on the buffers themselves; a request is dist's. */
+/* Collectives: keel/comm.h's, on the buffers themselves; a request is comm's. */
 static keel_status cpu_attach(keel_comm *world) {
     (void)world;
     return KEEL_OK;
@@ -101,24 +99,3 @@ static const keel_backend CPU = {
 };
 
 const keel_backend *keel_backend_cpu(void) { return &CPU; }
-
-keel_status keel_backend_get(keel_backend_kind kind, const keel_backend **out) {
-    *out = NULL;
-    if (kind == KEEL_BACKEND_CPU) {
-        const char *fenced = getenv("KEEL_FENCED_BACKEND");
-        *out = &CPU;
-        if (fenced && !strcmp(fenced, "1")) {
-            keel_log_warn("KEEL_FENCED_BACKEND=1: the CPU backend on fenced memory, a debugging aid (slower): a "
-                          "host access to a tensor outside a backend call faults");
-            *out = keel_backend_fenced();
-        }
-        return KEEL_OK;
-    }
-    char why[512];
-    if (keel_cuda_device_count(why, sizeof why) == 0) {
-        keel_errorf("device cuda: %s", why);
-        return KEEL_ERR_INPUT;
-    }
-    *out = keel_backend_cuda_table();
-    return KEEL_OK;
-}

@@ -1,4 +1,4 @@
-/* ckpt/snapshot.c: in-memory snapshots — one shared-memory segment per rank
+/* ckpt/segment.c: in-memory snapshots — one shared-memory segment per rank
  * (/dev/shm/keel-snap-<run id>-w<world size>-r<rank>) that outlives the process, holding
  * the rank's packed shard (parameters, AdamW m and v) of the newest steps in
  * two slots, with the commit discipline of disk checkpoints: a slot is marked

@@ -1,12 +1,12 @@
-/* dist/comm_internal.h: the operation queue shared by the front end (comm.c,
- * caller threads) and the MPI backend (mpi_backend.c, comm thread only). */
+/* comm/queue.h: the operation queue shared by the front end (comm.c,
+ * caller threads) and the MPI backend (mpi.c, comm thread only). */
 #ifndef KEEL_DIST_COMM_INTERNAL_H
 #define KEEL_DIST_COMM_INTERNAL_H
 
 #include <mpi.h>
 #include <pthread.h>
 
-#include "keel/dist.h"
+#include "keel/comm.h"
 
 typedef enum {
     OP_ALLGATHER,

@@ -1,21 +1,12 @@
-/* dist/comm.c: the public comm API — a FIFO of operations that one comm thread
- * per process executes in issue order (see include/keel/dist.h for why). */
+/* comm/comm.c: the public comm API — a FIFO of operations that one comm thread
+ * per process executes in issue order (see include/keel/comm.h for why). */
 #include <signal.h>
 #include <stdatomic.h>
 
-#include "comm_internal.h"
+#include "queue.h"
 
 /* MPI_Init may run once per process, so may keel_comm_init. */
 static atomic_bool g_initialised;
-
-size_t keel_comm_dtype_size(keel_comm_dtype dtype) {
-    switch (dtype) {
-    case KEEL_COMM_F32: return 4;
-    case KEEL_COMM_BF16: return 2;
-    case KEEL_COMM_F64: return 8;
-    }
-    KEEL_CHECK(false, "unknown dtype %d", (int)dtype);
-}
 
 /* ---- the comm thread ------------------------------------------------------ */
 

@@ -1,4 +1,4 @@
-/* optim/adamw.c: AdamW on a parameter range with per-tensor weight-decay masks. */
+/* optim/optim.c: AdamW on a parameter range with per-tensor weight-decay masks. */
 #include <math.h>
 
 #include "keel/kernels.h"

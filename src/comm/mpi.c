@@ -1,10 +1,10 @@
-/* dist/mpi_backend.c: runs queued operations with OpenMPI; comm thread only. */
+/* comm/mpi.c: runs queued operations with OpenMPI; comm thread only. */
 #include <limits.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
 #include <time.h>
 
-#include "comm_internal.h"
+#include "queue.h"
 
 /* Waiting for peers: poll MPI_Test for PEER_SPIN_S (a peer that is about to
  * arrive costs no sleep latency), then sleep between polls, 10 µs at first,

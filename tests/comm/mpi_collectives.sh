@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# dist's collectives under real OpenMPI on 1, 2, 3 and 4 ranks (oversubscribed
+# comm's collectives under real OpenMPI on 1, 2, 3 and 4 ranks (oversubscribed
 # on this machine), with the build's tests/mpi_collectives.
 # The program checks exact results of every collective (also cut into pieces
 # below MPI's int counts, KEEL_COMM_MAX_COUNT), uneven groups,

@@ -1,4 +1,4 @@
-/* dist/ring.c: keel's own ring reduce-scatter (and all-reduce on top of it),
+/* comm/ring.c: keel's own ring reduce-scatter (and all-reduce on top of it),
  * run by the comm thread with MPI point-to-point.
  *
  * Why not MPI_Reduce_scatter_block / MPI_Allreduce: OpenMPI 4.1's tuned
@@ -16,7 +16,7 @@
  * all-reduce gives bitwise the same array on every rank. */
 #include <string.h>
 
-#include "comm_internal.h"
+#include "queue.h"
 
 #define SEGMENT_BYTES RING_SEGMENT_BYTES
 

@@ -1,4 +1,4 @@
-// cuda/internal.h: what the CUDA backend's files (kernels.cu, gemm.cu,
+// cuda/common.h: what the CUDA backend's files (kernels.cu, gemm.cu,
 // attention.cu, attention_tc.cu) share and keel/cuda.h does not show: the
 // first error since the last keel_cuda_sync, kept with a line naming the call
 // that failed (a kernel launch, a CUDA runtime call, a cuBLASLt status), the
