@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu-check.sh: the one prepared script a GPU machine runs (issue 14).
+# scripts/gpu-check.sh: the one prepared script a GPU machine runs.
 # Every stage has its own time limit and records its result, so one stage
 # failing never loses the others; everything goes to OUT (default
 # ./gpu-check): results.json, and logs.tar.gz with every stage's log and the
@@ -29,7 +29,7 @@
 #                                              launcher with its plugins into DIR
 #   bash scripts/gpu-check.sh --from DIR [OUT] on the GPU machine: run from such a pack
 # A GPU machine without keel's dependencies (no package registry: the device
-# tool's machines) runs from a pack made here and carried (see README, GPUs).
+# tool's machines) runs from a pack made here and carried (see docs/gpus.md).
 # GPU_CHECK_STAGES="parity losses" runs only those; GPU_CHECK_SECONDS (540)
 # bounds the whole run: a stage gets what is left if that is less than its
 # own limit (a stage with no time left fails at once and says so in its log).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # keel plan from the outside: bad input is one line naming the option or the
-# file, exit 2; --json has the README's schema (per strategy and for the
+# file, exit 2; --json has the schema of docs/planning.md (per strategy and for the
 # recommendation: bytes by category adding up to peak_bytes, fits,
 # scaling_efficiency in (0, 1]); a plan that cannot fit says so and exits 1;
 # more ranks shrink the sharded state and a slower network costs scaling
@@ -9,7 +9,7 @@
 # the plan's memory on this machine is `keel train --dry-run`'s
 # (one source); the shipped Llama 2 configs have Llama 2's published
 # parameter counts; and the on-paper plan for Llama 2 7B on 16 nodes x 8 H100
-# lands in the band of the published 87% (README, `keel plan`).
+# lands in the band of the published 87% (docs/planning.md, "On paper").
 source "$KEEL_SRC/tests/lib.sh"
 K=$KEEL_BIN
 CFG=$KEEL_SRC/configs/tiny.json
