@@ -425,6 +425,10 @@ typedef struct {
 } keel_checkpoint_config;
 
 #define KEEL_METRICS_DEFAULT_PORT 9477 /* clear of node-exporter 9100, dcgm-exporter 9400, Prometheus 9090-9093 */
+/* A metrics.port the user did not set moves past busy ports to the first free
+ * one of this many from the default (9477-9508): a second run on the machine
+ * still serves. A port the user set is served or refused, never moved. */
+#define KEEL_METRICS_PORT_RANGE 32
 typedef struct {
     int port;    /* 0 = no endpoint */
     char *bind;  /* address to listen on; NULL = 127.0.0.1 */
@@ -452,6 +456,11 @@ typedef struct {
 typedef enum { KEEL_BACKEND_CPU, KEEL_BACKEND_CUDA } keel_backend_kind;
 const char *keel_backend_kind_name(keel_backend_kind b);
 
+/* Where a key's value came from: the user set it (a config file, --set, or
+ * the environment variable that replaces its default) or it is the default. */
+typedef enum { KEEL_FROM_DEFAULT, KEEL_FROM_ENV, KEEL_FROM_FILE, KEEL_FROM_SET } keel_config_origin;
+#define KEEL_CONFIG_MAX_KEYS 128 /* the schema's keys (config.c checks it has no more) */
+
 typedef struct {
     keel_model_config model;
     keel_train_config train;
@@ -463,6 +472,9 @@ typedef struct {
     char *init_from;      /* checkpoint directory to start from, or NULL */
     keel_backend_kind device; /* where the model runs */
     char *source;         /* file the config came from (for messages) */
+    /* where each key's value came from, by the schema's key order
+     * (keel_config_key_origin; the defaults leave it 0: KEEL_FROM_DEFAULT) */
+    unsigned char key_origin[KEEL_CONFIG_MAX_KEYS];
 } keel_config;
 
 void keel_config_defaults(keel_config *cfg);
@@ -475,6 +487,10 @@ keel_status keel_config_set(keel_config *cfg, const char *assignment);
 /* Fill derived defaults (n_kv_heads 0 -> n_heads, data.path set -> not
  * synthetic) and run the cross-field checks (shapes, ranges). */
 keel_status keel_config_finalize(keel_config *cfg);
+/* Where key's value came from: KEEL_FROM_DEFAULT unless a config file, --set
+ * or the key's environment variable ($KEEL_METRICS_PORT) gave it (the last
+ * one that did). An unknown key is a bug (KEEL_CHECK). */
+keel_config_origin keel_config_key_origin(const keel_config *cfg, const char *key);
 /* Resolved config as pretty JSON; caller frees with free(). */
 char *keel_config_to_json(const keel_config *cfg);
 /* Print the documentation table of every key (markdown) to stdout. */

@@ -11,7 +11,9 @@
  * wait on it.
  *
  *     keel_metrics_server *m;
- *     keel_metrics_serve(&cfg.metrics, "runs/x", &m);   // GET /metrics, /, /api/run
+ *     keel_metrics_serve(&cfg, "runs/x", &m);   // GET /metrics, /, /api/run
+ *     keel_run_prepare(&cfg, "runs/x", n);
+ *     keel_metrics_publish(m);                  // runs/x/endpoint.json
  *     ...train...
  *     keel_metrics_stop(m);
  */
@@ -85,11 +87,21 @@ typedef struct {
 } keel_step_point;
 void keel_exporter_free(keel_exporter *x);
 
-/* GET /metrics on cfg's metrics.bind:metrics.port, on a thread of its own;
- * *out = NULL when metrics.port is 0. A port in use is an input error. */
+/* GET /metrics on cfg's metrics.bind:metrics.port, on a thread of its own,
+ * and logs the URL; *out = NULL when metrics.port is 0. A metrics.port the
+ * user set (keel_config_key_origin) that is in use is an input error; the
+ * default moves to the first free port of the KEEL_METRICS_PORT_RANGE from
+ * it, and with all of them in use *out = NULL with KEEL_OK and a warning:
+ * the run trains without an endpoint. */
 typedef struct keel_metrics_server keel_metrics_server;
-keel_status keel_metrics_serve(const keel_metrics_config *mc, const char *run_dir, keel_metrics_server **out);
+keel_status keel_metrics_serve(const keel_config *cfg, const char *run_dir, keel_metrics_server **out);
 const char *keel_metrics_url(const keel_metrics_server *s); /* http://ADDR:PORT/metrics, or NULL */
+/* Once the run directory exists (keel_run_prepare made it), whoever made it
+ * names the endpoint there: RUN/endpoint.json, {"url", "port", "pid",
+ * "node", "unix_s"} on one line, written atomically. A failed write is a
+ * warning: the endpoint serves anyway. Nothing when s is NULL. */
+void keel_metrics_publish(keel_metrics_server *s);
+/* Stops serving and removes RUN/endpoint.json if it published it. */
 void keel_metrics_stop(keel_metrics_server *s);
 
 /* `keel status RUN`: the run, its ranks and its last events as a table (or

@@ -12,6 +12,7 @@
  *   RUN/checkpoints/        sharded checkpoints (keel/ckpt.h)
  *   RUN/weights.bin         the final parameters (keel/ckpt.h)
  *   RUN/profile.json        with train.profile_steps: the leader's calls, timed
+ *   RUN/endpoint.json       the metrics endpoint's URL while a process serves it (keel/monitor.h)
  *
  *     keel_run_prepare(&cfg, "runs/x", 4);       // supervisor: validate, new or resume, create
  *     keel_run_load_config("runs/x", &cfg);      // each worker
@@ -30,6 +31,7 @@
 #define KEEL_RUN_SUPERVISOR "supervisor.json"
 #define KEEL_RUN_WEIGHTS "weights.bin"
 #define KEEL_RUN_PROFILE "profile.json"
+#define KEEL_RUN_ENDPOINT "endpoint.json"
 #define KEEL_RUN_LOGS "logs"
 
 /* out := RUN/name. */

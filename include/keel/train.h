@@ -7,11 +7,14 @@
 #define KEEL_TRAIN_H
 
 #include "keel/core.h"
+#include "keel/monitor.h"
 
 /* Train in this process: keel_run_prepare (validate, new or resume, create),
  * then the loop. cfg must be finalized; a resume may change its
- * train.grad_accum_steps to keep the checkpoint's global batch. */
-keel_status keel_train_run(keel_config *cfg, const char *run_dir);
+ * train.grad_accum_steps to keep the checkpoint's global batch. endpoint:
+ * the metrics endpoint this process serves (or NULL), named in the run
+ * directory once it exists (keel_metrics_publish). */
+keel_status keel_train_run(keel_config *cfg, const char *run_dir, keel_metrics_server *endpoint);
 
 /* One rank of a distributed run (`keel worker RUN`, started by the launcher in
  * a directory keel_run_prepare made): joins MPI, reads RUN/config.json,
@@ -23,11 +26,13 @@ keel_status keel_train_worker(const char *run_dir);
 /* One task of a Slurm step that is the whole job (`srun -n N --mpi=pmix
  * keel train CONFIG --run-dir RUN`, under srun --auto-resume: no supervisor
  * of keel's): joins MPI; rank 0 prepares RUN (new, or resumed from its newest
- * in-memory snapshot or checkpoint) and the others wait for it; then each
- * trains as keel_train_worker. keel_train_is_task says whether this process
- * is one (SLURM_STEP_ID set and more than one task in the step). */
+ * in-memory snapshot or checkpoint) and the others wait for it; the task
+ * that serves the metrics endpoint (task 0; the others pass NULL) names it
+ * there; then each trains as keel_train_worker. keel_train_is_task says
+ * whether this process is one (SLURM_STEP_ID set and more than one task in
+ * the step). */
 bool keel_train_is_task(void);
-keel_status keel_train_task(keel_config *cfg, const char *run_dir);
+keel_status keel_train_task(keel_config *cfg, const char *run_dir, keel_metrics_server *endpoint);
 
 /* Print what a config needs (parameters, memory per rank by category) on
  * world_size ranks without allocating it: `keel train --dry-run [--nproc N]`. */

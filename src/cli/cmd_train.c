@@ -128,14 +128,15 @@ int keel_cmd_train(int argc, char **argv) {
         /* a task of a Slurm step that is the whole job: one rank, no supervisor (srun --auto-resume) */
         bool task = nproc == 0 && keel_train_is_task();
         const char *procid = getenv("SLURM_PROCID");
-        /* the endpoint first: a port in use stops the run before anything is written (one per job) */
+        /* the endpoint first: a port the user set that is in use stops the run before anything
+         * is written (one endpoint per job); named in the run directory once that exists */
         keel_metrics_server *metrics = NULL;
-        if (!task || (procid && atoi(procid) == 0)) st = keel_metrics_serve(&cfg.metrics, run_dir, &metrics);
-        if (metrics) keel_log_info("metrics: %s", keel_metrics_url(metrics));
-        if (st == KEEL_OK && task) st = keel_train_task(&cfg, run_dir);
-        else if (st == KEEL_OK && nproc == 0) st = keel_train_run(&cfg, run_dir);
+        if (!task || (procid && atoi(procid) == 0)) st = keel_metrics_serve(&cfg, run_dir, &metrics);
+        if (st == KEEL_OK && task) st = keel_train_task(&cfg, run_dir, metrics);
+        else if (st == KEEL_OK && nproc == 0) st = keel_train_run(&cfg, run_dir, metrics);
         else if (st == KEEL_OK && (st = keel_run_prepare(&cfg, run_dir, nproc)) == KEEL_OK) {
             int code;
+            keel_metrics_publish(metrics);
             keel_supervise(&cfg, run_dir, nproc, &code);
             keel_metrics_stop(metrics);
             keel_config_free(&cfg);

@@ -186,12 +186,20 @@ static const key_spec KEYS[] = {
 
     {"metrics", K_SECTION, 0, 0, 0, "the run's HTTP endpoint: Prometheus /metrics (keel train serves it)", NULL},
     {"metrics.port", K_INT, OFF(metrics.port), 0, 65535,
-     "TCP port of /metrics (0 = none; default 9477, or $KEEL_METRICS_PORT when set); in use = "
-     "an error before training starts", NULL},
+     "TCP port of /metrics and the dashboard (0 = none; default 9477, or $KEEL_METRICS_PORT when set). "
+     "Left unset (not in the config, --set or $KEEL_METRICS_PORT), a busy port moves to the first free "
+     "one of 9477-9508, and with all of them busy the run trains without an endpoint (one warning); set, "
+     "a busy port is an error before training starts. The URL served is logged and written to "
+     "RUN/endpoint.json", NULL},
     {"metrics.bind", K_STRING, OFF(metrics.bind), 0, 0,
      "address the endpoint listens on (null = 127.0.0.1, this machine only; 0.0.0.0 = every interface)", NULL},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
+_Static_assert(N_KEYS <= KEEL_CONFIG_MAX_KEYS, "raise KEEL_CONFIG_MAX_KEYS (keel/core.h)");
+_Static_assert(KEEL_METRICS_DEFAULT_PORT == 9477 && KEEL_METRICS_PORT_RANGE == 32,
+               "metrics.port's help text names the range 9477-9508");
+
+static const key_spec *find_key(const char *key);
 
 /* $KEEL_METRICS_PORT replaces the default port (a config or --set still wins):
  * a job script or a test suite running many runs on one machine sets it once.
@@ -210,11 +218,13 @@ static bool parse_port(const char *text, int *port) {
     return true;
 }
 
-static int metrics_port_default(void) {
-    int port = KEEL_METRICS_DEFAULT_PORT;
+/* The default port, or $KEEL_METRICS_PORT's, which counts as the user's:
+ * recorded as the key's origin like a value from a file or --set. */
+static void metrics_port_default(keel_config *cfg) {
+    cfg->metrics.port = KEEL_METRICS_DEFAULT_PORT;
     const char *env = metrics_port_env();
-    if (env) parse_port(env, &port);
-    return port;
+    if (env && parse_port(env, &cfg->metrics.port))
+        cfg->key_origin[find_key("metrics.port") - KEYS] = KEEL_FROM_ENV;
 }
 
 void keel_config_defaults(keel_config *cfg) {
@@ -242,7 +252,7 @@ void keel_config_defaults(keel_config *cfg) {
                                                .gemm_floor_gflops = 10, .straggler_factor = 1.3,
                                                .straggler_steps = 5};
     cfg->resilience.health_checks = (1u << KEEL_CHECK_COUNT) - 1;
-    cfg->metrics.port = metrics_port_default();
+    metrics_port_default(cfg);
 }
 
 void keel_config_free(keel_config *cfg) {
@@ -260,6 +270,12 @@ static const key_spec *find_key(const char *key) {
     for (int i = 0; i < N_KEYS; i++)
         if (strcmp(KEYS[i].key, key) == 0) return &KEYS[i];
     return NULL;
+}
+
+keel_config_origin keel_config_key_origin(const keel_config *cfg, const char *key) {
+    const key_spec *k = find_key(key);
+    KEEL_CHECK(k, "keel_config_key_origin: no config key '%s'", key);
+    return (keel_config_origin)cfg->key_origin[k - KEYS];
 }
 
 static int edit_distance(const char *a, const char *b) {
@@ -313,7 +329,7 @@ static keel_status bad_value(const char *origin, const key_spec *k, const cJSON 
 }
 
 static keel_status parse_object(keel_config *cfg, const cJSON *obj, const char *prefix,
-                                const char *origin);
+                                const char *origin, keel_config_origin from);
 
 /* The index of value in names, or -1. */
 static int find_name(const char *value, const char *const *names) {
@@ -366,14 +382,17 @@ static void format_set(unsigned mask, const char *const *names, char *out, size_
 
 void keel_health_checks_format(unsigned mask, char *out, size_t n) { format_set(mask, CHECK_NAMES, out, n); }
 
-/* Store one JSON value into the field of spec k, checking type and range. */
-static keel_status store(keel_config *cfg, const key_spec *k, const cJSON *v, const char *origin) {
+/* Store one JSON value into the field of spec k, checking type and range;
+ * `from` is recorded as where it came from (keel_config_key_origin). */
+static keel_status store(keel_config *cfg, const key_spec *k, const cJSON *v, const char *origin,
+                         keel_config_origin from) {
     void *field = (char *)cfg + k->offset;
     char why[128];
+    cfg->key_origin[k - KEYS] = (unsigned char)from;
     switch (k->type) {
     case K_SECTION:
         if (!cJSON_IsObject(v)) return bad_value(origin, k, v, "must be an object");
-        return parse_object(cfg, v, k->key, origin);
+        return parse_object(cfg, v, k->key, origin, from);
     case K_FLAG_SECTION:
         if (cJSON_IsBool(v)) {
             *(bool *)field = cJSON_IsTrue(v);
@@ -381,7 +400,7 @@ static keel_status store(keel_config *cfg, const key_spec *k, const cJSON *v, co
         }
         if (!cJSON_IsObject(v)) return bad_value(origin, k, v, "must be an object or false");
         *(bool *)field = true;
-        return parse_object(cfg, v, k->key, origin);
+        return parse_object(cfg, v, k->key, origin, from);
     case K_BOOL:
         if (!cJSON_IsBool(v)) return bad_value(origin, k, v, "must be true or false");
         *(bool *)field = cJSON_IsTrue(v);
@@ -452,14 +471,14 @@ static keel_status store(keel_config *cfg, const key_spec *k, const cJSON *v, co
 }
 
 static keel_status parse_object(keel_config *cfg, const cJSON *obj, const char *prefix,
-                                const char *origin) {
+                                const char *origin, keel_config_origin from) {
     for (const cJSON *child = obj->child; child; child = child->next) {
         char key[256];
         if (prefix[0]) snprintf(key, sizeof key, "%s.%s", prefix, child->string);
         else snprintf(key, sizeof key, "%s", child->string);
         const key_spec *k = find_key(key);
         if (!k) return unknown_key(origin, key);
-        keel_status st = store(cfg, k, child, origin);
+        keel_status st = store(cfg, k, child, origin, from);
         if (st != KEEL_OK) return st;
     }
     return KEEL_OK;
@@ -479,7 +498,7 @@ keel_status keel_config_load_string(keel_config *cfg, const char *json, const ch
         keel_errorf("%s: the config must be a JSON object", origin);
         st = KEEL_ERR_INPUT;
     } else {
-        st = parse_object(cfg, root, "", origin);
+        st = parse_object(cfg, root, "", origin, KEEL_FROM_FILE);
     }
     cJSON_Delete(root);
     return st;
@@ -538,7 +557,7 @@ keel_status keel_config_set(keel_config *cfg, const char *assignment) {
         keel_errorf("--set %s: value '%s' must be %s", key, text, type_name(k->type));
         return KEEL_ERR_INPUT;
     }
-    keel_status st = store(cfg, k, v, "--set");
+    keel_status st = store(cfg, k, v, "--set", KEEL_FROM_SET);
     /* Setting a key inside data.synthetic turns the synthetic source on. */
     if (st == KEEL_OK && strncmp(key, "data.synthetic.", 15) == 0) cfg->data.synthetic = true;
     cJSON_Delete(v);

@@ -7,6 +7,7 @@
 #include <librsvg/rsvg.h>
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +71,32 @@ static int total_steps(const char *run_dir) {
     return steps;
 }
 
+/* The line naming RUN/endpoint.json's URL, when a process serves the run;
+ * a file left by one that was killed (its pid gone from this node) is
+ * called stale. Nothing when there is no file. */
+static void print_endpoint(const char *run_dir, FILE *out) {
+    char path[4200], *text = NULL;
+    keel_run_path(path, sizeof path, run_dir, KEEL_RUN_ENDPOINT);
+    if (!keel_path_exists(path)) return;
+    keel_error_capture(true);
+    keel_status st = keel_read_file(path, &text, NULL);
+    keel_error_capture(false);
+    cJSON *e = st == KEEL_OK ? cJSON_Parse(text) : NULL;
+    keel_free(text);
+    const char *url = str(e, "url"), *node = str(e, "node");
+    double pid = num(e, "pid");
+    char here[256], dashboard[160];
+    keel_node_name(here, sizeof here);
+    snprintf(dashboard, sizeof dashboard, "%s", url);
+    char *tail = strstr(dashboard, "/metrics");
+    if (tail) tail[1] = 0;
+    bool gone = !strcmp(node, here) && pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+    if (!e || !strcmp(url, "-")) fprintf(out, "endpoint: %s is not readable\n", path);
+    else if (gone) fprintf(out, "endpoint %s (stale: keel pid %.0f on %s is gone)\n", url, pid, node);
+    else fprintf(out, "endpoint %s | dashboard %s\n", url, dashboard);
+    cJSON_Delete(e);
+}
+
 keel_status keel_run_status_print(const char *run_dir, FILE *out, bool json) {
     cJSON *v;
     keel_status st = load_view(run_dir, &v);
@@ -95,6 +122,7 @@ keel_status keel_run_status_print(const char *run_dir, FILE *out, bool json) {
     keel_error_capture(false);
     keel_free(text);
     fprintf(out, "run %s (%s)\n", run_dir, state);
+    print_endpoint(run_dir, out);
     fprintf(out, "step %.0f of %d | loss", isnan(step) ? 0 : step, total_steps(run_dir));
     cell(out, last_of(steps, "loss"), " %*.4f", 0);
     fprintf(out, " | val loss");

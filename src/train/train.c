@@ -616,11 +616,12 @@ static void free_trainer(trainer *t, keel_status st) {
     keel_run_state_free(&t->state);
 }
 
-keel_status keel_train_run(keel_config *cfg, const char *run_dir) {
+keel_status keel_train_run(keel_config *cfg, const char *run_dir, keel_metrics_server *endpoint) {
     trainer t = {.cfg = cfg, .run_dir = run_dir, .world_size = 1, .leader = true, .allocs_after_first_step = -1};
     trainer_stop_handlers saved;
     trainer_stop_catch(&saved, 0, false);
     keel_status st = keel_run_prepare(cfg, run_dir, 1);
+    if (st == KEEL_OK) keel_metrics_publish(endpoint);
     if (st == KEEL_OK) { /* rank 0's heartbeat: keel status and the metrics read it as for --nproc */
         t.heartbeat = keel_heartbeat_open(run_dir, 0);
         keel_heartbeat_beat(t.heartbeat, "init", 0, 0);
@@ -665,7 +666,7 @@ bool keel_train_is_task(void) {
     return getenv("SLURM_STEP_ID") && tasks && atoi(tasks) > 1;
 }
 
-keel_status keel_train_task(keel_config *cfg, const char *run_dir) {
+keel_status keel_train_task(keel_config *cfg, const char *run_dir, keel_metrics_server *endpoint) {
     static keel_comm *world;
     keel_status st = keel_comm_init(&world);
     if (st != KEEL_OK) return st;
@@ -674,6 +675,7 @@ keel_status keel_train_task(keel_config *cfg, const char *run_dir) {
     if (keel_comm_rank(world) == 0) verdict = keel_run_prepare(cfg, run_dir, keel_comm_size(world));
     keel_comm_allreduce_scalar(world, &verdict, KEEL_COMM_MAX);
     if (verdict != 0) return (keel_status)verdict; /* rank 0 said why */
+    keel_metrics_publish(endpoint);
     return worker(world, run_dir);
 }
 

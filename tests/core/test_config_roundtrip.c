@@ -94,8 +94,45 @@ int main(void) {
     EXPECT(keel_config_set(&c, "fsdp.activation_checkpointing=7") == KEEL_OK &&
                keel_config_set(&c, "model.n_layers=6") == KEEL_OK && keel_config_finalize(&c) == KEEL_ERR_INPUT,
            "checkpointing more blocks than model.n_layers rejected");
+    keel_config_free(&c);
+
+    /* where a value came from: metrics.port moves past a busy port only when
+     * nobody set it (src/monitor/http.c) */
+    unsetenv("KEEL_METRICS_PORT");
+    keel_config d;
+    keel_config_defaults(&d);
+    EXPECT(keel_config_key_origin(&d, "metrics.port") == KEEL_FROM_DEFAULT &&
+               d.metrics.port == KEEL_METRICS_DEFAULT_PORT, "a default is the default's");
+    EXPECT(keel_config_load_string(&d, "{\"train\": {\"steps\": 5}}", "t") == KEEL_OK &&
+               keel_config_key_origin(&d, "train.steps") == KEEL_FROM_FILE &&
+               keel_config_key_origin(&d, "train.lr") == KEEL_FROM_DEFAULT &&
+               keel_config_key_origin(&d, "metrics.port") == KEEL_FROM_DEFAULT,
+           "a file's keys are the file's, the others stay default");
+    EXPECT(keel_config_set(&d, "train.steps=6") == KEEL_OK &&
+               keel_config_key_origin(&d, "train.steps") == KEEL_FROM_SET, "--set after the file wins, and says so");
+    EXPECT(keel_config_load_string(&d, "{\"metrics\": {\"port\": 9477}}", "t") == KEEL_OK &&
+               keel_config_key_origin(&d, "metrics.port") == KEEL_FROM_FILE,
+           "a file that names the default port has set it");
+    keel_config_free(&d);
+    keel_config_defaults(&d);
+    EXPECT(keel_config_set(&d, "metrics={\"port\": 0}") == KEEL_OK &&
+               keel_config_key_origin(&d, "metrics.port") == KEEL_FROM_SET, "a section by --set: its keys are --set's");
+    keel_config_free(&d);
+    setenv("KEEL_METRICS_PORT", "9600", 1);
+    keel_config_defaults(&d);
+    EXPECT(d.metrics.port == 9600 && keel_config_key_origin(&d, "metrics.port") == KEEL_FROM_ENV,
+           "$KEEL_METRICS_PORT counts as the user's");
+    EXPECT(keel_config_set(&d, "metrics.port=9601") == KEEL_OK &&
+               keel_config_key_origin(&d, "metrics.port") == KEEL_FROM_SET, "--set wins over $KEEL_METRICS_PORT");
+    keel_config_free(&d);
+    setenv("KEEL_METRICS_PORT", "abc", 1);
+    keel_config_defaults(&d);
+    EXPECT(keel_config_key_origin(&d, "metrics.port") == KEEL_FROM_DEFAULT,
+           "a $KEEL_METRICS_PORT that is not a port sets nothing (finalize rejects it)");
+    keel_config_free(&d);
+    unsetenv("KEEL_METRICS_PORT");
+
     keel_config_free(&a);
     keel_config_free(&b);
-    keel_config_free(&c);
     return test_summary("test_config_roundtrip");
 }
