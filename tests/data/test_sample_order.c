@@ -1,11 +1,17 @@
 /* The global sample order (DESIGN §4): each epoch is a permutation of the
- * samples, the samples of a step do not depend on how the global batch is
- * split into ranks and micro-batches, and the synthetic source is a
- * deterministic walk with the promised branching. */
+ * samples, drawn uniformly — over many seeds and epochs each sample lands at
+ * each position equally often, each of the 24 orders of 4 samples comes up
+ * equally often (chi-square tests at alpha = 0.001, fixed seeds), and an
+ * epoch has one fixed point on average, as a uniform permutation has (a
+ * shuffle that never leaves a sample in place, Sattolo's, fails) — the
+ * samples of a step do not depend on how the global batch is split into
+ * ranks and micro-batches, and the synthetic source is a deterministic walk
+ * with the promised branching. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "keel/data.h"
 
@@ -102,6 +108,120 @@ static void test_epochs_are_permutations(void) {
     keel_data_close(again);
     keel_data_close(other);
     keel_data_close(d);
+}
+
+/* ---- the shuffle is uniform ----------------------------------------------- */
+
+/* Chi-square's upper 0.001 quantiles (tables): the bounds of the tests below. */
+#define CHI2_999_DF23 49.728
+#define CHI2_999_DF49 85.351
+/* |z| beyond this has probability 0.001 under a normal law */
+#define Z_999_TWO_SIDED 3.2905
+
+/* A split of exactly n samples (n*T + 1 tokens, token = stream position) in dir. */
+static void make_samples(const char *dir, uint64_t n) {
+    mkdir(dir, 0755);
+    int32_t *tokens = malloc((n * T + 1) * sizeof *tokens);
+    for (uint64_t i = 0; i < n * T + 1; i++) tokens[i] = (int32_t)i;
+    char path[256];
+    snprintf(path, sizeof path, "%s/train-00000.bin", dir);
+    if (keel_shard_write(path, tokens, n * T + 1, VOCAB) != KEEL_OK) abort();
+    free(tokens);
+}
+
+/* For an n-sample split: over seeds 1..seeds and epochs 0..epochs-1, how often
+ * sample s lands at position p (at[s * n + p]) and how many fixed points there
+ * are in all; with n = 4 also how often each of the 24 orders comes up
+ * (order[rank], rank in base 4). */
+static uint64_t tally(const char *dir, uint64_t n, int seeds, int epochs, double *at, double *orders) {
+    uint64_t fixed = 0;
+    for (int seed = 1; seed <= seeds; seed++) {
+        keel_data *d = NULL;
+        if (keel_data_open_path(dir, "train", T, VOCAB, (uint64_t)seed, &d) != KEEL_OK) abort();
+        EXPECT(keel_data_n_samples(d) == n, "%lu samples", (unsigned long)keel_data_n_samples(d));
+        for (int e = 0; e < epochs; e++) {
+            uint64_t *order = epoch_order(d, (uint64_t)e);
+            uint64_t code = 0;
+            for (uint64_t p = 0; p < n; p++) {
+                if (order[p] >= n) abort(); /* test_epochs_are_permutations says why */
+                at[order[p] * n + p]++;
+                fixed += order[p] == p;
+                code = code * n + order[p];
+            }
+            if (orders) orders[code]++;
+            free(order);
+        }
+        keel_data_close(d);
+    }
+    return fixed;
+}
+
+static void test_shuffle_is_uniform(void) {
+    char dir[128];
+    /* 8 samples, 20000 permutations (100 seeds x 200 epochs): Pearson's statistic over the 8 x 8
+     * sample-by-position counts; a uniform permutation matrix's covariance is 1/(n-1) on its
+     * (n-1)^2 free cells, so (n-1)/n of the statistic is chi-square with (n-1)^2 = 49 degrees */
+    enum { N8 = 8, SEEDS = 100, EPOCHS = 200 };
+    snprintf(dir, sizeof dir, "%s/eight", tmpdir);
+    make_samples(dir, N8);
+    static double at[N8 * N8];
+    uint64_t fixed = tally(dir, N8, SEEDS, EPOCHS, at, NULL);
+    double K = (double)SEEDS * EPOCHS, expected = K / N8, chi2 = 0, fewest = K, most = 0;
+    for (int i = 0; i < N8 * N8; i++) {
+        chi2 += (at[i] - expected) * (at[i] - expected) / expected;
+        fewest = fmin(fewest, at[i]);
+        most = fmax(most, at[i]);
+    }
+    double scaled = chi2 * (N8 - 1) / N8;
+    EXPECT(scaled < CHI2_999_DF49,
+           "each of 8 samples lands at each position equally often over %.0f epochs: chi-square %.1f < %.3f "
+           "(alpha 0.001, 49 degrees; cells %.0f..%.0f, expected %.0f)",
+           K, scaled, CHI2_999_DF49, fewest, most, expected);
+    /* fixed points: 1 per permutation on average, variance 1 */
+    double mean_fixed = (double)fixed / K, z = (mean_fixed - 1) * sqrt(K);
+    EXPECT(fabs(z) < Z_999_TWO_SIDED,
+           "an epoch of 8 samples has %.4f fixed points on average, a uniform shuffle 1 (z = %.2f, |z| < %.4f)",
+           mean_fixed, z, Z_999_TWO_SIDED);
+
+    /* 4 samples, 24000 permutations: each of the 24 orders 1000 times, chi-square with 23 degrees
+     * (a shuffle that draws j from all n at every step gives 256 equally likely paths, which 24
+     * orders cannot share evenly) */
+    enum { N4 = 4, SEEDS4 = 120 };
+    snprintf(dir, sizeof dir, "%s/four", tmpdir);
+    make_samples(dir, N4);
+    static double at4[N4 * N4], orders[256];
+    tally(dir, N4, SEEDS4, EPOCHS, at4, orders);
+    double K4 = (double)SEEDS4 * EPOCHS, chi2_orders = 0;
+    int distinct = 0;
+    for (int code = 0; code < 256; code++) {
+        int digits[N4], c = code;
+        bool permutation = true;
+        for (int k = 0; k < N4; k++, c /= N4) digits[k] = c % N4;
+        for (int a = 0; a < N4; a++)
+            for (int b = a + 1; b < N4; b++) permutation &= digits[a] != digits[b];
+        if (!permutation) continue;
+        distinct += orders[code] > 0;
+        chi2_orders += (orders[code] - K4 / 24) * (orders[code] - K4 / 24) / (K4 / 24);
+    }
+    EXPECT(distinct == 24 && chi2_orders < CHI2_999_DF23,
+           "each of the 24 orders of 4 samples comes up equally often over %.0f epochs: %d seen, chi-square %.1f "
+           "< %.3f (alpha 0.001, 23 degrees)",
+           K4, distinct, chi2_orders, CHI2_999_DF23);
+
+    /* the 188 samples of the uneven files: 1 fixed point per epoch on average over 2000 epochs */
+    keel_data *d = open_files(42);
+    uint64_t n = keel_data_n_samples(d), fixed188 = 0;
+    enum { EPOCHS188 = 2000 };
+    for (uint64_t e = 0; e < EPOCHS188; e++) {
+        uint64_t *order = epoch_order(d, e);
+        for (uint64_t i = 0; i < n; i++) fixed188 += order[i] == i;
+        free(order);
+    }
+    keel_data_close(d);
+    double mean188 = (double)fixed188 / EPOCHS188, z188 = (mean188 - 1) * sqrt((double)EPOCHS188);
+    EXPECT(fabs(z188) < Z_999_TWO_SIDED,
+           "an epoch of %lu samples has %.4f fixed points on average, a uniform shuffle 1 (z = %.2f, |z| < %.4f)",
+           (unsigned long)n, mean188, z188, Z_999_TWO_SIDED);
 }
 
 /* The rows of steps [0, steps) as ranks of a world of `world` would fetch
@@ -276,6 +396,7 @@ int main(void) {
     if (!temp_dir_create(tmpdir, sizeof tmpdir, "order")) return 1;
     make_dataset();
     test_epochs_are_permutations();
+    test_shuffle_is_uniform();
     keel_data_config files = {.path = tmpdir};
     test_world_size_independence(&files, "token shards");
     keel_data_config synthetic = synthetic_cfg(3, 4, 0);

@@ -9,7 +9,11 @@
 # draws the dashboard (its screenshot is kept in the build's artifacts/);
 # keel status and keel plot (SVG and PNG, kept beside it) read the same run;
 # a single-process run serves its own endpoint, with DCGM-named gauges of two
-# GPUs read through the NVML stand-in library.
+# GPUs read through the NVML stand-in library. The values are the run's: every
+# scrape Prometheus stored, and the single-process run's /metrics, against
+# metrics.jsonl and events.jsonl of the same run, family by family and exactly
+# (tests/monitor/exported_values.py; keel_goodput within the bounds of the wall
+# time measured around the launch), and the last samples against summary.json.
 source "$KEEL_SRC/tests/lib.sh"
 mpi_env
 command -v prometheus >/dev/null && command -v promtool >/dev/null ||
@@ -24,12 +28,14 @@ trap cleanup EXIT
 CFG=$KEEL_SRC/tests/train/micro.json
 args=(--set train.steps=100000 --set checkpoint.every_steps=20 --set resilience.backoff_s=0.1
       --set metrics.port="$port" --nproc 2)
+t_launch=$(date +%s.%N)  # the serving process starts after this and before t_announce: keel_goodput's wall time
 "$KEEL_BIN" train "$CFG" "${args[@]}" --run-dir "$TMP/run" >"$TMP/run.out" 2>&1 &
 sup=$!
 pids+=("$sup")
 for _ in $(seq 1 100); do grep -q "metrics: http://127.0.0.1:$port/metrics" "$TMP/run.out" && break; sleep 0.1; done
 grep -q "metrics: http://127.0.0.1:$port/metrics" "$TMP/run.out" ||
   fail "keel train did not announce its endpoint: $(cat "$TMP/run.out")"
+t_announce=$(date +%s.%N)
 
 # the shipped scrape config, pointed at this run's port and scraping every second
 sed -e "s/127.0.0.1:9477/127.0.0.1:$port/" -e 's/_interval: 5s/_interval: 1s/' \
@@ -88,6 +94,7 @@ KEEL_METRICS_PORT=abc expect_input_error "bad KEEL_METRICS_PORT" 'KEEL_METRICS_P
 # a single-process run (no supervisor) serves its own endpoint, here with two
 # GPUs read through the NVML stand-in (tests/monitor/nvml_stand_in.c)
 solo_port=$(free_port)
+t_solo=$(date +%s.%N)
 KEEL_NVML_LIB="$KEEL_NVML_STAND_IN" "$KEEL_BIN" train "$CFG" --set train.steps=100000 --set metrics.port="$solo_port" --run-dir "$TMP/solo" \
   >"$TMP/solo.out" 2>&1 &
 solo=$!
@@ -99,9 +106,14 @@ for _ in $(seq 1 300); do
   sleep 0.1
 done
 curl -sf "http://127.0.0.1:$solo_port/metrics" >"$TMP/solo.txt" || true
+t_solo_text=$(date +%s.%N)
 kill -TERM "$solo"; wait "$solo" || true
 [ "$(grep -c . <<<"$got")" = 2 ] || fail "a single-process run's /metrics lacks keel_loss or rank 0: '$got' ($(tail -3 "$TMP/solo.out"))"
 pass "a single-process run serves /metrics itself: $(tr '\n' ' ' <<<"$got")"
+# its values are the run's: the metrics.jsonl line it had read, the sums up to it, the events
+python3 "$KEEL_SRC/tests/monitor/exported_values.py" text "$TMP/solo.txt" "$TMP/solo" "$t_solo" "$t_solo_text" \
+  >"$TMP/values" 2>&1 || fail "a single-process run's /metrics: $(cat "$TMP/values")"
+pass "$(cat "$TMP/values")"
 # promtool: keel's families clean; DCGM's keep dcgm-exporter's names and labels
 # (UUID, modelName, Hostname; counters without _total), which its style lint
 # flags exactly as on dcgm-exporter's own endpoint. Anything else fails.
@@ -181,6 +193,33 @@ rc=0; wait "$sup" || rc=$?
 grep -q '"event":"failure","step":[0-9]*,"cause":"crash","rank":1,"node":' "$TMP/run/events.jsonl" ||
   fail "the failure event lacks cause/rank/node fields: $(grep failure "$TMP/run/events.jsonl")"
 pass "events.jsonl: the failure carries cause, rank and node"
+
+# every scrape Prometheus stored, family by family, against the run's own record: each
+# run family's exact value from metrics.jsonl (the line that scrape had read, the sums up to
+# it, keel_goodput from its step times over the serving process's wall time) and events.jsonl
+# (a prefix of it near the scrape's time); then the last scrape against summary.json
+python3 "$KEEL_SRC/tests/monitor/exported_values.py" prometheus "$prom_port" "$TMP/run" "$t_launch" "$t_announce" \
+  >"$TMP/values" 2>&1 || fail "Prometheus' samples: $(cat "$TMP/values")"
+pass "$(cat "$TMP/values")"
+python3 - "$prom_port" "$TMP/run/summary.json" "$TMP/run/metrics.jsonl" >"$TMP/values" <<'PY' || fail "Prometheus' last samples against summary.json"
+import json, sys, urllib.parse, urllib.request
+port, summary, metrics = sys.argv[1], json.load(open(sys.argv[2])), [json.loads(l) for l in open(sys.argv[3])]
+def last(expr):  # the newest sample Prometheus stored of a series
+    q = urllib.parse.urlencode({"query": f"last_over_time({expr}[30m])"})
+    r = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/query?{q}", timeout=10))["data"]["result"]
+    assert len(r) == 1, (expr, r)
+    return float(r[0]["value"][1])
+restarts, rec_last, rec_median = (last(f'{f}{{job="keel"}}') for f in
+                                  ("keel_restarts_total", "keel_recovery_last_seconds", "keel_recovery_median_seconds"))
+assert restarts == summary["restarts"] == 1, (restarts, summary["restarts"])
+assert rec_last == summary["recovery_s"]["each"][-1] and rec_median == summary["recovery_s"]["median"], \
+    (rec_last, rec_median, summary["recovery_s"])
+step, tokens = last('keel_step{job="keel"}'), last('keel_tokens_total{job="keel"}')
+assert step <= summary["steps"] == metrics[-1]["step"] and tokens <= summary["tokens"] == metrics[-1]["tokens"], \
+    (step, tokens, summary["steps"], summary["tokens"])
+print(f"restarts {restarts:g}, recovery {rec_last:.3f} s (median {rec_median:.3f}), step {step:g} of {summary['steps']}")
+PY
+pass "Prometheus' last samples against summary.json: $(cat "$TMP/values")"
 
 # keel status and keel plot read the same run directory
 "$KEEL_BIN" status "$TMP/run" >"$TMP/status.txt" || fail "keel status: $(cat "$TMP/status.txt")"

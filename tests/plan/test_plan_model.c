@@ -1,5 +1,13 @@
 /* keel plan's model on made-up clusters, where the answer is known without
- * the model: memory is fsdp's plan of the code's allocations; free
+ * the model: memory per rank by category equals a count written here from
+ * the shape's numbers and docs/fsdp.md + docs/planning.md (each unit padded
+ * to a multiple of shard ranks x 16 floats; 16 bytes per padded parameter of
+ * the shard for master weights, gradients and AdamW m and v; two unit slots
+ * — every unit under shard_grad_op — and two unit-gradient buffers; the
+ * token batch and the GPU's attention scratch; 12 bytes per shard parameter
+ * of checkpoint buffer; a GPU's 2 GiB runtime), on 8, 3 and 3 x 2 ranks,
+ * every strategy, fp32 and bf16; activations are measured against real runs
+ * by plan_memory_matches_runs.sh; free
  * communication costs nothing and scales perfectly; slow communication
  * bounds the step; bandwidth scales transfer time; prefetch hides gathers;
  * replicas all-reduce after backward (exposed) and only with replicas;
@@ -29,6 +37,103 @@ static void entry(const keel_config *cfg, keel_fsdp_strategy s, const keel_clust
     keel_plan_entry_make(&c, cl, e);
 }
 
+/* ---- memory, counted from MODEL's numbers --------------------------------------------- */
+
+/* MODEL's units (fsdp.unit block): the embedding V x C; each of the 4 blocks its two norms,
+ * q, k, v, o (C x C each: 4 heads of 64, no grouping) and gate, up, down (F x C each, F = 704:
+ * Llama's 2/3 x 4C = 682 rounded up to model.multiple_of's default 32); the final norm and
+ * the untied head, C + V x C. */
+enum { M_C = 256, M_L = 4, M_NH = 4, M_V = 4096, M_T = 128, M_F = 704, M_B = 4 };
+#define M_UNITS (M_L + 2)
+
+static int64_t unit_floats(int u) {
+    if (u == 0) return (int64_t)M_V * M_C;
+    if (u == M_UNITS - 1) return M_C + (int64_t)M_V * M_C;
+    return 2 * M_C + 4 * (int64_t)M_C * M_C + 3 * (int64_t)M_C * M_F;
+}
+
+/* Each unit rounded up to a multiple of S x 16 floats (docs/fsdp.md). */
+static int64_t padded(int u, int S) {
+    int64_t q = 16 * (int64_t)S;
+    return (unit_floats(u) + q - 1) / q * q;
+}
+
+typedef struct {
+    int64_t params, grads, optimizer, gathered, checkpoint_buffer, snapshot, accumulation, workspaces, runtime;
+} counted;
+
+/* One GPU rank of a W-rank cluster of `per_node` ranks a node. */
+static counted count_memory(keel_fsdp_strategy s, int W, int per_node, bool bf16, bool checkpointing) {
+    int S = s == KEEL_FSDP_NO_SHARD ? 1 : s == KEEL_FSDP_HYBRID_SHARD ? per_node : W; /* ranks sharing a unit */
+    int64_t shard = 0, max_padded = 0, all_padded = 0;
+    for (int u = 0; u < M_UNITS; u++) {
+        shard += padded(u, S) / S;
+        all_padded += padded(u, S);
+        if (padded(u, S) > max_padded) max_padded = padded(u, S);
+    }
+    counted c = {.params = 4 * shard, .grads = 4 * shard, .optimizer = 8 * shard};
+    /* compute copies: two unit slots (every unit under shard_grad_op) — in bf16 with a send buffer
+     * of one unit's shard each (the shard under shard_grad_op) — and two fp32 unit-gradient buffers */
+    int64_t slots = s == KEEL_FSDP_SHARD_GRAD_OP ? all_padded : 2 * max_padded;
+    int64_t sends = s == KEEL_FSDP_SHARD_GRAD_OP ? shard : 2 * (max_padded / S);
+    c.gathered = (bf16 ? 2 * (slots + sends) : 4 * slots) + 4 * 2 * max_padded;
+    c.checkpoint_buffer = checkpointing ? 12 * shard : 0;
+    /* the micro-batch's tokens (B x (T + 1) int32) and the GPU attention's rowsum, (B, NH, T) floats
+     * (HS = 64: bf16 also keeps q, k, v and dO in bf16 for the tensor cores) */
+    int64_t bt = (int64_t)M_B * M_T;
+    c.workspaces = 4 * (int64_t)M_B * (M_T + 1) + 4 * bt * M_NH + (bf16 ? 2 * bt * 2 * (2 * M_NH) * (M_C / M_NH) : 0);
+    c.runtime = (int64_t)2 << 30; /* a GPU rank's fixed cost; the snapshot lives in host memory: 0 */
+    return c;
+}
+
+static void check_memory_counted(const keel_config *cfg) {
+    static const int shapes[][2] = {{2, 4}, {1, 3}, {3, 2}}; /* nodes x ranks: 8 (no padding), 3 (padding), 3 x 2 */
+    const keel_model_config *mc = &cfg->model;
+    EXPECT(mc->dim == M_C && mc->n_layers == M_L && mc->n_heads == M_NH && mc->vocab_size == M_V &&
+               mc->max_seq_len == M_T && mc->multiple_of == 32 && !mc->tie_embeddings &&
+               cfg->train.micro_batch_size == M_B,
+           "MODEL is the shape counted here");
+    int bad = 0, checked = 0;
+    for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++)
+        for (int s = 0; s < 4; s++)
+            for (int variant = 0; variant < 3; variant++) {
+                keel_cluster cl = cluster(shapes[k][0], shapes[k][1]);
+                keel_config c = *cfg;
+                bool bf16 = variant == 1, checkpointing = variant == 2;
+                if (bf16) c.fsdp.mixed_precision = KEEL_DTYPE_BF16;
+                if (checkpointing) c.checkpoint.every_steps = 10; /* async by default: a buffer on every writer */
+                keel_plan_entry e;
+                entry(&c, (keel_fsdp_strategy)s, &cl, &e);
+                int W = shapes[k][0] * shapes[k][1];
+                counted want = count_memory((keel_fsdp_strategy)s, W, shapes[k][1], bf16, checkpointing);
+                const keel_fsdp_memory *m = &e.memory;
+                bool ok = m->params == want.params && m->grads == want.grads && m->optimizer == want.optimizer &&
+                          m->gathered == want.gathered && m->checkpoint_buffer == want.checkpoint_buffer &&
+                          m->snapshot == 0 && m->accumulation == 0 && m->workspaces == want.workspaces &&
+                          m->runtime == want.runtime;
+                checked++;
+                if (!ok && bad++ < 8)
+                    EXPECT(false,
+                           "%s on %d x %d ranks%s%s: params %lld grads %lld optimizer %lld gathered %lld checkpoint "
+                           "buffer %lld snapshot %lld accumulation %lld workspaces %lld runtime %lld, counted %lld "
+                           "%lld %lld %lld %lld 0 0 %lld %lld",
+                           keel_strategy_name((keel_fsdp_strategy)s), shapes[k][0], shapes[k][1], bf16 ? ", bf16" : "",
+                           checkpointing ? ", checkpointing" : "", (long long)m->params, (long long)m->grads,
+                           (long long)m->optimizer, (long long)m->gathered, (long long)m->checkpoint_buffer,
+                           (long long)m->snapshot, (long long)m->accumulation, (long long)m->workspaces,
+                           (long long)m->runtime, (long long)want.params, (long long)want.grads,
+                           (long long)want.optimizer, (long long)want.gathered, (long long)want.checkpoint_buffer,
+                           (long long)want.workspaces, (long long)want.runtime);
+            }
+    EXPECT(bad == 0, "memory per rank by category equals the count from the shape in %d of %d plans (4 strategies, "
+           "8 / 3 / 3 x 2 ranks, fp32, bf16, a checkpoint buffer)", checked - bad, checked);
+    /* the count itself, by hand once: full_shard on 3 ranks pads the embedding and the head to 48 floats */
+    int64_t three = count_memory(KEEL_FSDP_FULL_SHARD, 3, 3, false, false).params;
+    EXPECT(padded(0, 3) == 1048608 && padded(M_UNITS - 1, 3) == 1048848 && padded(1, 3) == 803328 &&
+               three == 4 * (1048608 + 4 * 803328 + 1048848) / 3,
+           "3 ranks: embedding 1048576 -> 1048608, head 1048832 -> 1048848 floats, blocks 803328 unpadded");
+}
+
 static void check_memory(const keel_config *cfg) {
     keel_cluster cl = cluster(2, 4);
     keel_plan_entry e;
@@ -46,9 +151,13 @@ static void check_memory(const keel_config *cfg) {
     keel_fsdp_memory_items(&e.memory, items);
     int64_t sum = 0;
     for (int i = 0; i < KEEL_FSDP_MEMORY_CATEGORIES; i++) sum += items[i].bytes;
-    EXPECT(e.memory.params == m.params && e.memory.gathered == m.gathered && e.memory.activations == m.activations &&
-               e.memory.workspaces == m.workspaces,
-           "the plan's categories are fsdp's memory plan (params %lld)", (long long)e.memory.params);
+    counted want = count_memory(KEEL_FSDP_FULL_SHARD, 8, 4, false, false);
+    EXPECT(e.memory.params == want.params && e.memory.gathered == want.gathered &&
+               e.memory.workspaces == want.workspaces && e.memory.activations > 0,
+           "the plan's categories are the count from the shape (params %lld of %lld, gathered %lld of %lld, "
+           "workspaces %lld of %lld)",
+           (long long)e.memory.params, (long long)want.params, (long long)e.memory.gathered, (long long)want.gathered,
+           (long long)e.memory.workspaces, (long long)want.workspaces);
     EXPECT(sum == e.peak_bytes, "peak_bytes is the sum of the categories (%lld)", (long long)sum);
     EXPECT(e.memory.runtime == (int64_t)cl.device.runtime_bytes, "a GPU rank's fixed cost is the device's");
     keel_plan_entry ns;
@@ -224,6 +333,7 @@ int main(void) {
     keel_config_defaults(&cfg);
     if (keel_config_load_string(&cfg, MODEL, "test") != KEEL_OK || keel_config_finalize(&cfg) != KEEL_OK) return 1;
     check_memory(&cfg);
+    check_memory_counted(&cfg);
     check_free_and_slow_comm(&cfg);
     check_bandwidth_and_prefetch(&cfg);
     check_replicas(&cfg);
