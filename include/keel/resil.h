@@ -164,6 +164,7 @@ typedef struct {
     int64_t done;           /* steps done when it ended */
     int64_t checkpoint;     /* the newest committed checkpoint's step (0: none) */
     bool stop_requested;    /* the supervisor was asked to stop (SIGTERM, SIGUSR1, SIGINT) */
+    bool checkpointing;     /* checkpoint.every_steps or every_seconds is set (a stop saves) */
     const char *cause;      /* what happened, in words (for the report) */
 } keel_outcome;
 
@@ -179,7 +180,7 @@ void keel_policy_history_init(keel_policy_history *h);
 
 typedef enum {
     KEEL_ACT_FINISH,        /* done: exit 0 */
-    KEEL_ACT_STOP_RESUME,   /* stopped on request, state saved: exit KEEL_EXIT_RESUME */
+    KEEL_ACT_STOP,          /* stopped on request: exit KEEL_EXIT_RESUME with a checkpoint to resume from, else 1 */
     KEEL_ACT_GIVE_UP,       /* stop with a report (exit_code) */
     KEEL_ACT_RELAUNCH,      /* health-check the nodes, back off, relaunch from the newest checkpoint */
 } keel_action_kind;
@@ -188,10 +189,15 @@ typedef struct {
     keel_action_kind kind;
     const char *event;      /* events.jsonl type of the decision, or NULL when the relaunch says it */
     char reason[1024];      /* the decision in words (event detail, the final report line) */
-    int exit_code;          /* keel train's exit code for FINISH, STOP_RESUME, GIVE_UP */
+    int exit_code;          /* keel train's exit code for FINISH, STOP, GIVE_UP */
     int64_t skip_step;      /* > 0: skip this step's data window from now on */
     double backoff_s;       /* RELAUNCH: no sooner than this after the failure was detected */
 } keel_action;
+
+/* A stop on request after `done` steps, with the newest checkpoint at step
+ * `checkpoint` (0: none): the one line that ends the run says what is saved,
+ * and the exit code is KEEL_EXIT_RESUME only when there is state to resume. */
+keel_action keel_policy_stopped(int64_t done, int64_t checkpoint, bool checkpointing);
 
 /* The next action after a launch ended as o, given the history before it;
  * *after is the history to keep if the action is carried out. A divergence

@@ -79,6 +79,14 @@ void keel_run_rank_log_path(char *out, size_t n, const char *run_dir, int rank);
 /* RUN/name := text + "\n", atomically (tmp + fsync + rename). */
 keel_status keel_run_write_file(const char *run_dir, const char *name, const char *text);
 
+/* ---- a stop on request (stopped.c) ------------------------------------------------
+ * The line that ends a run stopped on a signal after `done` steps, whose
+ * newest committed checkpoint is at step `checkpoint` (0: none): what is
+ * saved and how to go on, into line (n bytes). Returns the exit code:
+ * KEEL_EXIT_RESUME only when there is a checkpoint to resume from, else 1.
+ * The one wording for the supervisor's report and a rank's own. */
+int keel_run_stopped(int64_t done, int64_t checkpoint, bool checkpointing, char *line, size_t n);
+
 /* ---- heartbeats: RUN/heartbeats/rank-R (heartbeat.c) -------------------------
  * Written by each rank (phase, steps done, time, pid, node), read by the
  * supervisor. Phases: "init" (started), "ready" (state loaded; step = the

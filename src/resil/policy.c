@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "keel/resil.h"
+#include "keel/run.h"
 
 const char *keel_end_name(keel_end e) {
     static const char *const names[] = {"completed", "stopped", "crash", "hang", "diverged", "input_error",
@@ -76,6 +77,12 @@ static keel_action failed(const keel_resilience_config *rc, keel_policy_history 
     return act(KEEL_ACT_RELAUNCH, NULL, 0, "%s: %s", keel_end_name(o->kind), o->cause);
 }
 
+keel_action keel_policy_stopped(int64_t done, int64_t checkpoint, bool checkpointing) {
+    keel_action a = {.kind = KEEL_ACT_STOP, .event = "stopped"};
+    a.exit_code = keel_run_stopped(done, checkpoint, checkpointing, a.reason, sizeof a.reason);
+    return a;
+}
+
 keel_action keel_policy_decide(const keel_resilience_config *rc, const keel_policy_history *before,
                                const keel_outcome *o, keel_policy_history *after) {
     *after = *before;
@@ -83,8 +90,7 @@ keel_action keel_policy_decide(const keel_resilience_config *rc, const keel_poli
     if (o->kind == KEEL_END_COMPLETED)
         return act(KEEL_ACT_FINISH, "completed", 0, "after %d restart(s)", before->restarts);
     if (o->kind == KEEL_END_STOPPED || (o->stop_requested && o->kind != KEEL_END_INPUT))
-        return act(KEEL_ACT_STOP_RESUME, "stopped", KEEL_EXIT_RESUME, "stopped on a signal; state saved at "
-                   "step %lld: run the same keel train command again to resume", (long long)o->checkpoint);
+        return keel_policy_stopped(o->done, o->checkpoint, o->checkpointing);
     if (o->kind == KEEL_END_INPUT) return act(KEEL_ACT_GIVE_UP, "stop", 2, "%s", o->cause);
     if (o->kind == KEEL_END_UNHEALTHY) return act(KEEL_ACT_GIVE_UP, "stop", 1, "%s", o->cause);
     keel_action a = o->kind == KEEL_END_DIVERGED ? diverged(after, step, o->checkpoint)

@@ -75,6 +75,7 @@ typedef struct {
     bool *have, *signaled;       /* (nproc) a beat was read; the stop signal was forwarded */
     double launched_unix, killed_unix;
     bool failed;                 /* the supervisor saw a crash or hang and killed the launch */
+    bool stopping;               /* the supervisor asked the ranks to stop (a signal came) */
     /* how it ended */
     keel_end kind;
     int exit_code, rank, sig;    /* the launcher's exit code; the rank blamed and its signal (-1, 0) */
@@ -112,6 +113,11 @@ static double steady_hang_limit(const launch *l) {
     return fmax(rc->hang_floor_s, rc->hang_factor * keel_median(x, n));
 }
 
+/* Whether the run saves checkpoints (and so saves one when it stops). */
+static bool checkpointing(const keel_config *cfg) {
+    return cfg->checkpoint.every_steps > 0 || cfg->checkpoint.every_seconds > 0;
+}
+
 static int64_t newest_checkpoint(const char *run_dir) {
     int64_t *steps;
     int n = keel_ckpt_list(run_dir, &steps);
@@ -146,11 +152,12 @@ static void signal_ranks(const launch *l, int sig, int only) {
 }
 
 /* A launcher stderr line: to RUN/logs/launcher.log, and to the terminal until
- * the supervisor kills the launch (what follows is the launcher's account of
- * that kill, which the supervisor's own line explains better). */
+ * the supervisor kills the launch or asks its ranks to stop (what follows is
+ * the launcher's account of that kill or stop — mpirun's banner for ranks
+ * that exited non-zero — which the supervisor's own line explains better). */
 static void on_launcher_line(void *ctx, const char *line) {
     launch *l = ctx;
-    if (!l->failed) fprintf(stderr, "%s\n", line);
+    if (!l->failed && !l->stopping) fprintf(stderr, "%s\n", line);
     if (l->log) fprintf(l->log, "%s\n", line);
     int sig, rank = keel_launch_blamed_rank(line, &sig);
     if (rank >= 0 && l->rank < 0) l->rank = rank;
@@ -209,6 +216,7 @@ static void note_recovery(launch *l) {
 /* Preemption: ask every rank to checkpoint at the next step boundary. Ranks
  * catch the signal from their first heartbeat on; one still starting gets it later. */
 static void forward_stop(launch *l) {
+    l->stopping = true;
     bool first = true;
     for (int r = 0; r < l->sv->nproc; r++) first &= !l->signaled[r];
     if (first)
@@ -785,11 +793,10 @@ static bool prepare_relaunch(supervisor *sv, const launch *l, keel_action *a, co
     double backoff0 = keel_unix_s();
     while (keel_unix_s() - l->detected_unix < a->backoff_s && !g_stop) keel_sleep_s(0.05);
     sv->pending_backoff_s += keel_unix_s() - backoff0;
-    if (g_stop) {
-        *a = (keel_action){.kind = KEEL_ACT_STOP_RESUME, .exit_code = KEEL_EXIT_RESUME}; /* no step to name */
-        snprintf(a->reason, sizeof a->reason, "stopped on a signal while restarting; state saved at step %lld: run "
-                 "the same keel train command again to resume", (long long)newest_checkpoint(sv->run_dir));
+    if (g_stop) { /* while restarting: what the last launch left */
+        *a = keel_policy_stopped(l->done, newest_checkpoint(sv->run_dir), checkpointing(sv->cfg));
         keel_event(sv->run_dir, "stopped", -1, "%s", a->reason);
+        a->event = NULL;
         return false;
     }
     sv->history = *next;
@@ -817,7 +824,7 @@ static keel_action supervise_loop(supervisor *sv, int64_t *steps) {
         if (l.done > *steps) *steps = l.done;
         int64_t ckpt = newest_checkpoint(sv->run_dir);
         keel_outcome o = {.kind = l.kind, .done = l.done, .checkpoint = ckpt, .stop_requested = g_stop != 0,
-                          .cause = l.cause};
+                          .checkpointing = checkpointing(sv->cfg), .cause = l.cause};
         keel_policy_history next;
         keel_action a = keel_policy_decide(&sv->cfg->resilience, &sv->history, &o, &next);
         if (a.kind == KEEL_ACT_RELAUNCH || a.kind == KEEL_ACT_GIVE_UP)
@@ -871,7 +878,7 @@ keel_status keel_supervise(const keel_config *cfg, const char *run_dir, int npro
     write_summary(&sv, status[a.kind], a.reason, steps, keel_unix_s() - start);
     *exit_code = a.exit_code;
     if (a.kind == KEEL_ACT_GIVE_UP) keel_errorf("%s", a.reason);
-    else if (a.kind == KEEL_ACT_STOP_RESUME) keel_log_info("%s", a.reason);
+    else if (a.kind == KEEL_ACT_STOP) keel_log_info("%s", a.reason);
     for (int i = 0; i < sv.n_nodes; i++) keel_free(sv.nodes[i]);
     keel_free(sv.nodes);
     keel_free(sv.excluded);

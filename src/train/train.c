@@ -474,14 +474,15 @@ static keel_status train_loop(trainer *t) {
             if (profiled) trainer_profile_report(t, false);
         }
         if (stop) {
-            /* saved at the boundary (when checkpointing is on): resume-me; else plain failure */
-            bool saved = trainer_save_committed_step(t) == step + 1;
-            if (t->leader)
-                keel_progress_note(&t->progress, "stopped after step %d on a signal%s", step + 1,
-                                   saved ? ", checkpoint saved: run the same command again to resume"
-                                         : " without a checkpoint (checkpointing is off)");
+            /* resumable when a checkpoint exists (saved at this boundary, or an older one); the
+             * supervisor, where there is one, says so in the run's last line */
+            char line[512];
+            const keel_checkpoint_config *cc = &cfg->checkpoint;
+            int code = keel_run_stopped(step + 1, trainer_save_committed_step(t),
+                                        cc->every_steps > 0 || cc->every_seconds > 0, line, sizeof line);
+            if (t->leader && !t->supervised) keel_progress_note(&t->progress, "%s", line);
             status = "interrupted";
-            st = saved ? KEEL_ERR_STOPPED : KEEL_ERR_IO;
+            st = code == KEEL_EXIT_RESUME ? KEEL_ERR_STOPPED : KEEL_ERR_IO;
             step++;
             break;
         }
@@ -653,12 +654,12 @@ static keel_status check_mpi(trainer *t) {
     return KEEL_ERR_UNHEALTHY;
 }
 
-static keel_status worker(keel_comm *world, const char *run_dir);
+static keel_status worker(keel_comm *world, const char *run_dir, bool supervised);
 
 keel_status keel_train_worker(const char *run_dir) {
     static keel_comm *world; /* static: a failed rank exits without finalizing (worker) */
     keel_status st = keel_comm_init(&world);
-    return st == KEEL_OK ? worker(world, run_dir) : st;
+    return st == KEEL_OK ? worker(world, run_dir, true) : st;
 }
 
 bool keel_train_is_task(void) {
@@ -676,16 +677,16 @@ keel_status keel_train_task(keel_config *cfg, const char *run_dir, keel_metrics_
     keel_comm_allreduce_scalar(world, &verdict, KEEL_COMM_MAX);
     if (verdict != 0) return (keel_status)verdict; /* rank 0 said why */
     keel_metrics_publish(endpoint);
-    return worker(world, run_dir);
+    return worker(world, run_dir, false);
 }
 
-static keel_status worker(keel_comm *world, const char *run_dir) {
+static keel_status worker(keel_comm *world, const char *run_dir, bool supervised) {
     /* until a step is done: set-up and the first step (the supervisor's first-step bound) */
     trainer_stop_handlers saved;
     trainer_stop_catch(&saved, 120 * 1000, true);
     keel_status st = KEEL_OK;
     trainer t = {.run_dir = run_dir, .world = world, .rank = keel_comm_rank(world),
-                 .world_size = keel_comm_size(world), .allocs_after_first_step = -1};
+                 .world_size = keel_comm_size(world), .supervised = supervised, .allocs_after_first_step = -1};
     t.leader = t.rank == 0;
     t.heartbeat = keel_heartbeat_open(run_dir, t.rank);
     keel_heartbeat_beat(t.heartbeat, "init", 0, 0);

@@ -24,6 +24,7 @@ typedef struct {
     keel_fsdp *fsdp;        /* FULL_SHARD state when world is set */
     int rank, world_size;
     bool leader;            /* rank 0 writes metrics, summary, weights and progress */
+    bool supervised;        /* a worker under keel's supervisor, which reports the run's end */
     const keel_backend *be; /* the model's ("device"): its tensors, and under FSDP the shards and optimizer */
     keel_model *model;
     keel_optim *opt;

@@ -65,9 +65,15 @@ static const scenario SCENARIOS[] = {
      {{KEEL_END_DIVERGED, 1, 0, false, KEEL_ACT_RELAUNCH, "rollback", 0, 0, 0, "rolling back to the start"},
       {KEEL_END_DIVERGED, 8, 5, false, KEEL_ACT_RELAUNCH, "rollback", 0, 0, 0, "diverged in step 9"}}, 2},
     {"preemption saves and asks to be resumed", 10, 3,
-     {{KEEL_END_STOPPED, 30, 30, true, KEEL_ACT_STOP_RESUME, "stopped", KEEL_EXIT_RESUME, 0, 0, "state saved at step 30"}}, 1},
+     {{KEEL_END_STOPPED, 30, 30, true, KEEL_ACT_STOP, "stopped", KEEL_EXIT_RESUME, 0, 0, "state saved at step 30"}}, 1},
     {"a stop request wins over the crash it caused", 10, 3,
-     {{KEEL_END_CRASHED, 30, 25, true, KEEL_ACT_STOP_RESUME, "stopped", KEEL_EXIT_RESUME, 0, 0, "run the same keel train command again"}}, 1},
+     {{KEEL_END_CRASHED, 30, 25, true, KEEL_ACT_STOP, "stopped", KEEL_EXIT_RESUME, 0, 0, "run the same keel train command again"}}, 1},
+    {"a stop without a checkpoint is not resumable: exit 1, and it says so", 10, 3,
+     {{KEEL_END_CRASHED, 3, 0, true, KEEL_ACT_STOP, "stopped", 1, 0, 0,
+       "stopped on a signal after step 3; nothing was saved to resume from (checkpointing is off"}}, 1},
+    {"a stop after a failed save resumes from the older checkpoint", 10, 3,
+     {{KEEL_END_STOPPED, 30, 20, true, KEEL_ACT_STOP, "stopped", KEEL_EXIT_RESUME, 0, 0,
+       "the newest checkpoint is at step 20 (the save at the stop did not commit)"}}, 1},
     {"bad input stops at once with exit 2, even when asked to stop", 10, 3,
      {{KEEL_END_INPUT, 0, 0, true, KEEL_ACT_GIVE_UP, "stop", 2, 0, 0, "rejected"}}, 1},
     {"the relaunched ranks' mpi check failed: stop, not relaunch", 10, 3,
@@ -127,8 +133,34 @@ static const node_case NODE_CASES[] = {
      KEEL_NODES_STOP, 2, 1, "this machine (box) failed the gemm health check"},
 };
 
+/* A stop's last line and exit code, from what was saved (keel_policy_stopped). */
+typedef struct {
+    int64_t done, checkpoint;
+    bool checkpointing;
+    int exit_code;
+    const char *reason; /* the whole line */
+} stop_case;
+
+static const stop_case STOPS[] = {
+    {40, 40, true, KEEL_EXIT_RESUME,
+     "stopped on a signal after step 40; state saved at step 40: run the same keel train command again to resume"},
+    {40, 30, true, KEEL_EXIT_RESUME,
+     "stopped on a signal after step 40; the newest checkpoint is at step 30 (the save at the stop did not commit): "
+     "run the same keel train command again to resume from there"},
+    {40, 0, true, 1, "stopped on a signal after step 40; nothing was saved to resume from (no checkpoint was committed)"},
+    {40, 0, false, 1, "stopped on a signal after step 40; nothing was saved to resume from (checkpointing is off: set "
+                      "checkpoint.every_steps to make a stop resumable)"},
+};
+
 int main(void) {
     for (size_t i = 0; i < sizeof SCENARIOS / sizeof *SCENARIOS; i++) run_scenario(&SCENARIOS[i]);
+    for (size_t i = 0; i < sizeof STOPS / sizeof *STOPS; i++) {
+        const stop_case *c = &STOPS[i];
+        keel_action a = keel_policy_stopped(c->done, c->checkpoint, c->checkpointing);
+        EXPECT(a.kind == KEEL_ACT_STOP && a.exit_code == c->exit_code && !strcmp(a.reason, c->reason),
+               "stop after %lld, checkpoint %lld: action %d exit %d: %s", (long long)c->done,
+               (long long)c->checkpoint, a.kind, a.exit_code, a.reason);
+    }
     for (size_t i = 0; i < sizeof NODE_CASES / sizeof *NODE_CASES; i++) {
         const node_case *c = &NODE_CASES[i];
         keel_node_plan p = keel_policy_nodes(&c->s);
