@@ -222,9 +222,12 @@ const char *keel_snap_path(const keel_snap *s);
 void keel_snap_mapping(const keel_snap *s, void **base, size_t *bytes);
 /* Unmap; remove: unlink the segment too (the rank's run is over). */
 void keel_snap_close(keel_snap *s, bool remove);
-/* Unlink every segment of this run; of runs whose directory is gone or is another run now
- * (this user's, and unreadable ones). How many went. */
+/* Unlink every segment of this run. How many went. */
 int keel_snap_remove_run(const char *run_dir);
+/* Unlink this user's segments of runs whose directory is gone or is another run now —
+ * judged only for segments made in this process's mount namespace, where their run
+ * directory's path means what it meant to their creator — unreadable ones, and creations
+ * abandoned over 10 minutes ago. How many went. */
 int keel_snap_remove_stale(void);
 /* Unlink this run's segments of world sizes other than world_size (a resume on
  * world_size is done with them). How many went. */

@@ -6,7 +6,13 @@
  * XXH3 of its bytes) only after, so a process killed mid-copy leaves the
  * other slot good. The run id is the XXH3 of the run directory's real path
  * and inode: a directory removed and made again is another run, and a
- * segment names the run directory it belongs to so stale ones can be found. */
+ * segment names the run directory it belongs to so stale ones can be found.
+ *
+ * Other runs on the machine share /dev/shm: a segment appears under its name
+ * only whole (created under a temporary name, its header written, then
+ * renamed), and only a process that sees the filesystem its creator saw (the
+ * same mount namespace) may judge it stale — a node of `keel cluster` with a
+ * private /tmp cannot see the run directories of the host's runs. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -16,13 +22,14 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include "keel/ckpt.h"
 
 #define SNAP_MAGIC "KEELSNP1"
-#define SNAP_VERSION 2
+#define SNAP_VERSION 3
 #define HEADER_BYTES 4096
 #define SHM_DIR "/dev/shm"
 
@@ -46,6 +53,7 @@ typedef struct {
     uint64_t key;    /* what the state must match to be resumed (the run's configuration) */
     slot_header slot[2];
     char run_dir[2048];
+    uint64_t mount_ns; /* the creator's mount namespace: where run_dir means what it says */
 } segment_header;
 _Static_assert(sizeof(segment_header) <= HEADER_BYTES, "snapshot header");
 
@@ -99,6 +107,57 @@ static keel_status map_segment(keel_snap *s, bool writable) {
 
 static size_t segment_bytes(int64_t floats) { return HEADER_BYTES + 2 * sizeof(float) * (size_t)floats; }
 
+/* This process's mount namespace (0 where /proc cannot say). */
+static uint64_t mount_namespace(void) {
+    struct stat st;
+    return stat("/proc/self/ns/mnt", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+#define TMP_PREFIX "keel-snaptmp-"
+
+/* A fresh segment at s->path: allocated, mapped and its header written under
+ * a temporary name, then renamed over whatever was there, so no other
+ * process ever sees it half made. */
+static keel_status create_segment(keel_snap *s, uint64_t id, const char *real, const keel_snap_shape *shape,
+                                  uint64_t key) {
+    char tmp[512];
+    snprintf(tmp, sizeof tmp, SHM_DIR "/" TMP_PREFIX "%d-%s", (int)getpid(), strrchr(s->path, '/') + 1);
+    s->fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (s->fd < 0) {
+        keel_errorf("%s: cannot create: %s (is /dev/shm mounted?)", tmp, strerror(errno));
+        return KEEL_ERR_IO;
+    }
+    /* every page is allocated now: a tmpfs that fills up later would kill the writer with SIGBUS */
+    int err = posix_fallocate(s->fd, 0, (off_t)s->bytes);
+    keel_status st = KEEL_OK;
+    if (err != 0) {
+        keel_errorf("%s: cannot allocate %.1f MB: %s (" SHM_DIR " too small? resilience.snapshot_every_steps 0 "
+                    "turns snapshots off)", s->path, (double)s->bytes / 1e6, strerror(err));
+        st = KEEL_ERR_IO;
+    }
+    if (st == KEEL_OK) st = map_segment(s, true);
+    if (st == KEEL_OK) {
+        memset(s->h, 0, sizeof *s->h);
+        memcpy(s->h->magic, SNAP_MAGIC, 8);
+        s->h->version = SNAP_VERSION, s->h->header_bytes = HEADER_BYTES, s->h->run_id = id;
+        s->h->uid = (uint32_t)getuid(), s->h->rank = shape->rank, s->h->world_size = shape->world_size;
+        s->h->shard_ranks = shape->shard_ranks, s->h->shard_rank = shape->shard_rank;
+        s->h->floats = (uint64_t)shape->floats, s->h->key = key;
+        snprintf(s->h->run_dir, sizeof s->h->run_dir, "%s", real);
+        s->h->mount_ns = mount_namespace();
+        if (rename(tmp, s->path) != 0) {
+            keel_errorf("%s: cannot rename into place: %s", s->path, strerror(errno));
+            munmap(s->h, s->bytes);
+            st = KEEL_ERR_IO;
+        }
+    }
+    if (st != KEEL_OK) {
+        close(s->fd);
+        unlink(tmp);
+    }
+    return st;
+}
+
 keel_status keel_snap_open(const char *run_dir, const keel_snap_shape *shape, uint64_t key, bool replica,
                            keel_snap **out) {
     int rank = shape->rank, world_size = shape->world_size;
@@ -111,46 +170,26 @@ keel_status keel_snap_open(const char *run_dir, const keel_snap_shape *shape, ui
     keel_snap *s = keel_xcalloc(sizeof *s, "snapshot");
     segment_path(s->path, sizeof s->path, id, world_size, rank, replica);
     s->bytes = segment_bytes(floats);
-    s->fd = open(s->path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (s->fd < 0) {
-        keel_errorf("%s: cannot create: %s (is /dev/shm mounted?)", s->path, strerror(errno));
-        keel_free(s);
-        return KEEL_ERR_IO;
-    }
-    struct stat fs;
-    fstat(s->fd, &fs);
-    /* a segment of another shape (world size, model) or version is not ours to read: start it over */
-    bool fresh = (size_t)fs.st_size != s->bytes;
-    if (!fresh) {
+    s->fd = open(s->path, O_RDWR | O_CLOEXEC);
+    bool fresh = s->fd < 0;
+    if (!fresh) { /* a segment of another shape (world size, model) or version is not ours to read: start it over */
+        struct stat fs;
         segment_header h;
-        fresh = pread(s->fd, &h, sizeof h, 0) != (ssize_t)sizeof h || memcmp(h.magic, SNAP_MAGIC, 8) ||
+        fresh = fstat(s->fd, &fs) != 0 || (size_t)fs.st_size != s->bytes ||
+                pread(s->fd, &h, sizeof h, 0) != (ssize_t)sizeof h || memcmp(h.magic, SNAP_MAGIC, 8) ||
                 h.version != SNAP_VERSION || h.run_id != id || h.rank != rank || h.world_size != world_size ||
                 h.shard_ranks != shape->shard_ranks || h.shard_rank != shape->shard_rank ||
                 h.floats != (uint64_t)floats || h.key != key;
+        if (fresh) close(s->fd);
     }
-    /* every page is allocated now: a tmpfs that fills up later would kill the writer with SIGBUS */
-    int err = 0;
-    if (fresh && (ftruncate(s->fd, 0) != 0 || (err = posix_fallocate(s->fd, 0, (off_t)s->bytes)) != 0)) {
-        keel_errorf("%s: cannot allocate %.1f MB: %s (" SHM_DIR " too small? resilience.snapshot_every_steps 0 "
-                    "turns snapshots off)", s->path, (double)s->bytes / 1e6, strerror(err ? err : errno));
-        close(s->fd);
-        unlink(s->path);
-        keel_free(s);
-        return KEEL_ERR_IO;
-    }
-    if ((st = map_segment(s, true)) != KEEL_OK) {
-        close(s->fd);
+    if (fresh && (st = create_segment(s, id, real, shape, key)) != KEEL_OK) {
         keel_free(s);
         return st;
     }
-    if (fresh) {
-        memset(s->h, 0, sizeof *s->h);
-        memcpy(s->h->magic, SNAP_MAGIC, 8);
-        s->h->version = SNAP_VERSION, s->h->header_bytes = HEADER_BYTES, s->h->run_id = id;
-        s->h->uid = (uint32_t)getuid(), s->h->rank = rank, s->h->world_size = world_size;
-        s->h->shard_ranks = shape->shard_ranks, s->h->shard_rank = shape->shard_rank;
-        s->h->floats = (uint64_t)floats, s->h->key = key;
-        snprintf(s->h->run_dir, sizeof s->h->run_dir, "%s", real);
+    if (!fresh && (st = map_segment(s, true)) != KEEL_OK) {
+        close(s->fd);
+        keel_free(s);
+        return st;
     }
     *out = s;
     return KEEL_OK;
@@ -261,6 +300,9 @@ static void sweep_one(void *ctx, const char *path, const segment_header *h) {
     if (!ours) return;
     bool remove_it = w->run_id != 0 && h->run_id == w->run_id && h->world_size != w->keep_world;
     if (w->run_id == 0) { /* stale: its run directory is gone, or is another run now */
+        /* ...as its creator would see it: a process in another mount namespace cannot tell */
+        if (!memcmp(h->magic, SNAP_MAGIC, 8) && h->version == SNAP_VERSION && h->mount_ns != mount_namespace())
+            return;
         uint64_t id;
         keel_error_capture(true);
         remove_it = !h->run_dir[0] || keel_snap_run_id(h->run_dir, &id, NULL, 0) != KEEL_OK || id != h->run_id;
@@ -336,5 +378,17 @@ int keel_snap_open_others(const char *run_dir, int world_size, uint64_t key, kee
 int keel_snap_remove_stale(void) {
     sweep w = {0};
     each_segment(sweep_one, &w);
+    /* a segment whose creation was cut short (the process died before the rename): old enough to be abandoned */
+    DIR *d = opendir(SHM_DIR);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        char path[512];
+        struct stat st;
+        snprintf(path, sizeof path, SHM_DIR "/%s", e->d_name);
+        if (!strncmp(e->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) && stat(path, &st) == 0 &&
+            st.st_uid == getuid() && time(NULL) - st.st_mtime > 600 && unlink(path) == 0)
+            w.removed++;
+    }
+    if (d) closedir(d);
     return w.removed;
 }

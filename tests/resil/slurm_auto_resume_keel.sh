@@ -31,11 +31,14 @@ jobid=$(timeout 30 sbatch --parsable -N4 -o "$TMP/job.out" "$TMP/job.sh") || fai
 pid=$(wait_train_step "$TMP/run" 1 30)
 bad=$(hb node "$TMP/run" 1)
 node_mount_ro "$bad" "$LOCAL"
-kill -9 "$pid"
-# the node's memory is lost with it: its rank's snapshot segment and the replica of rank 0 it kept
+# the node's memory is lost with it: its rank's snapshot segment and the replica of rank 0 it kept.
+# Rank 1 is frozen first, so it writes neither after the removal, and the relaunch (seconds after
+# the kill, sooner than a busy machine may run this loop) cannot find them.
+kill -STOP "$pid"
 for seg in $(segments "$TMP/run"); do
   case $seg in *-w2-r1|*-w2-b0) rm -f "$seg" ;; esac
 done
+kill -9 "$pid"
 for _ in $(seq 1 900); do [ -z "$(squeue -h -j "$jobid" 2>/dev/null)" ] && break; sleep 0.2; done
 [ -z "$(squeue -h -j "$jobid" 2>/dev/null)" ] || { scancel "$jobid"; fail "job $jobid still running after 180 s: $(tail -5 "$TMP/job.out")"; }
 [ "$(json "$TMP/run/summary.json" "j['status']")" = completed ] || fail "run not completed: $(tail -5 "$TMP/job.out")"

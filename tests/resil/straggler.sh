@@ -1,34 +1,38 @@
 #!/usr/bin/env bash
-# A rank slowed for real: each rank pinned to a core of its own, then two
-# busy loops pinned beside rank 1 take two thirds of its core. The supervisor names
-# rank 1 (and its node) in a `straggler` event within straggler_steps + 2
-# steps, the metrics count it as keel_failures_total{cause="straggler"}, and
-# the run goes on (straggler_action report). With straggler_action drain the
-# node is taken out: on one machine there is no other node, so the run stops
-# with a report that names the straggler.
+# A rank slowed for real: rank 1 is throttled as a CPU quota would (stopped
+# 60 ms of every 80 ms: a quarter of the speed, whatever else the machine is
+# doing). The supervisor names rank 1 (and its node) in a `straggler` event
+# within straggler_steps + 2 steps, the metrics count it as
+# keel_failures_total{cause="straggler"}, and the run goes on
+# (straggler_action report). With straggler_action drain the node is taken
+# out: on one machine there is no other node, so the run stops with a report
+# that names the straggler.
 source "$KEEL_SRC/tests/lib.sh"
 mpi_env
-[ "$(nproc)" -ge 2 ] || fail "needs 2 cores (one per rank)"
-command -v taskset >/dev/null || fail "taskset not found (util-linux)"
-hogs=()
-stop_hogs() { for h in "${hogs[@]}"; do kill -9 "$h" 2>/dev/null || true; wait "$h" 2>/dev/null || true; done; hogs=(); }
-cleanup() { stop_hogs; kill_leftovers; wait 2>/dev/null || true; rm -rf "$TMP"; }
+throttle="" throttled=""
+stop_throttle() { # the loop, then the rank it may have left stopped
+  [ -n "$throttle" ] || return 0
+  kill "$throttle" 2>/dev/null || true
+  wait "$throttle" 2>/dev/null || true
+  kill -CONT "$throttled" 2>/dev/null || true
+  throttle="" throttled=""
+}
+cleanup() { stop_throttle; kill_leftovers; wait 2>/dev/null || true; rm -rf "$TMP"; }
 trap cleanup EXIT
 K=3
 CFG=$KEEL_SRC/configs/tiny.json
 args=(--set train.steps=16 --set train.threads=1 --set resilience.straggler_steps=$K --set resilience.max_restarts=0
       --nproc 2)
 
-# slow_rank_1 RUN: pin the ranks, start the busy loops ($hogs) beside rank 1; $from := the step rank 1 had done
+# slow_rank_1 RUN: throttle rank 1 from step 2 on (in the background: $throttle); $from := the step it had done
 slow_rank_1() {
-  local p0 p1
-  p0=$(wait_train_step "$1" 0 2) p1=$(wait_train_step "$1" 1 2)
-  taskset -a -p -c 0 "$p0" >/dev/null && taskset -a -p -c 1 "$p1" >/dev/null || fail "taskset of the ranks"
-  # two busy loops: rank 1 gets a third of its core (a margin over the 1.3x factor for a noisy machine)
-  for _ in 1 2; do
-    taskset -c 1 bash -c 'while :; do :; done' </dev/null >/dev/null 2>&1 &
-    hogs+=("$!")
-  done
+  local p1
+  wait_train_step "$1" 0 2 >/dev/null
+  p1=$(wait_train_step "$1" 1 2)
+  # a busy machine oversleeps both pauses alike: the running share stays well under 1/1.3
+  bash -c 'while kill -STOP "$1" 2>/dev/null; do sleep 0.06; kill -CONT "$1" 2>/dev/null; sleep 0.02; done' \
+    throttle "$p1" </dev/null >/dev/null 2>&1 &
+  throttle=$! throttled=$p1
   from=$(hb step "$1" 1)
 }
 
@@ -40,7 +44,7 @@ slow_rank_1 "$run"
 for _ in $(seq 1 1200); do [ "$(event_count "$run" straggler)" -ge 1 ] && break; sleep 0.1; done
 [ "$(event_count "$run" straggler)" -ge 1 ] || fail "no straggler event 120 s after slowing rank 1 (from step $from)"
 line=$(grep '"event":"straggler"' "$run/events.jsonl" | head -1)
-stop_hogs
+stop_throttle
 python3 - "$line" "$from" "$K" "$(hostname)" <<'PY' || fail "straggler event: $line"
 import json, sys
 e, start, k = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
@@ -60,7 +64,7 @@ run=$TMP/drain
 sup=$!
 slow_rank_1 "$run"
 rc=0; wait "$sup" || rc=$?
-stop_hogs
+stop_throttle
 [ "$rc" = 1 ] || { tail -5 "$TMP/drain.out"; fail "drain: keel train exit $rc, want 1"; }
 reason=$(json "$run/summary.json" "j['stop_reason']")
 [[ "$reason" == "this machine ("*") failed the straggler health check"* ]] || fail "drain: stop_reason: $reason"
