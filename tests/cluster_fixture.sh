@@ -3,10 +3,19 @@
 # writes $TMP/NAME.json: a controller, a login node and WORKERS workers, its
 # state and shared directories under /var/tmp (each node has its own /tmp),
 # a subnet of its own; cluster_down (on exit) takes every cluster the test
-# brought up down and checks nothing of them is left.
+# brought up down and checks nothing of them is left. Jobs run the cluster's
+# copy of keel ($KEEL_CLUSTER_KEEL from `keel cluster env`): the build's may
+# be under /tmp, which no node shares.
 CLUSTER_SPECS=()
 declare -A CLUSTER_BRIDGE_ADDR
 CLUSTER_STATE=$(mktemp -d /var/tmp/keel-cluster-test.XXXXXX)
+# The nodes' /tmp is their own: what a job's processes read by path (LeakSanitizer's
+# suppressions, tests/lib.sh) must lie where every node sees it, whatever directory
+# the source tree is in (a clone under /tmp).
+if [[ ${LSAN_OPTIONS:-} == *suppressions=* ]]; then
+  cp "$KEEL_SRC/tests/lsan.supp" "$CLUSTER_STATE/lsan.supp"
+  export LSAN_OPTIONS=suppressions=$CLUSTER_STATE/lsan.supp:print_suppressions=0
+fi
 cluster_spec() {
   local name=$1 workers=$2 extra=${3:-} lc='' net
   [ -z "${4:-}" ] || lc=", \"LifeCycleConfig\": {\"SourceDir\": \"$4\", \"OnCreate\": \"on_create.sh\"}"

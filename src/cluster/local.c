@@ -7,14 +7,20 @@
  * keeper process (`sleep infinity`, its pid in StateDir/nodes/NODE/keeper.pid)
  * holds the three; everything that runs on the node enters them with setns:
  * the on_create script, munged, slurmctld (controller) and slurmd (workers).
- * The host runs a munged of its own, so that its sbatch/srun/sinfo talk to
- * the cluster (keel cluster env). Taking it down kills every process whose
- * network namespace is a node's, then removes the namespaces and the bridge;
- * the veths go with their namespaces, the mounts with their keepers. */
+ * keel and the auto-resume plugin are copied into StateDir (bin/, lib/keel/),
+ * which every node sees, so a keel built anywhere (a clone in /tmp, whose
+ * /tmp no node shares) runs on the nodes. The host runs a munged of its own,
+ * so that its sbatch/srun/sinfo talk to the cluster (keel cluster env).
+ * Taking it down kills every process whose network namespace is a node's,
+ * then removes the namespaces and the bridge; the veths go with their
+ * namespaces, the mounts with their keepers. Nothing is removed outside
+ * StateDir (remove_in_state checks each path). */
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
+#include <libgen.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -35,22 +41,49 @@
 #define CMD_TIMEOUT_S 30
 #define IDLE_TIMEOUT_S 60
 #define ON_CREATE_TIMEOUT_S 600
+#define OUTPUT_MAX_BYTES (4 << 20) /* what a command may print that we keep */
+#define LOG_TAIL_BYTES 65536       /* of a daemon's log, read for its last error */
 
 /* ---- names ------------------------------------------------------------------- */
+
+/* A new string (keel_free) from fmt: no buffer to cut a path short. */
+static char *xprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *xprintf(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    KEEL_CHECK(n >= 0, "vsnprintf(%s) failed", fmt);
+    char *p = keel_xmalloc((size_t)n + 1, "string");
+    va_start(ap, fmt);
+    vsnprintf(p, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return p;
+}
 
 static unsigned cluster_hash(const keel_cluster_spec *s) {
     return XXH32(s->name, strlen(s->name), 0) & 0xffffff;
 }
-static void bridge_name(const keel_cluster_spec *s, char *out, size_t n) {
-    snprintf(out, n, "kbr-%06x", cluster_hash(s));
+/* Interface names: at most 15 bytes (IFNAMSIZ), fixed width by construction. */
+typedef struct {
+    char s[16];
+} ifname;
+static ifname bridge_name(const keel_cluster_spec *s) {
+    ifname n;
+    snprintf(n.s, sizeof n.s, "kbr-%06x", cluster_hash(s));
+    return n;
 }
-static void netns_name(const keel_cluster_spec *s, int i, char *out, size_t n) {
-    snprintf(out, n, "keel-%s-%s", s->name, s->nodes[i].name);
+static ifname veth_name(const keel_cluster_spec *s, const char *side, int i) {
+    ifname n;
+    int len = snprintf(n.s, sizeof n.s, "%s-%06x-%d", side, cluster_hash(s), i);
+    KEEL_CHECK(len > 0 && (size_t)len < sizeof n.s, "veth name of node %d", i);
+    return n;
+}
+static char *netns_name(const keel_cluster_spec *s, int i) {
+    return xprintf("keel-%s-%s", s->name, s->nodes[i].name);
 }
 static char *node_path(const keel_cluster_spec *s, int i, const char *rel) {
-    char p[1024];
-    snprintf(p, sizeof p, "%s/nodes/%s%s%s", s->state_dir, s->nodes[i].name, rel[0] ? "/" : "", rel);
-    return keel_xstrdup(p);
+    return xprintf("%s/nodes/%s%s%s", s->state_dir, s->nodes[i].name, rel[0] ? "/" : "", rel);
 }
 static keel_node_role role_of(const keel_cluster_spec *s, int i) { return s->groups[s->nodes[i].group].role; }
 
@@ -59,7 +92,7 @@ static pid_t read_pid(const char *path) {
     if (keel_read_file_quiet(path, 64, &text, NULL) != KEEL_OK) return 0;
     long pid = strtol(text, NULL, 10);
     keel_free(text);
-    return pid > 0 ? (pid_t)pid : 0;
+    return pid > 0 && pid < (1L << 22) ? (pid_t)pid : 0;
 }
 static pid_t keeper_pid(const keel_cluster_spec *s, int i) {
     char *p = node_path(s, i, "keeper.pid");
@@ -69,11 +102,12 @@ static pid_t keeper_pid(const keel_cluster_spec *s, int i) {
 }
 /* The inode of node i's network namespace, 0 when it has none. */
 static ino_t netns_inode(const keel_cluster_spec *s, int i) {
-    char name[128], path[160];
-    netns_name(s, i, name, sizeof name);
-    snprintf(path, sizeof path, "/run/netns/%s", name);
+    char *name = netns_name(s, i), *path = xprintf("/run/netns/%s", name);
     struct stat st;
-    return stat(path, &st) == 0 ? st.st_ino : 0;
+    ino_t ino = stat(path, &st) == 0 ? st.st_ino : 0;
+    keel_free(name);
+    keel_free(path);
+    return ino;
 }
 /* Node i whose network namespace pid is in, or -1. */
 static int node_of_pid(const keel_cluster_spec *s, const ino_t *ns, pid_t pid) {
@@ -84,6 +118,50 @@ static int node_of_pid(const keel_cluster_spec *s, const ino_t *ns, pid_t pid) {
     for (int i = 0; i < s->nnodes; i++)
         if (ns[i] && st.st_ino == ns[i]) return i;
     return -1;
+}
+
+/* ---- removing: only below StateDir ------------------------------------------------ */
+
+static int remove_entry(const char *p, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)ftw;
+    return (flag == FTW_DP ? rmdir(p) : unlink(p)) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+/* Remove path — a file, or a directory and everything in it, never following
+ * a symlink nor crossing into another file system — when it lies strictly
+ * below the cluster's StateDir with no symlink on the way there. Every
+ * removal of up and down goes through here; a path that is not there is
+ * fine. The paths are keel's own (StateDir + a name it made): one elsewhere
+ * is a bug. */
+static keel_status remove_in_state(const keel_cluster_spec *s, const char *path) {
+    size_t n = strlen(s->state_dir);
+    bool below = !strncmp(path, s->state_dir, n) && path[n] == '/' && path[n + 1];
+    for (const char *c = path + n; below && *c; c = strchr(c + 1, '/') ? strchr(c + 1, '/') : "") {
+        size_t len = strcspn(c + 1, "/");
+        below = len > 0 && !(len == 1 && c[1] == '.') && !(len == 2 && c[1] == '.' && c[2] == '.');
+    }
+    KEEL_CHECK(below, "refusing to remove %s: not below the cluster's StateDir %s", path, s->state_dir);
+    for (const char *c = strchr(path + n + 1, '/'); c; c = strchr(c + 1, '/')) {
+        char *prefix = xprintf("%.*s", (int)(c - path), path);
+        struct stat st;
+        bool link = lstat(prefix, &st) == 0 && S_ISLNK(st.st_mode);
+        if (link) keel_errorf("cluster %s: %s is a symlink; keel removes nothing through one (%s stays)", s->name,
+                              prefix, path);
+        keel_free(prefix);
+        if (link) return KEEL_ERR_INPUT;
+    }
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        if (errno == ENOENT || errno == ENOTDIR) return KEEL_OK;
+        keel_errorf("cannot remove %s: %s", path, strerror(errno));
+        return KEEL_ERR_IO;
+    }
+    int rc = S_ISDIR(st.st_mode) ? nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) : unlink(path);
+    if (rc != 0 && errno != ENOENT) {
+        keel_errorf("cannot remove %s: %s", path, strerror(errno));
+        return KEEL_ERR_IO;
+    }
+    return KEEL_OK;
 }
 
 /* ---- running things on the host or on a node ---------------------------------- */
@@ -148,10 +226,21 @@ static int wait_for(pid_t pid, double timeout_s) {
     }
 }
 
-/* Run argv to its end (daemons: until they have forked off), its output in
- * out. A daemon's child may keep the pipe open: output is read only while
- * the command itself runs. */
-static int run_out(const keel_cluster_spec *s, int node, char *const *argv, char *const *env, char *out, size_t n) {
+/* Append what fd has now to *out (up to OUTPUT_MAX_BYTES; the rest is read and dropped). */
+static void drain(int fd, keel_strbuf *out) {
+    char chunk[4096];
+    ssize_t got;
+    while ((got = read(fd, chunk, sizeof chunk)) > 0)
+        if (out->n + (size_t)got <= OUTPUT_MAX_BYTES) keel_strbuf_printf(out, "%.*s", (int)got, chunk);
+}
+
+/* Run argv to its end (daemons: until they have forked off); *out its
+ * output (malloc'd, never NULL). A daemon's child may keep the pipe open:
+ * output is read only while the command itself runs. */
+static int run_out(const keel_cluster_spec *s, int node, char *const *argv, char *const *env, char **out) {
+    keel_strbuf b = {0};
+    keel_strbuf_printf(&b, "%s", "");
+    *out = b.s;
     int p[2];
     if (pipe2(p, O_CLOEXEC) != 0) return -1;
     pid_t pid = spawn(s, node, argv, NULL, p[1], env);
@@ -161,17 +250,15 @@ static int run_out(const keel_cluster_spec *s, int node, char *const *argv, char
         return -1;
     }
     fcntl(p[0], F_SETFL, O_NONBLOCK);
-    size_t len = 0;
     double deadline = keel_now_s() + CMD_TIMEOUT_S;
     int code = -2;
     while (code == -2) {
         struct pollfd pfd = {.fd = p[0], .events = POLLIN};
         poll(&pfd, 1, 20);
-        ssize_t got;
-        while (len < n - 1 && (got = read(p[0], out + len, n - 1 - len)) > 0) len += (size_t)got;
+        drain(p[0], &b);
         int status;
         if (waitpid(pid, &status, WNOHANG) == pid) {
-            while (len < n - 1 && (got = read(p[0], out + len, n - 1 - len)) > 0) len += (size_t)got;
+            drain(p[0], &b);
             code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         } else if (keel_now_s() > deadline) {
             kill(-pid, SIGKILL);
@@ -179,49 +266,120 @@ static int run_out(const keel_cluster_spec *s, int node, char *const *argv, char
             code = 124;
         }
     }
-    out[len] = 0;
     close(p[0]);
+    *out = b.s;
     return code;
 }
 
-/* Run the command fmt makes (split at spaces: no argument here has one) on
- * node (-1: the host); a failure is an error naming it and what it said. */
-static keel_status cmd(const keel_cluster_spec *s, int node, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static keel_status cmd(const keel_cluster_spec *s, int node, const char *fmt, ...) {
-    char line[2048], out[2048], *argv[64];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    char copy[2048];
-    snprintf(copy, sizeof copy, "%s", line);
-    int argc = 0;
-    for (char *t = strtok(copy, " "); t && argc < 63; t = strtok(NULL, " ")) argv[argc++] = t;
-    argv[argc] = NULL;
-    int rc = run_out(s, node, argv, NULL, out, sizeof out);
-    if (rc == 0) return KEEL_OK;
-    char *nl = strchr(out, '\n');
-    if (nl) *nl = 0;
-    keel_errorf("%s%s%s: %s (%s)", node >= 0 ? "on node " : "", node >= 0 ? s->nodes[node].name : "",
-                node >= 0 ? ": " : "", line, rc == 124 ? "no answer in 30 s" : out[0] ? out : "failed");
+static bool error_line(const char *line) { return strcasestr(line, "error") || strcasestr(line, "fatal"); }
+
+/* What a daemon's log says went wrong, for one error line (malloc'd): its
+ * last line that says error or fatal, led by the first of the errors just
+ * before it when there are several in a row (slurmd's last is "slurmd
+ * initialization failed"; the cause is where the run began), timestamps
+ * dropped, control characters escaped. */
+static char *log_last_error(const char *log) {
+    int fd = open(log, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return keel_xstrdup("(no log written)");
+    off_t size = lseek(fd, 0, SEEK_END), from = size > LOG_TAIL_BYTES ? size - LOG_TAIL_BYTES : 0;
+    char *text = keel_xmalloc(LOG_TAIL_BYTES + 1, "log tail");
+    ssize_t got = size > 0 ? pread(fd, text, (size_t)(size - from), from) : 0;
+    close(fd);
+    size_t n = got > 0 ? (size_t)got : 0;
+    for (size_t k = 0; k < n; k++)
+        if (!text[k]) text[k] = ' ';
+    text[n] = 0;
+    const char *last = NULL, *run_first = NULL, *run_last = NULL; /* the last run of error lines */
+    bool in_run = false;
+    for (char *line = text; line && *line;) {
+        char *nl = strchr(line, '\n');
+        if (nl) *nl = 0;
+        if (*line == '[' && strstr(line, "] ")) line = strstr(line, "] ") + 2; /* slurm's [timestamp] */
+        if (*line) {
+            last = line;
+            if (error_line(line)) {
+                if (!in_run) run_first = line;
+                run_last = line;
+            }
+            in_run = error_line(line);
+        }
+        line = nl ? nl + 1 : NULL;
+    }
+    char *said;
+    if (!run_last) said = keel_xstrdup(keel_cluster_show(last ? last : "(empty)", 320).s);
+    else if (run_first == run_last) said = keel_xstrdup(keel_cluster_show(run_last, 320).s);
+    else {
+        keel_cluster_shown first = keel_cluster_show(run_first, 320);
+        said = xprintf("%s ... %s", first.s, keel_cluster_show(run_last, 160).s);
+    }
+    keel_free(text);
+    return said;
+}
+
+/* Run argv on node (-1: the host) to its end; a failure is one error line
+ * naming the node, the command, its exit code and the first line it said,
+ * and for a daemon (log: its log file as the host sees it) the log and its
+ * last error line. */
+static keel_status run_cmd(const keel_cluster_spec *s, int node, char *const *argv, const char *log) {
+    char *out;
+    int rc = run_out(s, node, argv, NULL, &out);
+    if (rc == 0) {
+        keel_free(out);
+        return KEEL_OK;
+    }
+    keel_strbuf line = {0};
+    for (int k = 0; argv[k]; k++) keel_strbuf_printf(&line, "%s%s", k ? " " : "", argv[k]);
+    out[strcspn(out, "\n")] = 0;
+    char code[32];
+    snprintf(code, sizeof code, rc == 124 ? "no answer in %d s" : rc < 0 ? "not started" : "exit %d",
+             rc == 124 ? CMD_TIMEOUT_S : rc);
+    keel_cluster_shown said = keel_cluster_show(out, 160);
+    char *where = node >= 0 ? xprintf("on node %s: ", s->nodes[node].name) : keel_xstrdup("");
+    if (log) {
+        char *log_said = log_last_error(log);
+        keel_errorf("%s%s failed (%s%s%s); its log %s says: %s", where, line.s, code, out[0] ? ": " : "", said.s,
+                    log, log_said);
+        keel_free(log_said);
+    } else
+        keel_errorf("%s%s failed (%s%s%s)", where, line.s, code, out[0] ? ": " : "", said.s);
+    keel_free(where);
+    keel_free(line.s);
+    keel_free(out);
     return KEEL_ERR_IO;
+}
+
+/* run_cmd of the arguments after log, up to a NULL. */
+static keel_status cmdv(const keel_cluster_spec *s, int node, const char *log, ...) __attribute__((sentinel));
+static keel_status cmdv(const keel_cluster_spec *s, int node, const char *log, ...) {
+    char *argv[24];
+    int argc = 0;
+    va_list ap;
+    va_start(ap, log);
+    for (char *a; (a = va_arg(ap, char *));) {
+        KEEL_CHECK(argc < 23, "more than 23 arguments to %s", argv[0]);
+        argv[argc++] = a;
+    }
+    va_end(ap);
+    argv[argc] = NULL;
+    return run_cmd(s, node, argv, log);
 }
 
 static bool in_path(const char *prog) {
     const char *path = getenv("PATH");
-    char dir[4096], p[4200];
-    snprintf(dir, sizeof dir, "%s", path ? path : "/usr/bin:/bin");
-    strncat(dir, ":/usr/sbin:/sbin", sizeof dir - strlen(dir) - 1);
-    for (char *d = strtok(dir, ":"); d; d = strtok(NULL, ":")) {
-        snprintf(p, sizeof p, "%s/%s", d, prog);
-        if (access(p, X_OK) == 0) return true;
+    char *dirs = xprintf("%s:/usr/sbin:/sbin", path ? path : "/usr/bin:/bin"), *save = NULL;
+    bool found = false;
+    for (char *d = strtok_r(dirs, ":", &save); d && !found; d = strtok_r(NULL, ":", &save)) {
+        char *p = xprintf("%s/%s", d, prog);
+        found = access(p, X_OK) == 0;
+        keel_free(p);
     }
-    return false;
+    keel_free(dirs);
+    return found;
 }
 
 static bool quiet; /* a failed up taking down what it made: its error is the news */
 
-/* ---- up ------------------------------------------------------------------------- */
+/* ---- up: checks before anything starts ------------------------------------------ */
 
 static keel_status need_root(const char *what) {
     if (geteuid() == 0) return KEEL_OK;
@@ -230,24 +388,26 @@ static keel_status need_root(const char *what) {
 }
 
 static bool bridge_exists(const keel_cluster_spec *s) {
-    char br[32], p[96];
-    bridge_name(s, br, sizeof br);
-    snprintf(p, sizeof p, "/sys/class/net/%s", br);
-    return keel_path_exists(p);
+    char *p = xprintf("/sys/class/net/%s", bridge_name(s).s);
+    bool there = keel_path_exists(p);
+    keel_free(p);
+    return there;
 }
 
 /* Whether any of this machine's IPv4 addresses lies in the cluster's subnet, or its subnet holds ours. */
 static keel_status check_subnet(const keel_cluster_spec *s) {
-    char out[16384];
+    char *out;
     char *argv[] = {"ip", "-4", "-o", "addr", "show", NULL};
-    if (run_out(s, -1, argv, NULL, out, sizeof out) != 0) {
-        keel_errorf("ip -4 -o addr show failed: %s", out);
+    if (run_out(s, -1, argv, NULL, &out) != 0) {
+        keel_errorf("ip -4 -o addr show failed: %s", keel_cluster_show(out, 160).s);
+        keel_free(out);
         return KEEL_ERR_IO;
     }
-    for (char *at = strstr(out, "inet "); at; at = strstr(at + 5, "inet ")) {
+    keel_status st = KEEL_OK;
+    for (char *at = strstr(out, "inet "); at && st == KEEL_OK; at = strstr(at + 5, "inet ")) {
         char addr[64], dev[64] = "?";
         int prefix;
-        if (sscanf(at + 5, "%63[0-9.]/%d", addr, &prefix) != 2) continue;
+        if (sscanf(at + 5, "%63[0-9.]/%d", addr, &prefix) != 2 || prefix < 0 || prefix > 32) continue;
         const char *line = at;
         while (line > out && line[-1] != '\n') line--;
         sscanf(line, "%*d: %63s", dev);
@@ -256,14 +416,128 @@ static keel_status check_subnet(const keel_cluster_spec *s) {
         int p = prefix < s->prefix ? prefix : s->prefix;
         uint32_t mask = p == 0 ? 0 : ~0u << (32 - p);
         if (((ntohl(a.s_addr) ^ s->subnet) & mask) == 0) {
-            keel_errorf("%s: Subnet %u.%u.%u.%u/%d overlaps %s/%d on %s: pick another private range", s->path,
-                        s->subnet >> 24, s->subnet >> 16 & 255, s->subnet >> 8 & 255, s->subnet & 255, s->prefix,
-                        addr, prefix, dev);
-            return KEEL_ERR_INPUT;
+            keel_errorf("%s: Subnet %u.%u.%u.%u/%d overlaps %s/%d on %s: pick another private range",
+                        keel_cluster_show(s->path, 160).s, s->subnet >> 24, s->subnet >> 16 & 255,
+                        s->subnet >> 8 & 255, s->subnet & 255, s->prefix, addr, prefix, dev);
+            st = KEEL_ERR_INPUT;
         }
+    }
+    keel_free(out);
+    return st;
+}
+
+/* path under /tmp or /dev/shm (as they are, or as their symlinks resolve):
+ * directories every node has its own of. The one it is under, or NULL. */
+static const char *per_node_dir(const char *path) {
+    static const char *const dirs[] = {"/tmp", "/dev/shm", NULL};
+    const char *hit = NULL;
+    for (const char *const *d = dirs; *d && !hit; d++) {
+        char *real = realpath(*d, NULL);
+        size_t n = strlen(*d), rn = real ? strlen(real) : 0;
+        if ((!strncmp(path, *d, n) && (path[n] == '/' || !path[n])) ||
+            (real && !strncmp(path, real, rn) && (path[rn] == '/' || !path[rn])))
+            hit = *d;
+        free(real);
+    }
+    return hit;
+}
+
+/* StateDir and SharedDir as the disk has them: the spec held their text to
+ * the grammar; a symlink on the way may still lead under /tmp. */
+static keel_status check_seen_by_nodes(const keel_cluster_spec *s, const char *key, const char *path) {
+    char *p = keel_xstrdup(path), *real = NULL;
+    while (!(real = realpath(p, NULL)) && strcmp(p, "/")) { /* its longest part that exists */
+        char *slash = strrchr(p, '/');
+        slash[slash == p] = 0;
+    }
+    const char *dir = real ? per_node_dir(real) : NULL;
+    if (dir)
+        keel_errorf("%s: %s: %s leads to %s, under %s, which every node of the cluster has its own of; pick a "
+                    "directory outside it (e.g. /var/lib/keel/...)", keel_cluster_show(s->path, 160).s, key, path,
+                    real, dir);
+    free(real);
+    keel_free(p);
+    return dir ? KEEL_ERR_INPUT : KEEL_OK;
+}
+
+/* StateDir is keel's to write and remove in: new, empty, or this cluster's
+ * (its .keel-cluster names it; a StateDir of an older keel: its slurm.conf
+ * says it). Never a directory of something else's that happens to be named. */
+static keel_status check_state_dir(const keel_cluster_spec *s) {
+    DIR *d = opendir(s->state_dir);
+    if (!d && errno == ENOENT) return KEEL_OK;
+    if (!d) {
+        keel_errorf("%s: StateDir: %s: %s", keel_cluster_show(s->path, 160).s, s->state_dir, strerror(errno));
+        return KEEL_ERR_INPUT;
+    }
+    bool empty = true;
+    for (struct dirent *e; empty && (e = readdir(d));) empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
+    closedir(d);
+    if (empty) return KEEL_OK;
+    char *marker = keel_path_join(s->state_dir, ".keel-cluster"), *conf = keel_path_join(s->state_dir, "slurm.conf");
+    char *text = NULL, *want = xprintf("%s\n", s->name);
+    char *old = xprintf("# slurm.conf of cluster %s, written by keel cluster", s->name);
+    bool ours = false, other = false;
+    if (keel_read_file_quiet(marker, 4096, &text, NULL) == KEEL_OK) {
+        ours = !strcmp(text, want);
+        other = !ours;
+    } else if (keel_read_file_quiet(conf, 1 << 20, &text, NULL) == KEEL_OK) {
+        ours = !strncmp(text, old, strlen(old));
+    }
+    if (!ours)
+        keel_errorf("%s: StateDir: %s %s; keel cluster writes and removes files there: pick a new directory",
+                    keel_cluster_show(s->path, 160).s, s->state_dir,
+                    other ? "belongs to another cluster (its .keel-cluster names it)"
+                          : "is not empty and is not a keel cluster's (no .keel-cluster)");
+    keel_free(text);
+    keel_free(want);
+    keel_free(old);
+    keel_free(marker);
+    keel_free(conf);
+    return ours ? KEEL_OK : KEEL_ERR_INPUT;
+}
+
+/* keel and the plugin as the nodes will run them. keel's own file is copied
+ * into StateDir, so what else it loads must be where every node sees it (not
+ * under /tmp or /dev/shm: a library found through LD_LIBRARY_PATH or an
+ * rpath there); the plugin must be a shared object. */
+static keel_status check_programs(const keel_cluster_spec *s, const char *keel, const char *plugin) {
+    char *maps = NULL;
+    keel_status st = KEEL_OK;
+    if (keel_read_file_quiet("/proc/self/maps", 0, &maps, NULL) == KEEL_OK) {
+        char *save = NULL;
+        for (char *line = strtok_r(maps, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+            char perms[8] = "";
+            int at = 0;
+            if (sscanf(line, "%*s %7s %*s %*s %*s %n", perms, &at) < 1 || !strchr(perms, 'x') || line[at] != '/')
+                continue;
+            const char *file = line + at;
+            const char *dir = per_node_dir(file);
+            if (!dir || !strncmp(file, keel, strlen(keel))) continue;
+            keel_errorf("keel cluster up: keel loads %s, under %s, which the cluster's nodes do not see (each has its "
+                        "own): build or install keel's libraries elsewhere (or unset LD_LIBRARY_PATH/LD_PRELOAD "
+                        "that point there)", keel_cluster_show(file, 160).s, dir);
+            st = KEEL_ERR_INPUT;
+            break;
+        }
+        keel_free(maps);
+    }
+    if (st != KEEL_OK) return st;
+    unsigned char magic[4] = {0};
+    int fd = open(plugin, O_RDONLY | O_CLOEXEC);
+    struct stat sb;
+    bool elf = fd >= 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && read(fd, magic, 4) == 4 &&
+               !memcmp(magic, "\x7f" "ELF", 4);
+    if (fd >= 0) close(fd);
+    if (!elf) {
+        keel_errorf("%s: the auto-resume plugin %s is not a shared object (ELF) keel can read: build it (make keel) "
+                    "or fix AutoResumePlugin", keel_cluster_show(s->path, 160).s, keel_cluster_show(plugin, 160).s);
+        return KEEL_ERR_INPUT;
     }
     return KEEL_OK;
 }
+
+/* ---- up: StateDir ------------------------------------------------------------------ */
 
 static keel_status write_text(const char *path, const char *text, mode_t mode) {
     keel_status st = keel_write_file_atomic(path, text, strlen(text));
@@ -274,9 +548,31 @@ static keel_status write_text(const char *path, const char *text, mode_t mode) {
     return st;
 }
 
-/* StateDir's layout, the munge key (new for every up), /etc/hosts of the nodes and Slurm's files. */
+/* src copied to dst with mode, atomically (a daemon still running an older copy keeps its file). */
+static keel_status copy_program(const char *src, const char *dst, mode_t mode) {
+    char *data = NULL, *dir = keel_xstrdup(dst);
+    size_t len = 0;
+    keel_status st = keel_read_file_quiet(src, 0, &data, &len);
+    if (st != KEEL_OK) keel_errorf("cannot read %s to copy it into the cluster: %s", src, strerror(errno));
+    if (st == KEEL_OK) st = keel_mkdirs(dirname(dir));
+    if (st == KEEL_OK) st = keel_write_file_atomic(dst, data, len);
+    if (st == KEEL_OK && chmod(dst, mode) != 0) {
+        keel_errorf("%s: chmod: %s", dst, strerror(errno));
+        st = KEEL_ERR_IO;
+    }
+    keel_free(data);
+    keel_free(dir);
+    return st;
+}
+
+/* StateDir's layout and owner mark, keel and the plugin copied in, the
+ * munge key (new for every up), /etc/hosts of the nodes and Slurm's files. */
 static keel_status write_state(const keel_cluster_spec *s, const char *keel, const char *plugin) {
-    keel_status st = KEEL_OK;
+    keel_status st = keel_mkdirs(s->state_dir);
+    char *mark = keel_path_join(s->state_dir, ".keel-cluster"), *name = xprintf("%s\n", s->name);
+    if (st == KEEL_OK) st = write_text(mark, name, 0644);
+    keel_free(mark);
+    keel_free(name);
     const char *dirs[] = {"munge", "slurmctld"};
     for (int k = 0; k < 2 && st == KEEL_OK; k++) {
         char *d = keel_path_join(s->state_dir, dirs[k]);
@@ -292,7 +588,17 @@ static keel_status write_state(const keel_cluster_spec *s, const char *keel, con
             if (st == KEEL_OK && k == 0) chmod(d, 01777);
             keel_free(d);
         }
+        /* an earlier up's pid files would speak for daemons not yet started */
+        const char *stale[] = {"slurmd.pid", "munge/munged.pid"};
+        for (int k = 0; k < 2 && st == KEEL_OK; k++) {
+            char *p = node_path(s, i, stale[k]);
+            st = remove_in_state(s, p);
+            keel_free(p);
+        }
     }
+    char *ctl_pid = keel_path_join(s->state_dir, "slurmctld.pid");
+    if (st == KEEL_OK) st = remove_in_state(s, ctl_pid);
+    keel_free(ctl_pid);
     if (st != KEEL_OK) return st;
     unsigned char key[1024];
     if (getrandom(key, sizeof key, 0) != (ssize_t)sizeof key) {
@@ -300,8 +606,8 @@ static keel_status write_state(const keel_cluster_spec *s, const char *keel, con
         return KEEL_ERR_IO;
     }
     char *key_path = keel_path_join(s->state_dir, "munge.key");
-    unlink(key_path);
-    st = keel_write_file_atomic(key_path, key, sizeof key);
+    st = remove_in_state(s, key_path);
+    if (st == KEEL_OK) st = keel_write_file_atomic(key_path, key, sizeof key);
     if (st == KEEL_OK) chmod(key_path, 0400);
     keel_free(key_path);
     keel_strbuf hosts = {0};
@@ -311,33 +617,41 @@ static keel_status write_state(const keel_cluster_spec *s, const char *keel, con
     if (st == KEEL_OK) st = write_text(hosts_path, hosts.s, 0644);
     keel_free(hosts_path);
     keel_free(hosts.s);
-    keel_cluster_files f = {.local = true, .conf_dir = s->state_dir, .keel = keel, .plugin = plugin};
+    /* keel and the plugin where every node sees them, whatever directory they were built in */
+    char *keel_copy = keel_cluster_keel_path(s), *plugin_copy = keel_cluster_plugin_path(s);
+    if (st == KEEL_OK) st = copy_program(keel, keel_copy, 0755);
+    if (st == KEEL_OK) st = copy_program(plugin, plugin_copy, 0755);
+    keel_cluster_files f = {.local = true, .conf_dir = s->state_dir, .keel = keel_copy, .plugin = plugin_copy};
     if (st == KEEL_OK) st = keel_cluster_write_files(s, &f, s->state_dir, true);
+    keel_free(keel_copy);
+    keel_free(plugin_copy);
     return st;
 }
 
+/* ---- up: network, keepers, lifecycle, daemons ------------------------------------------ */
+
 static keel_status make_network(const keel_cluster_spec *s) {
-    char br[32];
-    bridge_name(s, br, sizeof br);
-    unsigned h = cluster_hash(s);
+    ifname br = bridge_name(s);
     uint32_t b = s->subnet + 1;
-    keel_status st = cmd(s, -1, "ip link add %s type bridge", br);
-    if (st == KEEL_OK) st = cmd(s, -1, "ip addr add %u.%u.%u.%u/%d dev %s", b >> 24, b >> 16 & 255, b >> 8 & 255,
-                                b & 255, s->prefix, br);
-    if (st == KEEL_OK) st = cmd(s, -1, "ip link set %s up", br);
+    char *bridge_addr = xprintf("%u.%u.%u.%u/%d", b >> 24, b >> 16 & 255, b >> 8 & 255, b & 255, s->prefix);
+    keel_status st = cmdv(s, -1, NULL, "ip", "link", "add", br.s, "type", "bridge", NULL);
+    if (st == KEEL_OK) st = cmdv(s, -1, NULL, "ip", "addr", "add", bridge_addr, "dev", br.s, NULL);
+    if (st == KEEL_OK) st = cmdv(s, -1, NULL, "ip", "link", "set", br.s, "up", NULL);
+    keel_free(bridge_addr);
     for (int i = 0; i < s->nnodes && st == KEEL_OK; i++) {
-        char ns[128], vh[32], vp[32];
-        netns_name(s, i, ns, sizeof ns);
-        snprintf(vh, sizeof vh, "kv-%06x-%d", h, i);
-        snprintf(vp, sizeof vp, "kp-%06x-%d", h, i);
-        if ((st = cmd(s, -1, "ip netns add %s", ns)) != KEEL_OK) break;
-        if ((st = cmd(s, -1, "ip link add %s type veth peer name %s", vh, vp)) != KEEL_OK) break;
-        if ((st = cmd(s, -1, "ip link set %s master %s up", vh, br)) != KEEL_OK) break;
-        if ((st = cmd(s, -1, "ip link set %s netns %s", vp, ns)) != KEEL_OK) break;
-        if ((st = cmd(s, -1, "ip -n %s link set %s name eth0", ns, vp)) != KEEL_OK) break;
-        if ((st = cmd(s, -1, "ip -n %s addr add %s/%d dev eth0", ns, s->nodes[i].addr, s->prefix)) != KEEL_OK) break;
-        if ((st = cmd(s, -1, "ip -n %s link set eth0 up", ns)) != KEEL_OK) break;
-        st = cmd(s, -1, "ip -n %s link set lo up", ns);
+        char *ns = netns_name(s, i), *addr = xprintf("%s/%d", s->nodes[i].addr, s->prefix);
+        ifname vh = veth_name(s, "kv", i), vp = veth_name(s, "kp", i);
+        st = cmdv(s, -1, NULL, "ip", "netns", "add", ns, NULL);
+        if (st == KEEL_OK)
+            st = cmdv(s, -1, NULL, "ip", "link", "add", vh.s, "type", "veth", "peer", "name", vp.s, NULL);
+        if (st == KEEL_OK) st = cmdv(s, -1, NULL, "ip", "link", "set", vh.s, "master", br.s, "up", NULL);
+        if (st == KEEL_OK) st = cmdv(s, -1, NULL, "ip", "link", "set", vp.s, "netns", ns, NULL);
+        if (st == KEEL_OK) st = cmdv(s, -1, NULL, "ip", "-n", ns, "link", "set", vp.s, "name", "eth0", NULL);
+        if (st == KEEL_OK) st = cmdv(s, -1, NULL, "ip", "-n", ns, "addr", "add", addr, "dev", "eth0", NULL);
+        if (st == KEEL_OK) st = cmdv(s, -1, NULL, "ip", "-n", ns, "link", "set", "eth0", "up", NULL);
+        if (st == KEEL_OK) st = cmdv(s, -1, NULL, "ip", "-n", ns, "link", "set", "lo", "up", NULL);
+        keel_free(ns);
+        keel_free(addr);
     }
     return st;
 }
@@ -345,11 +659,13 @@ static keel_status make_network(const keel_cluster_spec *s) {
 /* In the keeper, before it becomes `sleep infinity`: its namespaces and mounts. */
 static const char *keeper_setup(const keel_cluster_spec *s, int i) {
     static char why[1400];
-    char ns[128], p[1100];
-    netns_name(s, i, ns, sizeof ns);
-    snprintf(p, sizeof p, "/run/netns/%s", ns);
+    char *ns = netns_name(s, i), *p = xprintf("/run/netns/%s", ns);
+    keel_free(ns);
     int fd = open(p, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) return snprintf(why, sizeof why, "setns %s: %s", p, strerror(errno)), why;
+    bool entered = fd >= 0 && setns(fd, CLONE_NEWNET) == 0;
+    if (!entered) snprintf(why, sizeof why, "setns %s: %s", p, strerror(errno));
+    keel_free(p);
+    if (!entered) return why;
     close(fd);
     if (unshare(CLONE_NEWNS | CLONE_NEWUTS) != 0) return snprintf(why, sizeof why, "unshare: %s", strerror(errno)), why;
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
@@ -388,7 +704,7 @@ static keel_status start_keeper(const keel_cluster_spec *s, int i) {
         _exit(127);
     }
     close(p[1]);
-    char msg[600] = "";
+    char msg[1500] = "";
     ssize_t got = pid > 0 ? read(p[0], msg, sizeof msg - 1) : -1;
     close(p[0]);
     if (got > 0) msg[got] = 0;
@@ -397,10 +713,10 @@ static keel_status start_keeper(const keel_cluster_spec *s, int i) {
         if (pid > 0) waitpid(pid, NULL, 0);
         return KEEL_ERR_IO;
     }
-    char *path = node_path(s, i, "keeper.pid"), text[32];
-    snprintf(text, sizeof text, "%d\n", (int)pid);
+    char *path = node_path(s, i, "keeper.pid"), *text = xprintf("%d\n", (int)pid);
     keel_status st = write_text(path, text, 0644);
     keel_free(path);
+    keel_free(text);
     return st;
 }
 
@@ -408,38 +724,38 @@ static keel_status start_keeper(const keel_cluster_spec *s, int i) {
  * StateDir/lifecycle/GROUP (as HyperPod copies them from S3 onto each node;
  * and a SourceDir under /tmp would be out of the nodes' sight). */
 static char *lifecycle_dir(const keel_cluster_spec *s, const keel_cluster_group *g) {
-    char p[1100];
-    snprintf(p, sizeof p, "%s/lifecycle/%s", s->state_dir, g->name);
-    return keel_xstrdup(p);
+    return xprintf("%s/lifecycle/%s", s->state_dir, g->name);
 }
 
 static keel_status copy_lifecycle(const keel_cluster_spec *s) {
     keel_status st = KEEL_OK;
     for (int k = 0; k < s->ngroups && st == KEEL_OK; k++) {
         if (!s->groups[k].on_create) continue;
-        char *dst = lifecycle_dir(s, &s->groups[k]);
-        st = cmd(s, -1, "rm -rf %s", dst);
+        char *dst = lifecycle_dir(s, &s->groups[k]), *src = xprintf("%s/.", s->groups[k].source_dir);
+        st = remove_in_state(s, dst);
         if (st == KEEL_OK) st = keel_mkdirs(dst);
-        if (st == KEEL_OK) st = cmd(s, -1, "cp -a %s/. %s", s->groups[k].source_dir, dst);
+        if (st == KEEL_OK) st = cmdv(s, -1, NULL, "cp", "-a", "--", src, dst, NULL);
         keel_free(dst);
+        keel_free(src);
     }
     return st;
 }
 
 /* Every node's LifeCycleConfig.OnCreate at once, each once, in the node, its output in nodes/NODE/on_create.log. */
 static keel_status run_on_create(const keel_cluster_spec *s) {
+    enum { NENV = 6 };
     pid_t *pid = keel_xcalloc((size_t)s->nnodes * sizeof *pid, "on_create");
-    char **env = keel_xcalloc((size_t)s->nnodes * 6 * sizeof *env, "on_create env");
+    char **env = keel_xcalloc((size_t)s->nnodes * NENV * sizeof *env, "on_create env");
     keel_status st = copy_lifecycle(s);
     for (int i = 0; i < s->nnodes && st == KEEL_OK; i++) {
         const keel_cluster_group *g = &s->groups[s->nodes[i].group];
         if (!g->on_create) continue;
-        char **e = env + i * 6, buf[1200];
-        snprintf(buf, sizeof buf, "KEEL_NODE_NAME=%s", s->nodes[i].name), e[0] = keel_xstrdup(buf);
-        snprintf(buf, sizeof buf, "KEEL_NODE_ROLE=%s", keel_node_role_name(g->role)), e[1] = keel_xstrdup(buf);
-        snprintf(buf, sizeof buf, "KEEL_INSTANCE_GROUP=%s", g->name), e[2] = keel_xstrdup(buf);
-        snprintf(buf, sizeof buf, "KEEL_CLUSTER_NAME=%s", s->name), e[3] = keel_xstrdup(buf);
-        snprintf(buf, sizeof buf, "KEEL_CLUSTER_SHARED=%s", s->shared_dir), e[4] = keel_xstrdup(buf);
+        char **e = env + i * NENV;
+        e[0] = xprintf("KEEL_NODE_NAME=%s", s->nodes[i].name);
+        e[1] = xprintf("KEEL_NODE_ROLE=%s", keel_node_role_name(g->role));
+        e[2] = xprintf("KEEL_INSTANCE_GROUP=%s", g->name);
+        e[3] = xprintf("KEEL_CLUSTER_NAME=%s", s->name);
+        e[4] = xprintf("KEEL_CLUSTER_SHARED=%s", s->shared_dir);
         char *log = node_path(s, i, "on_create.log");
         int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         keel_free(log);
@@ -462,54 +778,111 @@ static keel_status run_on_create(const keel_cluster_spec *s) {
         double left = ON_CREATE_TIMEOUT_S - (keel_now_s() - t0);
         int rc = wait_for(pid[i], left > 0.1 ? left : 0.1);
         if (rc == 0 || st != KEEL_OK) continue;
-        char *log = node_path(s, i, "on_create.log"), *text = NULL, last[300] = "";
+        char *log = node_path(s, i, "on_create.log"), *text = NULL;
+        const char *last = "";
         if (keel_read_file_quiet(log, 1 << 20, &text, NULL) == KEEL_OK) {
             size_t n = strlen(text);
             while (n && text[n - 1] == '\n') text[--n] = 0;
             const char *l = strrchr(text, '\n');
-            snprintf(last, sizeof last, ": %s", l ? l + 1 : text);
-            if (!text[0]) last[0] = 0;
+            last = l ? l + 1 : text;
         }
-        keel_errorf("%s: LifeCycleConfig.OnCreate of group %s: %s failed on node %s (%s %d)%s (log: %s)", s->path,
-                    s->groups[s->nodes[i].group].name, s->groups[s->nodes[i].group].on_create, s->nodes[i].name,
-                    rc == 124 ? "no end in" : "exit", rc == 124 ? ON_CREATE_TIMEOUT_S : rc, last, log);
+        keel_errorf("%s: LifeCycleConfig.OnCreate of group %s: %s failed on node %s (%s %d)%s%s (log: %s)",
+                    keel_cluster_show(s->path, 160).s, s->groups[s->nodes[i].group].name,
+                    s->groups[s->nodes[i].group].on_create, s->nodes[i].name, rc == 124 ? "no end in" : "exit",
+                    rc == 124 ? ON_CREATE_TIMEOUT_S : rc, last[0] ? ": " : "", keel_cluster_show(last, 160).s, log);
         keel_free(text);
         keel_free(log);
         st = KEEL_ERR_INPUT;
     }
-    for (int i = 0; i < s->nnodes * 6; i++) keel_free(env[i]);
+    for (int i = 0; i < s->nnodes * NENV; i++) keel_free(env[i]);
     keel_free(env);
     keel_free(pid);
     return st;
 }
 
-static keel_status start_daemons(const keel_cluster_spec *s) {
-    const char *d = s->state_dir;
-    char munged[2048];
-    snprintf(munged, sizeof munged,
-             "munged --force --socket=%s/munge/munge.sock --key-file=%s/munge.key --pid-file=%s/munge/munged.pid "
-             "--seed-file=%s/munge/munged.seed --log-file=%s/munge/munged.log",
-             d, d, d, d, d);
-    /* the same command everywhere: each node's mount namespace gives it its own StateDir/munge */
-    keel_status st = cmd(s, -1, "%s", munged);
-    for (int i = 0; i < s->nnodes && st == KEEL_OK; i++) st = cmd(s, i, "%s", munged);
-    if (st == KEEL_OK) st = cmd(s, 0, "slurmctld -c -f %s/slurm.conf", d);
-    for (int i = 0; i < s->nnodes && st == KEEL_OK; i++)
-        if (role_of(s, i) == KEEL_ROLE_WORKER) st = cmd(s, i, "slurmd -f %s/slurm.conf", d);
+/* A daemon's pid file and log as the host sees them (munged on a node: its
+ * StateDir/munge is the host's StateDir/nodes/NODE/munge). */
+typedef enum { MUNGED, SLURMCTLD, SLURMD } daemon_kind;
+static const char *const daemon_names[] = {"munged", "slurmctld", "slurmd"};
+static char *daemon_file(const keel_cluster_spec *s, int node, daemon_kind d, bool log) {
+    if (d == MUNGED)
+        return node < 0 ? xprintf("%s/munge/munged.%s", s->state_dir, log ? "log" : "pid")
+                        : node_path(s, node, log ? "munge/munged.log" : "munge/munged.pid");
+    if (d == SLURMCTLD) return xprintf("%s/slurmctld.%s", s->state_dir, log ? "log" : "pid");
+    return node_path(s, node, log ? "slurmd.log" : "slurmd.pid");
+}
+
+static keel_status start_daemon(const keel_cluster_spec *s, int node, daemon_kind d) {
+    const char *dir = s->state_dir;
+    char *log = daemon_file(s, node, d, true), *conf = keel_path_join(dir, "slurm.conf");
+    keel_status st;
+    if (d == MUNGED) {
+        /* the same command everywhere: each node's mount namespace gives it its own StateDir/munge */
+        char *sock = xprintf("--socket=%s/munge/munge.sock", dir), *key = xprintf("--key-file=%s/munge.key", dir);
+        char *pid = xprintf("--pid-file=%s/munge/munged.pid", dir);
+        char *seed = xprintf("--seed-file=%s/munge/munged.seed", dir);
+        char *log_at = xprintf("--log-file=%s/munge/munged.log", dir);
+        st = cmdv(s, node, log, "munged", "--force", sock, key, pid, seed, log_at, NULL);
+        keel_free(sock), keel_free(key), keel_free(pid), keel_free(seed), keel_free(log_at);
+    } else if (d == SLURMCTLD) {
+        st = cmdv(s, node, log, "slurmctld", "-c", "-f", conf, NULL);
+    } else {
+        st = cmdv(s, node, log, "slurmd", "-f", conf, NULL);
+    }
+    keel_free(log);
+    keel_free(conf);
     return st;
 }
 
-static char *slurm_conf_env(const keel_cluster_spec *s) {
-    char e[1100];
-    snprintf(e, sizeof e, "SLURM_CONF=%s/slurm.conf", s->state_dir);
-    return keel_xstrdup(e);
+static keel_status start_daemons(const keel_cluster_spec *s) {
+    keel_status st = start_daemon(s, -1, MUNGED);
+    for (int i = 0; i < s->nnodes && st == KEEL_OK; i++) st = start_daemon(s, i, MUNGED);
+    if (st == KEEL_OK) st = start_daemon(s, 0, SLURMCTLD);
+    for (int i = 0; i < s->nnodes && st == KEEL_OK; i++)
+        if (role_of(s, i) == KEEL_ROLE_WORKER) st = start_daemon(s, i, SLURMD);
+    return st;
 }
 
-/* sinfo's node lines "NAME|STATE|REASON" (from the host), false when it does not answer. */
-static bool sinfo(const keel_cluster_spec *s, char *out, size_t n) {
+static bool pid_on_node(const keel_cluster_spec *s, const ino_t *ns, int i, const char *pidfile) {
+    pid_t pid = read_pid(pidfile);
+    return pid && node_of_pid(s, ns, pid) == i;
+}
+
+/* The first of the nodes' daemons that is not running: its pid file names no
+ * process on its node (or, when must_exist, there is none yet). An error line
+ * naming it, its log and the log's last error; false when all run. */
+static bool daemon_down(const keel_cluster_spec *s, bool must_exist) {
+    ino_t *ns = keel_xcalloc((size_t)s->nnodes * sizeof *ns, "netns");
+    for (int i = 0; i < s->nnodes; i++) ns[i] = netns_inode(s, i);
+    bool down = false;
+    for (int i = 0; i < s->nnodes && !down; i++) {
+        daemon_kind kinds[2] = {MUNGED, role_of(s, i) == KEEL_ROLE_CONTROLLER ? SLURMCTLD : SLURMD};
+        int n = role_of(s, i) == KEEL_ROLE_LOGIN ? 1 : 2;
+        for (int k = 0; k < n && !down; k++) {
+            char *pid = daemon_file(s, i, kinds[k], false);
+            down = (must_exist || keel_path_exists(pid)) && !pid_on_node(s, ns, i, pid);
+            if (down) {
+                char *log = daemon_file(s, i, kinds[k], true), *said = log_last_error(log);
+                keel_errorf("cluster %s: %s on node %s is not running (%s); its log %s says: %s", s->name,
+                            daemon_names[kinds[k]], s->nodes[i].name,
+                            keel_path_exists(pid) ? "it started, then ended" : "it wrote no pid file", log, said);
+                keel_free(said);
+                keel_free(log);
+            }
+            keel_free(pid);
+        }
+    }
+    keel_free(ns);
+    return down;
+}
+
+static char *slurm_conf_env(const keel_cluster_spec *s) { return xprintf("SLURM_CONF=%s/slurm.conf", s->state_dir); }
+
+/* sinfo's node lines "NAME|STATE|REASON" (from the host, *out malloc'd), false when it does not answer. */
+static bool sinfo(const keel_cluster_spec *s, char **out) {
     char *env[] = {slurm_conf_env(s), NULL};
     char *argv[] = {"sinfo", "-h", "-N", "-o", "%N|%T|%E", NULL};
-    int rc = run_out(s, -1, argv, env, out, n);
+    int rc = run_out(s, -1, argv, env, out);
     keel_free(env[0]);
     return rc == 0;
 }
@@ -517,42 +890,66 @@ static bool sinfo(const keel_cluster_spec *s, char *out, size_t n) {
 static keel_status wait_idle(const keel_cluster_spec *s) {
     int workers = 0;
     for (int i = 0; i < s->nnodes; i++) workers += role_of(s, i) == KEEL_ROLE_WORKER;
-    char out[16384] = "";
+    char *out = keel_xstrdup("");
     for (double t0 = keel_now_s(); keel_now_s() - t0 < IDLE_TIMEOUT_S; keel_sleep_s(0.2)) {
-        if (!sinfo(s, out, sizeof out)) continue;
+        if (daemon_down(s, false)) { /* one ended after it started: its log says why */
+            keel_free(out);
+            return KEEL_ERR_IO;
+        }
+        keel_free(out);
+        if (!sinfo(s, &out)) continue;
         int idle = 0;
         for (const char *at = strstr(out, "|idle|"); at; at = strstr(at + 1, "|idle|")) idle++;
-        if (idle == workers) return KEEL_OK;
+        if (idle == workers) {
+            keel_free(out);
+            return KEEL_OK;
+        }
     }
-    for (char *c = out; *c; c++)
-        if (*c == '\n') *c = ' ';
-    keel_errorf("cluster %s: the workers did not all become idle in %d s (sinfo: %s; logs in %s)", s->name,
-                IDLE_TIMEOUT_S, out[0] ? out : "no answer", s->state_dir);
+    if (!daemon_down(s, true)) {
+        for (char *c = out; *c; c++)
+            if (*c == '\n') *c = ' ';
+        keel_errorf("cluster %s: the workers did not all become idle in %d s (sinfo: %s; logs in %s)", s->name,
+                    IDLE_TIMEOUT_S, out[0] ? keel_cluster_show(out, 160).s : "no answer", s->state_dir);
+    }
+    keel_free(out);
     return KEEL_ERR_IO;
 }
 
 keel_status keel_cluster_up(const keel_cluster_spec *s) {
     keel_status st = need_root("up");
     if (st != KEEL_OK) return st;
-    static const char *const tools[] = {"ip", "munged", "slurmctld", "slurmd", "sinfo", "sleep", "bash", NULL};
+    static const char *const tools[] = {"ip", "munged", "slurmctld", "slurmd", "sinfo", "sleep", "bash", "cp", NULL};
     for (const char *const *t = tools; *t; t++)
         if (!in_path(*t)) {
             keel_errorf("keel cluster up: %s not found: run scripts/install-deps.sh (iproute2, munge, slurmctld, "
                         "slurmd, slurm-client)", *t);
             return KEEL_ERR_INPUT;
         }
-    char keel[4096], plugin[4096];
-    if ((st = keel_self_path(keel, sizeof keel)) != KEEL_OK) return st;
-    if ((st = keel_cluster_find_plugin(s, keel, plugin, sizeof plugin)) != KEEL_OK) return st;
-    bool present = bridge_exists(s);
-    for (int i = 0; i < s->nnodes && !present; i++) present = netns_inode(s, i) != 0;
-    if (present) {
-        keel_errorf("cluster %s is up already, or was not taken down: keel cluster status %s; keel cluster down %s",
-                    s->name, s->path, s->path);
-        return KEEL_ERR_INPUT;
+    char *keel = realpath("/proc/self/exe", NULL), *plugin = NULL;
+    if (!keel) {
+        keel_errorf("cannot read /proc/self/exe: %s", strerror(errno));
+        return KEEL_ERR_IO;
     }
-    if ((st = check_subnet(s)) != KEEL_OK) return st;
-    if ((st = write_state(s, keel, plugin)) != KEEL_OK) return st;
+    /* refused before anything starts: what the nodes could not reach, a cluster up already, a taken
+     * subnet or StateDir */
+    st = keel_cluster_find_plugin(s, keel, &plugin);
+    if (st == KEEL_OK) st = check_programs(s, keel, plugin);
+    if (st == KEEL_OK) st = check_seen_by_nodes(s, "StateDir", s->state_dir);
+    if (st == KEEL_OK) st = check_seen_by_nodes(s, "SharedDir", s->shared_dir);
+    bool present = st == KEEL_OK && bridge_exists(s);
+    for (int i = 0; i < s->nnodes && !present && st == KEEL_OK; i++) present = netns_inode(s, i) != 0;
+    if (present) {
+        keel_cluster_shown path = keel_cluster_show(s->path, 160);
+        keel_errorf("cluster %s is up already, or was not taken down: keel cluster status %s; keel cluster down %s",
+                    s->name, path.s, path.s);
+        st = KEEL_ERR_INPUT;
+    }
+    if (st == KEEL_OK) st = check_subnet(s);
+    if (st == KEEL_OK) st = check_state_dir(s);
+    if (st == KEEL_OK) st = write_state(s, keel, plugin);
+    free(keel);
+    keel_free(plugin);
+    if (st != KEEL_OK) return st;
     double t0 = keel_now_s();
     st = make_network(s);
     for (int i = 0; i < s->nnodes && st == KEEL_OK; i++) st = start_keeper(s, i);
@@ -570,11 +967,13 @@ keel_status keel_cluster_up(const keel_cluster_spec *s) {
     char *marker = keel_path_join(s->state_dir, "up");
     st = write_text(marker, s->path, 0644);
     keel_free(marker);
+    keel_strbuf hint = {0};
+    if (!keel_cluster_sh_quote(&hint, s->path)) keel_strbuf_printf(&hint, "SPEC");
     keel_log_info("cluster %s up in %.1f s: %d nodes on %s, shared %s; eval \"$(keel cluster env %s)\"", s->name,
-                  keel_now_s() - t0, s->nnodes, s->state_dir, s->shared_dir, s->path);
+                  keel_now_s() - t0, s->nnodes, s->state_dir, s->shared_dir, hint.s);
+    keel_free(hint.s);
     return st;
 }
-
 /* ---- down ----------------------------------------------------------------------- */
 
 /* Signal every process in the nodes' network namespaces; how many there were. */
@@ -598,7 +997,7 @@ static int signal_nodes(const keel_cluster_spec *s, const ino_t *ns, int sig) {
 
 /* The host's munged, by its pid file, when the process is still it. */
 static void stop_host_munged(const keel_cluster_spec *s) {
-    char *pf = keel_path_join(s->state_dir, "munge/munged.pid");
+    char *pf = daemon_file(s, -1, MUNGED, false);
     pid_t pid = read_pid(pf);
     keel_free(pf);
     if (!pid) return;
@@ -631,30 +1030,26 @@ keel_status keel_cluster_down(const keel_cluster_spec *s) {
     stop_host_munged(s);
     for (int i = 0; i < s->nnodes; i++) {
         if (!ns[i]) continue;
-        char name[128];
-        netns_name(s, i, name, sizeof name);
-        if (cmd(s, -1, "ip netns del %s", name) != KEEL_OK) st = KEEL_ERR_IO;
-        char *kp = node_path(s, i, "keeper.pid");
-        unlink(kp);
+        char *name = netns_name(s, i), *kp = node_path(s, i, "keeper.pid");
+        if (cmdv(s, -1, NULL, "ip", "netns", "del", name, NULL) != KEEL_OK) st = KEEL_ERR_IO;
+        if (remove_in_state(s, kp) != KEEL_OK) st = KEEL_ERR_IO;
+        keel_free(name);
         keel_free(kp);
     }
     /* the kernel takes a namespace apart after its last process: its veth goes then */
-    unsigned h = cluster_hash(s);
     for (int i = 0; i < s->nnodes; i++) {
         char veth[64];
-        snprintf(veth, sizeof veth, "/sys/class/net/kv-%06x-%d", h, i);
+        snprintf(veth, sizeof veth, "/sys/class/net/%s", veth_name(s, "kv", i).s);
         for (double t0 = keel_now_s(); keel_path_exists(veth) && keel_now_s() - t0 < 10;) keel_sleep_s(0.05);
         if (keel_path_exists(veth)) {
             keel_errorf("cluster %s: %s is still there 10 s after its namespace was removed", s->name, veth);
             st = KEEL_ERR_IO;
         }
     }
-    char br[32];
-    bridge_name(s, br, sizeof br);
     bool bridge = bridge_exists(s);
-    if (bridge && cmd(s, -1, "ip link del %s", br) != KEEL_OK) st = KEEL_ERR_IO;
+    if (bridge && cmdv(s, -1, NULL, "ip", "link", "del", bridge_name(s).s, NULL) != KEEL_OK) st = KEEL_ERR_IO;
     char *marker = keel_path_join(s->state_dir, "up");
-    unlink(marker);
+    if (remove_in_state(s, marker) != KEEL_OK) st = KEEL_ERR_IO;
     keel_free(marker);
     keel_free(ns);
     if (left) {
@@ -669,18 +1064,17 @@ keel_status keel_cluster_down(const keel_cluster_spec *s) {
 
 /* ---- status and exec -------------------------------------------------------------- */
 
-static bool pid_on_node(const keel_cluster_spec *s, const ino_t *ns, int i, const char *pidfile) {
-    pid_t pid = read_pid(pidfile);
-    return pid && node_of_pid(s, ns, pid) == i;
-}
-
 bool keel_cluster_status(const keel_cluster_spec *s, FILE *out) {
     ino_t *ns = keel_xcalloc((size_t)s->nnodes * sizeof *ns, "netns");
     char *marker = keel_path_join(s->state_dir, "up");
     bool up = keel_path_exists(marker) && bridge_exists(s);
     keel_free(marker);
-    char slurm[65536] = "";
-    bool answered = up && sinfo(s, slurm, sizeof slurm);
+    char *slurm = keel_xstrdup("");
+    bool answered = false;
+    if (up) {
+        keel_free(slurm);
+        answered = sinfo(s, &slurm);
+    }
     fprintf(out, "cluster %s: %s; state %s, shared %s\n", s->name, up ? "up" : "down", s->state_dir, s->shared_dir);
     fprintf(out, "%-16s %-10s %-15s %-6s %-24s %-10s %s\n", "NODE", "ROLE", "ADDRESS", "HOST", "DAEMONS", "SLURM",
             "REASON");
@@ -691,14 +1085,13 @@ bool keel_cluster_status(const keel_cluster_spec *s, FILE *out) {
         bool host = ns[i] && keeper_pid(s, i) && node_of_pid(s, ns, keeper_pid(s, i)) == i;
         char daemons[64] = "", *p;
         bool ok = host;
-        p = node_path(s, i, "munge/munged.pid");
+        p = daemon_file(s, i, MUNGED, false);
         bool m = pid_on_node(s, ns, i, p);
         keel_free(p);
         snprintf(daemons, sizeof daemons, "munged%s", m ? "" : "(down)");
         ok &= m;
         if (role != KEEL_ROLE_LOGIN) {
-            p = role == KEEL_ROLE_CONTROLLER ? keel_path_join(s->state_dir, "slurmctld.pid")
-                                             : node_path(s, i, "slurmd.pid");
+            p = daemon_file(s, i, role == KEEL_ROLE_CONTROLLER ? SLURMCTLD : SLURMD, false);
             bool d = pid_on_node(s, ns, i, p);
             keel_free(p);
             size_t at = strlen(daemons);
@@ -722,6 +1115,7 @@ bool keel_cluster_status(const keel_cluster_spec *s, FILE *out) {
                 s->nodes[i].addr, host ? "up" : "down", host ? daemons : "-", state, reason);
     }
     if (up && !answered) fprintf(out, "slurmctld does not answer (log: %s/slurmctld.log)\n", s->state_dir);
+    keel_free(slurm);
     keel_free(ns);
     return all && answered;
 }
@@ -730,18 +1124,22 @@ int keel_cluster_exec(const keel_cluster_spec *s, const char *node, char *const 
     int i = 0;
     while (i < s->nnodes && strcmp(s->nodes[i].name, node)) i++;
     if (i == s->nnodes) {
-        keel_errorf("%s: no node '%s' (keel cluster status %s lists them)", s->path, node, s->path);
+        keel_cluster_shown path = keel_cluster_show(s->path, 160);
+        keel_errorf("%s: no node '%s' (keel cluster status %s lists them)", path.s, keel_cluster_show(node, 64).s,
+                    path.s);
         return 2;
     }
     if (!netns_inode(s, i)) {
-        keel_errorf("node %s is not up: keel cluster up %s", node, s->path);
+        keel_errorf("node %s is not up: keel cluster up %s", node, keel_cluster_show(s->path, 160).s);
         return 1;
     }
-    char *env[3] = {slurm_conf_env(s), NULL, NULL}, shared[1100], cwd[4096];
-    snprintf(shared, sizeof shared, "KEEL_CLUSTER_SHARED=%s", s->shared_dir);
-    env[1] = shared;
-    pid_t pid = spawn(s, i, argv, getcwd(cwd, sizeof cwd), -1, env);
+    char *keel = keel_cluster_keel_path(s), *cwd = getcwd(NULL, 0);
+    char *env[4] = {slurm_conf_env(s), xprintf("KEEL_CLUSTER_SHARED=%s", s->shared_dir),
+                    xprintf("KEEL_CLUSTER_KEEL=%s", keel), NULL};
+    pid_t pid = spawn(s, i, argv, cwd, -1, env);
     int rc = pid < 0 ? 1 : wait_for(pid, 0);
-    keel_free(env[0]);
+    for (int k = 0; k < 3; k++) keel_free(env[k]);
+    keel_free(keel);
+    free(cwd);
     return rc;
 }

@@ -11,7 +11,9 @@
 #    its own), and the run ends with the undisturbed run's params_xxh3;
 #  - --auto-resume=abc and =-1 are refused at submission; a command that is
 #    not keel and always fails is run 1 + N times and exits with its own code.
-# Every srun and sbatch is time-bounded.
+# Every srun and sbatch is time-bounded. Jobs run the cluster's copy of keel
+# ($KEEL_CLUSTER_KEEL) on a config in SharedDir: this build and the source
+# tree may be under /tmp, which no node shares.
 source "$KEEL_SRC/tests/lib.sh"
 source "$KEEL_SRC/tests/cluster_fixture.sh"
 K=$KEEL_BIN
@@ -28,6 +30,10 @@ S=$TMP/kc-slurm.json
 "$K" cluster up "$S" 2>"$TMP/up.err" || fail "up: $(cat "$TMP/up.err")"
 eval "$("$K" cluster env "$S")"
 SH=$KEEL_CLUSTER_SHARED
+# what the jobs read must be where every node sees it: the cluster's keel, the config in SharedDir
+KC=$KEEL_CLUSTER_KEEL
+cp "$CFG" "$SH/micro.json"
+CFG=$SH/micro.json
 # wait_job ID LIMIT_S: until the job has left the queue
 wait_job() {
   for _ in $(seq 1 $(( $2 * 5 ))); do [ -z "$(squeue -h -j "$1" 2>/dev/null)" ] && return 0; sleep 0.2; done
@@ -37,7 +43,7 @@ wait_job() {
 
 # ---- keel's supervisor under sbatch -N3, one spare ----
 printf '#!/bin/sh\nexec "%s" train "%s" %s --set resilience.spares=1 --nproc 2 --run-dir "%s/sup"\n' \
-  "$K" "$CFG" "${args[*]}" "$SH" >"$SH/sup.sh"
+  "$KC" "$CFG" "${args[*]}" "$SH" >"$SH/sup.sh"
 jobid=$(timeout 30 sbatch --parsable -N3 --chdir="$SH" -o "$SH/sup.out" "$SH/sup.sh") || fail "sbatch -N3"
 wait_job "$jobid" 300
 [ "$(json "$SH/sup/summary.json" "j['status']")" = completed ] || fail "sbatch -N3 run: $(tail -5 "$SH/sup.out")"
@@ -49,7 +55,7 @@ pass "keel train --nproc 2 under sbatch -N3 (1 spare): ranks on $n0 and $n1, par
 
 # ---- srun --auto-resume=2: a rank killed on a host whose health check fails ----
 printf '#!/bin/sh\nexec srun -N2 -n2 --mpi=pmix --kill-on-bad-exit=1 --auto-resume=2 "%s" train "%s" %s --run-dir "%s/run"\n' \
-  "$K" "$CFG" "${args[*]}" "$SH" >"$SH/job.sh"
+  "$KC" "$CFG" "${args[*]}" "$SH" >"$SH/job.sh"
 jobid=$(timeout 30 sbatch --parsable -N4 --chdir="$SH" -o "$SH/job.out" "$SH/job.sh") || fail "sbatch -N4"
 pid=$(wait_train_step "$SH/run" 1 30)
 bad=$(hb node "$SH/run" 1)
