@@ -5,7 +5,7 @@
 # bad arguments exit 2; the gpu check reads two GPUs through the NVML stand-in.
 source "$KEEL_SRC/tests/lib.sh"
 mpi_env
-trap 'umount "$TMP/ro" "$TMP/small" 2>/dev/null || true; rm -rf "$TMP"' EXIT
+trap 'kill_leftovers; umount "$TMP/ro" "$TMP/small" 2>/dev/null || true; rm -rf "$TMP"' EXIT
 "$KEEL_BIN" health --json --dir "$TMP/ck" >"$TMP/h.json" || fail "healthy machine: exit $?"
 python3 - "$TMP/h.json" <<'PY' || fail "JSON report"
 import json, sys
@@ -37,6 +37,17 @@ expect_fail() { # name pattern cmd...: exit 1 and the report shows pattern
   pass "$name: $(grep -E "$pattern" "$TMP/out" | head -1 | sed 's/^ *//')"
 }
 expect_fail "impossible GEMM floor" "gemm +FAIL +one core does .* below the floor" "$KEEL_BIN" health --checks gemm --gemm-floor 1e9
+# a busy machine is not a sick one: with two busy loops on every core the GEMM check measures what
+# the core does while it runs, as on the quiet machine (before, it read a fraction and failed the node)
+gflops() { "$KEEL_BIN" health --json --checks gemm | python3 -c 'import json,sys; print([c for c in json.load(sys.stdin)["checks"] if c["name"] == "gemm"][0]["value"])'; }
+quiet=$(gflops)
+busy=()
+for _ in $(seq 1 $(( 2 * $(nproc) ))); do bash -c 'while :; do :; done' "$TMP/busy" & busy+=("$!"); done
+loaded=$(gflops)
+kill "${busy[@]}"; wait "${busy[@]}" 2>/dev/null || true
+python3 -c "import sys; q, l = $quiet, $loaded; sys.exit(0 if l >= 0.5 * q else 1)" ||
+  fail "gemm check on a busy machine: $loaded GFLOP/s against $quiet quiet"
+pass "gemm check: $quiet GFLOP/s quiet, $loaded with $(( 2 * $(nproc) )) busy loops beside it"
 mkdir -p "$TMP/ro" "$TMP/small"
 mount -t tmpfs -o ro,size=1m tmpfs "$TMP/ro" || fail "cannot mount a tmpfs (needs root)"
 expect_fail "read-only checkpoint directory" "checkpoint_dir +FAIL +.*not writable" "$KEEL_BIN" health --checks checkpoint_dir --dir "$TMP/ro"
