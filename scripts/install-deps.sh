@@ -33,6 +33,8 @@ KEEL_BUILD_DEPS=(
     slurm-client             #   srun, salloc, scontrol: keel train launches with srun in an allocation
     libpmix-dev              # srun --mpi=pmix for OpenMPI ranks
     libslurm-dev             # slurm/spank.h: the srun --auto-resume plugin (plugins/slurm)
+    clang                    # the fuzz harnesses (tests/fuzz, scripts/fuzz.sh): libFuzzer is clang's
+    libclang-rt-14-dev       #   its runtime: -fsanitize=fuzzer (with ASan + UBSan) links against it
 )
 KEEL_CORPUS_DEPS=(
     r-base-core              # Rscript: reads the .rda/lazy-load data of the R text packages

@@ -75,6 +75,10 @@ keel_status keel_ckpt_shard_begin(const char *dir, int rank, int ranks, int64_t 
                                   keel_ckpt_writer **out);
 keel_status keel_ckpt_shard_append(keel_ckpt_writer *w, const float *values, int64_t n);
 keel_status keel_ckpt_shard_finish(keel_ckpt_writer *w, keel_ckpt_file *file);
+/* Give up on a file begun: close, remove it, free w. A write of its own that
+ * failed is one line here; the failure of the caller's source is the
+ * caller's to say. */
+void keel_ckpt_shard_abort(keel_ckpt_writer *w);
 /* What a manifest records besides the files. */
 typedef struct {
     int64_t step;             /* optimizer steps done: training resumes at this step */
@@ -124,6 +128,16 @@ typedef struct {
 /* Parse dir/manifest.json and check that every file exists with its size
  * and header; reasons are one line (KEEL_ERR_INPUT). */
 keel_status keel_ckpt_open(const char *dir, keel_ckpt *out);
+/* What keel_ckpt_open does with the manifest's text[0, len) (dir names the
+ * checkpoint in messages): every number range-checked, the units tiling the
+ * parameters and the shard buffer, every file's size the header and arrays
+ * they imply (overflow-checked). On failure one line, and *out needs no close.
+ * The fuzz harness's entry (tests/fuzz/fuzz_ckpt.c). */
+keel_status keel_ckpt_parse_manifest(const char *text, size_t len, const char *dir, keel_ckpt *out);
+/* Shard file j's first len bytes (head) and size against the manifest: one
+ * line naming path on a mismatch. */
+keel_status keel_ckpt_check_shard_header(const keel_ckpt *c, int j, const void *head, size_t len,
+                                         int64_t file_bytes, const char *path);
 void keel_ckpt_close(keel_ckpt *c);
 /* XXH3 of shard file j against the manifest. */
 keel_status keel_ckpt_verify_file(const keel_ckpt *c, int j);
@@ -151,8 +165,10 @@ keel_status keel_ckpt_verify_ranges(const keel_ckpt *c, const keel_param_range *
 /* Open path: a checkpoint directory (its files are verified as they are
  * read), or a run directory's newest checkpoint whose files all verify. */
 keel_status keel_ckpt_open_any(const char *path, keel_ckpt *out);
-/* The config saved in the manifest, finalized. cfg needs keel_config_free
- * afterwards, also on failure. */
+/* The config saved in the manifest, finalized, whose model the checkpoint's
+ * units hold (keel_ckpt_check_layout): what export, eval and `keel ckpt
+ * verify` need before they read. cfg needs keel_config_free afterwards, also
+ * on failure. */
 keel_status keel_ckpt_load_config(const keel_ckpt *c, keel_config *cfg);
 /* A model from path (as keel_ckpt_open_any): *cfg its config (keel_config_free
  * afterwards, also on failure), *params its canonical fp32 parameters

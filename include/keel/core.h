@@ -93,6 +93,22 @@ typedef struct {
 } keel_strbuf;
 void keel_strbuf_printf(keel_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void keel_free(void *p);
+/* For sizes a file asked for (a tensor, a shard, a vocabulary): the memory, or
+ * NULL — without a message, so the caller's one line can name the file and
+ * the field — when it cannot be had or is more than this machine's physical
+ * memory (an absurd size from a damaged file is refused before malloc sees
+ * it). 64-byte aligned like keel_xmalloc; free with keel_free. */
+void *keel_try_malloc(size_t bytes);
+
+/* ---- JSON numbers (json.c) ------------------------------------------------ */
+
+/* A JSON value (cJSON) as an integer in [lo, hi]: false unless it is a number
+ * with no fraction, at most 2^53 in magnitude (beyond that a double no longer
+ * says which integer the file wrote) and inside the range. Every parser reads
+ * integers through this, so no file can drive a float-to-int conversion out
+ * of range (1e19, 1e300, inf are refused, not converted). */
+struct cJSON;
+bool keel_json_int(const struct cJSON *v, int64_t lo, int64_t hi, int64_t *out);
 
 /* ---- this process and machine (host.c) ----------------------------------- */
 
@@ -270,16 +286,35 @@ void keel_atomic_abort(keel_atomic_file *f);
  * fsync failed). */
 keel_status keel_commit_dir(const char *tmp_dir, const char *dir);
 
+/* Open a file a user named, for reading, the one way keel does it: never
+ * blocking in open() (a FIFO that nobody writes to would hang it, so it is
+ * opened O_NONBLOCK and then fstat'd), and only a regular file — or with
+ * pipes_ok also a pipe or FIFO (read as a stream; one without a writer reads
+ * as empty). A directory, device, socket (or FIFO) is refused. On success *fd
+ * is open (blocking reads again). On failure *fd is -1, `why` says it in words
+ * ("No such file or directory", "is a FIFO, not a regular file"), errno is
+ * kept (EISDIR for a directory, EINVAL for other kinds), and the status is
+ * KEEL_ERR_INPUT for a missing or wrong kind of file, KEEL_ERR_IO otherwise.
+ * Nothing is printed: the caller's line names the file, what it should be
+ * and the fix. */
+keel_status keel_open_read(const char *path, bool pipes_ok, int *fd, char *why, size_t why_n);
+
 /* Read a whole file into a new NUL-terminated buffer (*out, free with
  * keel_free; *len excludes the NUL; len may be NULL). A missing file is
  * KEEL_ERR_INPUT with one line naming it; other failures KEEL_ERR_IO. Pipes
- * and /proc files work too (read to EOF). */
+ * and /proc files work too (read to EOF); devices and sockets are refused. */
 keel_status keel_read_file(const char *path, char **out, size_t *len);
 /* The same without any message, for optional files and for callers that
  * word the error themselves: errno says why (EFBIG when the file is larger
- * than max_bytes; max_bytes 0 = no limit). A missing file, a directory or a
- * file over max_bytes is KEEL_ERR_INPUT, anything else KEEL_ERR_IO. */
+ * than max_bytes; max_bytes 0 = no limit). A missing file, a directory, a
+ * device, a file over max_bytes or too large for memory is KEEL_ERR_INPUT,
+ * anything else KEEL_ERR_IO. */
 keel_status keel_read_file_quiet(const char *path, size_t max_bytes, char **out, size_t *len);
+/* keel_read_file_quiet for a file format: a regular file only (see
+ * keel_open_read), and the reason in `why` ("is a FIFO, not a regular file",
+ * "larger than N bytes", strerror). */
+keel_status keel_read_regular(const char *path, size_t max_bytes, char **out, size_t *len, char *why,
+                              size_t why_n);
 /* true when path exists (any type; symlinks followed, like `test -e`). */
 bool keel_path_exists(const char *path);
 /* "dir/name" in a new string (keel_free). */

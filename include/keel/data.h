@@ -35,6 +35,12 @@ keel_status keel_shard_write(const char *path, const int32_t *tokens, uint64_t n
  * the header). Errors are one line naming the file and the fix
  * (KEEL_ERR_INPUT). The caller owns *out and frees it with keel_shard_close. */
 keel_status keel_shard_open(const char *path, keel_shard **out);
+/* The same checks over a shard already in memory, bytes[0, len) (not copied:
+ * it must outlive *out), `name` standing for the file in messages.
+ * keel_shard_open maps the file and checks it with this (fuzzed by
+ * tests/fuzz/fuzz_token_shard.c). A path that is not a regular file (a FIFO,
+ * a directory) is refused by keel_shard_open without blocking. */
+keel_status keel_shard_from_buffer(const void *bytes, size_t len, const char *name, keel_shard **out);
 void keel_shard_close(keel_shard *s);
 uint64_t keel_shard_n_tokens(const keel_shard *s);
 uint32_t keel_shard_vocab_size(const keel_shard *s);

@@ -61,6 +61,10 @@ keel_status keel_hf_export(const keel_model_config *cfg, keel_param_source read,
  * read at once. */
 typedef struct keel_hf_reader keel_hf_reader;
 keel_status keel_hf_open(const char *hf_dir, keel_model_config *cfg_out, keel_hf_reader **out);
+/* What keel_hf_open does with config.json's text[0, len) (path names it in
+ * messages): the finalized model config it describes, or one line naming the
+ * key. The fuzz harness's entry (tests/fuzz/fuzz_hf.c). */
+keel_status keel_hf_parse_config(const char *text, size_t len, const char *path, keel_model_config *out);
 keel_status keel_hf_read(void *reader, int64_t begin, int64_t len, float *dst);
 void keel_hf_close(keel_hf_reader *r);
 

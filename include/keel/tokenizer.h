@@ -29,6 +29,11 @@ void keel_ids_free(keel_ids *ids);
  * sets *out to NULL and returns KEEL_ERR_INPUT. Caller owns *out. A loaded
  * tokenizer is read-only: encode and decode may run on many threads at once. */
 keel_status keel_tokenizer_load(const char *path, keel_tokenizer **out);
+/* The same for a model already in memory: bytes[0, len) (copied), `name`
+ * standing for the file in messages. keel_tokenizer_load reads the file and
+ * parses it with this (tests/fuzz/fuzz_tokenizer_model.c fuzzes it). */
+keel_status keel_tokenizer_load_buffer(const void *bytes, size_t len, const char *name,
+                                       keel_tokenizer **out);
 void keel_tokenizer_free(keel_tokenizer *tok);
 int keel_tokenizer_vocab_size(const keel_tokenizer *tok);
 int keel_tokenizer_bos_id(const keel_tokenizer *tok); /* -1 if none */

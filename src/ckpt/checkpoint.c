@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +104,16 @@ keel_status keel_ckpt_shard_finish(keel_ckpt_writer *w, keel_ckpt_file *file) {
     XXH3_freeState(w->hash);
     keel_free(w);
     return st;
+}
+
+void keel_ckpt_shard_abort(keel_ckpt_writer *w) {
+    if (w->st != KEEL_OK) /* the file's own failure is said here; a source's was said by the source */
+        keel_errorf("%s: checkpoint write failed: %s (%lld bytes needed)", w->path, strerror(w->err),
+                    (long long)w->bytes);
+    close(w->fd);
+    unlink(w->path);
+    XXH3_freeState(w->hash);
+    keel_free(w);
 }
 
 keel_status keel_ckpt_write_shard(const char *dir, int rank, int ranks, int64_t step,
@@ -318,89 +329,214 @@ static const cJSON *get(const cJSON *o, const char *key) {
     return cJSON_GetObjectItemCaseSensitive(o, key);
 }
 
-static bool get_i64(const cJSON *o, const char *key, int64_t *out) {
-    const cJSON *v = get(o, key);
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0) return false;
-    *out = (int64_t)v->valuedouble;
-    return true;
+/* What a manifest may claim: sizes beyond these are not a checkpoint keel
+ * wrote (a shard of 2^62 floats, 10^6 shard ranks), and every product and
+ * sum below is checked against overflow as well. */
+#define MAX_SHARD_RANKS (1 << 20)
+#define MAX_FLOATS ((int64_t)1 << 50)
+#define MAX_MANIFEST_BYTES ((size_t)256 << 20)
+
+#define DAMAGED_HINT "the checkpoint is damaged or not keel's; use another (keel ckpt list)"
+
+/* One line naming the manifest and the field. */
+static keel_status bad_manifest(const char *path, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static keel_status bad_manifest(const char *path, const char *fmt, ...) {
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    keel_errorf("%s: %s; " DAMAGED_HINT, path, what);
+    return KEEL_ERR_INPUT;
 }
 
-keel_status keel_ckpt_open(const char *dir, keel_ckpt *c) {
-    memset(c, 0, sizeof *c);
-    snprintf(c->dir, sizeof c->dir, "%s", dir);
-    char path[4200];
-    snprintf(path, sizeof path, "%s/manifest.json", dir);
-    char *text;
-    if (keel_read_file_quiet(path, 0, &text, NULL) != KEEL_OK) {
-        keel_errorf("%s: no manifest: %s", path, strerror(errno));
-        return KEEL_ERR_INPUT;
-    }
-    cJSON *m = cJSON_Parse(text);
-    keel_free(text);
-    c->manifest = m;
-    const cJSON *world = get(m, "world"), *units = get(m, "units"), *files = get(m, "files");
-    int64_t shard_ranks = 0, world_size = 0;
-    const cJSON *strategy = world ? get(world, "strategy") : NULL;
-    if (!m || !cJSON_IsString(get(m, "format")) || strcmp(get(m, "format")->valuestring, "keel-checkpoint") ||
-        !get_i64(m, "step", &c->step) || !get_i64(m, "global_batch", &c->global_batch) || !world ||
-        !get_i64(world, "shard_ranks", &shard_ranks) || !get_i64(world, "size", &world_size) ||
-        !cJSON_IsString(strategy) || !cJSON_IsArray(units) || !cJSON_IsArray(files) ||
-        shard_ranks < 1 || cJSON_GetArraySize(files) != shard_ranks || cJSON_GetArraySize(units) < 1) {
-        keel_errorf("%s: not a keel checkpoint manifest (unparsable or missing keys)", path);
-        keel_ckpt_close(c);
-        return KEEL_ERR_INPUT;
-    }
-    c->shard_ranks = (int)shard_ranks;
-    c->world_size = (int)world_size;
-    snprintf(c->strategy, sizeof c->strategy, "%s", strategy->valuestring);
+/* o[key] as an integer in [lo, hi] (keel_json_int), else one line naming it. */
+static bool get_int(const cJSON *o, const char *key, int64_t lo, int64_t hi, int64_t *out, const char *path,
+                    const char *where) {
+    if (keel_json_int(get(o, key), lo, hi, out)) return true;
+    bad_manifest(path, "%s\"%s\" must be an integer in [%lld, %lld]", where, key, (long long)lo, (long long)hi);
+    return false;
+}
+
+/* Units must tile the canonical vector (offset = the logical sizes before)
+ * and each rank's shard buffer (shard_offset = the shards before), with
+ * padded = shard x shard ranks >= logical: then every read lands inside
+ * the file the manifest sizes. */
+static keel_status parse_units(const cJSON *units, const char *path, keel_ckpt *c) {
     c->plan = keel_xcalloc(sizeof *c->plan, "checkpoint plan");
     c->plan->n_units = cJSON_GetArraySize(units);
     c->plan->shard_ranks = c->shard_ranks;
     c->plan->units = keel_xcalloc(sizeof(keel_fsdp_unit) * (size_t)c->plan->n_units, "checkpoint units");
+    int64_t params = 0, shard_total = 0;
     int i = 0;
     const cJSON *u;
     cJSON_ArrayForEach(u, units) {
-        keel_fsdp_unit *x = &c->plan->units[i++];
-        if (!get_i64(u, "offset", &x->offset) || !get_i64(u, "logical", &x->logical) ||
-            !get_i64(u, "padded", &x->padded) || !get_i64(u, "shard", &x->shard) ||
-            !get_i64(u, "shard_offset", &x->shard_offset) || x->shard * c->shard_ranks != x->padded ||
-            x->logical > x->padded) {
-            keel_errorf("%s: unit %d of the manifest is malformed", path, i - 1);
-            keel_ckpt_close(c);
+        keel_fsdp_unit *x = &c->plan->units[i];
+        char where[48];
+        snprintf(where, sizeof where, "unit %d: ", i++);
+        if (!cJSON_IsObject(u)) return bad_manifest(path, "%snot an object", where);
+        if (!get_int(u, "offset", 0, MAX_FLOATS, &x->offset, path, where) ||
+            !get_int(u, "logical", 1, MAX_FLOATS, &x->logical, path, where) ||
+            !get_int(u, "padded", 1, MAX_FLOATS, &x->padded, path, where) ||
+            !get_int(u, "shard", 1, MAX_FLOATS, &x->shard, path, where) ||
+            !get_int(u, "shard_offset", 0, MAX_FLOATS, &x->shard_offset, path, where))
             return KEEL_ERR_INPUT;
-        }
-        c->plan->shard_total += x->shard;
+        int64_t padded;
+        if (__builtin_mul_overflow(x->shard, (int64_t)c->shard_ranks, &padded) || padded != x->padded ||
+            x->logical > x->padded)
+            return bad_manifest(path, "%spadded %lld is not shard %lld x %d shard ranks, or is below logical %lld",
+                                where, (long long)x->padded, (long long)x->shard, c->shard_ranks,
+                                (long long)x->logical);
+        if (x->offset != params || x->shard_offset != shard_total)
+            return bad_manifest(path, "%soffset %lld, shard_offset %lld: the units must follow each other (%lld, %lld)",
+                                where, (long long)x->offset, (long long)x->shard_offset, (long long)params,
+                                (long long)shard_total);
+        if (__builtin_add_overflow(params, x->logical, &params) ||
+            __builtin_add_overflow(shard_total, x->shard, &shard_total) || shard_total > MAX_FLOATS)
+            return bad_manifest(path, "%sthe units add up to more than %lld floats", where, (long long)MAX_FLOATS);
     }
+    c->plan->shard_total = shard_total;
+    return KEEL_OK;
+}
+
+/* A file entry: its name, its size (the header and three arrays of
+ * shard_total floats) and its XXH3 (16 hex digits). */
+static keel_status parse_file(const cJSON *fj, int j, const char *path, keel_ckpt *c) {
+    char where[48], name[64];
+    snprintf(where, sizeof where, "file %d: ", j);
+    shard_name(name, sizeof name, j, c->shard_ranks);
+    const cJSON *n = get(fj, "name"), *x = get(fj, "xxh3");
+    if (!cJSON_IsObject(fj)) return bad_manifest(path, "%snot an object", where);
+    if (n && !(cJSON_IsString(n) && !strcmp(n->valuestring, name)))
+        return bad_manifest(path, "%s\"name\" must be \"%s\"", where, name);
+    size_t hex = cJSON_IsString(x) ? strspn(x->valuestring, "0123456789abcdefABCDEF") : 0;
+    if (!cJSON_IsString(x) || hex != 16 || x->valuestring[16])
+        return bad_manifest(path, "%s\"xxh3\" must be 16 hex digits", where);
+    int64_t want = KEEL_CKPT_HEADER_BYTES + (int64_t)sizeof(float) * KEEL_CKPT_ARRAYS * c->plan->shard_total;
+    if (!get_int(fj, "bytes", 0, INT64_MAX, &c->files[j].bytes, path, where)) return KEEL_ERR_INPUT;
+    if (c->files[j].bytes != want)
+        return bad_manifest(path, "%s\"bytes\" %lld is not the %lld of a header and %d arrays of %lld floats", where,
+                            (long long)c->files[j].bytes, (long long)want, KEEL_CKPT_ARRAYS,
+                            (long long)c->plan->shard_total);
+    c->files[j].xxh3 = strtoull(x->valuestring, NULL, 16);
+    return KEEL_OK;
+}
+
+keel_status keel_ckpt_parse_manifest(const char *text, size_t len, const char *dir, keel_ckpt *c) {
+    memset(c, 0, sizeof *c);
+    snprintf(c->dir, sizeof c->dir, "%s", dir);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    cJSON *m = cJSON_ParseWithLength(text, len);
+    c->manifest = m;
+    const cJSON *format = get(m, "format"), *world = get(m, "world"), *units = get(m, "units"),
+                *files = get(m, "files");
+    const cJSON *strategy = get(world, "strategy");
+    int64_t version, shard_ranks, world_size;
+    keel_status st = KEEL_ERR_INPUT;
+    if (!cJSON_IsObject(m) || !cJSON_IsString(format) || strcmp(format->valuestring, "keel-checkpoint")) {
+        bad_manifest(path, "not a keel checkpoint manifest (not JSON, or no \"format\": \"keel-checkpoint\")");
+        goto fail;
+    }
+    if (!get_int(m, "version", 0, INT32_MAX, &version, path, "") ||
+        !get_int(m, "step", 0, INT64_MAX, &c->step, path, "") ||
+        !get_int(m, "global_batch", 0, INT64_MAX, &c->global_batch, path, ""))
+        goto fail;
+    if (!cJSON_IsObject(world)) {
+        bad_manifest(path, "\"world\" must be an object (size, strategy, shard_ranks)");
+        goto fail;
+    }
+    if (!get_int(world, "shard_ranks", 1, MAX_SHARD_RANKS, &shard_ranks, path, "world: ") ||
+        !get_int(world, "size", 1, MAX_SHARD_RANKS, &world_size, path, "world: "))
+        goto fail;
+    if (version != KEEL_CKPT_VERSION) {
+        bad_manifest(path, "version %lld is not supported (this keel reads version %d)", (long long)version,
+                     KEEL_CKPT_VERSION);
+        goto fail;
+    }
+    if (!cJSON_IsString(strategy) || strlen(strategy->valuestring) >= sizeof c->strategy) {
+        bad_manifest(path, "world: \"strategy\" must be a name");
+        goto fail;
+    }
+    if (!cJSON_IsArray(units) || cJSON_GetArraySize(units) < 1) {
+        bad_manifest(path, "\"units\" must be a list of at least one unit");
+        goto fail;
+    }
+    if (!cJSON_IsArray(files) || cJSON_GetArraySize(files) != shard_ranks) {
+        bad_manifest(path, "\"files\" must list the %lld shard files", (long long)shard_ranks);
+        goto fail;
+    }
+    c->shard_ranks = (int)shard_ranks;
+    c->world_size = (int)world_size;
+    snprintf(c->strategy, sizeof c->strategy, "%s", strategy->valuestring);
+    if ((st = parse_units(units, path, c)) != KEEL_OK) goto fail;
     c->files = keel_xcalloc(sizeof(keel_ckpt_file) * (size_t)c->shard_ranks, "checkpoint files");
-    i = 0;
+    int j = 0;
     const cJSON *fj;
     cJSON_ArrayForEach(fj, files) {
-        const cJSON *x = get(fj, "xxh3");
-        int64_t bytes = 0;
-        if (!cJSON_IsString(x) || !get_i64(fj, "bytes", &bytes) ||
-            bytes != KEEL_CKPT_HEADER_BYTES + 4 * KEEL_CKPT_ARRAYS * c->plan->shard_total) {
-            keel_errorf("%s: file %d of the manifest is malformed", path, i);
-            keel_ckpt_close(c);
-            return KEEL_ERR_INPUT;
-        }
-        c->files[i].bytes = bytes;
-        c->files[i++].xxh3 = strtoull(x->valuestring, NULL, 16);
+        if ((st = parse_file(fj, j++, path, c)) != KEEL_OK) goto fail;
     }
+    return KEEL_OK;
+fail:
+    keel_ckpt_close(c);
+    return KEEL_ERR_INPUT;
+}
+
+keel_status keel_ckpt_check_shard_header(const keel_ckpt *c, int j, const void *head, size_t len,
+                                         int64_t file_bytes, const char *path) {
+    shard_header hd;
+    if (file_bytes != c->files[j].bytes) {
+        keel_errorf("%s: %lld bytes, the manifest says %lld (truncated or foreign); " DAMAGED_HINT, path,
+                    (long long)file_bytes, (long long)c->files[j].bytes);
+        return KEEL_ERR_INPUT;
+    }
+    if (len < sizeof hd) {
+        keel_errorf("%s: truncated: no %d-byte header; " DAMAGED_HINT, path, KEEL_CKPT_HEADER_BYTES);
+        return KEEL_ERR_INPUT;
+    }
+    memcpy(&hd, head, sizeof hd);
+    if (memcmp(hd.magic, KEEL_CKPT_MAGIC, 8) || hd.version != KEEL_CKPT_VERSION || hd.rank != (uint32_t)j ||
+        hd.ranks != (uint32_t)c->shard_ranks || hd.arrays != KEEL_CKPT_ARRAYS || hd.step != (uint64_t)c->step ||
+        hd.floats != (uint64_t)c->plan->shard_total) {
+        keel_errorf("%s: wrong header (not shard %d of %d of step %lld with %lld floats an array); " DAMAGED_HINT,
+                    path, j, c->shard_ranks, (long long)c->step, (long long)c->plan->shard_total);
+        return KEEL_ERR_INPUT;
+    }
+    return KEEL_OK;
+}
+
+keel_status keel_ckpt_open(const char *dir, keel_ckpt *c) {
+    memset(c, 0, sizeof *c);
+    char path[4200], why[160];
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    char *text;
+    size_t len;
+    if (keel_read_regular(path, MAX_MANIFEST_BYTES, &text, &len, why, sizeof why) != KEEL_OK) {
+        keel_errorf("%s: no manifest: %s", path, why);
+        return KEEL_ERR_INPUT;
+    }
+    keel_status st = keel_ckpt_parse_manifest(text, len, dir, c);
+    keel_free(text);
+    if (st != KEEL_OK) return st;
     for (int j = 0; j < c->shard_ranks; j++) {
         char name[64];
         shard_name(name, sizeof name, j, c->shard_ranks);
         snprintf(path, sizeof path, "%s/%s", dir, name);
-        struct stat sb;
+        struct stat sb = {0};
         shard_header hd;
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        bool ok = fd >= 0 && fstat(fd, &sb) == 0 && sb.st_size == c->files[j].bytes &&
-                  keel_pread_all(fd, &hd, sizeof hd, 0, NULL) == KEEL_OK &&
-                  !memcmp(hd.magic, KEEL_CKPT_MAGIC, 8) && hd.version == KEEL_CKPT_VERSION &&
-                  hd.rank == (uint32_t)j && hd.ranks == (uint32_t)c->shard_ranks &&
-                  hd.step == (uint64_t)c->step && hd.floats == (uint64_t)c->plan->shard_total;
-        if (fd >= 0) close(fd);
-        if (!ok) {
-            keel_errorf("%s: %s", path, fd < 0 ? "missing" : "wrong size or header (truncated or foreign)");
+        int fd;
+        st = keel_open_read(path, false, &fd, why, sizeof why);
+        if (st != KEEL_OK) {
+            keel_errorf("%s: %s", path, st == KEEL_ERR_INPUT && errno == ENOENT ? "missing" : why);
+        } else {
+            size_t got = 0;
+            if (fstat(fd, &sb) == 0 && sb.st_size >= (off_t)sizeof hd &&
+                keel_pread_all(fd, &hd, sizeof hd, 0, NULL) == KEEL_OK)
+                got = sizeof hd;
+            close(fd);
+            st = keel_ckpt_check_shard_header(c, j, &hd, got, (int64_t)sb.st_size, path);
+        }
+        if (st != KEEL_OK) {
             keel_ckpt_close(c);
             return KEEL_ERR_INPUT;
         }
@@ -423,11 +559,11 @@ static void shard_path(char *out, size_t n, const keel_ckpt *c, int j) {
 }
 
 keel_status keel_ckpt_verify_file(const keel_ckpt *c, int j) {
-    char path[4200];
+    char path[4200], why[160];
     shard_path(path, sizeof path, c, j);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        keel_errorf("%s: shard %d cannot be opened: %s", c->dir, j, strerror(errno));
+    int fd;
+    if (keel_open_read(path, false, &fd, why, sizeof why) != KEEL_OK) {
+        keel_errorf("%s: shard %d cannot be opened: %s", c->dir, j, why);
         return KEEL_ERR_INPUT;
     }
     XXH3_state_t *h = XXH3_createState();
@@ -490,11 +626,11 @@ static keel_status read_in_unit(const keel_ckpt *c, int a, int u, int64_t begin,
         int64_t within = pos % x->shard, n = x->shard - within < len ? x->shard - within : len;
         int64_t at = KEEL_CKPT_HEADER_BYTES +
                      (int64_t)sizeof(float) * ((int64_t)a * c->plan->shard_total + x->shard_offset + within);
-        char path[4200];
+        char path[4200], why[160];
         shard_path(path, sizeof path, c, j);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) {
-            keel_errorf("%s: cannot open checkpoint shard: %s", path, strerror(errno));
+        int fd;
+        if (keel_open_read(path, false, &fd, why, sizeof why) != KEEL_OK) {
+            keel_errorf("%s: cannot open checkpoint shard: %s", path, why);
             return KEEL_ERR_INPUT;
         }
         /* A unit's slice of a 70B model is gigabytes: keel_pread_all loops. */

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "keel/ckpt.h"
 #include "keel/fsdp.h"
@@ -64,6 +65,12 @@ keel_status keel_ckpt_load_config(const keel_ckpt *c, keel_config *cfg) {
     keel_status st = keel_config_load_string(cfg, json, origin);
     free(json);
     if (st == KEEL_OK) st = keel_config_finalize(cfg);
+    if (st == KEEL_OK) { /* the files hold that model: a read never falls outside them */
+        keel_model_layout lay;
+        keel_model_layout_init(&lay, &cfg->model);
+        st = keel_ckpt_check_layout(c, &lay);
+        keel_model_layout_free(&lay);
+    }
     return st;
 }
 
@@ -78,8 +85,13 @@ keel_status keel_ckpt_load_model(const char *path, keel_config *cfg, float **par
     if (st == KEEL_OK) {
         keel_model_layout lay;
         keel_model_layout_init(&lay, &cfg->model);
-        *params = keel_xmalloc(sizeof(float) * (size_t)lay.n_params, "checkpoint parameters");
-        st = keel_ckpt_load_params(&ck, &lay, *params);
+        *params = keel_try_malloc(sizeof(float) * (size_t)lay.n_params);
+        if (!*params) {
+            keel_errorf("%s: its %lld parameters need more memory than there is", ck.dir, (long long)lay.n_params);
+            st = KEEL_ERR_INPUT;
+        } else {
+            st = keel_ckpt_load_params(&ck, &lay, *params);
+        }
         keel_model_layout_free(&lay);
     }
     if (st != KEEL_OK) {
@@ -98,12 +110,19 @@ keel_status keel_ckpt_read_params(void *ckpt, int64_t begin, int64_t len, float 
 /* The parameters array of a one-rank plan, in file order: each unit's tensors
  * read from the source through a buffer of the largest tensor, then the
  * unit's padding. */
-static keel_status append_params(keel_ckpt_writer *w, const keel_model_layout *lay, const keel_fsdp_plan *plan,
-                                 keel_param_source read, void *ctx) {
+static keel_status append_params(keel_ckpt_writer *w, const char *out, const keel_model_layout *lay,
+                                 const keel_fsdp_plan *plan, keel_param_source read, void *ctx) {
     int64_t largest = 0;
+    const char *name = "";
     for (int i = 0; i < lay->n_tensors; i++)
-        if (lay->tensors[i].rows * lay->tensors[i].cols > largest) largest = lay->tensors[i].rows * lay->tensors[i].cols;
-    float *buf = keel_xmalloc(sizeof(float) * (size_t)largest, "tensor buffer");
+        if (lay->tensors[i].rows * lay->tensors[i].cols > largest)
+            largest = lay->tensors[i].rows * lay->tensors[i].cols, name = lay->tensors[i].name;
+    float *buf = keel_try_malloc(sizeof(float) * (size_t)largest);
+    if (!buf) {
+        keel_errorf("%s: tensor %s (%lld values) needs more memory than this machine has; write this "
+                    "model on a larger one", out, name, (long long)largest);
+        return KEEL_ERR_INPUT;
+    }
     keel_status st = KEEL_OK;
     for (int u = 0, i = 0; u < plan->n_units && st == KEEL_OK; u++) {
         for (; i < lay->n_tensors && lay->tensors[i].unit == u && st == KEEL_OK; i++) {
@@ -117,6 +136,33 @@ static keel_status append_params(keel_ckpt_writer *w, const keel_model_layout *l
     return st;
 }
 
+/* The first ancestor of path (path itself included) that does not exist,
+ * into out ("" when its parent exists): what a failure must remove again. */
+static void first_missing(const char *path, char *out, size_t n) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s", path);
+    out[0] = '\0';
+    for (;;) {
+        char *slash = strrchr(p, '/');
+        if (!slash || slash == p) return;
+        *slash = '\0';
+        if (keel_path_exists(p)) return;
+        snprintf(out, n, "%s", p);
+    }
+}
+
+/* Remove dir's ancestors up to and including top (made for this write); rmdir
+ * keeps any that are not empty. */
+static void remove_up_to(const char *dir, const char *top) {
+    if (!top[0]) return;
+    char p[4200];
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *slash; (slash = strrchr(p, '/')) && slash != p && strlen(p) > strlen(top);) {
+        *slash = '\0';
+        rmdir(p);
+    }
+}
+
 keel_status keel_ckpt_write_model(const char *out, const keel_config *cfg, keel_param_source read, void *ctx) {
     if (keel_path_exists(out)) {
         keel_errorf("%s already exists; pick a new --out (keel never overwrites a checkpoint)", out);
@@ -127,18 +173,17 @@ keel_status keel_ckpt_write_model(const char *out, const keel_config *cfg, keel_
     keel_model_layout_init(&lay, &cfg->model);
     keel_fsdp_plan plan;
     keel_fsdp_plan_init(&plan, &lay, 1);
-    char tmp[4200];
+    char tmp[4200], made[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", out);
+    first_missing(tmp, made, sizeof made);
     keel_ckpt_writer *w;
     keel_ckpt_file file;
     keel_status st = keel_ckpt_shard_begin(tmp, 0, 1, 0, plan.shard_total, &w);
     if (st == KEEL_OK) {
-        keel_status wst = append_params(w, &lay, &plan, read, ctx);
+        keel_status wst = append_params(w, out, &lay, &plan, read, ctx);
         for (int a = 1; a < KEEL_CKPT_ARRAYS && wst == KEEL_OK; a++) wst = keel_ckpt_shard_append(w, NULL, plan.shard_total);
-        if (wst != KEEL_OK) { /* a source's failure was reported by the source: no second line */
-            keel_error_capture(true);
-            keel_ckpt_shard_finish(w, &file);
-            keel_error_capture(false);
+        if (wst != KEEL_OK) { /* the source's failure was one line already (a write's is said at finish) */
+            keel_ckpt_shard_abort(w);
             st = wst;
         } else {
             st = keel_ckpt_shard_finish(w, &file);
@@ -154,7 +199,10 @@ keel_status keel_ckpt_write_model(const char *out, const keel_config *cfg, keel_
         free(manifest);
         free(config);
     }
-    if (st != KEEL_OK) keel_ckpt_remove_tree(tmp);
+    if (st != KEEL_OK) { /* leave nothing behind: out.tmp and the parents made for it */
+        keel_ckpt_remove_tree(tmp);
+        remove_up_to(tmp, made);
+    }
     keel_fsdp_plan_free(&plan);
     keel_model_layout_free(&lay);
     return st;

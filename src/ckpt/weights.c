@@ -83,9 +83,10 @@ keel_status keel_weights_save(const char *path, const float *params, int64_t n_p
 }
 
 keel_status keel_weights_load(const char *path, float *params, int64_t n_params) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        keel_errorf("%s: cannot open weights: %s", path, strerror(errno));
+    int fd;
+    char why[160];
+    if (keel_open_read(path, false, &fd, why, sizeof why) != KEEL_OK) {
+        keel_errorf("%s: cannot open weights: %s", path, why);
         return KEEL_ERR_INPUT;
     }
     weights_header h;

@@ -24,11 +24,18 @@ static void usage(FILE *out) {
             "                                   fine-tune from with \"init_from\": CKPT\n");
 }
 
-/* Open (manifest, sizes, headers) and, with `verify`, checksum every file;
- * *ck is open only on success. */
+/* Open (manifest, sizes, headers), check that the manifest's config is a
+ * model its units hold, and with `verify` checksum every file: what export,
+ * eval and a resume need, so "ok" means they will work. *ck is open only on
+ * success. */
 static keel_status check(const char *dir, bool verify, keel_ckpt *ck) {
     keel_status st = keel_ckpt_open(dir, ck);
-    if (st == KEEL_OK && verify && (st = keel_ckpt_verify_all(ck)) != KEEL_OK) keel_ckpt_close(ck);
+    if (st != KEEL_OK) return st;
+    keel_config cfg;
+    st = keel_ckpt_load_config(ck, &cfg);
+    keel_config_free(&cfg);
+    if (st == KEEL_OK && verify) st = keel_ckpt_verify_all(ck);
+    if (st != KEEL_OK) keel_ckpt_close(ck);
     return st;
 }
 

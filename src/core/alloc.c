@@ -1,9 +1,11 @@
 /* core/alloc.c: checked, aligned allocation. */
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "keel/core.h"
 
@@ -22,10 +24,32 @@ void *keel_xmalloc(size_t bytes, const char *what) {
     void *p = NULL;
     size_t rounded = (bytes + KEEL_ALIGN - 1) / KEEL_ALIGN * KEEL_ALIGN;
     bool huge = rounded >= HUGE_FROM;
-    if (posix_memalign(&p, huge ? HUGE_ALIGN : KEEL_ALIGN, rounded ? rounded : KEEL_ALIGN) != 0) {
+    if (bytes > SIZE_MAX - KEEL_ALIGN || /* the rounding would wrap to a tiny block */
+        posix_memalign(&p, huge ? HUGE_ALIGN : KEEL_ALIGN, rounded ? rounded : KEEL_ALIGN) != 0) {
         keel_errorf("out of memory allocating %zu bytes for %s", bytes, what);
         abort();
     }
+    if (huge) madvise(p, rounded, MADV_HUGEPAGE);
+    return p;
+}
+
+/* Physical memory in bytes (0 if unknown), read once. */
+static size_t physical_bytes(void) {
+    static size_t bytes;
+    if (!bytes) {
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        if (pages > 0 && page > 0 && (size_t)pages <= SIZE_MAX / (size_t)page) bytes = (size_t)pages * (size_t)page;
+    }
+    return bytes;
+}
+
+void *keel_try_malloc(size_t bytes) {
+    size_t phys = physical_bytes();
+    if ((phys && bytes > phys) || bytes > SIZE_MAX - 2 * HUGE_ALIGN) return NULL;
+    size_t rounded = (bytes + KEEL_ALIGN - 1) / KEEL_ALIGN * KEEL_ALIGN;
+    bool huge = rounded >= HUGE_FROM;
+    void *p = NULL;
+    if (posix_memalign(&p, huge ? HUGE_ALIGN : KEEL_ALIGN, rounded ? rounded : KEEL_ALIGN) != 0) return NULL;
     if (huge) madvise(p, rounded, MADV_HUGEPAGE);
     return p;
 }

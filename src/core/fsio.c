@@ -213,30 +213,91 @@ keel_status keel_commit_dir(const char *tmp_dir, const char *dir) {
     return keel_fsync_parent(dir);
 }
 
+/* ---- opening what a user named ------------------------------------------------- */
+
+/* What a non-regular file is, in words. */
+static const char *kind_of(mode_t mode) {
+    return S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO" : S_ISSOCK(mode) ? "a socket"
+         : S_ISCHR(mode) ? "a character device" : S_ISBLK(mode) ? "a block device" : "not a regular file";
+}
+
+keel_status keel_open_read(const char *path, bool pipes_ok, int *fd_out, char *why, size_t why_n) {
+    *fd_out = -1;
+    /* O_NONBLOCK: open() of a FIFO that no process writes to would wait for
+     * one forever; so opened, it returns at once and fstat says what it is. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        snprintf(why, why_n, "%s", strerror(e));
+        errno = e;
+        return e == ENOENT || e == ENOTDIR || e == ELOOP || e == ENAMETOOLONG ? KEEL_ERR_INPUT : KEEL_ERR_IO;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        snprintf(why, why_n, "cannot stat: %s", strerror(e));
+        close(fd);
+        errno = e;
+        return KEEL_ERR_IO;
+    }
+    bool ok = S_ISREG(sb.st_mode) || (pipes_ok && S_ISFIFO(sb.st_mode));
+    if (!ok) {
+        snprintf(why, why_n, "is %s, not a regular file", kind_of(sb.st_mode));
+        close(fd);
+        errno = S_ISDIR(sb.st_mode) ? EISDIR : EINVAL;
+        return KEEL_ERR_INPUT;
+    }
+    /* reads block again: a pipe's writer may be slower than its reader (a
+     * FIFO nobody writes to reads as empty, it does not wait) */
+    int flags = fcntl(fd, F_GETFL);
+    if (flags >= 0) fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    *fd_out = fd;
+    return KEEL_OK;
+}
+
 /* ---- whole-file reads -------------------------------------------------------- */
 
-keel_status keel_read_file_quiet(const char *path, size_t max_bytes, char **out, size_t *len) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return errno == ENOENT || errno == ENOTDIR ? KEEL_ERR_INPUT : KEEL_ERR_IO;
+/* Read fd (open, at its start) to EOF into a new NUL-terminated buffer; at
+ * most max_bytes (0 = no limit: EFBIG past it). Closes fd. */
+static keel_status read_fd(int fd, size_t max_bytes, char **out, size_t *len) {
     keel_status st = KEEL_ERR_IO;
     char *buf = NULL;
     size_t n = 0, cap = 1 << 16;
     struct stat sb;
     if (fstat(fd, &sb) != 0) goto fail;
-    if (S_ISDIR(sb.st_mode) || (max_bytes && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size > max_bytes)) {
-        errno = S_ISDIR(sb.st_mode) ? EISDIR : EFBIG;
+    if (max_bytes && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size > max_bytes) {
+        errno = EFBIG;
         st = KEEL_ERR_INPUT;
         goto fail;
     }
     /* A regular file's size, + the NUL, + one byte of room so that the read
      * that finds EOF needs no bigger buffer. Read to EOF all the same: pipes,
-     * /proc files (size 0) and files still growing. */
-    if (S_ISREG(sb.st_mode) && sb.st_size > 0) cap = (size_t)sb.st_size + 2;
-    buf = keel_xmalloc(cap, "file contents");
+     * /proc files (size 0) and files still growing. A size the memory cannot
+     * hold is an input error, not an abort: the file is what is wrong. */
+    if (S_ISREG(sb.st_mode) && sb.st_size > 0) {
+        if ((uint64_t)sb.st_size > SIZE_MAX - 2) {
+            errno = EFBIG;
+            st = KEEL_ERR_INPUT;
+            goto fail;
+        }
+        cap = (size_t)sb.st_size + 2;
+    }
+    buf = keel_try_malloc(cap);
+    if (!buf) {
+        errno = ENOMEM;
+        st = KEEL_ERR_INPUT;
+        goto fail;
+    }
     for (;;) {
         if (n + 1 == cap) {
+            char *bigger = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
+            if (!bigger) {
+                errno = ENOMEM;
+                st = KEEL_ERR_INPUT;
+                goto fail;
+            }
+            buf = bigger;
             cap *= 2;
-            buf = keel_xrealloc(buf, cap, "file contents");
         }
         size_t room = cap - 1 - n;
         ssize_t got = read(fd, buf + n, room < IO_CHUNK ? room : IO_CHUNK);
@@ -260,6 +321,28 @@ fail:;
     keel_free(buf);
     close(fd);
     errno = saved;
+    return st;
+}
+
+keel_status keel_read_file_quiet(const char *path, size_t max_bytes, char **out, size_t *len) {
+    int fd;
+    char why[160];
+    keel_status st = keel_open_read(path, true, &fd, why, sizeof why);
+    return st != KEEL_OK ? st : read_fd(fd, max_bytes, out, len);
+}
+
+keel_status keel_read_regular(const char *path, size_t max_bytes, char **out, size_t *len, char *why,
+                              size_t why_n) {
+    int fd;
+    keel_status st = keel_open_read(path, false, &fd, why, why_n);
+    if (st != KEEL_OK) return st;
+    st = read_fd(fd, max_bytes, out, len);
+    if (st != KEEL_OK) {
+        int e = errno;
+        if (e == EFBIG) snprintf(why, why_n, "larger than %zu bytes", max_bytes);
+        else snprintf(why, why_n, "%s", strerror(e));
+        errno = e;
+    }
     return st;
 }
 

@@ -173,9 +173,10 @@ static keel_status add_inputs(preparer *p, const keel_prepare_args *a, int threa
 
 /* ---- the output directory ------------------------------------------------- */
 
-/* mkdir -p */
-static keel_status make_dirs(const char *dir) {
+/* mkdir -p; *created gets the first directory it made ("" if none). */
+static keel_status make_dirs(const char *dir, char created[PATH_MAX]) {
     char path[PATH_MAX];
+    created[0] = '\0';
     if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path) {
         keel_errorf("--out %s: path too long", dir);
         return KEEL_ERR_INPUT;
@@ -184,7 +185,9 @@ static keel_status make_dirs(const char *dir) {
         if (*p != '/' && *p != '\0') continue;
         char saved = *p;
         *p = '\0';
-        if (mkdir(path, 0777) != 0 && errno != EEXIST) {
+        if (mkdir(path, 0777) == 0) {
+            if (!created[0]) snprintf(created, PATH_MAX, "%s", path);
+        } else if (errno != EEXIST) {
             keel_errorf("cannot create --out directory %s: %s", path, strerror(errno));
             return KEEL_ERR_INPUT;
         }
@@ -208,6 +211,21 @@ static bool is_shard_name(const char *name, uint64_t *index, const char **split)
         }
     }
     return false;
+}
+
+/* Remove the directories make_dirs created (a failed prepare leaves nothing):
+ * dir, then its parents up to `created`; rmdir leaves any that are not empty. */
+static void remove_created_dirs(const char *dir, const char *created) {
+    if (!created[0]) return;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s", dir);
+    for (size_t n = strlen(path); n > 1 && path[n - 1] == '/'; n--) path[n - 1] = '\0';
+    for (;;) {
+        rmdir(path);
+        char *slash = strrchr(path, '/');
+        if (!strcmp(path, created) || !slash || strlen(path) <= strlen(created)) break;
+        *slash = '\0';
+    }
 }
 
 /* Without force: refuse if dir holds any shard. With keep_train/keep_val:
@@ -342,9 +360,11 @@ keel_status keel_data_prepare(const keel_prepare_args *a) {
     keel_tokenizer *tok;
     st = keel_tokenizer_load(a->model_path, &tok);
     if (st != KEEL_OK) return st;
-    st = make_dirs(a->out_dir);
+    char created[PATH_MAX];
+    st = make_dirs(a->out_dir, created);
     if (st == KEEL_OK && !a->force) st = scan_old_shards(a->out_dir, false, 0, 0);
     if (st != KEEL_OK) {
+        remove_created_dirs(a->out_dir, created);
         keel_tokenizer_free(tok);
         return st;
     }
@@ -377,6 +397,7 @@ keel_status keel_data_prepare(const keel_prepare_args *a) {
     } else {
         remove_written(&p.train);
         remove_written(&p.val);
+        remove_created_dirs(a->out_dir, created);
     }
     keel_free(p.train.pending.v);
     keel_free(p.val.pending.v);

@@ -201,35 +201,61 @@ static keel_status verify(const keel_shard *s, const uint8_t *h, uint64_t file_b
     return KEEL_OK;
 }
 
+/* A shard over bytes[0, len) (the file's, mapped or not; not copied) once
+ * verify() passes; map != NULL is the mapping the shard then owns. */
+static keel_status make_shard(const uint8_t *bytes, uint64_t len, void *map, const char *name,
+                              keel_shard **out) {
+    /* A file shorter than the header has one of zeros past its end, so that
+     * verify() can tell a foreign file (bad magic) from a truncated shard. */
+    uint8_t h[KEEL_SHARD_HEADER_BYTES] = {0};
+    memcpy(h, bytes, len < sizeof h ? (size_t)len : sizeof h);
+    keel_shard *s = keel_xcalloc(sizeof *s, "keel_shard");
+    s->path = keel_xstrdup(name);
+    s->map = map;
+    s->map_bytes = (size_t)len;
+    s->payload = bytes + (len < KEEL_SHARD_HEADER_BYTES ? len : KEEL_SHARD_HEADER_BYTES);
+    s->token_bytes = get_u32(h + OFF_TOKEN_BYTES);
+    s->n_tokens = get_u64(h + OFF_N_TOKENS);
+    s->vocab_size = get_u32(h + OFF_VOCAB);
+    keel_status st = verify(s, h, len);
+    if (st != KEEL_OK) {
+        keel_shard_close(s);
+        return st;
+    }
+    *out = s;
+    return KEEL_OK;
+}
+
+keel_status keel_shard_from_buffer(const void *bytes, size_t len, const char *name, keel_shard **out) {
+    *out = NULL;
+    return make_shard(bytes, len, NULL, name, out);
+}
+
 keel_status keel_shard_open(const char *path, keel_shard **out) {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        keel_errorf("cannot open token shard %s: %s", path, strerror(errno));
+    int fd;
+    char why[160];
+    keel_status st = keel_open_read(path, false, &fd, why, sizeof why);
+    if (st != KEEL_OK) {
+        keel_errorf("cannot open token shard %s: %s; " PREPARE_HINT, path, why);
         return KEEL_ERR_INPUT;
     }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
         keel_errorf("cannot stat %s: %s", path, strerror(errno));
         close(fd);
         return KEEL_ERR_IO;
     }
-    if (!S_ISREG(st.st_mode)) {
-        keel_errorf("%s: not a regular file; a token shard was expected (" PREPARE_HINT ")",
-                    path);
-        close(fd);
-        return KEEL_ERR_INPUT;
-    }
-    uint64_t file_bytes = (uint64_t)st.st_size;
+    uint64_t file_bytes = (uint64_t)sb.st_size;
     if (file_bytes < KEEL_SHARD_HEADER_BYTES) {
-        /* Too short to map a header: read what is there to tell a foreign
-         * file (bad magic) from a truncated shard. */
-        uint8_t head[KEEL_SHARD_HEADER_BYTES] = {0};
+        /* Too short to map a header: what is there is read instead. */
+        uint8_t head[KEEL_SHARD_HEADER_BYTES];
         bool whole = keel_pread_all(fd, head, (size_t)file_bytes, 0, NULL) == KEEL_OK;
         close(fd);
-        keel_shard tiny = {.path = (char *)path};
-        verify(&tiny, head, whole ? file_bytes : 0);
-        return KEEL_ERR_INPUT;
+        keel_shard *s;
+        st = make_shard(head, whole ? file_bytes : 0, NULL, path, &s);
+        KEEL_CHECK(st != KEEL_OK, "%s: a shard shorter than its header verified", path);
+        return st;
     }
     void *map = mmap(NULL, (size_t)file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
     int saved = errno;
@@ -238,22 +264,7 @@ keel_status keel_shard_open(const char *path, keel_shard **out) {
         keel_errorf("cannot mmap %s: %s", path, strerror(saved));
         return KEEL_ERR_IO;
     }
-    const uint8_t *h = map;
-    keel_shard *s = keel_xcalloc(sizeof *s, "keel_shard");
-    s->path = keel_xstrdup(path);
-    s->map = map;
-    s->map_bytes = (size_t)file_bytes;
-    s->payload = h + KEEL_SHARD_HEADER_BYTES;
-    s->token_bytes = get_u32(h + OFF_TOKEN_BYTES);
-    s->n_tokens = get_u64(h + OFF_N_TOKENS);
-    s->vocab_size = get_u32(h + OFF_VOCAB);
-    keel_status st_verify = verify(s, h, file_bytes);
-    if (st_verify != KEEL_OK) {
-        keel_shard_close(s);
-        return st_verify;
-    }
-    *out = s;
-    return KEEL_OK;
+    return make_shard(map, file_bytes, map, path, out);
 }
 
 void keel_shard_close(keel_shard *s) {

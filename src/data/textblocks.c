@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* A block is read until it holds this many bytes, then cut after its last
  * line end: enough text that handing a block to a thread costs nothing next
@@ -110,9 +111,17 @@ static keel_status encode_block(const keel_tokenizer *tok, slot *s) {
 
 static keel_status open_next_input(textblocks *tb) {
     const char *path = tb->inputs[tb->input];
-    tb->f = fopen(path, "rb");
-    if (!tb->f) {
-        keel_errorf("cannot read input %s: %s", path, strerror(errno));
+    /* a text file, or a pipe (--input <(zcat corpus.gz)); never a device */
+    int fd;
+    char why[160];
+    keel_status st = keel_open_read(path, true, &fd, why, sizeof why);
+    if (st == KEEL_OK && !(tb->f = fdopen(fd, "rb"))) {
+        snprintf(why, sizeof why, "%s", strerror(errno));
+        close(fd);
+        st = KEEL_ERR_IO;
+    }
+    if (st != KEEL_OK) {
+        keel_errorf("cannot read input %s: %s; give text files", path, why);
         return KEEL_ERR_INPUT;
     }
     return KEEL_OK;

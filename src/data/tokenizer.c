@@ -101,21 +101,32 @@ struct keel_tokenizer {
 
 /* ---- small growable buffers ----------------------------------------------- */
 
+/* A model's charsmap can replace one byte by thousands, so the text a line
+ * becomes is bounded by STRBUF_MAX instead of by the memory: past it (or
+ * when memory runs out) the buffer stops growing and is marked failed, and
+ * the caller's one line says so. */
+#define STRBUF_MAX ((size_t)1 << 32)
 typedef struct {
     char *p;
     size_t n, cap;
+    bool failed;
 } strbuf;
 
-static void strbuf_reserve(strbuf *b, size_t extra) {
-    if (b->n + extra <= b->cap) return;
+static bool strbuf_reserve(strbuf *b, size_t extra) {
+    if (b->failed) return false;
+    if (extra <= b->cap - b->n) return true;
+    if (extra > STRBUF_MAX - b->n) return !(b->failed = true);
     size_t cap = b->cap ? b->cap : 256;
     while (cap < b->n + extra + 1) cap *= 2;
-    b->p = keel_xrealloc(b->p, cap, "tokenizer text buffer");
+    char *p = realloc(b->p, cap);
+    if (!p) return !(b->failed = true);
+    b->p = p;
     b->cap = cap;
+    return true;
 }
 
 static void strbuf_append(strbuf *b, const char *s, size_t n) {
-    strbuf_reserve(b, n + 1);
+    if (!strbuf_reserve(b, n + 1)) return;
     memcpy(b->p + b->n, s, n);
     b->n += n;
 }
@@ -310,7 +321,7 @@ static void normalize(const keel_tokenizer *tok, const norm_spec *ns, bool user_
         }
     }
     if (n == 0) return;
-    strbuf_reserve(out, 3 * n + 8);
+    if (n < STRBUF_MAX / 4) strbuf_reserve(out, 3 * n + 8); /* the usual growth at most, at once */
     if (!ws_as_suffix && ns->add_dummy_prefix) append_space(ns, out);
 
     bool is_prev_space = ns->remove_extra_whitespaces;
@@ -475,9 +486,11 @@ static void resegment(bpe_state *st, uint32_t start, uint32_t len, keel_ids *out
     emit_piece(st, s, len, id, out);
 }
 
-static void bpe_encode(const keel_tokenizer *tok, const char *text, size_t n, keel_ids *out) {
+/* false: no memory for the symbols of a line this long. */
+static bool bpe_encode(const keel_tokenizer *tok, const char *text, size_t n, keel_ids *out) {
     bpe_state st = {.tok = tok, .text = text};
-    st.sym = keel_xmalloc(n * sizeof *st.sym, "BPE symbols");
+    st.sym = keel_try_malloc(n * sizeof *st.sym);
+    if (!st.sym) return false;
     int32_t n_sym = 0;
     for (size_t pos = 0; pos < n; n_sym++) {
         size_t len = match_user_symbol(tok, text + pos, n - pos);
@@ -506,6 +519,7 @@ static void bpe_encode(const keel_tokenizer *tok, const char *text, size_t n, ke
     keel_free(st.sym);
     keel_free(st.heap);
     keel_free(st.rev);
+    return true;
 }
 
 /* ---- protobuf wire format ------------------------------------------------ */
@@ -617,6 +631,9 @@ static bool want_wire(const pb_field *f, uint32_t wire, const char *msg, parse_e
                  wire);
 }
 
+/* The piece tables hold ids as int32 and size themselves at 2 slots a piece. */
+#define MAX_PIECES (1 << 28)
+
 static bool parse_piece(const uint8_t *data, size_t len, model_proto *m, parse_error *err) {
     piece p = {.str = "", .len = 0, .score = 0.0f, .type = PIECE_NORMAL};
     pb_reader r = {data, data + len};
@@ -625,6 +642,7 @@ static bool parse_piece(const uint8_t *data, size_t len, model_proto *m, parse_e
     while ((got = pb_next(&r, &f)) > 0) {
         if (f.number == 1) {
             if (!want_wire(&f, 2, "a piece", err)) return false;
+            if (f.len > UINT32_MAX) return failf(err, "piece %d is longer than 4 GiB", m->n_pieces);
             p.str = (const char *)f.data;
             p.len = (uint32_t)f.len;
         } else if (f.number == 2) {
@@ -639,10 +657,13 @@ static bool parse_piece(const uint8_t *data, size_t len, model_proto *m, parse_e
         }
     }
     if (got < 0) return failf(err, "piece %d is not valid protobuf", m->n_pieces);
+    if (m->n_pieces == MAX_PIECES) return failf(err, "has more than %d pieces", MAX_PIECES);
     if (m->n_pieces == m->cap) {
-        m->cap = m->cap ? m->cap * 2 : 1024;
-        m->pieces =
-            keel_xrealloc(m->pieces, (size_t)m->cap * sizeof *m->pieces, "tokenizer pieces");
+        int cap = m->cap ? m->cap * 2 : 1024;
+        piece *pieces = realloc(m->pieces, (size_t)cap * sizeof *m->pieces);
+        if (!pieces) return failf(err, "has more pieces (%d) than the memory holds", m->n_pieces);
+        m->pieces = pieces;
+        m->cap = cap;
     }
     m->pieces[m->n_pieces++] = p;
     return true;
@@ -737,7 +758,7 @@ static bool load_charsmap(const normalizer_proto *np, norm_spec *ns, const char 
     size_t len = np->charsmap.len;
     if (len <= 4) return failf(err, "%s charsmap is broken (%zu bytes)", which, len);
     size_t trie_bytes = (size_t)b[0] | (size_t)b[1] << 8 | (size_t)b[2] << 16 | (size_t)b[3] << 24;
-    if (trie_bytes >= len || trie_bytes / 4 == 0)
+    if (trie_bytes > len - 4 || trie_bytes / 4 == 0) /* len > 4: no underflow */
         return failf(err, "%s charsmap trie size %zu does not fit its %zu bytes", which,
                      trie_bytes, len);
     ns->trie_units = trie_bytes / 4;
@@ -855,30 +876,45 @@ static bool build_vocab(keel_tokenizer *tok, model_proto *m, parse_error *err) {
            load_charsmap(&m->denormalizer, &tok->denormalizer, "denormalizer", err);
 }
 
-keel_status keel_tokenizer_load(const char *path, keel_tokenizer **out) {
-    *out = NULL;
+/* A .model file larger than this is not one (Gemma's 256k-piece model is 4 MiB). */
+#define MAX_MODEL_BYTES ((size_t)1 << 30)
+
+/* Parse the model in file[0, len) (taken over: freed on failure too). */
+static keel_status load_owned(char *file, size_t len, const char *name, keel_tokenizer **out) {
     keel_tokenizer *tok = keel_xcalloc(sizeof *tok, "tokenizer");
-    tok->path = keel_xstrdup(path);
-    size_t len;
-    char *file;
-    if (keel_read_file_quiet(path, 0, &file, &len) != KEEL_OK) {
-        keel_errorf("cannot read tokenizer model %s: %s; pass the path of a SentencePiece "
-                    ".model file", path, strerror(errno));
-        keel_tokenizer_free(tok);
-        return KEEL_ERR_INPUT;
-    }
+    tok->path = keel_xstrdup(name);
     tok->file = (uint8_t *)file;
     model_proto m = {0};
     parse_error err = {{0}};
     if (!parse_model(tok->file, len, &m, &err) || !build_vocab(tok, &m, &err)) {
         keel_free(m.pieces); /* NULL once build_vocab took them */
         keel_errorf("tokenizer model %s: %s; pass a SentencePiece BPE .model file "
-                    "(spm_train --model_type=bpe)", path, err.why);
+                    "(spm_train --model_type=bpe)", name, err.why);
         keel_tokenizer_free(tok);
         return KEEL_ERR_INPUT;
     }
     *out = tok;
     return KEEL_OK;
+}
+
+keel_status keel_tokenizer_load(const char *path, keel_tokenizer **out) {
+    *out = NULL;
+    size_t len;
+    char *file, why[160];
+    if (keel_read_regular(path, MAX_MODEL_BYTES, &file, &len, why, sizeof why) != KEEL_OK) {
+        keel_errorf("cannot read tokenizer model %s: %s; pass the path of a SentencePiece "
+                    ".model file", path, why);
+        return KEEL_ERR_INPUT;
+    }
+    return load_owned(file, len, path, out);
+}
+
+keel_status keel_tokenizer_load_buffer(const void *bytes, size_t len, const char *name,
+                                       keel_tokenizer **out) {
+    *out = NULL;
+    char *copy = keel_xmalloc(len ? len : 1, "tokenizer model");
+    if (len) memcpy(copy, bytes, len);
+    return load_owned(copy, len, name, out);
 }
 
 void keel_tokenizer_free(keel_tokenizer *tok) {
@@ -906,22 +942,27 @@ keel_status keel_tokenizer_encode(const keel_tokenizer *tok, const char *text, s
     strbuf normalized = {0};
     normalize(tok, &tok->normalizer, true, tok->ws_as_suffix, text, len, &normalized);
     keel_status st = KEEL_OK;
-    if (normalized.n > (size_t)INT32_MAX) { /* symbols are indexed with int32 */
-        keel_errorf("a line of %zu bytes is too long to tokenize with %s (2 GiB once "
-                    "normalized); split it into shorter lines", len, tok->path);
+    if (normalized.failed || normalized.n > (size_t)INT32_MAX) { /* symbols are indexed with int32 */
+        keel_errorf("a line of %zu bytes is too long to tokenize with %s (over 2 GiB once "
+                    "normalized, or more than the memory holds); split it into shorter lines", len,
+                    tok->path);
         st = KEEL_ERR_INPUT;
-    } else if (normalized.n > 0) {
-        bpe_encode(tok, normalized.p, normalized.n, out);
+    } else if (normalized.n > 0 && !bpe_encode(tok, normalized.p, normalized.n, out)) {
+        keel_errorf("a line of %zu bytes needs more memory than there is to tokenize with %s; split "
+                    "it into shorter lines", len, tok->path);
+        st = KEEL_ERR_INPUT;
     }
     keel_free(normalized.p);
     return st;
 }
 
-/* Append a run of byte pieces as UTF-8, each invalid byte as U+FFFD. */
-static void flush_bytes(const keel_tokenizer *tok, const int32_t *ids, size_t n, strbuf *out) {
-    if (n == 0) return;
+/* Append the run of byte pieces ids[from, to) as UTF-8, each invalid byte as
+ * U+FFFD. (Indexes, not a pointer: ids may be NULL when there are none.) */
+static void flush_bytes(const keel_tokenizer *tok, const int32_t *ids, size_t from, size_t to, strbuf *out) {
+    if (from >= to) return;
+    size_t n = to - from;
     char *bytes = keel_xmalloc(n, "decoded bytes");
-    for (size_t i = 0; i < n; i++) bytes[i] = (char)piece_to_byte(&tok->pieces[ids[i]]);
+    for (size_t i = 0; i < n; i++) bytes[i] = (char)piece_to_byte(&tok->pieces[ids[from + i]]);
     for (size_t pos = 0; pos < n;) {
         size_t len = utf8_char_len(bytes + pos, n - pos);
         if (len == 0) {
@@ -980,25 +1021,29 @@ keel_status keel_tokenizer_decode_len(const keel_tokenizer *tok, const int32_t *
         }
     }
     strbuf out = {0};
-    strbuf_reserve(&out, 1);
     size_t byte_start = 0;
     bool strip_space = true, space_stripped = false;
     for (size_t i = 0; i < n; i++) {
         const piece *p = &tok->pieces[ids[i]];
         int32_t id = piece_to_id(tok, p->str, p->len); /* as Decode(pieces) re-derives it */
         if (tok->pieces[id].type == PIECE_BYTE) continue;
-        flush_bytes(tok, ids + byte_start, i - byte_start, &out);
+        flush_bytes(tok, ids, byte_start, i, &out);
         byte_start = i + 1;
         if (space_stripped || out.n > 0) strip_space = false;
         space_stripped = decode_piece(tok, id, strip_space, &out);
     }
-    flush_bytes(tok, ids + byte_start, n - byte_start, &out);
-    if (tok->denormalizer.trie) {
+    flush_bytes(tok, ids, byte_start, n, &out);
+    if (tok->denormalizer.trie && !out.failed) {
         strbuf denorm = {0};
         normalize(tok, &tok->denormalizer, false, false, out.p, out.n, &denorm);
         keel_free(out.p);
         out = denorm;
-        strbuf_reserve(&out, 1);
+    }
+    if (!strbuf_reserve(&out, 1)) {
+        keel_errorf("decoding %zu ids with %s gives more than %zu GiB of text (or more than the "
+                    "memory holds); decode fewer at a time", n, tok->path, STRBUF_MAX >> 30);
+        keel_free(out.p);
+        return KEEL_ERR_INPUT;
     }
     out.p[out.n] = '\0';
     *text = out.p;

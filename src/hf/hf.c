@@ -340,12 +340,10 @@ static bool json_int(const cJSON *root, const char *path, const char *key, bool 
         if (required) keel_errorf("%s: no \"%s\"; a LlamaForCausalLM config needs it", path, key);
         return !required;
     }
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < (double)min ||
-        v->valuedouble > 2147483647.0) {
-        keel_errorf("%s: \"%s\" must be an integer >= %lld", path, key, (long long)min);
+    if (!keel_json_int(v, min, INT32_MAX, out)) {
+        keel_errorf("%s: \"%s\" must be an integer in [%lld, %d]", path, key, (long long)min, INT32_MAX);
         return false;
     }
-    *out = (int64_t)v->valuedouble;
     return true;
 }
 
@@ -402,9 +400,8 @@ static bool rope_ok(const cJSON *root, const char *path, double *theta) {
     return true;
 }
 
-static keel_status import_config(const char *hf_dir, keel_model_config *out) {
-    char *path = keel_path_join(hf_dir, "config.json");
-    cJSON *root = safetensors_read_json_object(path, "Hugging Face config");
+/* The model config.json's root describes (finalized), or one line. */
+static keel_status config_from_json(const cJSON *root, const char *path, keel_model_config *out) {
     keel_status st = KEEL_ERR_INPUT;
     int64_t C = 0, F = 0, L = 0, NH = 0, V = 0, NKV = -1, T = 2048, head_dim = -1;
     double eps = 1e-6, theta = 10000.0; /* LlamaConfig's defaults */
@@ -462,10 +459,10 @@ static keel_status import_config(const char *hf_dir, keel_model_config *out) {
     {
         const cJSON *hm = cJSON_GetObjectItemCaseSensitive(root, "keel_multiple_of");
         const cJSON *hx = cJSON_GetObjectItemCaseSensitive(root, "keel_ffn_dim_multiplier");
-        if (cJSON_IsNumber(hm) && hm->valuedouble >= 1 && hm->valuedouble <= MAX_FFN_MULTIPLE &&
-            hm->valuedouble == floor(hm->valuedouble) && cJSON_IsNumber(hx) &&
-            hx->valuedouble >= 0 && hx->valuedouble <= MAX_FFN_DIM_MULTIPLIER && C <= INT32_MAX) {
-            int hint_m = (int)hm->valuedouble;
+        int64_t hint;
+        if (keel_json_int(hm, 1, MAX_FFN_MULTIPLE, &hint) && cJSON_IsNumber(hx) && hx->valuedouble >= 0 &&
+            hx->valuedouble <= MAX_FFN_DIM_MULTIPLIER && C <= INT32_MAX) {
+            int hint_m = (int)hint;
             keel_model_config c = {.dim = (int)C, .multiple_of = hint_m,
                                    .ffn_dim_multiplier = hx->valuedouble};
             if (keel_model_ffn_hidden(&c) == F) multiple_of = hint_m, mult = hx->valuedouble;
@@ -514,6 +511,20 @@ static keel_status import_config(const char *hf_dir, keel_model_config *out) {
         keel_config_free(&kc);
     }
 done:
+    return st;
+}
+
+keel_status keel_hf_parse_config(const char *text, size_t len, const char *path, keel_model_config *out) {
+    cJSON *root = safetensors_parse_json_object(text, len, path);
+    keel_status st = root ? config_from_json(root, path, out) : KEEL_ERR_INPUT;
+    cJSON_Delete(root);
+    return st;
+}
+
+static keel_status import_config(const char *hf_dir, keel_model_config *out) {
+    char *path = keel_path_join(hf_dir, "config.json");
+    cJSON *root = safetensors_read_json_object(path, "Hugging Face config");
+    keel_status st = root ? config_from_json(root, path, out) : KEEL_ERR_INPUT;
     cJSON_Delete(root);
     keel_free(path);
     return st;
@@ -529,6 +540,7 @@ struct keel_hf_reader {
 
 keel_status keel_hf_open(const char *hf_dir, keel_model_config *cfg_out, keel_hf_reader **out) {
     keel_model_config cfg;
+    *out = NULL;
     keel_status st = import_config(hf_dir, &cfg);
     safetensors_dir *d = NULL;
     if (st == KEEL_OK) st = safetensors_open_dir(hf_dir, &d);
@@ -536,6 +548,17 @@ keel_status keel_hf_open(const char *hf_dir, keel_model_config *cfg_out, keel_hf
     keel_hf_reader *r = keel_xcalloc(sizeof *r, "hf reader");
     r->dir = d;
     keel_model_layout_init(&r->lay, &cfg);
+    /* Every tensor there, of a dtype keel reads and its shape, inside its file,
+     * before anything is allocated for it or written: a bad file is one line
+     * now, never a half-written import. */
+    for (int i = 0; i < r->lay.n_tensors && st == KEEL_OK; i++) {
+        safetensors_tensor t = hf_tensor(&r->lay.tensors[i]);
+        st = safetensors_check(d, &t);
+    }
+    if (st != KEEL_OK) {
+        keel_hf_close(r);
+        return st;
+    }
     *cfg_out = cfg;
     *out = r;
     return KEEL_OK;
@@ -568,7 +591,12 @@ keel_status keel_hf_read(void *reader, int64_t begin, int64_t len, float *dst) {
                 for (int k = 0; k < lay->n_tensors; k++)
                     if (lay->tensors[k].rows * lay->tensors[k].cols > largest)
                         largest = lay->tensors[k].rows * lay->tensors[k].cols;
-                r->scratch = keel_xmalloc(sizeof(float) * (size_t)largest, "tensor buffer");
+                r->scratch = keel_try_malloc(sizeof(float) * (size_t)largest);
+                if (!r->scratch) {
+                    keel_errorf("%s: a tensor of %lld values needs more memory than there is", ti->name,
+                                (long long)largest);
+                    return KEEL_ERR_INPUT;
+                }
             }
             st = safetensors_read(r->dir, &t, r->scratch);
             if (st == KEEL_OK) memcpy(dst + done, r->scratch + from, sizeof(float) * (size_t)take);
@@ -583,7 +611,12 @@ keel_status keel_hf_import(const char *hf_dir, keel_model_config *cfg_out, float
     keel_hf_reader *r;
     keel_status st = keel_hf_open(hf_dir, &cfg, &r);
     if (st != KEEL_OK) return st;
-    float *params = keel_xmalloc(sizeof(float) * (size_t)r->lay.n_params, "imported parameters");
+    float *params = keel_try_malloc(sizeof(float) * (size_t)r->lay.n_params);
+    if (!params) {
+        keel_errorf("%s: its %lld parameters need more memory than there is", hf_dir, (long long)r->lay.n_params);
+        keel_hf_close(r);
+        return KEEL_ERR_INPUT;
+    }
     st = keel_hf_read(r, 0, r->lay.n_params, params);
     if (st == KEEL_OK) {
         *cfg_out = cfg;

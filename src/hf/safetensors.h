@@ -64,13 +64,42 @@ typedef struct safetensors_dir safetensors_dir;
 /* Open dir's tensors (the index is read now, shard files later). On error one
  * line, *out NULL. */
 keel_status safetensors_open_dir(const char *dir, safetensors_dir **out);
+/* Whether tensor t is there, of a dtype keel reads and exactly t's shape
+ * (opening its file if needed): one line if not. keel_hf_open checks every
+ * tensor so before anything is allocated or written. */
+keel_status safetensors_check(safetensors_dir *d, const safetensors_tensor *t);
 /* Read tensor t, which must have exactly t's shape, into dst as fp32. */
 keel_status safetensors_read(safetensors_dir *d, const safetensors_tensor *t, float *dst);
 void safetensors_close_dir(safetensors_dir *d);
 
-/* path as a JSON object (cJSON_Delete), or NULL after one line naming path:
- * cannot open `what`, invalid JSON near line L, not an object. The index and
- * the config.json beside it are read with this. */
+/* What opening a file does with its first bytes, head[0, have) (the 8-byte
+ * length and the JSON header it announces; have may stop after the length
+ * when that is too large for the file), file_bytes being the file's size:
+ * the length within 100 MiB and the file; the header a JSON object whose
+ * __metadata__ is an object of strings and whose every other entry has a
+ * dtype, a shape of integers >= 0 and data_offsets [begin, end]; each
+ * F32/F16/BF16 tensor exactly the bytes its shape needs (overflow-checked);
+ * no name twice; and the tensors' bytes tiling the data exactly, as the
+ * safetensors library requires (no overlap, no gap, nothing past the end).
+ * On success *header (cJSON_Delete) and *data_start (8 + the header's
+ * length); else one line naming path (and the tensor). The fuzz harness's
+ * entry (tests/fuzz/fuzz_hf.c). */
+keel_status safetensors_parse_header(const uint8_t *head, size_t have, int64_t file_bytes, const char *path,
+                                     cJSON **header, int64_t *data_start);
+/* model.safetensors.index.json's text[0, len): a JSON object whose
+ * "weight_map" maps names to plain file names of the same directory (no
+ * "/", not "." or ".."). *index (cJSON_Delete) or one line naming path. */
+keel_status safetensors_parse_index(const char *text, size_t len, const char *path, cJSON **index);
+
+/* text[0, len) as a JSON object (cJSON_Delete), or NULL after one line naming
+ * path: invalid JSON near line L, not an object. */
+cJSON *safetensors_parse_json_object(const char *text, size_t len, const char *path);
+/* The same for the file path (a regular file of at most 256 MiB): also
+ * "cannot open `what`". The config.json beside the tensors is read with
+ * this. */
 cJSON *safetensors_read_json_object(const char *path, const char *what);
+/* name for a message line: control characters as '?', at most size - 1
+ * bytes ("..." when cut). */
+void safetensors_printable(char *out, size_t size, const char *name);
 
 #endif

@@ -58,6 +58,27 @@ struct.pack_into("<Q", b, 32, int(h, 16))
 open(sys.argv[2], "wb").write(b)
 PY
 expect_input_error "token id >= vocab" "badid.bin.*600" train "$CFG" "${real[@]}" --set data.path="$TMP/badid.bin"
+# Not regular files: refused at once (a FIFO nobody writes to used to block open() forever).
+mkfifo "$TMP/fifo"
+expect_input_error "FIFO as a token shard" "fifo.*is a FIFO, not a regular file" \
+  timeout 20 "$K" train "$CFG" "${real[@]}" --set data.path="$TMP/fifo" --run-dir "$RUN"
+expect_input_error "FIFO as the tokenizer" "fifo.*is a FIFO, not a regular file" \
+  timeout 20 "$K" data prepare --model "$TMP/fifo" --input /usr/share/common-licenses/GPL-3 --out "$TMP/fifo-data"
+mkdir -p "$TMP/dir.model"
+expect_input_error "directory as the tokenizer" "dir.model.*is a directory" \
+  timeout 20 "$K" data prepare --model "$TMP/dir.model" --input /usr/share/common-licenses/GPL-3 --out "$TMP/dir-data"
+[ ! -e "$TMP/fifo-data" ] && [ ! -e "$TMP/dir-data" ] || fail "a refused prepare created its --out"
+# A charsmap whose trie leaves fewer than 4 bytes (the replacement length
+# underflowed and encoding read past the model): refused at load.
+cp "$KEEL_SRC/tests/fuzz/regressions/tokenizer_model/charsmap_trie_leaves_under_4_bytes.model" "$TMP/trie.model"
+expect_input_error "charsmap trie past its blob" "trie.model: normalizer charsmap trie size [0-9]+ does not fit" \
+  sh -c 'echo hello | "$1" tokenize --model "$2"' sh "$K" "$TMP/trie.model"
+# A prepare that fails removes what it made: its shards and the --out directories it created.
+: >"$TMP/empty.txt"
+expect_input_error "prepare of no text" "the inputs hold no text" \
+  "$K" data prepare --model "$TMP/tok.model" --input "$TMP/empty.txt" --out "$TMP/new/deeper/data"
+[ ! -e "$TMP/new" ] || fail "a failed prepare left $(find "$TMP/new")"
+pass "a failed prepare leaves no --out directory"
 "$K" train "$CFG" "${real[@]}" --set train.steps=2 --run-dir "$TMP/realrun" >/dev/null 2>&1
 "$K" eval "$TMP/realrun" --data "$TMP/data" >"$TMP/eval.json"
 n_tokens=$(od -An -t u8 -j 16 -N 8 "$SHARD" | tr -d ' ')   # header: u64 token count at byte 16

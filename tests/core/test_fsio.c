@@ -3,14 +3,17 @@
  * whole-file reads of missing, empty, binary and piped files; truncated
  * preads say so; and every loop survives partial transfers — short writes
  * at a file-size limit, pipe writes cut short by signals, reads from a pipe
- * that arrive in pieces (transfers above 2 GiB: test_fsio_2gib.c). Runs as
- * root too: no failure here relies on permissions. */
+ * that arrive in pieces (transfers above 2 GiB: test_fsio_2gib.c); files a
+ * user named opened without blocking (FIFOs, directories, devices refused);
+ * sizes a file asks for refused, not fatal. Runs as root too: no failure
+ * here relies on permissions. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -501,6 +504,57 @@ static void test_dirs(void) {
     keel_free(joined);
 }
 
+/* Files a user named are opened without ever blocking: a FIFO nobody writes
+ * to (open() would wait for a writer forever), a directory and a device are
+ * refused at once where a file format is read; the whole-file reader streams
+ * a FIFO (empty without a writer) and still refuses devices. */
+static void test_open_read_kinds(void) {
+    printf("== opening what a user named\n");
+    char fifo[PATH_BYTES], dir[PATH_BYTES], file[PATH_BYTES], why[160], *text;
+    tmp_path(fifo, "fifo");
+    tmp_path(dir, "dir");
+    tmp_path(file, "file");
+    EXPECT(mkfifo(fifo, 0644) == 0 && mkdir(dir, 0755) == 0, "a FIFO and a directory made");
+    FILE *f = fopen(file, "wb");
+    fputs("{}", f);
+    fclose(f);
+    int fd = -2;
+    double t0 = keel_now_s();
+    keel_status st = keel_open_read(fifo, false, &fd, why, sizeof why);
+    EXPECT(st == KEEL_ERR_INPUT && fd == -1 && strstr(why, "is a FIFO, not a regular file") &&
+               keel_now_s() - t0 < 5, "FIFO refused at once: %s", why);
+    st = keel_open_read(dir, false, &fd, why, sizeof why);
+    EXPECT(st == KEEL_ERR_INPUT && errno == EISDIR && strstr(why, "is a directory"), "directory refused: %s", why);
+    st = keel_open_read("/dev/zero", true, &fd, why, sizeof why);
+    EXPECT(st == KEEL_ERR_INPUT && strstr(why, "character device"), "device refused even where pipes are fine: %s", why);
+    st = keel_open_read(file, false, &fd, why, sizeof why);
+    EXPECT(st == KEEL_OK && fd >= 0 && !(fcntl(fd, F_GETFL) & O_NONBLOCK), "a regular file opens, reads block again");
+    if (fd >= 0) close(fd);
+    size_t len = 99;
+    st = keel_read_regular(fifo, 0, &text, &len, why, sizeof why);
+    EXPECT(st == KEEL_ERR_INPUT && strstr(why, "FIFO"), "keel_read_regular refuses the FIFO: %s", why);
+    st = keel_read_regular(file, 1, &text, &len, why, sizeof why);
+    EXPECT(st == KEEL_ERR_INPUT && strstr(why, "larger than 1 bytes"), "keel_read_regular: over max_bytes: %s", why);
+    t0 = keel_now_s();
+    st = keel_read_file_quiet(fifo, 0, &text, &len);
+    EXPECT(st == KEEL_OK && len == 0 && keel_now_s() - t0 < 5, "a FIFO without a writer reads as empty, at once");
+    if (st == KEEL_OK) keel_free(text);
+    errno = 0;
+    st = keel_read_file_quiet("/dev/zero", 0, &text, &len);
+    EXPECT(st == KEEL_ERR_INPUT && errno == EINVAL, "keel_read_file_quiet refuses a device (/dev/zero would never end)");
+}
+
+/* Sizes a file asks for: keel_try_malloc refuses more than the machine's
+ * memory without asking malloc (and under ASan without its report). */
+static void test_try_malloc(void) {
+    printf("== keel_try_malloc\n");
+    void *p = keel_try_malloc(64);
+    EXPECT(p != NULL && ((uintptr_t)p & 63) == 0, "a small block, 64-byte aligned");
+    keel_free(p);
+    EXPECT(keel_try_malloc((size_t)1 << 62) == NULL, "2^62 bytes: NULL, no abort");
+    EXPECT(keel_try_malloc(SIZE_MAX) == NULL, "SIZE_MAX: NULL (no rounding wrap-around)");
+}
+
 int main(void) {
     if (!temp_dir_create(tmpdir, sizeof tmpdir, "fsio")) return 1;
     signal(SIGPIPE, SIG_IGN); /* a pipe test that fails must report, not die */
@@ -512,6 +566,8 @@ int main(void) {
     test_short_write_at_limit();
     test_write_interrupted();
     test_dirs();
+    test_open_read_kinds();
+    test_try_malloc();
     remove_tree(tmpdir);
     return test_summary("test_fsio");
 }

@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# tests/fuzz/make_corpus.sh: (re)make the fuzz harnesses' fixed inputs and
+# seed corpora from a keel binary, spm_train and python3 — what is checked in
+# under tests/fuzz/data/ and tests/fuzz/corpus/<harness>/ (small valid and
+# near-valid files, a few KB each). Not run by the tests; run it after a
+# format changes:  tests/fuzz/make_corpus.sh build/keel
+set -euo pipefail
+KEEL=$(realpath "${1:?usage: tests/fuzz/make_corpus.sh KEEL_BIN}")
+HERE=$(cd "$(dirname "$0")" && pwd)
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+cd "$WORK"
+DATA=$HERE/data CORPUS=$HERE/corpus
+KEEL_SRC_FIXTURE=$HERE/../reference/fixtures/hf_tiny KEEL_SRC_CONFIGS=$HERE/../../configs
+rm -rf "$DATA" "$CORPUS"
+mkdir -p "$DATA/hf" "$CORPUS"/{tokenizer_model,tokenizer_text,hf,ckpt,token_shard,config,node_config}
+
+# --- tokenizer models: BPE, byte fallback, user symbols, custom (de)normalization rules
+head -c 20000 /usr/share/common-licenses/GPL-3 > text.txt
+printf '\xef\xac\x81ne \xe2\x85\xa3\xe3\x80\x80full \xef\xbc\x90\xef\xbc\x91 caf\xc3\xa9\tAB ab\n' >> text.txt
+printf '41\t61\n42\t62\nFB01\t66 69\n2163\t49 56\n3000\t20\nFF10\t30\nFF11\t31\n41 42\t78\nE9\t65 301\n200B\t\n9\t20\nD\t\n' > rules.tsv
+printf '61\t41\n78\t41 42\n' > denorm.tsv
+common=(--input=text.txt --vocab_size=360 --model_type=bpe --character_coverage=1.0 --minloglevel=2)
+spm_train "${common[@]}" --model_prefix=rules --byte_fallback=true --normalization_rule_tsv=rules.tsv \
+  --user_defined_symbols='<tab>,@@' --split_digits=true >/dev/null 2>&1
+spm_train "${common[@]}" --model_prefix=denorm --byte_fallback=true --normalization_rule_tsv=rules.tsv \
+  --denormalization_rule_tsv=denorm.tsv --user_defined_symbols='<tab>,@@' --treat_whitespace_as_suffix=true \
+  >/dev/null 2>&1
+spm_train "${common[@]}" --model_prefix=identity --normalization_rule_name=identity --remove_extra_whitespaces=false \
+  >/dev/null 2>&1
+cp denorm.model "$DATA/tok.model"
+cp rules.model denorm.model identity.model "$CORPUS/tokenizer_model/"
+head -c 700 rules.model > "$CORPUS/tokenizer_model/truncated.model"
+# every 7th normal piece UNUSED (type 5): BPE re-splits what merges into one
+python3 - rules.model "$CORPUS/tokenizer_model/unused_pieces.model" <<'PY'
+import sys
+def varint(b, i):
+    x = s = 0
+    while True:
+        c = b[i]; i += 1; x |= (c & 0x7f) << s; s += 7
+        if not c & 0x80: return x, i
+def enc(x):
+    out = bytearray()
+    while True:
+        c = x & 0x7f; x >>= 7; out.append(c | (0x80 if x else 0))
+        if not x: return bytes(out)
+def fields(b):
+    i, out = 0, []
+    while i < len(b):
+        key, i = varint(b, i); num, wire = key >> 3, key & 7
+        if wire == 0: v, i = varint(b, i)
+        elif wire == 5: v = b[i:i + 4]; i += 4
+        else: n, i = varint(b, i); v = b[i:i + n]; i += n
+        out.append((num, wire, v))
+    return out
+def build(fs):
+    return b"".join(enc(num << 3 | wire) + (enc(v) if wire == 0 else v if wire == 5 else enc(len(v)) + v)
+                    for num, wire, v in fs)
+model, k = [], 0
+for num, wire, v in fields(open(sys.argv[1], "rb").read()):
+    if num == 1:
+        f = fields(v)
+        if not any(n == 3 for n, _, _ in f):  # a normal piece
+            k += 1
+            if k % 7 == 0: f.append((3, 0, 5))
+        v = build(f)
+    model.append((num, wire, v))
+open(sys.argv[2], "wb").write(build(model))
+PY
+
+# --- text for a valid model: 0 = a line to encode, 1 = ids to decode
+printf '\0Hello world, it is \xef\xac\x81ne.' > "$CORPUS/tokenizer_text/line"
+printf '\0  \xe2\x85\xa3\xe3\x80\x80AB\t\xef\xbc\x90\xef\xbc\x91 caf\xc3\xa9 @@<tab>x \xff\xfe\xc3' > "$CORPUS/tokenizer_text/edges"
+printf '\x01\x05\x00\x10\x01\x03\x00\x67\x01\x00\x00\x02\x00' > "$CORPUS/tokenizer_text/ids"
+
+# --- a tiny model's run, checkpoint and Hugging Face export
+cat > tiny.json <<'JSON'
+{
+  "model": {"dim": 8, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "vocab_size": 16,
+            "multiple_of": 8, "max_seq_len": 8},
+  "train": {"steps": 2, "micro_batch_size": 2, "lr": 3e-3, "threads": 1},
+  "data": {"synthetic": {"seed": 7, "branching": 2, "vocab": 16}},
+  "checkpoint": {"every_steps": 2}
+}
+JSON
+"$KEEL" train tiny.json --run-dir run >/dev/null 2>&1
+ck=run/checkpoints/step_00000002
+"$KEEL" ckpt export "$ck" --format safetensors --out hf >/dev/null 2>&1
+"$KEEL" ckpt export "$ck" --format safetensors --out split --max-shard-mb 0.003 >/dev/null 2>&1
+"$KEEL" ckpt import --from-hf hf --out imported >/dev/null 2>&1
+cp hf/config.json split/model-0000?-of-00002.safetensors "$DATA/hf/"
+
+python3 - "$CORPUS" "$ck" imported hf split "$KEEL_SRC_FIXTURE" <<'PY'
+import json, struct, sys
+corpus, ck, imported, hf, split, fixture = sys.argv[1:7]
+def put(harness, name, data):
+    open(f"{corpus}/{harness}/{name}", "wb").write(data)
+rd = lambda p: open(p, "rb").read()
+# hf: 0 config.json, 1 index, 2 a safetensors file, 3 model.safetensors for data/hf/config.json, 4 index for the split
+put("hf", "config", b"\0" + rd(f"{hf}/config.json"))
+put("hf", "config_transformers", b"\0" + rd(f"{fixture}/config.json"))
+put("hf", "index", b"\1" + rd(f"{split}/model.safetensors.index.json"))
+st = rd(f"{hf}/model.safetensors")
+def half(st, dtype):
+    n = struct.unpack("<Q", st[:8])[0]
+    h = json.loads(st[8:8 + n]); data = st[8 + n:]
+    out, hd, off = b"", {"__metadata__": {"format": "pt"}}, 0
+    for k, v in sorted(((k, v) for k, v in h.items() if k != "__metadata__"), key=lambda kv: -kv[1]["data_offsets"][0]):
+        a, b = v["data_offsets"]
+        fl = struct.unpack(f"<{(b - a) // 4}f", data[a:b])
+        if dtype == "BF16": raw = b"".join(struct.pack("<I", struct.unpack("<I", struct.pack("<f", x))[0])[2:] for x in fl)
+        else: raw = struct.pack(f"<{len(fl)}e", *fl)
+        hd[k] = {"dtype": dtype, "shape": v["shape"], "data_offsets": [off, off + len(raw)]}
+        out += raw; off += len(raw)
+    j = json.dumps(hd).encode()
+    return struct.pack("<Q", len(j)) + j + out
+put("hf", "safetensors", b"\2" + st)
+put("hf", "safetensors_bf16", b"\2" + half(st, "BF16"))
+put("hf", "model", b"\3" + st)
+put("hf", "model_bf16", b"\3" + half(st, "BF16"))
+put("hf", "model_f16", b"\3" + half(st, "F16"))
+put("hf", "split_index", b"\4" + rd(f"{split}/model.safetensors.index.json"))
+# ckpt: 0 manifest, 1 u32 length + manifest + shard 0
+for name, d in (("trained", ck), ("imported", imported)):
+    m, shard = rd(f"{d}/manifest.json"), rd(f"{d}/shard-00000-of-00001.bin")
+    put("ckpt", f"manifest_{name}", b"\0" + m)
+    put("ckpt", f"files_{name}", b"\1" + struct.pack("<I", len(m)) + m + shard)
+PY
+
+# --- token shards (0: as they are, 1: with the payload checksum set right first)
+printf 'Hello world.\n\nA second document, with \xef\xac\x81ne text.\n' > doc.txt
+"$KEEL" data prepare --model rules.model --input doc.txt --out shards >/dev/null 2>&1
+python3 - "$CORPUS/token_shard" shards/train-00000.bin <<'PY'
+import struct, sys
+out, shard = sys.argv[1], open(sys.argv[2], "rb").read()
+open(f"{out}/u16", "wb").write(b"\0" + shard)
+open(f"{out}/u16_fixed", "wb").write(b"\1" + shard)
+ids = [1, 2, 70000, 69999, 5]  # a 4-byte shard: vocab 70001
+hdr = b"KEELTOK1" + struct.pack("<IIQII", 1, 4, len(ids), 70001, 0) + b"\0" * 8
+hdr += b"\0" * (64 - len(hdr))
+open(f"{out}/u32_fixed", "wb").write(b"\1" + hdr + struct.pack(f"<{len(ids)}I", *ids))
+open(f"{out}/truncated", "wb").write(b"\1" + shard[:70])
+PY
+
+# --- the config: 0 = a config file, 1 = --set lines
+printf '\0' | cat - tiny.json > "$CORPUS/config/tiny"
+printf '\0' | cat - "$KEEL_SRC_CONFIGS/tiny.json" > "$CORPUS/config/configs_tiny"
+printf '\x01train.steps=3\nmodel.dim=16\nresilience.health_checks=gemm,mpi\nfsdp.strategy=hybrid_shard\ndata.synthetic.seed=4\nfsdp.activation_checkpointing=true\ntrain.lr=1e-3\n' \
+  > "$CORPUS/config/set_lines"
+
+# --- node configs
+printf '{"checks": ["gemm", "memory", "checkpoint_dir"], "gemm_floor_gflops": 5, "memory_floor_gib": 1.5, "dir": "/tmp/ck"}' \
+  > "$CORPUS/node_config/basic.json"
+printf '{"checks": ["gpu"], "gpu": {"baseline": "/var/lib/keel/b.json", "xid_max": 0, "xid_ignore": [13, 31, 43], "temp_max_c": 87, "ecc_uncorrected_max": 0, "remapped_rows_uncorrectable_max": 63, "fail_on_row_remap_pending": true, "fail_on_row_remap_failure": false, "clock_events_fail": ["hw_slowdown", "sw_thermal_slowdown"], "sm_clock_min_fraction": 0.5, "sm_clock_busy_util_pct": 50}}' \
+  > "$CORPUS/node_config/gpu.json"
+echo "made $(find "$DATA" "$CORPUS" -type f | wc -l) files ($(du -sk "$DATA" "$CORPUS" | awk '{s += $1} END {print s}') KiB)"
