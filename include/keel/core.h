@@ -53,6 +53,16 @@ const char *keel_status_str(keel_status st);
 
 typedef enum { KEEL_LOG_DEBUG, KEEL_LOG_INFO, KEEL_LOG_WARN, KEEL_LOG_ERROR } keel_log_level;
 
+/* Every log and error line is one line, whatever the values formatted into
+ * it: a control character is written as an escape (\n, \r, \t, \x1b, ...,
+ * DEL and bytes that are not well-formed UTF-8 or are C1 controls as \xNN),
+ * so a config key, a path or a client's header cannot end the line, fake
+ * another or drive the terminal; trailing line breaks are dropped (keel adds
+ * the one newline). A message longer than KEEL_LOG_MAX_MESSAGE bytes (after
+ * escaping) is cut, ending "...[N more bytes]". The same line goes to stderr
+ * and to the log file, each in one write. */
+#define KEEL_LOG_MAX_MESSAGE 2048
+
 void keel_log_set_level(keel_log_level level);
 /* Also write every log and error line to f (NULL: stop); not owned. */
 void keel_log_set_file(FILE *f);
@@ -64,7 +74,8 @@ void keel_log(keel_log_level level, const char *fmt, ...) __attribute__((format(
 void keel_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* While on, this thread's keel_errorf lines are kept (the last one) instead
  * of printed: for errors keel recovers from and reports its own way (a
- * damaged checkpoint, a failed background save). */
+ * damaged checkpoint, a failed background save), escaped like a printed line
+ * and cut to 1023 bytes. */
 void keel_error_capture(bool on);
 const char *keel_last_error(void);
 
@@ -467,11 +478,16 @@ typedef struct {
 typedef struct {
     int port;    /* 0 = no endpoint */
     char *bind;  /* address to listen on; NULL = 127.0.0.1 */
+    /* Host names and addresses the dashboard and /api/run also answer to
+     * (beside localhost, 127.0.0.1, [::1] and the bind address): a
+     * NULL-terminated list, NULL when empty (src/monitor/http.c) */
+    char **allowed_hosts;
 } keel_metrics_config;
 
 typedef struct {
     int max_restarts;
     double hang_timeout_s;   /* 0 = automatic: hang_factor x median step (>= hang_floor_s) once steady */
+    double startup_timeout_s; /* MPI start-up and the first collective (0, JSON null: from the world size) */
     double hang_factor, hang_floor_s;
     double backoff_s;
     int snapshot_every_steps;/* in-memory snapshots under the supervisor (0 = off) */

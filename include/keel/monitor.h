@@ -92,7 +92,11 @@ void keel_exporter_free(keel_exporter *x);
  * user set (keel_config_key_origin) that is in use is an input error; the
  * default moves to the first free port of the KEEL_METRICS_PORT_RANGE from
  * it, and with all of them in use *out = NULL with KEEL_OK and a warning:
- * the run trains without an endpoint. */
+ * the run trains without an endpoint. A metrics.allowed_hosts entry that is
+ * not a host name or an IP address is an input error. Clients cannot hold
+ * it (a deadline per request, a share per remote address), the dashboard
+ * and /api/run answer only this machine's Host names, and libmicrohttpd's
+ * messages are rate-limited keel warnings (docs/security.md). */
 typedef struct keel_metrics_server keel_metrics_server;
 keel_status keel_metrics_serve(const keel_config *cfg, const char *run_dir, keel_metrics_server **out);
 const char *keel_metrics_url(const keel_metrics_server *s); /* http://ADDR:PORT/metrics, or NULL */

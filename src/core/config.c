@@ -13,8 +13,11 @@
 /* K_ENUM: one name of `names`, held as its index (an int-sized enum);
  * K_ENUM_SET: a JSON array of such names, held as a bit mask (1u << index). */
 /* K_BOOL_COUNT: true, false or a count, held as an int (true: -1). */
+/* K_STRING_LIST: a JSON array of strings, held as a NULL-terminated char ** (NULL: empty). */
+/* K_DOUBLE_AUTO: a number in [min, max] (min > 0), or null for "derived where it is used", held as 0. */
 typedef enum {
-    K_SECTION, K_INT, K_U64, K_DOUBLE, K_BOOL, K_BOOL_COUNT, K_STRING, K_ENUM, K_ENUM_SET, K_FLAG_SECTION
+    K_SECTION, K_INT, K_U64, K_DOUBLE, K_BOOL, K_BOOL_COUNT, K_STRING, K_ENUM, K_ENUM_SET, K_FLAG_SECTION,
+    K_STRING_LIST, K_DOUBLE_AUTO
 } key_type;
 
 typedef struct {
@@ -149,6 +152,10 @@ static const key_spec KEYS[] = {
      "automatic hang timeout once steps are steady: this many median step times without progress", NULL},
     {"resilience.hang_floor_s", K_DOUBLE, OFF(resilience.hang_floor_s), 0.5, 1e7,
      "automatic hang timeout once steps are steady: at least this many seconds", NULL},
+    {"resilience.startup_timeout_s", K_DOUBLE_AUTO, OFF(resilience.startup_timeout_s), 1, 1e6,
+     "a rank whose MPI start-up and first collective with the other ranks take longer than this exits "
+     "with one line naming what it waited for and the transport settings to check (null = from the "
+     "world size: 30 + 30 x log2(ranks) s, 60 s at 2 ranks)", NULL},
     {"resilience.snapshot_every_steps", K_INT, OFF(resilience.snapshot_every_steps), 0, 1 << 30,
      "under the supervisor (keel train --nproc N), every rank copies its shard (parameters, AdamW "
      "moments) into node-local shared memory (/dev/shm) after every N optimizer steps, alongside the "
@@ -193,6 +200,10 @@ static const key_spec KEYS[] = {
      "RUN/endpoint.json", NULL},
     {"metrics.bind", K_STRING, OFF(metrics.bind), 0, 0,
      "address the endpoint listens on (null = 127.0.0.1, this machine only; 0.0.0.0 = every interface)", NULL},
+    {"metrics.allowed_hosts", K_STRING_LIST, OFF(metrics.allowed_hosts), 0, 0,
+     "host names or addresses, without a port, that the dashboard and /api/run also answer to beside "
+     "localhost, 127.0.0.1, [::1] and metrics.bind (a request naming another Host gets 421: DNS rebinding); "
+     "/metrics answers any Host", NULL},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 _Static_assert(N_KEYS <= KEEL_CONFIG_MAX_KEYS, "raise KEEL_CONFIG_MAX_KEYS (keel/core.h)");
@@ -255,12 +266,20 @@ void keel_config_defaults(keel_config *cfg) {
     metrics_port_default(cfg);
 }
 
+static void free_list(char ***list) {
+    for (char **s = *list; s && *s; s++) free(*s);
+    free(*list);
+    *list = NULL;
+}
+
 void keel_config_free(keel_config *cfg) {
     for (int i = 0; i < N_KEYS; i++)
         if (KEYS[i].type == K_STRING) {
             char **s = (char **)((char *)cfg + KEYS[i].offset);
             free(*s);
             *s = NULL;
+        } else if (KEYS[i].type == K_STRING_LIST) {
+            free_list((char ***)((char *)cfg + KEYS[i].offset));
         }
     free(cfg->source);
     cfg->source = NULL;
@@ -312,11 +331,12 @@ static const char *type_name(key_type t) {
     switch (t) {
     case K_INT: case K_U64: return "an integer";
     case K_DOUBLE: return "a number";
+    case K_DOUBLE_AUTO: return "a number or null";
     case K_BOOL: return "true or false";
     case K_BOOL_COUNT: return "true, false or a count";
     case K_STRING: return "a string";
     case K_ENUM: return "a string";
-    case K_ENUM_SET: return "a list of strings";
+    case K_ENUM_SET: case K_STRING_LIST: return "a list of strings";
     default: return "an object";
     }
 }
@@ -449,15 +469,38 @@ static keel_status store(keel_config *cfg, const key_spec *k, const cJSON *v, co
         *(unsigned *)field = mask;
         return KEEL_OK;
     }
+    case K_STRING_LIST: {
+        if (!cJSON_IsArray(v) && !cJSON_IsNull(v)) return bad_value(origin, k, v, "must be a list of strings");
+        int n = cJSON_IsNull(v) ? 0 : cJSON_GetArraySize(v);
+        const cJSON *x;
+        cJSON_ArrayForEach(x, v) {
+            if (!cJSON_IsString(x)) return bad_value(origin, k, v, "must be a list of strings");
+        }
+        free_list((char ***)field);
+        if (n == 0) return KEEL_OK;
+        char **list = keel_xcalloc(((size_t)n + 1) * sizeof *list, k->key);
+        int i = 0;
+        cJSON_ArrayForEach(x, v) list[i++] = keel_xstrdup(x->valuestring);
+        *(char ***)field = list;
+        return KEEL_OK;
+    }
+    case K_DOUBLE_AUTO:
+        if (cJSON_IsNull(v)) {
+            *(double *)field = 0;
+            return KEEL_OK;
+        }
+        __attribute__((fallthrough)); /* a number, checked as K_DOUBLE */
     case K_INT: case K_U64: case K_DOUBLE: {
         if (!cJSON_IsNumber(v)) {
             snprintf(why, sizeof why, "must be %s", type_name(k->type));
             return bad_value(origin, k, v, why);
         }
         double x = v->valuedouble;
-        if (k->type != K_DOUBLE && x != floor(x)) return bad_value(origin, k, v, "must be an integer");
+        bool real = k->type == K_DOUBLE || k->type == K_DOUBLE_AUTO;
+        if (!real && x != floor(x)) return bad_value(origin, k, v, "must be an integer");
         if (!(x >= k->min && x <= k->max)) {
-            if (k->type == K_DOUBLE) snprintf(why, sizeof why, "must be in [%g, %g]", k->min, k->max);
+            if (k->type == K_DOUBLE_AUTO) snprintf(why, sizeof why, "must be in [%g, %g], or null", k->min, k->max);
+            else if (real) snprintf(why, sizeof why, "must be in [%g, %g]", k->min, k->max);
             else snprintf(why, sizeof why, "must be in [%.0f, %.0f]", k->min, k->max);
             return bad_value(origin, k, v, why);
         }
@@ -545,7 +588,8 @@ keel_status keel_config_set(keel_config *cfg, const char *assignment) {
         v = cJSON_CreateString(text);
     }
     /* A list key also takes bare comma-separated names: --set resilience.health_checks=gemm,mpi */
-    if (k->type == K_ENUM_SET && !cJSON_IsArray(v)) {
+    if ((k->type == K_ENUM_SET && !cJSON_IsArray(v)) ||
+        (k->type == K_STRING_LIST && !cJSON_IsArray(v) && !cJSON_IsNull(v))) {
         cJSON_Delete(v);
         v = cJSON_CreateArray();
         char *copy = keel_xstrdup(text), *save = NULL;
@@ -652,6 +696,11 @@ char *keel_config_to_json(const keel_config *cfg) {
         case K_INT: put(root, k->key, cJSON_CreateNumber(*(const int *)field)); break;
         case K_U64: put(root, k->key, cJSON_CreateNumber((double)*(const uint64_t *)field)); break;
         case K_DOUBLE: put(root, k->key, cJSON_CreateNumber(*(const double *)field)); break;
+        case K_DOUBLE_AUTO: {
+            double x = *(const double *)field;
+            put(root, k->key, x > 0 ? cJSON_CreateNumber(x) : cJSON_CreateNull());
+            break;
+        }
         case K_BOOL: put(root, k->key, cJSON_CreateBool(*(const bool *)field)); break;
         case K_BOOL_COUNT: {
             int n = *(const int *)field;
@@ -670,6 +719,13 @@ char *keel_config_to_json(const keel_config *cfg) {
             cJSON *a = cJSON_CreateArray();
             for (int j = 0; k->names[j]; j++)
                 if (*(const unsigned *)field & (1u << j)) cJSON_AddItemToArray(a, cJSON_CreateString(k->names[j]));
+            put(root, k->key, a);
+            break;
+        }
+        case K_STRING_LIST: {
+            cJSON *a = cJSON_CreateArray();
+            for (char *const *s = *(char **const *)field; s && *s; s++)
+                cJSON_AddItemToArray(a, cJSON_CreateString(*s));
             put(root, k->key, a);
             break;
         }
@@ -694,6 +750,10 @@ void keel_config_print_keys(void) {
         case K_INT: snprintf(def, sizeof def, "%d", *(const int *)field); break;
         case K_U64: snprintf(def, sizeof def, "%llu", (unsigned long long)*(const uint64_t *)field); break;
         case K_DOUBLE: snprintf(def, sizeof def, "%g", *(const double *)field); break;
+        case K_DOUBLE_AUTO:
+            if (*(const double *)field > 0) snprintf(def, sizeof def, "%g", *(const double *)field);
+            else snprintf(def, sizeof def, "null");
+            break;
         case K_BOOL: snprintf(def, sizeof def, "%s", *(const bool *)field ? "true" : "false"); break;
         case K_BOOL_COUNT: keel_config_format_checkpointing(*(const int *)field, def, sizeof def); break;
         case K_STRING: {
@@ -703,6 +763,7 @@ void keel_config_print_keys(void) {
         }
         case K_ENUM: snprintf(def, sizeof def, "%s", k->names[*(const int *)field]); break;
         case K_ENUM_SET: format_set(*(const unsigned *)field, k->names, def, sizeof def); break;
+        case K_STRING_LIST: snprintf(def, sizeof def, "none"); break;
         }
         const char *type = k->type == K_FLAG_SECTION ? "object/false"
                            : k->type == K_BOOL       ? "bool"

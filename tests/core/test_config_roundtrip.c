@@ -26,12 +26,27 @@ int main(void) {
            "--set list from bare names");
     EXPECT(keel_config_set(&a, "fsdp.strategy=hybrid_shard") == KEEL_OK && a.fsdp.strategy == KEEL_FSDP_HYBRID_SHARD,
            "--set a name");
+    EXPECT(keel_config_set(&a, "metrics.allowed_hosts=dash.example,10.0.0.7") == KEEL_OK && a.metrics.allowed_hosts &&
+               !strcmp(a.metrics.allowed_hosts[0], "dash.example") && !strcmp(a.metrics.allowed_hosts[1], "10.0.0.7") &&
+               !a.metrics.allowed_hosts[2],
+           "--set a list of strings from bare comma-separated values");
     EXPECT(keel_config_set(&a, "fsdp.mixed_precision=\"bf16\"") == KEEL_OK &&
                a.fsdp.mixed_precision == KEEL_DTYPE_BF16, "--set a JSON string name");
     EXPECT(keel_config_set(&a, "fsdp.activation_checkpointing=true") == KEEL_OK &&
                keel_config_checkpoint_blocks(&a) == a.model.n_layers, "checkpointing true: every block");
     EXPECT(keel_config_set(&a, "fsdp.activation_checkpointing=3") == KEEL_OK &&
                keel_config_checkpoint_blocks(&a) == 3, "checkpointing a count: the first blocks");
+    /* a number of seconds, or null: derived where it is used (held as 0); 0, below and words are errors */
+    EXPECT(a.resilience.startup_timeout_s == 0, "startup_timeout_s defaults to null");
+    EXPECT(keel_config_set(&a, "resilience.startup_timeout_s=45") == KEEL_OK && a.resilience.startup_timeout_s == 45,
+           "--set a number-or-null key to a number");
+    EXPECT(keel_config_set(&a, "resilience.startup_timeout_s=0") == KEEL_ERR_INPUT &&
+               keel_config_set(&a, "resilience.startup_timeout_s=-5") == KEEL_ERR_INPUT &&
+               keel_config_set(&a, "resilience.startup_timeout_s=abc") == KEEL_ERR_INPUT &&
+               a.resilience.startup_timeout_s == 45,
+           "startup_timeout_s <= 0 or a word is refused and changes nothing");
+    EXPECT(keel_config_set(&a, "resilience.startup_timeout_s=null") == KEEL_OK && a.resilience.startup_timeout_s == 0,
+           "--set a number-or-null key to null");
     EXPECT(keel_config_finalize(&a) == KEEL_OK && a.model.n_kv_heads == 4, "finalize fills n_kv_heads");
     EXPECT(a.data.synthetic && a.data.synthetic_branching == 3, "synthetic section parsed");
 
@@ -44,7 +59,10 @@ int main(void) {
     EXPECT(!strcmp(json, json2), "resolved JSON round-trips exactly");
     EXPECT(strstr(json, "\"health_checks\":\t[\"gemm\", \"mpi\"]") != NULL, "a list is a JSON array of names");
     EXPECT(strstr(json, "\"strategy\":\t\"hybrid_shard\"") != NULL, "a name is a JSON string");
+    EXPECT(strstr(json, "\"allowed_hosts\":\t[\"dash.example\", \"10.0.0.7\"]") != NULL,
+           "a list of strings is a JSON array");
     EXPECT(strstr(json, "\"activation_checkpointing\":\t3") != NULL, "a checkpointing count is a JSON number");
+    EXPECT(strstr(json, "\"startup_timeout_s\":\tnull") != NULL, "a derived number is JSON null");
     free(json);
     free(json2);
 
@@ -71,6 +89,12 @@ int main(void) {
            "string for list rejected");
     EXPECT(keel_config_set(&c, "resilience.health_checks=[]") == KEEL_OK && c.resilience.health_checks == 0,
            "empty list");
+    EXPECT(keel_config_load_string(&c, "{\"metrics\": {\"allowed_hosts\": [1]}}", "t") == KEEL_ERR_INPUT &&
+               keel_config_load_string(&c, "{\"metrics\": {\"allowed_hosts\": \"a\"}}", "t") == KEEL_ERR_INPUT,
+           "a list of strings: a number or a bare string rejected");
+    EXPECT(keel_config_load_string(&c, "{\"metrics\": {\"allowed_hosts\": [\"a\"]}}", "t") == KEEL_OK &&
+               keel_config_set(&c, "metrics.allowed_hosts=[]") == KEEL_OK && !c.metrics.allowed_hosts,
+           "a list of strings emptied");
     EXPECT(keel_config_set(&c, "resilience.health_checks=gemm,gpus") == KEEL_ERR_INPUT, "unknown check rejected");
     EXPECT(keel_config_set(&c, "fsdp.strategy=full") == KEEL_ERR_INPUT, "unknown strategy rejected");
     EXPECT(keel_config_load_string(&c, "{\"fsdp\": {\"reduce_dtype\": 16}}", "t") == KEEL_ERR_INPUT,
