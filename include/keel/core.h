@@ -42,6 +42,8 @@ enum {
     KEEL_EXIT_DIVERGED = 76,  /* the loss or gradient norm became NaN/Inf, or the loss
                                  exceeded resilience.max_loss */
     KEEL_EXIT_UNHEALTHY = 77, /* a worker's health check (the mpi all-reduce) failed */
+    KEEL_EXIT_PEER_LOST = 78, /* a Slurm task: a peer rank was lost (dead, frozen, stuck or gone with
+                                 an error), so this one ended the attempt */
 };
 
 /* Exit code for a status: 0 ok, 2 bad input, 75 stopped (resume me),
@@ -145,6 +147,10 @@ int keel_cores_allowed(void);
 /* This node's name, one word: SLURMD_NODENAME (emulated Slurm nodes share a
  * hostname) or the hostname. */
 void keel_node_name(char *out, size_t n);
+/* 'R', 'S', 'T' (stopped), 'Z' (zombie)... of a pid of this machine (/proc),
+ * or 0 when gone. */
+char keel_pid_state(int pid);
+bool keel_pid_alive(int pid);
 
 /* ---- this machine's NVIDIA GPUs, read through NVML (gpu.c) ------------------ */
 /* NVML is opened with dlopen (libnvidia-ml.so.1, the driver's; $KEEL_NVML_LIB

@@ -67,9 +67,6 @@ void keel_proc_kill(keel_proc *p, int sig);
 /* Pass what is left of its stderr to fn, kill anything left in its group,
  * reap it if keel_proc_exited has not, and free p. Returns its exit code. */
 int keel_proc_finish(keel_proc *p, keel_line_fn fn, void *ctx);
-/* 'R', 'S', 'T' (stopped), 'Z' (zombie)... of a pid (/proc), or 0 when gone. */
-char keel_pid_state(int pid);
-bool keel_pid_alive(int pid);
 
 /* ---- health checks: keel health (health.c) -------------------------------------- */
 

@@ -154,6 +154,54 @@ typedef struct {
 bool keel_heartbeat_read(const char *run_dir, int rank, keel_heartbeat_info *out);
 void keel_heartbeat_clear(const char *run_dir, int ranks);
 
+/* ---- watching ranks by their heartbeats (watch.c) ----------------------------------
+ * One set of rules for whoever watches: the supervisor over every rank, and
+ * in Slurm task mode (no supervisor) each rank over its peers. A rank that
+ * stops beating is frozen or dead: it is named. Ranks that beat without
+ * progress are stuck: the peers of a rank that never arrived run the
+ * collective it never issued (the lowest one running anywhere); that rank is
+ * named. The hang limit: resilience.hang_timeout_s, or once steps are steady
+ * (KEEL_WATCH_STEADY timed steps of rank 0 in this launch) hang_factor x the
+ * median step, at least hang_floor_s; before that, and while a rank
+ * checkpoints or evaluates, 10 x the slowest progress gap seen, at least 60 s
+ * (120 s before the first step). */
+#define KEEL_WATCH_WINDOW 32 /* rank 0's newest step times kept for the median */
+#define KEEL_WATCH_STEADY 3
+typedef struct {
+    const keel_resilience_config *rc;
+    int nproc;
+    keel_heartbeat_info *hb; /* (nproc) the last beat read of each rank */
+    bool *have;              /* (nproc) a beat was read */
+    double launched_unix;
+    double slowest_gap_s;    /* the longest time between two progress marks of a training rank seen */
+    double step_s[KEEL_WATCH_WINDOW]; /* rank 0's step times in this launch (its first, the warm-up, left out) */
+    int n_step_s;
+    int64_t last_step;
+    char slurm_step[32];     /* non-empty: only beats of this Slurm step count (an earlier attempt's are stale) */
+} keel_watch;
+
+/* What a watch found: the rank to name, when it was last seen alive, why. */
+typedef struct {
+    int rank;
+    double onset_unix;
+    char cause[768];
+} keel_watch_finding;
+
+/* Watch nproc ranks launched at launched_unix; slowest_gap_s carries what an
+ * earlier launch of the run saw (0: nothing). Free with keel_watch_free. */
+void keel_watch_init(keel_watch *w, const keel_resilience_config *rc, int nproc, double launched_unix,
+                     double slowest_gap_s);
+void keel_watch_free(keel_watch *w);
+/* Read every rank's heartbeat now. */
+void keel_watch_read(keel_watch *w, const char *run_dir);
+/* A rank gone without saying goodbye: its pid dead, judged only where the
+ * pid is this machine's — every rank when `all_local`, else ranks whose node
+ * is `node` (NULL: none) — while no rank has said it exits. */
+bool keel_watch_dead(const keel_watch *w, bool all_local, const char *node, keel_watch_finding *f);
+/* A hang at `now` (see above); `all_local`/`node` as for keel_watch_dead, to
+ * name a stopped (SIGSTOP, debugger) process. */
+bool keel_watch_hung(const keel_watch *w, double now, bool all_local, const char *node, keel_watch_finding *f);
+
 /* ---- supervisor.json (state.c) -------------------------------------------------
  * What the supervisor decided that outlives one launch: written by the
  * supervisor, read by the workers (the data windows to skip) and by the next

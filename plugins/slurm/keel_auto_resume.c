@@ -9,7 +9,9 @@
  *     an error there would fail the job on its nodes, long after submission.
  *   - the relaunch is srun's: in slurm_spank_init_post_opt, before srun asks
  *     for an allocation or a step, the srun the user typed becomes a monitor.
- *     It runs its own command line again as a child srun (the attempt number
+ *     It runs its own command line again as a child srun, with
+ *     --kill-on-bad-exit=1 in front (a task that fails ends the step at once:
+ *     no peer waits on it; an option the user typed still wins) (the attempt number
  *     in KEEL_AUTO_RESUME_ATTEMPT, which makes the plugin in the child stand
  *     aside), waits for it, and on failure runs it again, up to N more
  *     times; then it exits with the last attempt's status. Inside an
@@ -331,7 +333,9 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av) {
     snprintf(nodes_file, sizeof nodes_file, "/tmp/keel-auto-resume-%d.nodes", (int)getpid());
     int argc = 0;
     while (argv[argc]) argc++;
-    char **again = calloc((size_t)argc + 2, sizeof *again); /* argv with --exclude after argv[0] */
+    /* argv with --kill-on-bad-exit=1 (and --exclude) after argv[0]: a task that fails ends the attempt's
+     * step at once, so no peer waits on it (options the user typed come later and win) */
+    char **again = calloc((size_t)argc + 3, sizeof *again);
     if (!again) _exit(1);
     int code = 1, step_nodes = 0;
     for (int attempt = 1; attempt <= relaunches + 1; attempt++) {
@@ -343,13 +347,15 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av) {
             check_nodes(nodes_file, excluded, sizeof excluded, &step_nodes);
             if (requeue_if_short(excluded, step_nodes)) break;
         }
-        char **use = argv;
+        int k = 0;
+        again[k++] = argv[0];
+        again[k++] = "--kill-on-bad-exit=1";
         if (excluded[0]) {
             snprintf(exclude_arg, sizeof exclude_arg, "--exclude=%s", excluded);
-            again[0] = argv[0], again[1] = exclude_arg;
-            for (int i = 1; i <= argc; i++) again[i + 1] = argv[i];
-            use = again;
+            again[k++] = exclude_arg;
         }
+        for (int i = 1; i <= argc; i++) again[k++] = argv[i];
+        char **use = again;
         setenv(NODES_FILE_ENV, nodes_file, 1);
         unlink(nodes_file);
         fflush(NULL);

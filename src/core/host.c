@@ -84,3 +84,19 @@ void keel_node_name(char *out, size_t n) {
     for (char *p = out; *p; p++) /* one word: it goes into space-separated lines */
         if (*p == ' ') *p = '_';
 }
+
+char keel_pid_state(int pid) {
+    char path[64], *stat;
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    if (keel_read_file_quiet(path, 4096, &stat, NULL) != KEEL_OK) return 0;
+    /* "pid (comm) S ...": the state follows the last ')' (comm may hold one) */
+    const char *close_paren = strrchr(stat, ')');
+    char state = close_paren && close_paren[1] == ' ' ? close_paren[2] : 0;
+    keel_free(stat);
+    return state;
+}
+
+bool keel_pid_alive(int pid) {
+    char s = keel_pid_state(pid);
+    return s != 0 && s != 'Z' && s != 'X';
+}

@@ -286,18 +286,3 @@ int keel_proc_finish(keel_proc *p, keel_line_fn fn, void *ctx) {
     return code;
 }
 
-char keel_pid_state(int pid) {
-    char path[64], *stat;
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    if (keel_read_file_quiet(path, 4096, &stat, NULL) != KEEL_OK) return 0;
-    /* "pid (comm) S ...": the state follows the last ')' (comm may hold one) */
-    const char *close_paren = strrchr(stat, ')');
-    char state = close_paren && close_paren[1] == ' ' ? close_paren[2] : 0;
-    keel_free(stat);
-    return state;
-}
-
-bool keel_pid_alive(int pid) {
-    char s = keel_pid_state(pid);
-    return s != 0 && s != 'Z' && s != 'X';
-}

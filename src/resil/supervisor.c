@@ -27,8 +27,6 @@
 #define MAX_RECOVERIES 1024
 #define SLURM_CMD_TIMEOUT_S 30 /* scontrol, scancel: a slurmctld that stops answering must not stop us */
 #define NODE_HEALTH_TIMEOUT_S 120
-#define STEP_WINDOW 32     /* rank 0's newest step times kept for the median (the fast hang limit) */
-#define STEADY_STEPS 3     /* step times seen in a launch before the fast hang limit applies */
 
 static volatile sig_atomic_t g_stop;
 static void on_stop(int sig) { g_stop = sig; }
@@ -71,9 +69,9 @@ typedef struct {
     keel_proc *proc;
     const char *launcher;        /* argv[0], for messages */
     FILE *log;                   /* RUN/logs/launcher.log */
-    keel_heartbeat_info *hb;     /* (nproc) the last beat read of each rank */
-    bool *have, *signaled;       /* (nproc) a beat was read; the stop signal was forwarded */
-    double launched_unix, killed_unix;
+    keel_watch w;                /* the ranks' heartbeats and the hang rules (keel/run.h) */
+    bool *signaled;              /* (nproc) the stop signal was forwarded */
+    double killed_unix;
     bool failed;                 /* the supervisor saw a crash or hang and killed the launch */
     bool stopping;               /* the supervisor asked the ranks to stop (a signal came) */
     /* how it ended */
@@ -85,33 +83,7 @@ typedef struct {
     char node[64];               /* the blamed rank's node, from its heartbeat ("" when unknown) */
     keel_straggler_watch stragglers;
     double *compute_s;           /* (nproc) scratch: the ranks' compute seconds of one step */
-    /* rank 0's step times in this launch (its first step, the warm-up, left out): the hang limit */
-    double step_s[STEP_WINDOW];
-    int n_step_s;
-    int64_t last_step;
 } launch;
-
-/* The slow hang timeout: configured, or fitted from the progress seen (10x
- * the longest gap, at least 60 s); a launch that has not finished a step yet
- * gets at least 120 s (data, checkpoint load, MPI start-up). It holds before
- * steps are steady and while a rank checkpoints or evaluates (disks). */
-static double hang_limit(const supervisor *sv, bool started) {
-    double limit = sv->cfg->resilience.hang_timeout_s;
-    if (limit <= 0) limit = fmax(60, 10 * sv->slowest_gap_s);
-    return started ? limit : fmax(limit, 120);
-}
-
-/* The fast one, once steps are steady (STEADY_STEPS timed in this launch):
- * resilience.hang_factor x the median step, at least hang_floor_s; 0 before. */
-static double steady_hang_limit(const launch *l) {
-    const keel_resilience_config *rc = &l->sv->cfg->resilience;
-    if (rc->hang_timeout_s > 0) return rc->hang_timeout_s;
-    if (l->n_step_s < STEADY_STEPS) return 0;
-    double x[STEP_WINDOW];
-    int n = l->n_step_s < STEP_WINDOW ? l->n_step_s : STEP_WINDOW;
-    memcpy(x, l->step_s, sizeof(double) * (size_t)n);
-    return fmax(rc->hang_floor_s, rc->hang_factor * keel_median(x, n));
-}
 
 /* Whether the run saves checkpoints (and so saves one when it stops). */
 static bool checkpointing(const keel_config *cfg) {
@@ -140,13 +112,13 @@ static void active_nodelist(const supervisor *sv, char *out, size_t n) {
  * rank's whole step through scancel. */
 static void signal_ranks(const launch *l, int sig, int only) {
     for (int r = 0; r < l->sv->nproc; r++) {
-        if (!l->have[r] || (only >= 0 && r != only)) continue;
-        if (keel_launch_in_slurm() && strcmp(l->hb[r].slurm_step, "-")) {
-            char *argv[] = {"scancel", sig == SIGKILL ? "--signal=KILL" : "--signal=TERM", l->hb[r].slurm_step, NULL};
+        if (!l->w.have[r] || (only >= 0 && r != only)) continue;
+        if (keel_launch_in_slurm() && strcmp(l->w.hb[r].slurm_step, "-")) {
+            char *argv[] = {"scancel", sig == SIGKILL ? "--signal=KILL" : "--signal=TERM", l->w.hb[r].slurm_step, NULL};
             char out[256];
             keel_run_capture(argv, SLURM_CMD_TIMEOUT_S, out, sizeof out); /* the step may be gone already */
-        } else if (!keel_launch_in_slurm() && l->hb[r].pid > 0) {
-            kill(l->hb[r].pid, sig);
+        } else if (!keel_launch_in_slurm() && l->w.hb[r].pid > 0) {
+            kill(l->w.hb[r].pid, sig);
         }
     }
 }
@@ -164,22 +136,6 @@ static void on_launcher_line(void *ctx, const char *line) {
     if (sig > 0 && l->sig == 0) l->sig = sig;
 }
 
-static void read_heartbeats(launch *l) {
-    for (int r = 0; r < l->sv->nproc; r++) {
-        keel_heartbeat_info x;
-        if (!keel_heartbeat_read(l->sv->run_dir, r, &x)) continue;
-        if (l->have[r] && !strcmp(x.phase, "train") && !strcmp(l->hb[r].phase, "train"))
-            l->sv->slowest_gap_s = fmax(l->sv->slowest_gap_s, x.progress_unix_s - l->hb[r].progress_unix_s);
-        l->hb[r] = x;
-        l->have[r] = true;
-    }
-    const keel_heartbeat_info *h = &l->hb[0];
-    if (l->have[0] && !strcmp(h->phase, "train") && h->step != l->last_step && h->step > h->start_step + 1 &&
-        h->step_s > 0)
-        l->step_s[l->n_step_s++ % STEP_WINDOW] = h->step_s;
-    if (l->have[0]) l->last_step = h->step;
-}
-
 /* The steps a failure lost: those done after the state the run goes on from
  * (`from`: the relaunch's restored step, or the newest checkpoint when the
  * run stops). */
@@ -195,12 +151,12 @@ static void record_lost(supervisor *sv, int64_t from, const char *source) {
 /* The first step after a failure: the recovery is complete. */
 static void note_recovery(launch *l) {
     supervisor *sv = l->sv;
-    const keel_heartbeat_info *h = &l->hb[0];
-    if (sv->pending_failure_unix == 0 || !l->have[0] || h->first_step_unix_s == 0) return;
+    const keel_heartbeat_info *h = &l->w.hb[0];
+    if (sv->pending_failure_unix == 0 || !l->w.have[0] || h->first_step_unix_s == 0) return;
     double r = h->first_step_unix_s - sv->pending_failure_unix;
     recovery_split x = {.detect_s = sv->pending_detect_s, .health_s = sv->pending_health_s,
                         .backoff_s = sv->pending_backoff_s, .restore_s = h->restore_s,
-                        .launch_s = fmax(0, h->ready_unix_s - l->launched_unix - h->restore_s),
+                        .launch_s = fmax(0, h->ready_unix_s - l->w.launched_unix - h->restore_s),
                         .first_step_s = fmax(0, h->first_step_unix_s - h->ready_unix_s)};
     snprintf(x.source, sizeof x.source, "%s", h->restore_source);
     record_lost(sv, h->start_step, x.source);
@@ -220,11 +176,11 @@ static void forward_stop(launch *l) {
     bool first = true;
     for (int r = 0; r < l->sv->nproc; r++) first &= !l->signaled[r];
     if (first)
-        keel_event_with(l->sv->run_dir, "preempt", l->have[0] ? l->hb[0].step : -1,
+        keel_event_with(l->sv->run_dir, "preempt", l->w.have[0] ? l->w.hb[0].step : -1,
                         &(keel_event_fields){.cause = "preempted"}, "signal %d: asking the ranks to "
                    "checkpoint at the next step boundary and exit", (int)g_stop);
     for (int r = 0; r < l->sv->nproc; r++)
-        if (l->have[r] && !l->signaled[r]) {
+        if (l->w.have[r] && !l->signaled[r]) {
             signal_ranks(l, SIGTERM, r);
             l->signaled[r] = true;
         }
@@ -245,100 +201,29 @@ static void fail_launch(launch *l, keel_end kind, int rank, double now, double o
 /* A rank gone without saying goodbye (killed, crashed) while no rank reported
  * an error of its own: the launcher would notice in seconds; act now. */
 static bool detect_crash(launch *l, double now) {
-    if (keel_launch_in_slurm()) return false;
-    for (int r = 0; r < l->sv->nproc; r++)
-        if (l->have[r] && !strcmp(l->hb[r].phase, "exit")) return false;
-    for (int r = 0; r < l->sv->nproc; r++)
-        if (l->have[r] && l->hb[r].pid > 0 && !keel_pid_alive(l->hb[r].pid)) {
-            snprintf(l->cause, sizeof l->cause, "rank %d (pid %d) died in step %lld", r, l->hb[r].pid,
-                     (long long)l->hb[r].step + 1);
-            fail_launch(l, KEEL_END_CRASHED, r, now, l->hb[r].unix_s);
-            return true;
-        }
-    return false;
+    keel_watch_finding f;
+    if (!keel_watch_dead(&l->w, !keel_launch_in_slurm(), NULL, &f)) return false;
+    snprintf(l->cause, sizeof l->cause, "%s", f.cause);
+    fail_launch(l, KEEL_END_CRASHED, f.rank, now, f.onset_unix);
+    return true;
 }
 
-/* Waits on disks or start-up, not on peers: the slow limit holds for every rank. */
-static bool slow_phase(const keel_heartbeat_info *h) {
-    return strcmp(h->phase, "train") || !strcmp(h->doing, "checkpoint") || !strcmp(h->doing, "eval");
-}
-
-/* Where a rank was at its last heartbeat, in words. */
-static void describe_where(const keel_heartbeat_info *h, char *out, size_t n) {
-    if (!strcmp(h->doing, "train")) snprintf(out, n, "between steps %lld and %lld", (long long)h->step,
-                                             (long long)h->step + 1);
-    else if (!strcmp(h->phase, "train")) snprintf(out, n, "in %s of step %lld", h->doing, (long long)h->step + 1);
-    else snprintf(out, n, "in its %s phase", h->phase[0] ? h->phase : "start-up");
-}
-
-/* A hang, and whose it is. A rank that stops beating is frozen (SIGSTOP, a
- * debugger) or dead: it is named. Ranks that beat without progress are stuck:
- * the peers of a rank that never arrived run the collective it never issued
- * (the lowest one running anywhere); that rank is named. */
+/* A hang, and whose it is (keel_watch_hung). */
 static bool detect_hang(launch *l, double now) {
-    supervisor *sv = l->sv;
-    double slow = hang_limit(sv, l->have[0] && l->hb[0].first_step_unix_s > 0), fast = steady_hang_limit(l);
-    bool any_slow = false;
-    for (int r = 0; r < sv->nproc; r++) any_slow |= !l->have[r] || slow_phase(&l->hb[r]);
-    double beat_limit = fast > 0 ? fast : slow, progress_limit = fast > 0 && !any_slow ? fast : slow;
-    int frozen = -1, stuck = -1, stopped = -1;
-    double frozen_age = 0, stuck_age = 0;
-    uint64_t k = 0; /* the lowest collective a rank's comm thread runs */
-    for (int r = 0; r < sv->nproc; r++) {
-        const keel_heartbeat_info *h = &l->hb[r];
-        double beat_age = now - (l->have[r] ? fmax(h->unix_s, l->launched_unix) : l->launched_unix);
-        double progress_age = now - (l->have[r] ? fmax(h->progress_unix_s, l->launched_unix) : l->launched_unix);
-        double limit = l->have[r] ? beat_limit : slow;
-        /* a rank that said "exit" beats no more: it is leaving (its launcher's exit tells how) */
-        bool beats = !l->have[r] || strcmp(h->phase, "exit");
-        if (beats && beat_age > limit && beat_age > frozen_age) frozen = r, frozen_age = beat_age;
-        if (progress_age > progress_limit && progress_age > stuck_age) stuck = r, stuck_age = progress_age;
-        if (l->have[r] && h->coll_running > 0 && (k == 0 || h->coll_running < k)) k = h->coll_running;
-        if (l->have[r] && h->pid > 0 && !keel_launch_in_slurm() && keel_pid_state(h->pid) == 'T') stopped = r;
-    }
-    if (frozen < 0 && stuck < 0) return false;
-    int culprit, n;
-    char where[96];
-    if (frozen >= 0) {
-        culprit = stopped >= 0 ? stopped : frozen;
-        describe_where(&l->hb[frozen], where, sizeof where);
-        n = snprintf(l->cause, sizeof l->cause, "rank %d stopped beating %.1f s ago (hang timeout %.1f s), %s", frozen,
-                     frozen_age, beat_limit, where);
-    } else {
-        int never = -1, waiting = 0;
-        for (int r = 0; r < sv->nproc && k > 0; r++) {
-            if (l->hb[r].coll_issued < k && never < 0) never = r;
-            waiting += l->hb[r].coll_running == k;
-        }
-        culprit = never >= 0 ? never : stuck;
-        const keel_heartbeat_info *h = &l->hb[culprit];
-        describe_where(h, where, sizeof where);
-        double age = now - fmax(h->progress_unix_s, l->launched_unix);
-        if (never >= 0)
-            n = snprintf(l->cause, sizeof l->cause, "rank %d never arrived at collective #%llu, which %d other rank(s) "
-                         "run; it made no progress for %.1f s (hang timeout %.1f s), %s", never,
-                         (unsigned long long)k, waiting, age, progress_limit, where);
-        else
-            n = snprintf(l->cause, sizeof l->cause, "no progress from rank %d for %.1f s (hang timeout %.1f s), %s%s",
-                         stuck, age, progress_limit, where,
-                         k > 0 ? "; every rank has issued the collective the others run: the network or MPI is stuck"
-                               : "");
-    }
-    if (stopped >= 0 && n > 0 && (size_t)n < sizeof l->cause)
-        snprintf(l->cause + n, sizeof l->cause - (size_t)n, "; rank %d (pid %d) is stopped (SIGSTOP or a "
-                 "debugger)", stopped, l->hb[stopped].pid);
-    fail_launch(l, KEEL_END_HUNG, culprit, now,
-                frozen >= 0 ? l->hb[frozen].unix_s : l->hb[culprit].progress_unix_s);
+    keel_watch_finding f;
+    if (!keel_watch_hung(&l->w, now, !keel_launch_in_slurm(), NULL, &f)) return false;
+    snprintf(l->cause, sizeof l->cause, "%s", f.cause);
+    fail_launch(l, KEEL_END_HUNG, f.rank, now, f.onset_unix);
     return true;
 }
 
 /* Ranks outlive their launcher for a moment: never start the next launch beside them. */
 static void reap_leftover_ranks(launch *l) {
-    read_heartbeats(l);
+    keel_watch_read(&l->w, l->sv->run_dir);
     if (keel_launch_in_slurm()) return;
     for (int r = 0; r < l->sv->nproc; r++)
-        for (int i = 0; l->have[r] && l->hb[r].pid > 0 && keel_pid_alive(l->hb[r].pid) && i < 100; i++) {
-            kill(l->hb[r].pid, SIGKILL);
+        for (int i = 0; l->w.have[r] && l->w.hb[r].pid > 0 && keel_pid_alive(l->w.hb[r].pid) && i < 100; i++) {
+            kill(l->w.hb[r].pid, SIGKILL);
             keel_sleep_s(0.05);
         }
 }
@@ -350,9 +235,9 @@ static void classify_exit(launch *l) {
     l->detected_unix = keel_unix_s();
     /* the rank that reported an exit code of its own is the one to name */
     for (int r = 0; r < l->sv->nproc && l->rank < 0; r++)
-        if (l->have[r] && !strcmp(l->hb[r].phase, "exit") && l->hb[r].exit_code != 0) l->rank = r;
+        if (l->w.have[r] && !strcmp(l->w.hb[r].phase, "exit") && l->w.hb[r].exit_code != 0) l->rank = r;
     l->onset_unix = l->detected_unix; /* the blamed rank's last beat, when there is one */
-    if (l->rank >= 0 && l->have[l->rank]) l->onset_unix = fmin(l->hb[l->rank].unix_s, l->detected_unix);
+    if (l->rank >= 0 && l->w.have[l->rank]) l->onset_unix = fmin(l->w.hb[l->rank].unix_s, l->detected_unix);
     l->kind = code == 0                    ? KEEL_END_COMPLETED
               : code == KEEL_EXIT_RESUME   ? KEEL_END_STOPPED
               : code == KEEL_EXIT_DIVERGED ? KEEL_END_DIVERGED
@@ -383,34 +268,34 @@ static void detect_straggler(launch *l, double now) {
     supervisor *sv = l->sv;
     int n = sv->nproc;
     for (int r = 0; r < n; r++)
-        if (!l->have[r] || strcmp(l->hb[r].phase, "train") || l->hb[r].step != l->hb[0].step ||
-            l->hb[r].step <= l->hb[r].start_step)
+        if (!l->w.have[r] || strcmp(l->w.hb[r].phase, "train") || l->w.hb[r].step != l->w.hb[0].step ||
+            l->w.hb[r].step <= l->w.hb[r].start_step)
             return;
-    for (int r = 0; r < n; r++) l->compute_s[r] = l->hb[r].compute_s;
+    for (int r = 0; r < n; r++) l->compute_s[r] = l->w.hb[r].compute_s;
     double ratio, median;
-    int r = keel_straggler_observe(&l->stragglers, l->hb[0].step, l->compute_s, &ratio, &median);
+    int r = keel_straggler_observe(&l->stragglers, l->w.hb[0].step, l->compute_s, &ratio, &median);
     if (r < 0) return;
     const keel_resilience_config *rc = &sv->cfg->resilience;
     bool drain = rc->straggler_action == KEEL_STRAGGLER_DRAIN;
-    keel_event_with(sv->run_dir, "straggler", l->hb[r].step,
-                    &(keel_event_fields){.cause = "straggler", .has_rank = true, .rank = r, .node = l->hb[r].node,
+    keel_event_with(sv->run_dir, "straggler", l->w.hb[r].step,
+                    &(keel_event_fields){.cause = "straggler", .has_rank = true, .rank = r, .node = l->w.hb[r].node,
                                          .has_seconds = true, .seconds = l->compute_s[r]},
                     "rank %d on %s: %.3f s of compute a step, %.2fx the other ranks' median %.3f s, %d steps in a "
-                    "row (resilience.straggler_factor %g)%s", r, l->hb[r].node, l->compute_s[r], ratio, median,
+                    "row (resilience.straggler_factor %g)%s", r, l->w.hb[r].node, l->compute_s[r], ratio, median,
                     rc->straggler_steps, rc->straggler_factor,
                     drain ? "; straggler_action drain: relaunching without its node" : "");
-    keel_log_warn("straggler: rank %d on %s is %.2fx slower than the others", r, l->hb[r].node, ratio);
+    keel_log_warn("straggler: rank %d on %s is %.2fx slower than the others", r, l->w.hb[r].node, ratio);
     if (!drain) return;
-    snprintf(sv->straggler_node, sizeof sv->straggler_node, "%s", l->hb[r].node);
+    snprintf(sv->straggler_node, sizeof sv->straggler_node, "%s", l->w.hb[r].node);
     snprintf(l->cause, sizeof l->cause, "rank %d on %s computed %.2fx slower than the others for %d steps", r,
-             l->hb[r].node, ratio, rc->straggler_steps);
+             l->w.hb[r].node, ratio, rc->straggler_steps);
     fail_launch(l, KEEL_END_STRAGGLER, r, now, 0);
 }
 
 /* One poll: what the ranks did, and whether the launch has failed. */
 static void watch_step(launch *l) {
     double now = keel_unix_s();
-    read_heartbeats(l);
+    keel_watch_read(&l->w, l->sv->run_dir);
     note_recovery(l);
     if (!l->failed) detect_straggler(l, now);
     if (g_stop) forward_stop(l);
@@ -425,7 +310,8 @@ static void watch_step(launch *l) {
 /* Launch the ranks and watch them until the launcher exits; l says how it ended. */
 static keel_status run_launch(supervisor *sv, launch *l) {
     int n = sv->nproc;
-    *l = (launch){.sv = sv, .rank = -1, .resumed = -1, .launched_unix = keel_unix_s()};
+    *l = (launch){.sv = sv, .rank = -1, .resumed = -1};
+    keel_watch_init(&l->w, &sv->cfg->resilience, n, keel_unix_s(), sv->slowest_gap_s);
     keel_heartbeat_clear(sv->run_dir, n);
     char nodelist[4096] = "";
     keel_launch_spec spec = {.nproc = n};
@@ -441,6 +327,7 @@ static keel_status run_launch(supervisor *sv, launch *l) {
     unsetenv(KEEL_MPI_PROBE_ENV);
     sv->probe_mpi = false;
     if (st != KEEL_OK) {
+        keel_watch_free(&l->w);
         keel_launch_argv_free(argv);
         return st;
     }
@@ -448,8 +335,6 @@ static keel_status run_launch(supervisor *sv, launch *l) {
     char path[4200];
     keel_run_path(path, sizeof path, sv->run_dir, KEEL_RUN_LOGS "/launcher.log");
     if ((l->log = fopen(path, "a"))) fprintf(l->log, "---- %s\n", argv[0]);
-    l->hb = keel_xcalloc(sizeof *l->hb * (size_t)n, "heartbeats");
-    l->have = keel_xcalloc(sizeof(bool) * (size_t)n, "heartbeats");
     l->signaled = keel_xcalloc(sizeof(bool) * (size_t)n, "heartbeats");
     l->compute_s = keel_xcalloc(sizeof(double) * (size_t)n, "compute times");
     keel_straggler_init(&l->stragglers, n, sv->cfg->resilience.straggler_factor, sv->cfg->resilience.straggler_steps);
@@ -461,14 +346,14 @@ static keel_status run_launch(supervisor *sv, launch *l) {
     if (l->log) fclose(l->log);
     reap_leftover_ranks(l);
     keel_launch_shm_clear(sv->mpi_shm, false); /* ranks killed by a failure leave theirs */
-    l->done = l->have[0] ? l->hb[0].step : 0;
-    l->resumed = l->have[0] ? l->hb[0].start_step : -1;
+    l->done = l->w.have[0] ? l->w.hb[0].step : 0;
+    l->resumed = l->w.have[0] ? l->w.hb[0].start_step : -1;
     if (!l->failed) classify_exit(l);
     else if (l->sig && l->kind == KEEL_END_CRASHED)
         snprintf(l->cause + strlen(l->cause), sizeof l->cause - strlen(l->cause), " (%s)", strsignal(l->sig));
-    if (l->rank >= 0 && l->rank < n && l->have[l->rank]) snprintf(l->node, sizeof l->node, "%s", l->hb[l->rank].node);
-    keel_free(l->hb);
-    keel_free(l->have);
+    if (l->rank >= 0 && l->rank < n && l->w.have[l->rank]) snprintf(l->node, sizeof l->node, "%s", l->w.hb[l->rank].node);
+    sv->slowest_gap_s = l->w.slowest_gap_s;
+    keel_watch_free(&l->w);
     keel_free(l->signaled);
     keel_free(l->compute_s);
     keel_straggler_free(&l->stragglers);

@@ -9,11 +9,14 @@
  * disks. */
 #include <math.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "train/stop.h"
 
 static volatile sig_atomic_t g_stop_signal;
+/* when the first stop signal came (CLOCK_REALTIME; set before g_stop_signal) */
+static volatile sig_atomic_t g_stop_sec, g_stop_ms;
 /* in ms (0: no limit); whether the rank waits on peers now */
 static volatile sig_atomic_t g_stop_grace_ms, g_on_peers;
 
@@ -26,7 +29,12 @@ static void disarm_deadline(void) {
     setitimer(ITIMER_REAL, &it, NULL);
 }
 static void on_stop_signal(int sig) {
-    if (!g_stop_signal && g_stop_grace_ms > 0 && g_on_peers) arm_deadline();
+    if (!g_stop_signal) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts); /* async-signal-safe */
+        g_stop_sec = (sig_atomic_t)ts.tv_sec, g_stop_ms = (sig_atomic_t)(ts.tv_nsec / 1000000);
+        if (g_stop_grace_ms > 0 && g_on_peers) arm_deadline();
+    }
     g_stop_signal = sig;
 }
 static void on_stop_deadline(int sig) {
@@ -45,6 +53,8 @@ void trainer_stop_deadline(bool on_peers) {
 }
 
 bool trainer_stop_requested(void) { return g_stop_signal != 0; }
+
+double trainer_stop_signal_unix(void) { return g_stop_signal ? (double)g_stop_sec + g_stop_ms * 1e-3 : 0; }
 
 void trainer_stop_grace_after(double step_s) { g_stop_grace_ms = (sig_atomic_t)ceil(1000 * fmax(2, 2 * step_s)); }
 

@@ -21,8 +21,9 @@ typedef struct {
  * on_peers: whether it waits on them now. */
 void trainer_stop_catch(trainer_stop_handlers *saved, int grace_ms, bool on_peers);
 void trainer_stop_restore(const trainer_stop_handlers *saved);
-/* Whether a stop signal came. */
+/* Whether a stop signal came; when the first one did (wall clock, 0: none). */
 bool trainer_stop_requested(void);
+double trainer_stop_signal_unix(void);
 /* The deadline after a step that took step_s: two such steps (a rank mid-step
  * needs at most one), at least 2 s. */
 void trainer_stop_grace_after(double step_s);

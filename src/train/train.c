@@ -22,10 +22,12 @@
 #include "keel/optim.h"
 #include "keel/run.h"
 #include "keel/train.h"
+#include "train/peers.h"
 #include "train/profile.h"
 #include "train/resume.h"
 #include "train/saving.h"
 #include "train/snapshots.h"
+#include "train/startup.h"
 #include "train/stop.h"
 #include "train/trainer.h"
 
@@ -654,12 +656,35 @@ static keel_status check_mpi(trainer *t) {
     return KEEL_ERR_UNHEALTHY;
 }
 
-static keel_status worker(keel_comm *world, const char *run_dir, bool supervised);
+static keel_status worker(keel_comm *world, const char *run_dir, keel_config *cfg, bool supervised);
+
+/* MPI's start-up and a first barrier with the other ranks, within the
+ * start-up deadline (train/startup.h). */
+static keel_status start_mpi(const keel_resilience_config *rc, keel_comm **world) {
+    trainer_startup_arm(trainer_startup_timeout(rc));
+    trainer_startup_stage("MPI's start-up (MPI_Init_thread: the launcher wiring up the ranks)");
+    keel_status st = keel_comm_init(world);
+    if (st == KEEL_OK) {
+        char what[128];
+        snprintf(what, sizeof what, "the first collective with the other %d rank(s) (a barrier)",
+                 keel_comm_size(*world) - 1);
+        trainer_startup_stage(what);
+        st = keel_comm_barrier(*world);
+    }
+    trainer_startup_done();
+    return st;
+}
 
 keel_status keel_train_worker(const char *run_dir) {
     static keel_comm *world; /* static: a failed rank exits without finalizing (worker) */
-    keel_status st = keel_comm_init(&world);
-    return st == KEEL_OK ? worker(world, run_dir, true) : st;
+    keel_config cfg = {0};
+    keel_status st = keel_run_load_config(run_dir, &cfg);
+    if (st == KEEL_OK) st = start_mpi(&cfg.resilience, &world);
+    if (st != KEEL_OK) {
+        keel_config_free(&cfg);
+        return st;
+    }
+    return worker(world, run_dir, &cfg, true);
 }
 
 bool keel_train_is_task(void) {
@@ -669,7 +694,7 @@ bool keel_train_is_task(void) {
 
 keel_status keel_train_task(keel_config *cfg, const char *run_dir, keel_metrics_server *endpoint) {
     static keel_comm *world;
-    keel_status st = keel_comm_init(&world);
+    keel_status st = start_mpi(&cfg->resilience, &world);
     if (st != KEEL_OK) return st;
     /* rank 0 makes or resumes the run directory; its verdict is everyone's */
     double verdict = 0;
@@ -677,10 +702,27 @@ keel_status keel_train_task(keel_config *cfg, const char *run_dir, keel_metrics_
     keel_comm_allreduce_scalar(world, &verdict, KEEL_COMM_MAX);
     if (verdict != 0) return (keel_status)verdict; /* rank 0 said why */
     keel_metrics_publish(endpoint);
-    return worker(world, run_dir, false);
+    /* as every rank of a run, the run directory's config: rank 0 wrote it, so a rank that cannot
+     * read it does not share the directory (task mode needs a shared filesystem) */
+    keel_config resolved = {0};
+    char path[4096], node[64];
+    keel_run_path(path, sizeof path, run_dir, KEEL_RUN_CONFIG);
+    keel_node_name(node, sizeof node);
+    bool shared = access(path, R_OK) == 0;
+    double missing = !shared;
+    keel_comm_allreduce_scalar(world, &missing, KEEL_COMM_SUM);
+    if (missing > 0) {
+        if (!shared)
+            keel_errorf("%s: not there on node %s, where rank 0 wrote it: a Slurm step's ranks need a run "
+                        "directory every node shares (a shared filesystem); give --run-dir on one", path, node);
+        return KEEL_ERR_INPUT;
+    }
+    if ((st = keel_run_load_config(run_dir, &resolved)) != KEEL_OK) return st;
+    return worker(world, run_dir, &resolved, false);
 }
 
-static keel_status worker(keel_comm *world, const char *run_dir, bool supervised) {
+/* One rank: cfg is the run directory's config (freed here). */
+static keel_status worker(keel_comm *world, const char *run_dir, keel_config *cfg, bool supervised) {
     /* until a step is done: set-up and the first step (the supervisor's first-step bound) */
     trainer_stop_handlers saved;
     trainer_stop_catch(&saved, 120 * 1000, true);
@@ -702,22 +744,25 @@ static keel_status worker(keel_comm *world, const char *run_dir, bool supervised
         keel_log_set_file(log);
     }
     if (getenv(KEEL_MPI_PROBE_ENV)) st = check_mpi(&t);
-    keel_config cfg = {0};
-    if (st == KEEL_OK) st = keel_run_load_config(run_dir, &cfg);
-    t.cfg = &cfg;
+    t.cfg = cfg;
     if (st == KEEL_OK) st = open_inputs(&t);
+    /* a Slurm task has no supervisor: the ranks watch each other */
+    trainer_peers *peers = st == KEEL_OK && !supervised
+                               ? trainer_peers_watch(&cfg->resilience, run_dir, t.rank, t.world_size, t.heartbeat)
+                               : NULL;
     if (st == KEEL_OK) {
         /* The ranks on this machine share its cores unless train.threads says
          * otherwise — or the launcher already bound this rank to its share. */
-        int threads = cfg.train.threads, allowed = keel_cores_allowed();
+        int threads = cfg->train.threads, allowed = keel_cores_allowed();
         if (threads == 0 && allowed < keel_cores_online()) threads = allowed;
         else if (threads == 0) threads = allowed / keel_comm_local_size(world) > 1 ? allowed / keel_comm_local_size(world) : 1;
         t.threads = keel_kernels_init(threads);
         st = run(&t);
         keel_kernels_shutdown();
     }
+    trainer_peers_stop(peers);
     free_trainer(&t, st);
-    keel_config_free(&cfg);
+    keel_config_free(cfg);
     keel_log_set_file(NULL);
     if (log) fclose(log);
     keel_heartbeat_beat(t.heartbeat, "exit", -1, keel_status_exit_code(st));
