@@ -30,9 +30,11 @@ cluster_spec kc-bench 4 '"HealthCheck": {"checks": ["gemm", "memory", "checkpoin
 "$KEEL_BIN" cluster up "$TMP/kc-bench.json"
 eval "$("$KEEL_BIN" cluster env "$TMP/kc-bench.json")"
 run=$KEEL_CLUSTER_SHARED/run
+# what the job reads must be where every node sees it: the cluster's copy of keel, the config in SharedDir
+cp "$root/configs/tiny.json" "$KEEL_CLUSTER_SHARED/tiny.json"
 cat >"$KEEL_CLUSTER_SHARED/job.sh" <<EOF
 #!/bin/sh
-exec srun -N2 -n2 --mpi=pmix --kill-on-bad-exit=1 --auto-resume=3 "$KEEL_BIN" train "$root/configs/tiny.json" \\
+exec srun -N2 -n2 --mpi=pmix --kill-on-bad-exit=1 --auto-resume=3 "$KEEL_CLUSTER_KEEL" train "$KEEL_CLUSTER_SHARED/tiny.json" \\
   --set train.steps=100 --set checkpoint.every_steps=50 --run-dir "$run"
 EOF
 jobid=$(timeout 30 sbatch --parsable -N4 --chdir="$KEEL_CLUSTER_SHARED" -o "$KEEL_CLUSTER_SHARED/job.out" "$KEEL_CLUSTER_SHARED/job.sh")

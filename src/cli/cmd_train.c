@@ -1,4 +1,4 @@
-/* cli/cmd_train.c: `keel train CONFIG.json [--set key=value ...] [--run-dir DIR] [--dry-run]`. */
+/* cli/cmd_train.c: `keel train CONFIG.json [--set key=value ...] [--run-dir DIR] [--nproc N] [--dry-run]`. */
 #include <getopt.h>
 #include <libgen.h>
 #include <stdio.h>

@@ -1,6 +1,7 @@
 // cuda/attention_tc.cu: attention.cu's bf16 flash attention on the tensor
 // cores, for head sizes 64 and 128 (keel_cuda_attention_*_bf16_tc, keel/cuda.h;
-// keel_cuda_attention_*_bf16 take them there unless KEEL_CUDA_ATTENTION=simt).
+// and the keel_cuda_attention_*_bf16 entry points, which take them there unless
+// KEEL_CUDA_ATTENTION=simt and attention.cu's CUDA-core kernels elsewhere).
 // The same contract and algorithm (FlashAttention-2 forward with an online
 // softmax; backward recomputing P from lse, dK and dV per key tile, dQ per
 // query tile), with every product on the tensor cores, bf16 operands into

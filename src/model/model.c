@@ -1,4 +1,4 @@
-/* model/model.c: Llama 2 forward and backward in fp32, one rank, one
+/* model/model.c: Llama 2 forward and backward (fp32, or bf16 GEMMs), one rank, one
  * micro-batch. Every tensor lives in the backend's memory and every operation
  * on one is a backend call (keel/backend.h): this file never touches them
  * from the host, so it runs unchanged on the CPU and on a GPU. */
