@@ -147,6 +147,10 @@ int keel_cores_allowed(void);
 /* This node's name, one word: SLURMD_NODENAME (emulated Slurm nodes share a
  * hostname) or the hostname. */
 void keel_node_name(char *out, size_t n);
+/* Block the asynchronous signals (SIGINT, SIGTERM, SIGUSR1/2, SIGHUP,
+ * SIGALRM, SIGQUIT) on the calling thread: a helper thread's, so that they
+ * reach the threads that act on them (a run's stop signals). */
+void keel_block_async_signals(void);
 /* 'R', 'S', 'T' (stopped), 'Z' (zombie)... of a pid of this machine (/proc),
  * or 0 when gone. */
 char keel_pid_state(int pid);

@@ -10,17 +10,9 @@ static atomic_bool g_initialised;
 
 /* ---- the comm thread ------------------------------------------------------ */
 
-static void block_async_signals(void) {
-    sigset_t set;
-    sigemptyset(&set);
-    int signals[] = {SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP, SIGALRM, SIGQUIT};
-    for (size_t i = 0; i < sizeof signals / sizeof signals[0]; i++) sigaddset(&set, signals[i]);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-}
-
 static void *comm_thread(void *arg) {
     engine *eng = arg;
-    block_async_signals();
+    keel_block_async_signals();
     keel_status st = backend_start(eng);
     pthread_mutex_lock(&eng->mu);
     eng->start_status = st;

@@ -1,7 +1,9 @@
 /* core/host.c: readings of this process and this machine — clocks, memory,
  * the node's name. */
 #include <math.h>
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,4 +101,12 @@ char keel_pid_state(int pid) {
 bool keel_pid_alive(int pid) {
     char s = keel_pid_state(pid);
     return s != 0 && s != 'Z' && s != 'X';
+}
+
+void keel_block_async_signals(void) {
+    sigset_t set;
+    sigemptyset(&set);
+    int signals[] = {SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP, SIGALRM, SIGQUIT};
+    for (size_t i = 0; i < sizeof signals / sizeof signals[0]; i++) sigaddset(&set, signals[i]);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
 }

@@ -321,20 +321,12 @@ static double cut_overdue(keel_metrics_server *s) {
     return next_s;
 }
 
-static void block_async_signals(void) {
-    sigset_t set;
-    sigemptyset(&set);
-    int signals[] = {SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP, SIGALRM, SIGQUIT};
-    for (size_t i = 0; i < sizeof signals / sizeof signals[0]; i++) sigaddset(&set, signals[i]);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-}
-
 /* The serving thread: libmicrohttpd's epoll descriptor and the wake pipe,
  * polled until the next of its timeouts or of keel's deadlines. Signals go
  * to the process's other threads (the run's stop signals). */
 static void *serve(void *arg) {
     keel_metrics_server *s = arg;
-    block_async_signals();
+    keel_block_async_signals();
     struct pollfd ready[2] = {{.fd = s->epoll_fd, .events = POLLIN}, {.fd = s->wake[0], .events = POLLIN}};
     for (;;) {
         double next_s = cut_overdue(s);

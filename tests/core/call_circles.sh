@@ -10,7 +10,9 @@ source "$KEEL_SRC/tests/lib.sh"
 command -v nm >/dev/null || fail "nm not found (binutils)"
 
 cat >"$TMP/circles.py" <<'PY'
-import collections, subprocess, sys
+import collections, os, subprocess, sys
+sys.path.insert(0, os.path.join(os.environ["KEEL_SRC"], "tests", "core"))
+from loops import loops
 # argv: NAME=OBJECT ...; prints each loop with the symbols that close it
 objs = dict(a.split("=", 1) for a in sys.argv[1:])
 defs, refs = {}, collections.defaultdict(set)
@@ -25,28 +27,14 @@ edges = collections.defaultdict(lambda: collections.defaultdict(set))
 for name, syms in refs.items():
     for s in syms:
         if s in defs and defs[s] != name: edges[name][defs[s]].add(s)
-index, low, stack, on, loops, n = {}, {}, [], set(), [], [0]
-def visit(v):
-    index[v] = low[v] = n[0]; n[0] += 1; stack.append(v); on.add(v)
-    for w in sorted(edges[v]):
-        if w not in index: visit(w); low[v] = min(low[v], low[w])
-        elif w in on: low[v] = min(low[v], index[w])
-    if low[v] == index[v]:
-        comp = []
-        while True:
-            w = stack.pop(); on.discard(w); comp.append(w)
-            if w == v: break
-        if len(comp) > 1: loops.append(sorted(comp))
-sys.setrecursionlimit(10000)
-for v in sorted(objs):
-    if v not in index: visit(v)
-for comp in loops:
+cycles = loops({name: edges[name].keys() for name in objs})
+for comp in cycles:
     print("FAIL: these files call each other in a loop: " + " ".join(comp))
     for a in comp:
         for b in comp:
             if b in edges[a]: print(f"  {a} -> {b}: {', '.join(sorted(edges[a][b])[:4])}")
 print(f"{len(objs)} objects, {sum(len(e) for e in edges.values())} file dependencies")
-sys.exit(1 if loops else 0)
+sys.exit(1 if cycles else 0)
 PY
 
 # the checker fails on a loop it is shown

@@ -13,6 +13,8 @@ source "$KEEL_SRC/tests/lib.sh"
 root=${KEEL_LAYERS_ROOT:-$KEEL_SRC}
 python3 - "$root" <<'PY' || fail "the includes break the module floors (above)"
 import os, re, sys, collections
+sys.path.insert(0, os.path.join(os.environ["KEEL_SRC"], "tests", "core"))
+from loops import loops
 root = sys.argv[1]
 FLOOR = {"core": 0, "kernels": 1, "cuda": 1, "comm": 1, "backend": 2, "model": 2, "data": 2,
          "fsdp": 3, "optim": 3, "ckpt": 3, "hf": 3, "run": 4, "plan": 4,
@@ -63,24 +65,6 @@ for f in files:
             bad.append(f"{f}:{line}: {m} includes {name}: train and resil meet only in run")
         mod_edges[m].add(t)
 
-def loops(edges):
-    """Each strongly connected set of more than one node (Tarjan)."""
-    index, low, stack, on, out, n = {}, {}, [], set(), [], [0]
-    def visit(v):
-        index[v] = low[v] = n[0]; n[0] += 1; stack.append(v); on.add(v)
-        for w in sorted(edges.get(v, ())):
-            if w not in index: visit(w); low[v] = min(low[v], low[w])
-            elif w in on: low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop(); on.discard(w); comp.append(w)
-                if w == v: break
-            if len(comp) > 1: out.append(sorted(comp))
-    sys.setrecursionlimit(10000)
-    for v in sorted(edges):
-        if v not in index: visit(v)
-    return out
 for comp in loops(mod_edges): bad.append("modules include each other in a loop: " + " ".join(comp))
 for comp in loops(file_edges): bad.append("files include each other in a loop: " + " ".join(comp))
 for b in bad: print("FAIL:", b)
