@@ -9,6 +9,8 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 pass() { echo "ok   $*"; }
 # json FILE EXPR: evaluate a Python expression on the parsed JSON `j`.
 json() { python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1"; }
+# json_line TEXT EXPR: the same on one JSON text (an events.jsonl line).
+json_line() { python3 -c "import json,sys; j=json.loads(sys.argv[1]); print($2)" "$1"; }
 # expect_input_error NAME PATTERN CMD...: CMD must exit 2 with exactly one
 # stderr line that matches PATTERN (extended regex).
 expect_input_error() {
