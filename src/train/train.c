@@ -80,6 +80,15 @@ keel_status keel_train_dry_run(const keel_config *cfg, int world_size) {
 }
 
 /* One optimizer step: accumulate over micro-batches, clip, AdamW. Returns the mean loss. */
+/* Seconds the leader's compute has spent blocked on FSDP communication: the
+ * host's waits, and a device's compute stream's (timed on the device). */
+static double comm_wait_s(const trainer *t) {
+    if (!t->fsdp) return 0;
+    keel_fsdp_stats st;
+    keel_fsdp_get_stats(t->fsdp, &st);
+    return st.gather_wait_s + st.reduce_wait_s + st.device_wait_s;
+}
+
 static double train_step(trainer *t, int step, double *grad_norm_out) {
     const keel_config *cfg = t->cfg;
     const keel_model_layout *lay = keel_model_get_layout(t->model);
@@ -103,11 +112,13 @@ static double train_step(trainer *t, int step, double *grad_norm_out) {
     float *params, *grads;
     t->sync_s = 0;
     if (t->fsdp) {
-        double t0 = keel_now_s(); /* the last gradients, the norm and the loss: waits on every peer */
+        /* the last gradients, the norm and the loss: waits on every peer (less the reductions'
+         * waits, which comm_wait_s counts already) */
+        double t0 = keel_now_s(), wait0 = comm_wait_s(t);
         keel_fsdp_finish_grads(t->fsdp);
         keel_fsdp_grad_sumsq(t->fsdp, &sumsq);
         keel_comm_allreduce_scalar(t->world, &loss_sum, KEEL_COMM_SUM);
-        t->sync_s = keel_now_s() - t0;
+        t->sync_s = fmax(0, keel_now_s() - t0 - (comm_wait_s(t) - wait0));
         params = keel_fsdp_master(t->fsdp), grads = keel_fsdp_grads(t->fsdp);
     } else {
         params = keel_model_params(t->model), grads = keel_model_grads(t->model);
@@ -219,15 +230,6 @@ static keel_status write_summary(trainer *t, const char *xxh, const double *memo
     keel_status st = keel_run_write_file(t->run_dir, KEEL_RUN_SUMMARY, text);
     free(text);
     return st;
-}
-
-/* Seconds the leader's compute has spent blocked on FSDP communication: the
- * host's waits, and a device's compute stream's (timed on the device). */
-static double comm_wait_s(const trainer *t) {
-    if (!t->fsdp) return 0;
-    keel_fsdp_stats st;
-    keel_fsdp_get_stats(t->fsdp, &st);
-    return st.gather_wait_s + st.reduce_wait_s + st.device_wait_s;
 }
 
 static void log_step(trainer *t, int step, double loss, double lr, double norm, double step_s,

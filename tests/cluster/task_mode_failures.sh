@@ -16,7 +16,7 @@ source "$KEEL_SRC/tests/lib.sh"
 source "$KEEL_SRC/tests/cluster_fixture.sh"
 K=$KEEL_BIN
 CFG=$KEEL_SRC/tests/train/micro.json
-args=(--set train.steps=400 --set checkpoint.every_steps=50 --set train.threads=1)
+args=(--set train.steps=200 --set checkpoint.every_steps=25 --set train.threads=1)
 (mpi_env; "$K" train "$CFG" "${args[@]}" --nproc 4 --run-dir "$TMP/ref" >"$TMP/ref.out" 2>&1) ||
   { cat "$TMP/ref.out"; fail "reference run"; }
 want=$(json "$TMP/ref/summary.json" "j['params_xxh3']")
@@ -85,10 +85,10 @@ assert e["rank"] in lost and e["node"] == sys.argv[3] and e["cause"] in ("crash"
 PY
   pass "$name (rank $rank on $node at step >= $at): the attempt ended in $(python3 -c "print(round($t1 - $t0, 1))") s (bound $bound s): $(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["detail"])' "$lost")"
 }
-disrupt "kill -9 of rank 0" 0 40 kill
-disrupt "kill -9 of rank 3" 3 100 kill
-disrupt "SIGSTOP of rank 1" 1 160 stop
-disrupt "every rank on rank 2's node killed" 2 220 node
+disrupt "kill -9 of rank 0" 0 30 kill
+disrupt "kill -9 of rank 3" 3 70 kill
+disrupt "SIGSTOP of rank 1" 1 110 stop
+disrupt "every rank on rank 2's node killed" 2 150 node
 for _ in $(seq 1 1500); do [ -z "$(squeue -h -j "$jobid" 2>/dev/null)" ] && break; sleep 0.2; done
 [ -z "$(squeue -h -j "$jobid" 2>/dev/null)" ] || { scancel "$jobid"; fail "job still running: $(tail -5 "$SH/job.out")"; }
 [ "$(json "$run/summary.json" "j['status']")" = completed ] || fail "run not completed: $(tail -5 "$SH/job.out")"

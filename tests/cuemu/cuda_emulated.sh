@@ -14,9 +14,9 @@ mpi_env
 export LD_LIBRARY_PATH=$KEEL_CUEMU_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 CFG=$KEEL_SRC/tests/cuemu/micro.json # head size 64: the tensor-core attention in bf16
 
-run() { # NAME BIN ARGS...: a 10-step run into $TMP/NAME
+run() { # NAME BIN ARGS...: a 6-step run into $TMP/NAME (an emulated step takes seconds)
   local name=$1 bin=$2; shift 2
-  timeout 600 "$bin" train "$CFG" --run-dir "$TMP/$name" "$@" >"$TMP/$name.log" 2>&1 ||
+  timeout 600 "$bin" train "$CFG" --run-dir "$TMP/$name" --set train.steps=6 "$@" >"$TMP/$name.log" 2>&1 ||
     { tail -20 "$TMP/$name.log"; fail "$name: exit $?"; }
 }
 gpu() { local name=$1; shift; run "$name" "$KEEL_CUEMU_BIN" --device cuda "$@"; }
@@ -81,7 +81,7 @@ compare cuda-bf16 nccl2-bf16 1e-2 "NCCL, 2 ranks (shard_grad_op, bf16 gathers an
 unset CUEMU_SCHEDULE
 
 # ---- checkpoints cross devices -------------------------------------------------------------
-ckpt=(--set checkpoint.every_steps=5 --set checkpoint.keep_last=0)
+ckpt=(--set train.steps=10 --set checkpoint.every_steps=5 --set checkpoint.keep_last=0)
 run cpu-ckpt "$KEEL_BIN" "${ckpt[@]}"
 gpu cuda-ckpt "${ckpt[@]}"
 resume_from_step5() { # SRC DST BIN ARGS...: DST resumes from SRC's step-5 checkpoint
@@ -100,22 +100,22 @@ compare cpu-ckpt cpu-to-gpu 1e-4 "a checkpoint written on the CPU, resumed on th
 
 # ---- FSDP's paths on the device: hybrid groups, matrix units, recomputation, a rank lost ----
 run cpu4 "$KEEL_BIN" --set train.micro_batch_size=4
-run cpu4-30 "$KEEL_BIN" --set train.micro_batch_size=4 --set train.steps=30
+run cpu4-16 "$KEEL_BIN" --set train.micro_batch_size=4 --set train.steps=16
 export CUEMU_DEVICES=4
 gpu hybrid4 --nproc 4 --set fsdp.strategy=hybrid_shard --set fsdp.shard_group_size=2 --set train.micro_batch_size=1
 compare cpu4 hybrid4 1e-4 "HYBRID_SHARD on 4 ranks (2 x 2: NCCL shard and replica communicators) against the CPU"
 gpu matrix-recompute2 --nproc 2 --set fsdp.unit=matrix --set fsdp.activation_checkpointing=1 \
   --set train.micro_batch_size=1 --set train.grad_accum_steps=2
 compare cpu4 matrix-recompute2 1e-4 "matrix units, a checkpointed block, 2 accumulated micro-batches, 2 ranks, against the CPU"
-# rank 1 killed in step >= 12 of 30: the supervisor restarts both ranks from the newest in-memory
+# rank 1 killed in step >= 6 of 16: the supervisor restarts both ranks from the newest in-memory
 # snapshot (pinned copies of the device shards); every step then follows the CPU's
 "$KEEL_CUEMU_BIN" train "$CFG" --device cuda --nproc 2 --run-dir "$TMP/lost" --set train.micro_batch_size=2 \
-  --set train.steps=30 --set resilience.snapshot_every_steps=2 --set resilience.backoff_s=0 >"$TMP/lost.log" 2>&1 &
+  --set train.steps=16 --set resilience.snapshot_every_steps=2 --set resilience.backoff_s=0 >"$TMP/lost.log" 2>&1 &
 trainer=$!
 trap 'kill_leftovers; rm -rf "$TMP"' EXIT
-victim=$(wait_train_step "$TMP/lost" 1 12)
+victim=$(wait_train_step "$TMP/lost" 1 6)
 kill -9 "$victim"
 wait "$trainer" || { tail -20 "$TMP/lost.log"; fail "the run with a lost rank: exit $?"; }
 grep -q "resuming from the in-memory snapshot of step" "$TMP/lost.log" ||
   { tail -20 "$TMP/lost.log"; fail "the lost rank's run did not resume from its in-memory snapshot"; }
-compare cpu4-30 lost 1e-4 "2 ranks, rank 1 killed at step >= 12, resumed from the in-memory snapshot, against the CPU"
+compare cpu4-16 lost 1e-4 "2 ranks, rank 1 killed at step >= 6, resumed from the in-memory snapshot, against the CPU"

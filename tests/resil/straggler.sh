@@ -20,8 +20,10 @@ stop_throttle() { # the loop, then the rank it may have left stopped
 cleanup() { stop_throttle; kill_leftovers; wait 2>/dev/null || true; rm -rf "$TMP"; }
 trap cleanup EXIT
 K=3
-CFG=$KEEL_SRC/configs/tiny.json
-args=(--set train.steps=16 --set train.threads=1 --set resilience.straggler_steps=$K --set resilience.max_restarts=0
+CFG=$KEEL_SRC/tests/train/micro.json
+# steps of ~0.5 s, long beside the throttle's 80 ms
+args=(--set train.steps=16 --set model.dim=256 --set model.max_seq_len=128 --set train.threads=1
+      --set resilience.straggler_steps=$K --set resilience.max_restarts=0
       --nproc 2)
 
 # slow_rank_1 RUN: throttle rank 1 from step 2 on (in the background: $throttle); $from := the step it had done
