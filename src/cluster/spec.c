@@ -600,7 +600,7 @@ keel_status keel_cluster_spec_parse(const char *text, size_t len, const char *pa
     }
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, false);
-    if (end) end += strspn(end, " \t\r\n");
+    while (end && end < text + len && strchr(" \t\r\n", *end)) end++; /* text is not NUL-ended */
     if (!j || (end && end < text + len)) {
         char near[21] = {0};
         size_t rest = end && end < text + len ? (size_t)(text + len - end) : 0;

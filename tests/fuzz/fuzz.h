@@ -6,9 +6,10 @@
  * input to the product's own parser: the buffer entry points the file
  * readers use (keel_tokenizer_load_buffer, safetensors_parse_header,
  * keel_ckpt_parse_manifest, keel_shard_from_buffer, keel_config_load_string,
- * keel_node_config_parse), or the file readers themselves over files written
- * into a scratch directory. A crash, a sanitizer report, a leak, a timeout or
- * a failure without exactly one error line is a finding. */
+ * keel_node_config_parse, keel_cluster_spec_parse), or the file readers
+ * themselves over files written into a scratch directory. A crash, a
+ * sanitizer report, a leak, a timeout or a failure without exactly one error
+ * line is a finding. */
 #ifndef KEEL_FUZZ_H
 #define KEEL_FUZZ_H
 

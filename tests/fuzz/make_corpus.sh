@@ -13,7 +13,7 @@ cd "$WORK"
 DATA=$HERE/data CORPUS=$HERE/corpus
 KEEL_SRC_FIXTURE=$HERE/../reference/fixtures/hf_tiny KEEL_SRC_CONFIGS=$HERE/../../configs
 rm -rf "$DATA" "$CORPUS"
-mkdir -p "$DATA/hf" "$CORPUS"/{tokenizer_model,tokenizer_text,hf,ckpt,token_shard,config,node_config}
+mkdir -p "$DATA/hf" "$CORPUS"/{tokenizer_model,tokenizer_text,hf,ckpt,token_shard,config,node_config,cluster_spec}
 
 # --- tokenizer models: BPE, byte fallback, user symbols, custom (de)normalization rules
 head -c 20000 /usr/share/common-licenses/GPL-3 > text.txt
@@ -153,4 +153,20 @@ printf '{"checks": ["gemm", "memory", "checkpoint_dir"], "gemm_floor_gflops": 5,
   > "$CORPUS/node_config/basic.json"
 printf '{"checks": ["gpu"], "gpu": {"baseline": "/var/lib/keel/b.json", "xid_max": 0, "xid_ignore": [13, 31, 43], "temp_max_c": 87, "ecc_uncorrected_max": 0, "remapped_rows_uncorrectable_max": 63, "fail_on_row_remap_pending": true, "fail_on_row_remap_failure": false, "clock_events_fail": ["hw_slowdown", "sw_thermal_slowdown"], "sm_clock_min_fraction": 0.5, "sm_clock_busy_util_pct": 50}}' \
   > "$CORPUS/node_config/gpu.json"
+# --- cluster specs: the example, GPUs and every optional key, and one that must be refused
+cp "$HERE/../../examples/cluster-local.json" "$CORPUS/cluster_spec/local.json"
+cat > "$CORPUS/cluster_spec/gpus.json" <<'EOF'
+{"ClusterName": "gpu-pod", "InstanceGroups": [
+  {"InstanceGroupName": "controller", "Role": "controller", "InstanceCount": 1},
+  {"InstanceGroupName": "gpu", "Role": "worker", "InstanceCount": 2, "Cpus": 8, "Gpus": 4, "MemoryMiB": 64000,
+   "LifeCycleConfig": {"SourceDir": "/srv/lifecycle", "OnCreate": "./setup.sh"}}],
+ "StateDir": "/var/lib/keel/gpu-pod", "SharedDir": "/fsx", "Subnet": "10.9.8.0/28", "Partition": "gpu",
+ "AutoResumePlugin": "/usr/lib/keel/keel_auto_resume.so", "HealthTimeoutS": 30,
+ "HealthCheck": {"checks": ["gpu", "gemm"], "gpu": {"baseline": "/var/lib/keel/xid.json"}}}
+EOF
+cat > "$CORPUS/cluster_spec/quoting.json" <<'EOF'
+{"ClusterName": "q", "InstanceGroups": [{"InstanceGroupName": "controller", "Role": "controller", "InstanceCount": 1},
+ {"InstanceGroupName": "w", "Role": "worker", "InstanceCount": 1}],
+ "StateDir": "/var/lib/keel/$(id)", "SharedDir": "relative//dir/./x", "Subnet": "10.1.0.0/28"}
+EOF
 echo "made $(find "$DATA" "$CORPUS" -type f | wc -l) files ($(du -sk "$DATA" "$CORPUS" | awk '{s += $1} END {print s}') KiB)"
