@@ -79,6 +79,8 @@ void keel_cluster_spec_free(keel_cluster_spec *s);
  * name ([a-z][a-z0-9-]*, at most 63), ADDRESS an IPv4 address or a host name
  * of [a-z0-9.-]. Replaces the nodes' names and addresses. */
 keel_status keel_cluster_hosts_load(keel_cluster_spec *s, const char *path);
+/* The same on len bytes of a hosts file's text (the fuzz entry; path names it in messages). */
+keel_status keel_cluster_hosts_parse(keel_cluster_spec *s, const char *text, size_t len, const char *path);
 
 /* Where the files a cluster's Slurm reads live, and the programs they name. */
 typedef struct {

@@ -642,10 +642,11 @@ keel_status keel_cluster_spec_load(const char *path, keel_cluster_spec *s) {
     *s = (keel_cluster_spec){0};
     char *text = NULL, *real = NULL;
     size_t len = 0;
-    keel_status st = keel_read_file_quiet(path, MAX_SPEC_BYTES, &text, &len);
+    char why[160];
+    keel_status st = keel_read_regular(path, MAX_SPEC_BYTES, &text, &len, why, sizeof why);
     if (st != KEEL_OK) {
-        keel_errorf("%s: cannot read the spec: %s", keel_cluster_show(path, 160).s,
-                    errno == EFBIG ? "larger than 1 MiB (a spec is a small JSON file)" : strerror(errno));
+        keel_errorf("%s: cannot read the spec: %s (a spec is a small JSON file: see docs/slurm.md)",
+                    keel_cluster_show(path, 160).s, why);
         return st;
     }
     /* the scripts run elsewhere: relative paths become absolute, against the spec's real directory */
@@ -705,32 +706,27 @@ static keel_status hosts_line(keel_cluster_spec *s, const char *path, int lineno
     return KEEL_OK;
 }
 
-keel_status keel_cluster_hosts_load(keel_cluster_spec *s, const char *path) {
+keel_status keel_cluster_hosts_parse(keel_cluster_spec *s, const char *text, size_t len, const char *path) {
     keel_cluster_shown shown = keel_cluster_show(path, 160);
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        keel_errorf("%s: cannot open the hosts file (lines \"NAME ADDRESS GROUP\"): %s", shown.s, strerror(errno));
+    if (memchr(text, 0, len)) {
+        keel_errorf("%s: a NUL byte; a hosts file is text (lines \"NAME ADDRESS GROUP\")", shown.s);
         return KEEL_ERR_INPUT;
     }
     int *taken = keel_xcalloc((size_t)s->ngroups * sizeof *taken, "hosts");
     for (int i = 0; i < s->nnodes; i++) s->nodes[i].name[0] = s->nodes[i].addr[0] = 0; /* the file's, not ours */
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t got;
-    int lineno = 0;
+    char *copy = keel_xmalloc(len + 1, "hosts");
+    memcpy(copy, text, len);
+    copy[len] = 0;
     keel_status st = KEEL_OK;
-    while (st == KEEL_OK && (got = getline(&line, &cap, f)) >= 0) {
+    int lineno = 0;
+    for (char *line = copy, *next; st == KEEL_OK && line < copy + len; line = next) {
         lineno++;
-        if (memchr(line, 0, (size_t)got)) {
-            keel_errorf("%s:%d: a NUL byte; a hosts file is text", shown.s, lineno);
-            st = KEEL_ERR_INPUT;
-            break;
-        }
+        next = line + strcspn(line, "\n");
+        if (*next) *next++ = 0;
         line[strcspn(line, "#")] = 0;
         st = hosts_line(s, shown.s, lineno, line, taken);
     }
-    free(line);
-    fclose(f);
+    keel_free(copy);
     for (int k = 0; k < s->ngroups && st == KEEL_OK; k++)
         if (taken[k] != s->groups[k].count) {
             keel_errorf("%s: group %s has %d hosts, its InstanceCount is %d", shown.s, s->groups[k].name, taken[k],
@@ -738,6 +734,20 @@ keel_status keel_cluster_hosts_load(keel_cluster_spec *s, const char *path) {
             st = KEEL_ERR_INPUT;
         }
     keel_free(taken);
+    return st;
+}
+
+keel_status keel_cluster_hosts_load(keel_cluster_spec *s, const char *path) {
+    char *text = NULL, why[160];
+    size_t len = 0;
+    keel_status st = keel_read_regular(path, MAX_SPEC_BYTES, &text, &len, why, sizeof why);
+    if (st != KEEL_OK) {
+        keel_errorf("%s: cannot read the hosts file (lines \"NAME ADDRESS GROUP\"): %s", keel_cluster_show(path, 160).s,
+                    why);
+        return st;
+    }
+    st = keel_cluster_hosts_parse(s, text, len, path);
+    keel_free(text);
     return st;
 }
 

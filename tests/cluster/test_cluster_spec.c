@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "keel/cluster.h"
 
@@ -334,7 +336,29 @@ static void test_load_files(void) {
     EXPECT(st == KEEL_OK && s.groups[0].on_create && strstr(s.groups[0].on_create, "/nope.sh"),
            "keel_cluster_spec_parse looks at no file: OnCreate %s (%s)", st == KEEL_OK ? s.groups[0].on_create : "-",
            err);
-    if (st == KEEL_OK) keel_cluster_spec_free(&s);
+    /* a FIFO nobody writes to, or a directory, as the spec or the hosts file: refused at once */
+    char fifo[400];
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    EXPECT(mkfifo(fifo, 0600) == 0, "mkfifo %s", fifo);
+    const char *not_files[] = {fifo, dir};
+    for (int i = 0; i < 2; i++) {
+        keel_cluster_spec none;
+        capture_begin();
+        keel_status got = keel_cluster_spec_load(not_files[i], &none);
+        err = capture_end();
+        EXPECT(got == KEEL_ERR_INPUT && count_lines(err) == 1 && strstr(err, not_files[i]) &&
+                   strstr(err, "cannot read the spec"),
+               "a spec that is no regular file: one line, no wait (%s)", err);
+    }
+    if (st == KEEL_OK) {
+        capture_begin();
+        keel_status got = keel_cluster_hosts_load(&s, fifo);
+        err = capture_end();
+        EXPECT(got == KEEL_ERR_INPUT && count_lines(err) == 1 && strstr(err, "FIFO") && strstr(err, "hosts file"),
+               "a hosts file that is a FIFO: one line, no wait (%s)", err);
+        keel_cluster_spec_free(&s);
+    }
+    unlink(fifo);
     keel_free(text);
 }
 

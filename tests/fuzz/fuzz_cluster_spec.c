@@ -1,6 +1,7 @@
 /* tests/fuzz/fuzz_cluster_spec.c: a `keel cluster` spec (keel_cluster_spec_parse,
- * what keel_cluster_spec_load parses a file with), and what keel makes of a
- * spec it accepts: `keel cluster env`'s text and slurm.conf. A spec is data,
+ * what keel_cluster_spec_load parses a file with) or a hosts file for a fixed
+ * spec (keel_cluster_hosts_parse), and what keel makes of what it accepts:
+ * `keel cluster env`'s text and slurm.conf. A spec is data,
  * never code: once accepted, every path is absolute with no '..' and no
  * character outside the grammar, and the generated text holds no control
  * character but its line ends, each env line an export of a single-quoted
@@ -40,8 +41,36 @@ static const char *export_line(const char *c) {
     return c + 1;
 }
 
+/* An input that starts "#hosts\n" is a hosts file (`keel cluster slurm-conf --hosts`) for this spec. */
+#define HOSTS_MARK "#hosts\n"
+static const char hosts_spec[] =
+    "{\"ClusterName\": \"prod\", \"InstanceGroups\": ["
+    "{\"InstanceGroupName\": \"ctl\", \"Role\": \"controller\", \"InstanceCount\": 1},"
+    "{\"InstanceGroupName\": \"gpu\", \"Role\": \"worker\", \"InstanceCount\": 2, \"Gpus\": 8}]}";
+
+static void fuzz_hosts(const uint8_t *data, size_t size) {
+    keel_cluster_spec s;
+    if (keel_cluster_spec_parse(hosts_spec, strlen(hosts_spec), "fuzz-spec.json", "/srv", &s) != KEEL_OK) abort();
+    keel_status st = keel_cluster_hosts_parse(&s, (const char *)data, size, "fuzz-hosts");
+    fuzz_expect_error_line(st, "keel_cluster_hosts_parse");
+    if (st == KEEL_OK) {
+        keel_cluster_files f = {.local = false, .conf_dir = "/etc/slurm", .keel = "/usr/bin/keel",
+                                .plugin = "/usr/lib/keel/keel_auto_resume.so"};
+        for (int i = 0; i < s.nnodes; i++)
+            if (!s.nodes[i].name[0] || !s.nodes[i].addr[0]) abort();
+        char *conf = keel_cluster_slurm_conf(&s, &f);
+        check_text(conf);
+        keel_free(conf);
+    }
+    keel_cluster_spec_free(&s);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_quiet();
+    if (size >= strlen(HOSTS_MARK) && !memcmp(data, HOSTS_MARK, strlen(HOSTS_MARK))) {
+        fuzz_hosts(data + strlen(HOSTS_MARK), size - strlen(HOSTS_MARK));
+        return 0;
+    }
     keel_cluster_spec s;
     keel_status st = keel_cluster_spec_parse((const char *)data, size, "fuzz-cluster.json", "/srv/specs", &s);
     fuzz_expect_error_line(st, "keel_cluster_spec_parse");

@@ -169,4 +169,6 @@ cat > "$CORPUS/cluster_spec/quoting.json" <<'EOF'
  {"InstanceGroupName": "w", "Role": "worker", "InstanceCount": 1}],
  "StateDir": "/var/lib/keel/$(id)", "SharedDir": "relative//dir/./x", "Subnet": "10.1.0.0/28"}
 EOF
+printf '#hosts\n# name address group\nhead 192.168.1.10 ctl\ngpu-a 192.168.1.21 gpu\ngpu-b node-b.example gpu  # rack 2\n' \
+  > "$CORPUS/cluster_spec/hosts"
 echo "made $(find "$DATA" "$CORPUS" -type f | wc -l) files ($(du -sk "$DATA" "$CORPUS" | awk '{s += $1} END {print s}') KiB)"
