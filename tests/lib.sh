@@ -11,6 +11,21 @@ pass() { echo "ok   $*"; }
 json() { python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1"; }
 # json_line TEXT EXPR: the same on one JSON text (an events.jsonl line).
 json_line() { python3 -c "import json,sys; j=json.loads(sys.argv[1]); print($2)" "$1"; }
+# survivor_left RUN JOB_OUT NODE: rank 1 on NODE was killed in a Slurm step; the surviving rank,
+# stuck in a collective with a dead peer, left at once — naming the lost rank (its watch of the
+# others: a peer_lost event, exit 78) or else at its stop deadline (2 steps, at least 2 s) — never
+# after Slurm's KillWait (30 s)
+survivor_left() {
+  local lost
+  if grep -q '"event":"peer_lost"' "$1/events.jsonl"; then
+    lost=$(grep '"event":"peer_lost"' "$1/events.jsonl" | tail -1)
+    [ "$(json_line "$lost" "j['rank']")" = 1 ] && [ "$(json_line "$lost" "j['node']")" = "$3" ] ||
+      fail "the surviving rank named another peer: $lost"
+  else
+    grep -q "did not reach the end of its step in time (a peer gone?)" "$2" ||
+      fail "the surviving rank neither named its lost peer nor left at its stop deadline: $(grep -v '^step' "$2" | tail -5)"
+  fi
+}
 # expect_input_error NAME PATTERN CMD...: CMD must exit 2 with exactly one
 # stderr line that matches PATTERN (extended regex).
 expect_input_error() {

@@ -50,17 +50,7 @@ for r in 0 1; do
 done
 got=$(json "$TMP/run/summary.json" "j['params_xxh3']")
 [ "$got" = "$want" ] || fail "params_xxh3 $got, undisturbed run $want"
-# the surviving rank, stuck in a collective with a dead peer, leaves at once — naming the lost rank
-# (its watch of the others: a peer_lost event, exit 78) or else at its stop deadline (2 steps, at
-# least 2 s) — never after Slurm's KillWait (30 s)
-if grep -q '"event":"peer_lost"' "$TMP/run/events.jsonl"; then
-  lost=$(grep '"event":"peer_lost"' "$TMP/run/events.jsonl" | tail -1)
-  [ "$(json_line "$lost" "j['rank']")" = 1 ] && [ "$(json_line "$lost" "j['node']")" = "$bad" ] ||
-    fail "the surviving rank named another peer: $lost"
-else
-  grep -q "did not reach the end of its step in time (a peer gone?)" "$TMP/job.out" ||
-    fail "the surviving rank neither named its lost peer nor left at its stop deadline: $(grep -v '^step' "$TMP/job.out" | tail -5)"
-fi
+survivor_left "$TMP/run" "$TMP/job.out" "$bad"
 resumed=$(grep '"event":"resumed"' "$TMP/run/events.jsonl" | tail -1 | sed 's/.*"detail":"\([^"]*\)".*/\1/')
 [[ "$resumed" == *"from memory"*"1 of them from their buddies' replicas"* ]] ||
   fail "rank 1 did not come back from its buddy's replica: $resumed"
