@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include "keel/monitor.h"
 #include "keel/run.h"
@@ -60,6 +61,17 @@ struct keel_exporter {
     keel_gpus *gpus;
 };
 
+/* A run directory's file for reading, only when it is a regular file (a FIFO put in its place
+ * must not block the endpoint); NULL otherwise. */
+static FILE *open_run_file(const char *path) {
+    int fd;
+    char why[128];
+    if (keel_open_read(path, false, &fd, why, sizeof why) != KEEL_OK) return NULL;
+    FILE *f = fdopen(fd, "r");
+    if (!f) close(fd);
+    return f;
+}
+
 keel_exporter *keel_exporter_new(const char *run_dir) {
     keel_exporter *x = keel_xcalloc(sizeof *x, "exporter");
     pthread_mutex_init(&x->lock, NULL);
@@ -67,7 +79,7 @@ keel_exporter *keel_exporter_new(const char *run_dir) {
     x->started_unix = keel_unix_s();
     keel_run_path(x->metrics.path, sizeof x->metrics.path, run_dir, KEEL_RUN_METRICS);
     keel_run_path(x->events.path, sizeof x->events.path, run_dir, "events.jsonl");
-    FILE *f = fopen(x->metrics.path, "r");
+    FILE *f = open_run_file(x->metrics.path);
     if (f) {
         fseek(f, 0, SEEK_END);
         x->metrics_before = ftell(f);
@@ -90,7 +102,7 @@ void keel_exporter_free(keel_exporter *x) {
 /* Each whole line appended since the last call, parsed; a line still being
  * written (no newline yet) waits for the next call. */
 static void read_tail(keel_exporter *x, tail *t, void (*take)(keel_exporter *, const cJSON *, long at)) {
-    FILE *f = fopen(t->path, "r");
+    FILE *f = open_run_file(t->path);
     if (!f) return;
     if (fseek(f, t->offset, SEEK_SET) != 0) {
         fclose(f);

@@ -3,7 +3,7 @@
 # Slurm cluster from `keel cluster up` (each node its own host): two ranks a
 # node on two nodes, no keel supervisor — the ranks watch each other (train/peers.c) and
 # the plugin runs the child srun with --kill-on-bad-exit=1. In one job, in
-# turn: kill -9 of rank 0, kill -9 of rank 3, SIGSTOP of rank 1, and every
+# turn: kill -9 of rank 0, kill -9 of rank 1, SIGSTOP of rank 3, and every
 # keel process of rank 2's node killed at once (ranks 2 and 3). Each time the attempt ends within the
 # hang bound (max(3 x the median step, 5 s), plus Slurm's relaunch), a
 # `peer_lost` event names the rank and its node, the next attempt goes on
@@ -86,8 +86,8 @@ PY
   pass "$name (rank $rank on $node at step >= $at): the attempt ended in $(python3 -c "print(round($t1 - $t0, 1))") s (bound $bound s): $(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["detail"])' "$lost")"
 }
 disrupt "kill -9 of rank 0" 0 30 kill
-disrupt "kill -9 of rank 3" 3 70 kill
-disrupt "SIGSTOP of rank 1" 1 110 stop
+disrupt "kill -9 of rank 1" 1 70 kill
+disrupt "SIGSTOP of rank 3" 3 110 stop
 disrupt "every rank on rank 2's node killed" 2 150 node
 for _ in $(seq 1 1500); do [ -z "$(squeue -h -j "$jobid" 2>/dev/null)" ] && break; sleep 0.2; done
 [ -z "$(squeue -h -j "$jobid" 2>/dev/null)" ] || { scancel "$jobid"; fail "job still running: $(tail -5 "$SH/job.out")"; }

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -323,6 +324,23 @@ static void check_every_family(void) {
     remove_tree(dir);
 }
 
+/* A FIFO (nobody writing) where metrics.jsonl and events.jsonl should be: the exporter starts
+ * and scrapes at once, with no step (a blocked open() would hang this test). */
+static void check_fifo_run_dir(void) {
+    char dir[256], path[400];
+    if (!temp_dir_create(dir, sizeof dir, "exporter-fifo")) return;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    bool made = mkfifo(path, 0600) == 0;
+    snprintf(path, sizeof path, "%s/events.jsonl", dir);
+    made &= mkfifo(path, 0600) == 0;
+    keel_exporter *x = keel_exporter_new(dir);
+    char *t = keel_exporter_render(x);
+    EXPECT(made && t && !(sample(t, "keel_step") > 0), "FIFOs in the run directory: scraped at once, no step");
+    keel_free(t);
+    keel_exporter_free(x);
+    remove_tree(dir);
+}
+
 int main(void) {
     char dir[256];
     if (!temp_dir_create(dir, sizeof dir, "exporter")) return 1;
@@ -408,5 +426,6 @@ int main(void) {
     keel_exporter_free(x);
     remove_tree(dir);
     check_every_family();
+    check_fifo_run_dir();
     return test_summary("test_exporter");
 }
