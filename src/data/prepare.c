@@ -82,7 +82,7 @@ static keel_status split_append(split_writer *w, const int32_t *tokens, size_t n
     return KEEL_OK;
 }
 
-/* Remove the files this run wrote (after a failure). */
+/* Remove the files this run wrote that are still in its staging directory. */
 static void remove_written(const split_writer *w) {
     char path[PATH_MAX];
     for (uint64_t i = 0; i < w->n_files; i++) {
@@ -266,6 +266,32 @@ static keel_status scan_old_shards(const char *dir, bool remove, uint64_t keep_t
     return st;
 }
 
+/* The new shards are written into a staging directory inside --out and moved
+ * over the old ones only once every one is written: a prepare that fails
+ * (an input that cannot be read, a full disk) leaves the dataset that was
+ * there as it was, --force or not. */
+static keel_status make_stage(const char *out_dir, char *stage, size_t size) {
+    snprintf(stage, size, "%s/.keel-prepare-XXXXXX", out_dir);
+    if (mkdtemp(stage)) return KEEL_OK;
+    keel_errorf("cannot create a staging directory in --out %s: %s", out_dir, strerror(errno));
+    stage[0] = '\0';
+    return KEEL_ERR_IO;
+}
+
+/* Move a split's staged files into out_dir, each over the old file of its name. */
+static keel_status publish(const split_writer *w, const char *out_dir) {
+    char from[PATH_MAX], to[PATH_MAX];
+    for (uint64_t i = 0; i < w->n_files; i++) {
+        shard_path(from, sizeof from, w->dir, w->name, i);
+        shard_path(to, sizeof to, out_dir, w->name, i);
+        if (rename(from, to) != 0) {
+            keel_errorf("cannot move %s to %s: %s", from, to, strerror(errno));
+            return KEEL_ERR_IO;
+        }
+    }
+    return KEEL_OK;
+}
+
 /* ---- the command ---------------------------------------------------------- */
 
 static keel_status check_args(const keel_prepare_args *a) {
@@ -360,9 +386,10 @@ keel_status keel_data_prepare(const keel_prepare_args *a) {
     keel_tokenizer *tok;
     st = keel_tokenizer_load(a->model_path, &tok);
     if (st != KEEL_OK) return st;
-    char created[PATH_MAX];
+    char created[PATH_MAX], stage[PATH_MAX] = "";
     st = make_dirs(a->out_dir, created);
     if (st == KEEL_OK && !a->force) st = scan_old_shards(a->out_dir, false, 0, 0);
+    if (st == KEEL_OK) st = make_stage(a->out_dir, stage, sizeof stage);
     if (st != KEEL_OK) {
         remove_created_dirs(a->out_dir, created);
         keel_tokenizer_free(tok);
@@ -377,9 +404,9 @@ keel_status keel_data_prepare(const keel_prepare_args *a) {
         .eos_id = keel_tokenizer_eos_id(tok),
         .val_fraction = a->val_fraction,
         .split_seed = a->split_seed,
-        .train = {.name = "train", .dir = a->out_dir, .vocab_size = vocab_size,
+        .train = {.name = "train", .dir = stage, .vocab_size = vocab_size,
                   .shard_tokens = shard_tokens},
-        .val = {.name = "val", .dir = a->out_dir, .vocab_size = vocab_size,
+        .val = {.name = "val", .dir = stage, .vocab_size = vocab_size,
                 .shard_tokens = shard_tokens},
         .hash = XXH3_createState(),
     };
@@ -390,15 +417,15 @@ keel_status keel_data_prepare(const keel_prepare_args *a) {
     double t0 = keel_now_s();
     st = run(&p, a, threads, &text_bytes);
     double seconds = keel_now_s() - t0;
+    if (st == KEEL_OK) st = publish(&p.train, a->out_dir);
+    if (st == KEEL_OK) st = publish(&p.val, a->out_dir);
     if (st == KEEL_OK && a->force)
         st = scan_old_shards(a->out_dir, true, p.train.n_files, p.val.n_files);
-    if (st == KEEL_OK) {
-        print_summary(&p, a, threads, text_bytes, seconds);
-    } else {
-        remove_written(&p.train);
-        remove_written(&p.val);
-        remove_created_dirs(a->out_dir, created);
-    }
+    remove_written(&p.train); /* what is left in the stage: all of it after a failure */
+    remove_written(&p.val);
+    rmdir(stage);
+    if (st == KEEL_OK) print_summary(&p, a, threads, text_bytes, seconds);
+    else remove_created_dirs(a->out_dir, created);
     keel_free(p.train.pending.v);
     keel_free(p.val.pending.v);
     keel_free(p.chunk.v);

@@ -165,6 +165,20 @@ set -e
     > "$work/out4.txt" || fail "--force failed"
 [[ $(ls "$work/d2") == "train-00000.bin" ]] || fail "after --force d2 holds: $(ls "$work/d2" | tr '\n' ' ')"
 grep -q "^train: .* tokens in 1 file$" "$work/out4.txt" || fail "--force output"
+# A --force prepare that fails half-way — its second input is gone by the time it is read,
+# after shards of the first were written — leaves the dataset that was there as it was.
+sums_before=$(cd "$work/d2" && md5sum ./*.bin)
+for _ in $(seq 1 100); do cat "${inputs[0]}"; done > "$work/big.txt" # megabytes: seconds to encode
+cp "${inputs[1]}" "$work/second.txt"
+"$KEEL_BIN" data prepare --model "$model" --input "$work/big.txt" --input "$work/second.txt" \
+    --shard-tokens 1000 --threads 1 --out "$work/d2" --force > /dev/null 2> "$work/half.err" &
+prep=$!
+for _ in $(seq 1 600); do [[ -n $(find "$work/d2" -name train-00002.bin) ]] && break; sleep 0.05; done
+rm "$work/second.txt"
+rc=0; wait "$prep" || rc=$?
+[[ $rc == 2 ]] && grep -q "second.txt" "$work/half.err" || fail "a prepare whose input vanished: exit $rc: $(cat "$work/half.err")"
+[[ $(cd "$work/d2" && md5sum ./*.bin) == "$sums_before" && $(ls -A "$work/d2") == "train-00000.bin" ]] ||
+    fail "a failed --force prepare changed the dataset: $(ls -A "$work/d2" | tr '\n' ' ')"
 
 # ---- bad input: exit 2 and exactly one line --------------------------------
 expect_usage_error() {
