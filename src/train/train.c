@@ -79,7 +79,6 @@ keel_status keel_train_dry_run(const keel_config *cfg, int world_size) {
     return KEEL_OK;
 }
 
-/* One optimizer step: accumulate over micro-batches, clip, AdamW. Returns the mean loss. */
 /* Seconds the leader's compute has spent blocked on FSDP communication: the
  * host's waits, and a device's compute stream's (timed on the device). */
 static double comm_wait_s(const trainer *t) {
@@ -89,6 +88,7 @@ static double comm_wait_s(const trainer *t) {
     return st.gather_wait_s + st.reduce_wait_s + st.device_wait_s;
 }
 
+/* One optimizer step: accumulate over micro-batches, clip, AdamW. Returns the mean loss. */
 static double train_step(trainer *t, int step, double *grad_norm_out) {
     const keel_config *cfg = t->cfg;
     const keel_model_layout *lay = keel_model_get_layout(t->model);
