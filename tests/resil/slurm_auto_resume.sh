@@ -116,7 +116,11 @@ pass "n1 failed its health check after the kill: drained (keel: checkpoint_dir),
 # ---- too few nodes left in the allocation: requeue, or give up when not a batch job ----
 rc=0
 timeout 120 salloc -N2 -w n2,n3 srun --auto-resume=1 -N2 -n2 bash -c \
-  "[ \$SLURMD_NODENAME = n2 ] && scontrol update nodename=n2 state=drain reason='keel: test'; exit 6" \
+  "[ \$SLURMD_NODENAME = n2 ] && { scontrol update nodename=n2 state=drain reason='keel: test'; exit 6; }
+   # n3's task fails only after n2's has drained its node (a first failure would end n2's task,
+   # by the plugin's --kill-on-bad-exit, before it drains), and ends with 6 when that ends it
+   trap 'exit 6' TERM
+   until scontrol show node n2 | grep -q DRAIN; do sleep 0.1; done; sleep 1; exit 6" \
   >"$TMP/out" 2>"$TMP/err" || rc=$?
 [ "$rc" = 6 ] && grep -q "1 of the job's 2 node(s) drained, the step needs 2: requeue failed (not a batch job?), giving up" "$TMP/err" ||
   fail "too few nodes: exit $rc, $(cat "$TMP/err")"
