@@ -8,7 +8,7 @@
 # Under ASan, OpenMPI's own leaks at MPI_Finalize are suppressed with
 # tests/lsan.supp (keel's leaks are still reported).
 source "$KEEL_SRC/tests/lib.sh"
-mpi_env
+KEEL_MPI_LEAKS=1 mpi_env # the leak check of every rank (tests/lib.sh)
 prog=$KEEL_BUILD/tests/mpi_collectives
 [ -x "$prog" ] || fail "$prog not built"
 for np in 1 2 3 4; do

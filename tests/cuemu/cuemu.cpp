@@ -60,7 +60,10 @@
 
 #include "cuda_runtime.h" // the shim's: the built-in variables and collectives defined here
 
-#if defined(__SANITIZE_ADDRESS__)
+// CUEMU_SANITIZED_PROGRAM: this file is built without the sanitizers (its own
+// loops are the emulator's cost, not the code under test) into a program whose
+// kernels run under ASan, which must still be told of every stack switch
+#if defined(__SANITIZE_ADDRESS__) || defined(CUEMU_SANITIZED_PROGRAM)
 #include <sanitizer/common_interface_defs.h>
 #define CUEMU_ASAN 1
 #else

@@ -7,7 +7,7 @@
 # train fail within seconds, naming the rank.
 source "$KEEL_SRC/tests/lib.sh"
 CFG=$KEEL_SRC/tests/train/micro.json
-mpi_env
+KEEL_MPI_LEAKS=1 mpi_env # the leak check of every rank (tests/lib.sh)
 common=(--set train.steps=10 --set train.threads=1 --set train.eval_every=5)  # eval: forward-only passes
 "$KEEL_BIN" train "$CFG" "${common[@]}" --set train.micro_batch_size=12 --run-dir "$TMP/ref" >/dev/null 2>&1
 # W:strategy — every strategy through the real CLI (hybrid: groups of 2).
