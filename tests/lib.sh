@@ -54,7 +54,7 @@ kill_leftovers() { pkill -9 -f -- "$TMP/" 2>/dev/null || true; }
 # Under the sanitizers, the leak check of every process that called MPI_Init
 # costs 1.5-3 s at its exit (LeakSanitizer matches each of OpenMPI's hundreds
 # of leaked allocations against tests/lsan.supp, unwinding and symbolizing
-# them): over the suite's rank processes that was a third of its time. So the
+# them): over the suite's rank processes that added up to minutes. So the
 # processes of a test that calls mpi_env skip it unless the test sets
 # KEEL_MPI_LEAKS=1 first, as train_nproc.sh (the trainer's sharded paths) and
 # mpi_collectives.sh (comm) do; the other tests check leaks as before.
