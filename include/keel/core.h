@@ -417,6 +417,17 @@ keel_status keel_health_checks_parse(const char *list, const char *origin, unsig
 /* The mask's names, comma-separated ("" for none). */
 void keel_health_checks_format(unsigned mask, char *out, size_t n);
 
+/* model.rope_scaling: how RoPE's frequencies are stretched for a context
+ * longer than the one the model was pretrained on. */
+typedef enum { KEEL_ROPE_SCALING_LLAMA3 } keel_rope_scaling_type;
+typedef struct {
+    bool on;              /* false: plain RoPE (the section absent or false) */
+    keel_rope_scaling_type type;
+    double factor;        /* low frequencies are divided by it */
+    double low_freq_factor, high_freq_factor; /* the band between them is blended */
+    int original_max_position_embeddings;     /* the pretraining context */
+} keel_rope_scaling;
+
 typedef struct {
     int dim;              /* C */
     int n_layers;         /* L */
@@ -427,6 +438,7 @@ typedef struct {
     double ffn_dim_multiplier; /* 0 = none */
     double norm_eps;
     double rope_theta;
+    keel_rope_scaling rope_scaling;
     int max_seq_len;      /* T: training sequence length */
     bool tie_embeddings;
 } keel_model_config;

@@ -110,7 +110,15 @@ void keel_ref_rmsnorm_backward(float *dx, float *dw, const float *dout, const fl
 /* ---- RoPE, Hugging Face rotate-half layout --------------------------------
  * x (B,T,H,HS) rotated in place: pair (i, i+HS/2) of position t by angle
  * t * theta^(-2i/HS). cos_sin is (T, HS/2, 2) from keel_rope_table. */
-void keel_rope_table(float *cos_sin, int T, int HS, double theta);
+void keel_rope_table(float *cos_sin, int T, int HS, double theta, const keel_rope_scaling *scaling);
+/* RoPE's inverse frequency of pair i < HS/2: theta^(-2i/HS), then, when
+ * scaling is on (NULL or .on false: none), Llama 3's rule as transformers
+ * applies it (_compute_llama3_parameters): with wavelength w = 2 pi / f and
+ * L = original_max_position_embeddings, f is kept when w < L / high_freq_factor,
+ * divided by factor when w > L / low_freq_factor, and in between blended,
+ * (1 - s) f / factor + s f with s = (L / w - low) / (high - low). In float, as
+ * transformers computes it. */
+float keel_rope_inv_freq(int i, int HS, double theta, const keel_rope_scaling *scaling);
 void keel_rope_forward(float *x, const float *cos_sin, int B, int T, int H, int HS);
 /* The gradient of a rotation is the inverse rotation, in place on dx. */
 void keel_rope_backward(float *dx, const float *cos_sin, int B, int T, int H, int HS);

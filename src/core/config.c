@@ -36,6 +36,7 @@ static const char *const UNIT_NAMES[] = {"block", "matrix", NULL};
 static const char *const STRAGGLER_ACTION_NAMES[] = {"report", "drain", NULL};
 static const char *const CHECK_NAMES[] = {"gemm", "memory", "checkpoint_dir", "mpi", "gpu", NULL};
 static const char *const DEVICE_NAMES[] = {"cpu", "cuda", NULL};
+static const char *const ROPE_SCALING_NAMES[] = {"llama3", NULL};
 
 const char *keel_strategy_name(keel_fsdp_strategy s) { return STRATEGY_NAMES[s]; }
 const char *keel_dtype_name(keel_dtype d) { return DTYPE_NAMES[d]; }
@@ -60,6 +61,19 @@ static const key_spec KEYS[] = {
      "Llama 2 ffn_dim_multiplier (0 = none)", NULL},
     {"model.norm_eps", K_DOUBLE, OFF(model.norm_eps), 1e-12, 1, "RMSNorm epsilon", NULL},
     {"model.rope_theta", K_DOUBLE, OFF(model.rope_theta), 1, 1e12, "RoPE base frequency", NULL},
+    {"model.rope_scaling", K_FLAG_SECTION, OFF(model.rope_scaling.on), 0, 0,
+     "RoPE frequency scaling as Hugging Face's rope_scaling (object, or false = none)", NULL},
+    {"model.rope_scaling.type", K_ENUM, OFF(model.rope_scaling.type), 0, 0,
+     "llama3 (Llama 3.1 and later: low frequencies divided by factor, a blended band)", ROPE_SCALING_NAMES},
+    {"model.rope_scaling.factor", K_DOUBLE, OFF(model.rope_scaling.factor), 1, 1024,
+     "how far the context is stretched", NULL},
+    {"model.rope_scaling.low_freq_factor", K_DOUBLE, OFF(model.rope_scaling.low_freq_factor), 1e-6, 1e6,
+     "wavelengths above original_max_position_embeddings / this are divided by factor", NULL},
+    {"model.rope_scaling.high_freq_factor", K_DOUBLE, OFF(model.rope_scaling.high_freq_factor), 1e-6, 1e6,
+     "wavelengths below original_max_position_embeddings / this are kept", NULL},
+    {"model.rope_scaling.original_max_position_embeddings", K_INT,
+     OFF(model.rope_scaling.original_max_position_embeddings), 1, 1 << 24,
+     "the context length the model was pretrained on", NULL},
     {"model.max_seq_len", K_INT, OFF(model.max_seq_len), 1, 1 << 20,
      "training sequence length T", NULL},
     {"model.tie_embeddings", K_BOOL, OFF(model.tie_embeddings), 0, 0,
@@ -245,6 +259,10 @@ void keel_config_defaults(keel_config *cfg) {
                                      .ffn_dim_multiplier = 0, .norm_eps = 1e-5,
                                      .rope_theta = 10000, .max_seq_len = 256,
                                      .tie_embeddings = false};
+    /* Llama 3.1's values, used where a rope_scaling section leaves them out */
+    cfg->model.rope_scaling = (keel_rope_scaling){.on = false, .type = KEEL_ROPE_SCALING_LLAMA3, .factor = 8,
+                                                  .low_freq_factor = 1, .high_freq_factor = 4,
+                                                  .original_max_position_embeddings = 8192};
     cfg->train = (keel_train_config){.steps = 100, .seed = 1337, .micro_batch_size = 4,
                                      .grad_accum_steps = 1, .lr = 3e-4, .min_lr = 3e-5,
                                      .warmup_steps = 10, .weight_decay = 0.1,
@@ -643,6 +661,12 @@ keel_status keel_config_finalize(keel_config *cfg) {
     if (m->n_kv_heads > m->n_heads || m->n_heads % m->n_kv_heads != 0) {
         keel_errorf("%s: model.n_heads %d is not a multiple of model.n_kv_heads %d; use a "
                     "divisor of n_heads", src, m->n_heads, m->n_kv_heads);
+        return KEEL_ERR_INPUT;
+    }
+    const keel_rope_scaling *rs = &m->rope_scaling;
+    if (rs->on && !(rs->high_freq_factor > rs->low_freq_factor)) {
+        keel_errorf("%s: model.rope_scaling.high_freq_factor %g must be above low_freq_factor %g (Llama 3.1: 4 "
+                    "and 1)", src, rs->high_freq_factor, rs->low_freq_factor);
         return KEEL_ERR_INPUT;
     }
     int ac = cfg->fsdp.activation_checkpointing;

@@ -4,12 +4,27 @@
 
 #include "keel/kernels.h"
 
-/* Computed exactly as transformers does it, in fp32: inv_freq = 1 / theta^(2i/HS),
- * angle = t * inv_freq, then cos and sin of that fp32 angle. */
-void keel_rope_table(float *cos_sin, int T, int HS, double theta) {
+float keel_rope_inv_freq(int i, int HS, double theta, const keel_rope_scaling *s) {
+    float f = 1.0f / powf((float)theta, (float)(2 * i) / (float)HS);
+    if (!s || !s->on) return f;
+    /* transformers' float32 tensor arithmetic with Python scalars, step by step */
+    const float factor = (float)s->factor, low = (float)s->low_freq_factor;
+    const float low_freq_wavelen = (float)(s->original_max_position_embeddings / s->low_freq_factor);
+    const float high_freq_wavelen = (float)(s->original_max_position_embeddings / s->high_freq_factor);
+    const float wavelen = (float)(2 * M_PI) / f;
+    if (wavelen > low_freq_wavelen) return f / factor;
+    if (wavelen < high_freq_wavelen) return f;
+    const float smooth = ((float)s->original_max_position_embeddings / wavelen - low) /
+                         (float)(s->high_freq_factor - s->low_freq_factor);
+    return (1.0f - smooth) * f / factor + smooth * f;
+}
+
+/* Computed exactly as transformers does it, in fp32: inv_freq (above), angle =
+ * t * inv_freq, then cos and sin of that fp32 angle. */
+void keel_rope_table(float *cos_sin, int T, int HS, double theta, const keel_rope_scaling *scaling) {
     int half = HS / 2;
     for (int i = 0; i < half; i++) {
-        float inv_freq = 1.0f / powf((float)theta, (float)(2 * i) / (float)HS);
+        float inv_freq = keel_rope_inv_freq(i, HS, theta, scaling);
         for (int t = 0; t < T; t++) {
             float angle = (float)t * inv_freq;
             cos_sin[((int64_t)t * half + i) * 2 + 0] = (float)cos((double)angle);

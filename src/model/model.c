@@ -213,7 +213,7 @@ keel_status keel_model_build_with(const keel_model_config *cfg, int B,
     }
     size_t rope_bytes = sizeof(float) * (size_t)m->lay.T * (size_t)m->lay.HS;
     float *rope = keel_xmalloc(rope_bytes, "RoPE table");
-    keel_rope_table(rope, m->lay.T, m->lay.HS, cfg->rope_theta);
+    keel_rope_table(rope, m->lay.T, m->lay.HS, cfg->rope_theta, &cfg->rope_scaling);
     be->to_device(m->rope, rope, rope_bytes);
     keel_free(rope);
     *out = m;

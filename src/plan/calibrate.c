@@ -12,6 +12,10 @@
 #include "keel/plan.h"
 
 #define SLICE_BUDGET_S 0.5  /* a slice's estimated fwd + bwd; smaller batches, then shorter sequences beyond it */
+/* The slice's vocabulary at most: the head of Llama 3 at 70B width (128256 x
+ * 8192, with its gradient) alone would take 8 GB; the head's time (a GEMM
+ * and the loss, linear in the vocabulary) is scaled up from this. */
+#define SLICE_VOCAB_MAX 32000
 #define SLICE_REPS 4        /* the first warms up; the median of the rest counts (the machine may be shared) */
 /* AdamW's four arrays, 256 MB in all: with 64 MB three plans on a quiet
  * machine read 329-615 M parameters/s, with 256 MB 586-638. */
@@ -47,11 +51,12 @@ typedef struct {
     double wall_s, cpu_s;    /* over the timed reps: how much of the cores the process got */
 } slice_times;
 
-/* Forward + backward of the config's model cut to one block, sequences of
- * T, micro-batches of B. */
-static void time_slice(const keel_config *cfg, int B, int T, bool bf16, slice_times *out) {
+/* Forward + backward of the config's model cut to one block and a vocabulary
+ * of V, sequences of T, micro-batches of B. */
+static void time_slice(const keel_config *cfg, int V, int B, int T, bool bf16, slice_times *out) {
     keel_model_config mc = cfg->model;
     mc.n_layers = 1;
+    mc.vocab_size = V;
     mc.max_seq_len = T;
     keel_model_options o = {.own_params = true, .bf16 = bf16};
     keel_model *m;
@@ -120,9 +125,10 @@ static double measure_mfu(const keel_config *cfg, int per_node, keel_device *dev
         else T /= 2;
     }
     slice_times st;
-    time_slice(cfg, B, T, bf16, &st);
+    int V = cfg->model.vocab_size < SLICE_VOCAB_MAX ? cfg->model.vocab_size : SLICE_VOCAB_MAX;
+    time_slice(cfg, V, B, T, bf16, &st);
     keel_kernels_shutdown();
-    double block = st.block_s, head = fmax(0, st.total_s - st.block_s);
+    double block = st.block_s, head = fmax(0, st.total_s - st.block_s) * cfg->model.vocab_size / V;
     double full_s = head + cfg->model.n_layers * block;
     double rate = concurrent * slice_flops(&cfg->model, cfg->model.n_layers, B, T) / full_s;
     dev->measured_share = st.cpu_s / st.wall_s / threads;

@@ -10,7 +10,9 @@
 # 2, nothing written) and is DAMAGED to verify (exit 1), as is one whose
 # sizes wrap around 2^64 or whose numbers are out of range (1e19): "ok" from
 # verify means export and resume work. A real directory, and one whose
-# tensors file is a symlink (the Hugging Face cache), import fine.
+# tensors file is a symlink (the Hugging Face cache), import fine. A rope_scaling
+# keel does not implement (yarn, untyped) or an incomplete or inverted llama3 one
+# is refused the same way.
 source "$KEEL_SRC/tests/lib.sh"
 K=$KEEL_BIN
 FIX=$KEEL_SRC/tests/reference/fixtures/hf_tiny
@@ -68,6 +70,28 @@ hostile shape_1e30 "model.safetensors: bad safetensors header: tensor model.norm
 hostile overlap "model.safetensors: bad safetensors header: tensors .*k_proj.weight .* and .*v_proj.weight .* overlap"
 hostile index_outside "model.safetensors.index.json: weight_map entry of model.norm.weight must be a file name in the same directory"
 hostile index_fifo "link.safetensors: cannot open safetensors file: is a FIFO, not a regular file"
+
+# RoPE scalings keel does not implement, and a llama3 one without its numbers or with a band upside down
+python3 - "$KEEL_SRC/tests/reference/fixtures/hf_tiny_llama3" "$TMP" <<'PY'
+import json, os, shutil, sys
+fix, tmp = sys.argv[1:3]
+cfg = json.load(open(f"{fix}/config.json"))
+def make(name, rope_key, rope):
+    d = f"{tmp}/{name}"; os.makedirs(d)
+    shutil.copy(f"{fix}/model.safetensors", d)
+    c = {k: v for k, v in cfg.items() if k != "rope_parameters"}
+    c[rope_key] = rope
+    json.dump(c, open(f"{d}/config.json", "w"))
+llama3 = cfg["rope_parameters"]
+make("rope_yarn", "rope_scaling", {"rope_type": "yarn", "factor": 4.0})
+make("rope_no_factor", "rope_parameters", {k: v for k, v in llama3.items() if k != "factor"})
+make("rope_bands", "rope_scaling", dict(llama3, low_freq_factor=4.0, high_freq_factor=1.0))
+make("rope_untyped", "rope_scaling", {"factor": 8.0})
+PY
+hostile rope_yarn "config.json: \"rope_scaling\" type yarn is not supported: keel implements default RoPE and llama3"
+hostile rope_no_factor "config.json: \"rope_parameters\" of type llama3 needs \"factor\" as a positive number"
+hostile rope_bands "model.rope_scaling.high_freq_factor 1 must be above low_freq_factor 4"
+hostile rope_untyped "config.json: \"rope_scaling\" has no \"rope_type\""
 
 # Dimensions whose tensors no machine's memory holds (a 2^24 x 2^18 embedding,
 # 16 TiB as fp32) in a sparse file whose header is sound: a one-line refusal,

@@ -185,7 +185,7 @@ static void test_rope(int B, int T, int H, int HS) {
     unsigned seed = 17;
     int64_t n = (int64_t)B * T * H * HS;
     float *x = rnd(n, &seed, 1), *cs = malloc((size_t)T * HS * sizeof *cs);
-    keel_rope_table(cs, T, HS, 10000.0);
+    keel_rope_table(cs, T, HS, 10000.0, NULL);
     float *xg = dev(x, n), *csg = dev(cs, (int64_t)T * HS);
     keel_cuda_rope_forward(xg, csg, B, T, H, HS);
     keel_rope_forward(x, cs, B, T, H, HS);

@@ -1,8 +1,14 @@
-/* test_hf_parity: a checkpoint saved by transformers' save_pretrained
- * (tests/reference/fixtures/hf_tiny: LlamaForCausalLM, bfloat16 safetensors,
- * GQA, untied head, intermediate_size 96 off Llama's rule) imports into keel,
- * and keel's forward gives transformers' loss on the fixture's tokens.
- * keel's own export of it then re-imports bit-identically.
+/* test_hf_parity: checkpoints saved by transformers' save_pretrained import
+ * into keel, and keel's forward gives transformers' loss on the fixture's
+ * tokens, in fp32 and in bf16 (tests/reference/fixtures):
+ *   hf_tiny         LlamaForCausalLM, bfloat16 safetensors, GQA, untied head,
+ *                   intermediate_size 96 off Llama's rule
+ *   hf_tiny_llama3  the same as Llama 3.x has it: rope_theta 500000,
+ *                   rope_scaling of type llama3 (transformers 5's
+ *                   rope_parameters) with RoPE's frequencies in all three of
+ *                   its bands, tied embeddings; keel's inverse frequencies
+ *                   equal transformers' bit for bit
+ * keel's own export of each then re-imports bit-identically.
  * A missing fixture is a failure, never a skip: regenerate with
  *     /opt/keel-torch/bin/python tests/reference/make_hf_parity.py
  */
@@ -19,7 +25,16 @@
 
 #include "../testlib.h"
 
-#define LOSS_TOL 1e-4 /* relative */
+#define LOSS_TOL 1e-4      /* relative */
+#define BF16_LOSS_TOL 1e-2 /* relative: keel's bf16 forward against transformers' fp32 */
+
+typedef struct {
+    const char *name;
+    int T;
+    bool tied;
+    double theta;
+    bool scaled; /* rope_scaling llama3: factor 8, low 1, high 4, original 64 */
+} fixture;
 
 static cJSON *read_json(const char *dir, const char *name) {
     char path[1200];
@@ -41,16 +56,22 @@ static cJSON *read_json(const char *dir, const char *name) {
     return j;
 }
 
-int main(void) {
-    const char *src = getenv("KEEL_SRC");
-    if (!src) {
-        printf("FAIL KEEL_SRC (the repository root) is not set\n");
-        return 1;
-    }
-    keel_log_set_level(KEEL_LOG_WARN);
-    keel_kernels_init(2);
+static double forward_loss(const keel_model_config *cfg, const float *params, const int32_t *tokens, int B,
+                           bool bf16) {
+    keel_model_options o = {.own_params = true, .bf16 = bf16};
+    keel_model *m;
+    if (keel_model_build_with(cfg, B, &o, &m) != KEEL_OK) return NAN;
+    const keel_model_layout *lay = keel_model_get_layout(m);
+    memcpy(keel_model_params(m), params, sizeof(float) * (size_t)lay->n_params);
+    keel_model_params_changed(m); /* bf16: its copy of the weights */
+    double loss = keel_model_forward(m, tokens, B, 0.0f) / ((double)B * cfg->max_seq_len);
+    keel_model_free(m);
+    return loss;
+}
+
+static void check(const char *src, const fixture *fx) {
     char dir[1024];
-    snprintf(dir, sizeof dir, "%s/tests/reference/fixtures/hf_tiny", src);
+    snprintf(dir, sizeof dir, "%s/tests/reference/fixtures/%s", src, fx->name);
 
     keel_model_config cfg;
     float *params = NULL;
@@ -59,15 +80,30 @@ int main(void) {
     cJSON *expected = read_json(dir, "expected.json"), *tokens_json = read_json(dir, "tokens.json");
     if (st != KEEL_OK || !expected || !tokens_json) goto out;
 
+    const keel_rope_scaling *rs = &cfg.rope_scaling;
     EXPECT(cfg.dim == 64 && cfg.n_layers == 2 && cfg.n_heads == 4 && cfg.n_kv_heads == 2 &&
-               cfg.vocab_size == 128 && cfg.max_seq_len == 32 && !cfg.tie_embeddings &&
-               cfg.norm_eps == 1e-5 && cfg.rope_theta == 10000.0,
-           "config: dim %d, %d layers, %d heads, %d kv heads, vocab %d, T %d, tied %d, eps %g, theta %g",
-           cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size, cfg.max_seq_len,
+               cfg.vocab_size == 128 && cfg.max_seq_len == fx->T && cfg.tie_embeddings == fx->tied &&
+               cfg.norm_eps == 1e-5 && cfg.rope_theta == fx->theta,
+           "%s config: dim %d, %d layers, %d heads, %d kv heads, vocab %d, T %d, tied %d, eps %g, theta %g",
+           fx->name, cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size, cfg.max_seq_len,
            cfg.tie_embeddings, cfg.norm_eps, cfg.rope_theta);
+    EXPECT(rs->on == fx->scaled &&
+               (!fx->scaled || (rs->type == KEEL_ROPE_SCALING_LLAMA3 && rs->factor == 8 && rs->low_freq_factor == 1 &&
+                                rs->high_freq_factor == 4 && rs->original_max_position_embeddings == 64)),
+           "%s rope_scaling: on %d, factor %g, low %g, high %g, original %d", fx->name, rs->on, rs->factor,
+           rs->low_freq_factor, rs->high_freq_factor, rs->original_max_position_embeddings);
     EXPECT(keel_model_ffn_hidden(&cfg) == 96,
            "intermediate_size 96 as multiple_of %d, ffn_dim_multiplier %.17g -> %d", cfg.multiple_of,
            cfg.ffn_dim_multiplier, keel_model_ffn_hidden(&cfg));
+    const cJSON *inv_freq = cJSON_GetObjectItem(expected, "inv_freq");
+    if (inv_freq) {
+        int HS = cfg.dim / cfg.n_heads, same = 0, n = cJSON_GetArraySize(inv_freq);
+        for (int i = 0; i < n && i < HS / 2; i++)
+            same += (float)cJSON_GetArrayItem(inv_freq, i)->valuedouble ==
+                    keel_rope_inv_freq(i, HS, cfg.rope_theta, &cfg.rope_scaling);
+        EXPECT(n == HS / 2 && same == n, "%s: %d of %d RoPE inverse frequencies equal transformers'", fx->name,
+               same, n);
+    }
 
     int B = cJSON_GetArraySize(tokens_json), T = cfg.max_seq_len;
     const cJSON *want_n = cJSON_GetObjectItem(expected, "n_seqs");
@@ -90,18 +126,14 @@ int main(void) {
         }
     }
     EXPECT(shape_ok, "tokens.json is (%d, %d) ids below vocab %d", B, T + 1, cfg.vocab_size);
-
-    keel_model *m;
-    if (shape_ok && keel_model_build(&cfg, B, &m) == KEEL_OK) {
-        const keel_model_layout *lay = keel_model_get_layout(m);
-        memcpy(keel_model_params(m), params, sizeof(float) * (size_t)lay->n_params);
-        double loss = keel_model_forward(m, tokens, B, 0.0f) / ((double)B * T);
-        double want = want_loss->valuedouble, rel = fabs(loss - want) / fabs(want);
-        EXPECT(rel <= LOSS_TOL, "mean loss: keel %.9f transformers %.9f rel_err %.2e (tol %.0e)", loss,
-               want, rel, LOSS_TOL);
-        keel_model_free(m);
-    } else if (shape_ok) {
-        EXPECT(false, "keel_model_build");
+    if (shape_ok) {
+        double want = want_loss->valuedouble;
+        for (int bf16 = 0; bf16 <= 1; bf16++) {
+            double loss = forward_loss(&cfg, params, tokens, B, bf16), rel = fabs(loss - want) / fabs(want);
+            double tol = bf16 ? BF16_LOSS_TOL : LOSS_TOL;
+            EXPECT(rel <= tol, "%s mean loss, keel %s: %.9f, transformers fp32 %.9f, rel_err %.2e (tol %.0e)",
+                   fx->name, bf16 ? "bf16" : "fp32", loss, want, rel, tol);
+        }
     }
     free(tokens);
 
@@ -121,9 +153,11 @@ int main(void) {
                   again.vocab_size == cfg.vocab_size && again.multiple_of == cfg.multiple_of &&
                   again.ffn_dim_multiplier == cfg.ffn_dim_multiplier &&
                   again.norm_eps == cfg.norm_eps && again.rope_theta == cfg.rope_theta &&
+                  memcmp(&again.rope_scaling, &cfg.rope_scaling, sizeof cfg.rope_scaling) == 0 &&
                   again.max_seq_len == cfg.max_seq_len && again.tie_embeddings == cfg.tie_embeddings &&
                   memcmp(params2, params, sizeof(float) * (size_t)lay.n_params) == 0;
-        EXPECT(ok, "keel's export of the imported checkpoint re-imports to the same config and parameters");
+        EXPECT(ok, "%s: keel's export of the imported checkpoint re-imports to the same config and parameters",
+               fx->name);
         keel_free(params2);
         keel_model_layout_free(&lay);
         remove_tree(tmp);
@@ -132,6 +166,21 @@ out:
     cJSON_Delete(expected);
     cJSON_Delete(tokens_json);
     keel_free(params);
+}
+
+int main(void) {
+    const char *src = getenv("KEEL_SRC");
+    if (!src) {
+        printf("FAIL KEEL_SRC (the repository root) is not set\n");
+        return 1;
+    }
+    keel_log_set_level(KEEL_LOG_WARN);
+    keel_kernels_init(2);
+    static const fixture fixtures[] = {
+        {"hf_tiny", 32, false, 10000.0, false},
+        {"hf_tiny_llama3", 128, true, 500000.0, true},
+    };
+    for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++) check(src, &fixtures[i]);
     keel_kernels_shutdown();
     return test_summary("test_hf_parity");
 }

@@ -56,7 +56,7 @@ static void test_rope(void) {
     int64_t n = (int64_t)B * T * H * HS;
     float *x = rand_vec(n, 1), *a = copy(x, n), *b = copy(x, n);
     float *cs = malloc(sizeof(float) * (size_t)T * HS);
-    keel_rope_table(cs, T, HS, 10000.0);
+    keel_rope_table(cs, T, HS, 10000.0, NULL);
     keel_rope_forward(a, cs, B, T, H, HS);
     keel_ref_rope_forward(b, B, T, H, HS, 10000.0);
     compare("rope forward", a, b, n, 1e-5);

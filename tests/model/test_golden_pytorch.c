@@ -162,7 +162,7 @@ static void keel_logits(const keel_model_layout *lay, const float *params, const
     float *lse = malloc(sizeof(float) * (size_t)B * NH * T);
     float *gate = malloc(sizeof(float) * (size_t)N * F), *up = malloc(sizeof(float) * (size_t)N * F);
     float *h = malloc(sizeof(float) * (size_t)N * F), *rope = malloc(sizeof(float) * (size_t)T * HS);
-    keel_rope_table(rope, T, HS, lay->cfg.rope_theta);
+    keel_rope_table(rope, T, HS, lay->cfg.rope_theta, &lay->cfg.rope_scaling);
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             memcpy(x + (int64_t)(b * T + t) * C, params + (int64_t)tokens[b * (T + 1) + t] * C,

@@ -130,6 +130,12 @@ for m in 7b:6738415616 13b:13015864320 70b:68976648192; do
   [ "$n" = "${m##*:}" ] || fail "llama2-${m%%:*}: $n parameters, Llama 2 has ${m##*:}"
 done
 pass "llama2-7b/13b/70b have Llama 2's published parameter counts"
+# Llama 3.x: GQA with 8 kv heads, a 128256-token vocabulary, tied embeddings in 3.2 1B
+for m in 3.1-8b:8030261248 3.1-70b:70553706496 3.2-1b:1235814400; do
+  n=$(plan "$KEEL_SRC/configs/llama${m%%:*}.json" --device h100 --nodes 16 --json | python3 -c "import json,sys; print(json.load(sys.stdin)['model']['n_params'])") || true
+  [ "$n" = "${m##*:}" ] || fail "llama${m%%:*}: $n parameters, Llama ${m%%-*} has ${m##*:}"
+done
+pass "llama3.1-8b/70b and llama3.2-1b have Meta's published parameter counts"
 
 # --- one source: the plan's memory is keel train --dry-run's ------------------------
 for s in full_shard no_shard; do

@@ -10,6 +10,9 @@ Writes what tests/hf/test_hf_parity.c imports and compares against:
   fixtures/hf_tiny/tokens.json    (2, 33) token ids: max_position_embeddings + 1
                                   per row, the (n_seqs, T+1) keel's forward takes
   fixtures/hf_tiny/expected.json  transformers' loss on them
+  fixtures/hf_tiny_llama3/        the same for a Llama 3.x in small: rope_theta
+                                  500000, rope_scaling of type llama3, tied
+                                  embeddings (VARIANTS below)
 
 intermediate_size 96 is below Llama's 8/3 * hidden rule (192 here), so the
 import has to find keel's (multiple_of, ffn_dim_multiplier) for it, and the
@@ -47,6 +50,17 @@ CONFIG = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_l
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
               rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
               attention_bias=False, mlp_bias=False, hidden_act="silu")
+# Llama 3.x in small: rope_theta 500000, Llama 3's rope_scaling, tied embeddings (3.2 1B/3B).
+# original_max_position_embeddings 64 with high_freq_factor 4 and low_freq_factor 1 puts RoPE's
+# wavelengths (2 pi to 2 pi 500000^(7/8) at head size 16; 128 positions, as transformers wants the original
+# context below max_position_embeddings) in all three of its bands: pair 0
+# (6.3 < 64/4) kept, pair 1 (33) blended, pairs 2-7 (> 64) divided by factor.
+VARIANTS = {
+    NAME: CONFIG,
+    "hf_tiny_llama3": dict(CONFIG, rope_theta=500000.0, tie_word_embeddings=True, max_position_embeddings=128,
+                           rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                             high_freq_factor=4.0, original_max_position_embeddings=64)),
+}
 N_SEQS = 2
 WEIGHT_STD = 0.2  # large enough that softmax, SiLU and RMSNorm all bend
 NORM_STD = 0.1    # norm weights ~ N(1, 0.1)
@@ -54,8 +68,8 @@ SEED = 20240917
 MAX_FIXTURE_BYTES = 200_000
 
 
-def build(dtype):
-    cfg = LlamaConfig(**CONFIG)
+def build(dtype, config):
+    cfg = LlamaConfig(**config)
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).to(dtype)
@@ -83,25 +97,26 @@ def hf_loss(model, tokens):
     return out.loss.item(), manual.item()
 
 
-def make(out_root):
-    out = os.path.join(out_root, NAME)
+def make(out_root, name):
+    config = VARIANTS[name]
+    out = os.path.join(out_root, name)
     os.makedirs(out, exist_ok=True)
     for f in os.listdir(out):
         os.remove(os.path.join(out, f))
 
-    model = build(torch.float32)
+    model = build(torch.float32, config)
     randomize(model)
     gen = torch.Generator().manual_seed(SEED + 1)
-    T = CONFIG["max_position_embeddings"]
-    tokens = torch.randint(0, CONFIG["vocab_size"], (N_SEQS, T + 1), generator=gen,
+    T = config["max_position_embeddings"]
+    tokens = torch.randint(0, config["vocab_size"], (N_SEQS, T + 1), generator=gen,
                            dtype=torch.int64)
     loss, manual = hf_loss(model, tokens)
 
-    model64 = build(torch.float64)
+    model64 = build(torch.float64, config)
     model64.load_state_dict(model.state_dict())
     _, loss64 = hf_loss(model64, tokens)  # .loss upcasts logits to float32 only
 
-    bf16 = build(torch.bfloat16)
+    bf16 = build(torch.bfloat16, config)
     bf16.load_state_dict(model.state_dict())
     bf16.save_pretrained(out, safe_serialization=True)
 
@@ -123,19 +138,21 @@ def make(out_root):
         "mean_loss": loss,
         "mean_loss_manual_fp64_xent": manual,
         "mean_loss_fp64_model_fp64_xent": loss64,
+        # RoPE's inverse frequencies as transformers' rotary embedding holds them (float32, exact)
+        "inv_freq": [float(x) for x in model.model.rotary_emb.inv_freq.float()],
     }
     with open(os.path.join(out, "expected.json"), "w") as f:
         json.dump(expected, f, indent=1)
         f.write("\n")
     size = sum(os.path.getsize(os.path.join(out, x)) for x in os.listdir(out))
     n = sum(p.numel() for p in model.parameters())
-    print(f"{NAME}: {n} params, loss {loss:.7f} (manual {manual:.7f}, fp64 model {loss64:.7f}), "
+    print(f"{name}: {n} params, loss {loss:.7f} (manual {manual:.7f}, fp64 model {loss64:.7f}), "
           f"{size} bytes: {sorted(os.listdir(out))}")
     assert size < MAX_FIXTURE_BYTES, size
 
 
-def check_export(path, out_root):
-    with open(os.path.join(out_root, NAME, "tokens.json")) as f:
+def check_export(path, out_root, name=NAME):
+    with open(os.path.join(out_root, name, "tokens.json")) as f:
         tokens = torch.tensor(json.load(f), dtype=torch.int64)
     model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
     loss, manual = hf_loss(model, tokens)
@@ -148,12 +165,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(HERE, "fixtures"))
     ap.add_argument("--check-export", metavar="DIR")
+    ap.add_argument("--variant", choices=sorted(VARIANTS), action="append",
+                    help="the fixture(s) to write (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.check_export:
         check_export(args.check_export, args.out)
     else:
-        make(args.out)
+        for name in args.variant or sorted(VARIANTS):
+            make(args.out, name)
     return 0
 
 
