@@ -18,14 +18,19 @@ KEEL_BUILD_DEPS=(
     libopenblas-pthread-dev  # pin the pthread variant (libopenblas-dev alone may pick openmp/serial)
     libcjson-dev             # JSON configs and checkpoint metadata
     libxxhash-dev            # fast checksums of shards and checkpoints
+    libpcre2-dev             # PCRE2: the regexes of Hugging Face tokenizer.json files
     libdnnl-dev              # oneDNN: the bf16 matmuls of fsdp.mixed_precision
     libmicrohttpd-dev        # the run's HTTP endpoint (/metrics)
     librsvg2-dev             # keel plot --out FILE.png: the plot's SVG drawn by librsvg + cairo
+    zlib1g-dev               # keel data prepare reads .gz inputs as it inflates them (zlib)
+    libzstd-dev              #   and .zst inputs (libzstd's streaming decompression)
     prometheus               # prometheus + promtool: the tests scrape a real run and lint /metrics
     chromium                 # headless: the tests load the dashboard in a real browser
     sentencepiece            # spm_train / spm_encode: train the demo tokenizer, reference encoder
     xxhash                   # xxhsum: tests/train check params_xxh3 against weights.bin
+    zstd                     # the zstd CLI: tests/data/data_prepare_formats.sh writes .zst inputs
     python3                  # tests/lib.sh and the train tests read JSON with python3
+    python3-venv             # tests/data/tokenizer_matches_hf.sh: a venv for Hugging Face tokenizers
     openmpi-bin              # mpirun: keel's ranks (FSDP) and the MPI tests
     libopenmpi-dev           # mpi.h + libmpi for the comm module
     slurmctld                # the tests' local multi-node Slurm cluster (tests/slurm/cluster.sh)

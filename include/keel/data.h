@@ -93,10 +93,25 @@ void keel_data_fetch(keel_data *d, uint64_t step, uint64_t global_batch, uint64_
  * DIR/val-NNNNN.bin and print the token counts of each split, the split and
  * the speed (MB/s of text).
  *
+ * Inputs: files (.jsonl and .json are JSON Lines, anything else text; .gz and
+ * .zst are decompressed as they are read), directories (their .txt, .jsonl
+ * and .json files and the .gz/.zst of those, recursively, in byte-wise sorted
+ * path order) and glob patterns (expanded here, sorted); a pipe is text.
+ *
  * A document is a block of non-blank lines (blank = empty or only spaces,
- * tabs, CRs); each file ends a document. Each line is encoded on its own (as
- * `spm_encode` does) and a document's tokens are BOS + lines + EOS, where BOS
- * and EOS are added only if the tokenizer defines them. A document is cut
+ * tabs, CRs); each file ends a document. In JSON Lines each record (one JSON
+ * object a line) is one document: the string at text_key, split at its "\n"s
+ * into lines handled as a text file's, except that its blank lines do not end
+ * it; a record with no non-blank line is skipped (and counted). So records
+ * holding a text file's documents prepare into the same shards as the text
+ * file. Bad input (a malformed record, a record that is not an object or has
+ * no string at text_key, a truncated or corrupt .gz/.zst, a JSON array, a
+ * directory without inputs, a pattern without a match) is KEEL_ERR_INPUT with
+ * one line naming the file (and line) and the fix; nothing is written.
+ *
+ * Each line is encoded on its own (as `spm_encode` does) and a document's
+ * tokens are BOS + lines + EOS, where BOS and EOS are added only if the
+ * tokenizer defines them. A document is cut
  * into chunks at line ends: a chunk ends after the line that brings it to
  * 65536 tokens or more (BOS in the first chunk, EOS in the last), so a
  * shorter document is one chunk.
@@ -112,7 +127,11 @@ void keel_data_fetch(keel_data *d, uint64_t step, uint64_t global_batch, uint64_
  * split's stream keeps the input order.
  *
  * threads encode lines in blocks in parallel while the caller's thread
- * writes; the files are bit-identical for any thread count.
+ * writes; the files are bit-identical for any thread count. max_tokens stops
+ * the reading at the end of the first document that brings the tokens
+ * written to max_tokens or more. On a terminal, stderr shows the progress
+ * about once a second (documents, MB of the inputs read as stored, MB/s, the
+ * time left).
  * Refuses an out_dir that already holds shards unless force; with force the
  * old shards of both splits are replaced. */
 #define KEEL_PREPARE_MAX_THREADS 256
@@ -126,6 +145,8 @@ typedef struct {
     uint64_t shard_tokens;    /* at most this many tokens per file; 0 = 64 Mi */
     int threads;              /* in [0, KEEL_PREPARE_MAX_THREADS]; 0 = one per online CPU */
     bool force;               /* replace existing shards in out_dir */
+    const char *text_key;     /* JSON Lines: the member holding the text; NULL = "text" */
+    uint64_t max_tokens;      /* stop at a document's end once this many are written; 0 = all */
 } keel_prepare_args;
 keel_status keel_data_prepare(const keel_prepare_args *args);
 

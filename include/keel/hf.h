@@ -21,7 +21,11 @@
  *                           model.safetensors.index.json (a tensor is never
  *                           split; one larger than the limit gets its own file)
  *   tokenizer.model         a copy of the SentencePiece model, when given (its
- *                           vocabulary must match), + tokenizer_config.json
+ *                           vocabulary must match), + tokenizer_config.json;
+ *                           a tokenizer.json is copied as tokenizer.json with
+ *                           the tokenizer_config.json beside it (or a minimal
+ *                           one), and its BOS/EOS (null when it has none) go
+ *                           into config.json
  * out_dir must not exist (it is then written as out_dir.tmp.PID and renamed
  * into place once every file is fsync'd) or be an empty directory (each file
  * is then written as tmp + fsync + rename). Tensors are read from the source

@@ -1,5 +1,6 @@
 /* tokenizer (part of the data module): SentencePiece .model reader and a BPE
- * encoder/decoder with byte fallback that reproduces SentencePiece's ids.
+ * encoder/decoder with byte fallback that reproduces SentencePiece's ids, and
+ * Hugging Face tokenizer.json (BPE) that reproduces the tokenizers library's.
  *
  *     keel_tokenizer *tok;
  *     if (keel_tokenizer_load("tok.model", &tok) != KEEL_OK) return 2;
@@ -23,9 +24,13 @@ typedef struct {
 } keel_ids;
 void keel_ids_free(keel_ids *ids);
 
-/* Load a SentencePiece model file. On bad input (missing, not a ModelProto,
- * truncated, inconsistent vocabulary, or not a BPE model: unigram, word and
- * char models are rejected) prints one line naming the file and what is wrong,
+/* Load a SentencePiece model file, or a Hugging Face tokenizer.json (told
+ * apart by the content: JSON starts with '{'; the tokenizer_config.json
+ * beside it, when there is one, gives BOS and EOS — bos_token / eos_token —
+ * else they are -1). On bad input (missing, not a ModelProto, truncated,
+ * inconsistent vocabulary, or not a BPE model: unigram, word and char models,
+ * WordPiece and Unigram tokenizer.json and components keel does not
+ * reproduce are rejected) prints one line naming the file and what is wrong,
  * sets *out to NULL and returns KEEL_ERR_INPUT. Caller owns *out. A loaded
  * tokenizer is read-only: encode and decode may run on many threads at once. */
 keel_status keel_tokenizer_load(const char *path, keel_tokenizer **out);
@@ -38,16 +43,26 @@ void keel_tokenizer_free(keel_tokenizer *tok);
 int keel_tokenizer_vocab_size(const keel_tokenizer *tok);
 int keel_tokenizer_bos_id(const keel_tokenizer *tok); /* -1 if none */
 int keel_tokenizer_eos_id(const keel_tokenizer *tok); /* -1 if none */
+/* The name Hugging Face gives a file of this kind: "tokenizer.model"
+ * (SentencePiece) or "tokenizer.json" (a string literal). */
+const char *keel_tokenizer_file_name(const keel_tokenizer *tok);
+/* The tokenizer_config.json in the directory of the tokenizer file at path
+ * (a new string: keel_free), or NULL when there is none. */
+char *keel_tokenizer_config_path(const char *path);
 
 /* Encode `len` bytes of UTF-8 text (one line; no newline handling needed by the
  * caller beyond what SentencePiece itself does). Ids are appended to *out
- * after clearing it. Same ids as `spm_encode --output_format=id`. Fails
- * (KEEL_ERR_INPUT, one line) only for a line over 2 GiB once normalized. */
+ * after clearing it. Same ids as `spm_encode --output_format=id`, or for a
+ * tokenizer.json as tokenizers' encode(text, add_special_tokens=False) on the
+ * text read with errors="replace" (special tokens in the text are matched).
+ * Fails (KEEL_ERR_INPUT, one line) only for a line over 2 GiB once
+ * normalized (or a tokenizer.json regex hitting PCRE2's match limit). */
 keel_status keel_tokenizer_encode(const keel_tokenizer *tok, const char *text, size_t len,
                                   keel_ids *out);
 /* Decode ids to text; *text is malloc'd and NUL-terminated, caller frees it
- * (free or keel_free). Same text as `spm_decode --input_format=id`. An id
- * outside [0, vocab) prints one line and returns KEEL_ERR_INPUT. */
+ * (free or keel_free). Same text as `spm_decode --input_format=id` (for a
+ * tokenizer.json: decode(ids, skip_special_tokens=False)). An id outside
+ * [0, vocab) prints one line and returns KEEL_ERR_INPUT. */
 keel_status keel_tokenizer_decode(const keel_tokenizer *tok, const int32_t *ids, size_t n,
                                   char **text);
 /* As keel_tokenizer_decode, and sets *len to the text's length in bytes: the

@@ -145,8 +145,8 @@ static int export_hf(int argc, char **argv) {
     /* the run's tokenizer, unless given or gone */
     if (!tokenizer && cfg.data.tokenizer && access(cfg.data.tokenizer, R_OK) == 0) tokenizer = cfg.data.tokenizer;
     else if (!tokenizer && st == KEEL_OK)
-        keel_log_warn("no tokenizer.model exported: the run's data.tokenizer (%s) is not readable here; "
-                      "pass --tokenizer M", cfg.data.tokenizer ? cfg.data.tokenizer : "none");
+        keel_log_warn("no tokenizer exported (tokenizer.model or tokenizer.json): the run's data.tokenizer (%s) is not readable here; "
+                      "pass --tokenizer FILE", cfg.data.tokenizer ? cfg.data.tokenizer : "none");
     if (st == KEEL_OK)
         st = keel_hf_export(&cfg.model, keel_ckpt_read_params, &ck, tokenizer, out, (int64_t)(max_mb * (1 << 20)));
     if (st == KEEL_OK)

@@ -10,20 +10,30 @@
 #include "keel/data.h"
 
 static const char data_usage[] =
-    "usage: keel data prepare --model TOKENIZER.model --input FILE [FILE ...] --out DIR\n"
+    "usage: keel data prepare --model TOKENIZER.model --input PATH [PATH ...] --out DIR\n"
     "                         [--val-fraction F] [--split-seed S] [--shard-tokens N]\n"
-    "                         [--threads N] [--force]\n"
+    "                         [--text-key KEY] [--max-tokens N] [--threads N] [--force]\n"
     "\n"
-    "Tokenize text files into token shards for `data.path`: DIR/train-00000.bin, ...\n"
-    "and, with --val-fraction, DIR/val-00000.bin, ...\n"
+    "Tokenize text and JSON Lines files into token shards for `data.path`:\n"
+    "DIR/train-00000.bin, ... and, with --val-fraction, DIR/val-00000.bin, ...\n"
     "\n"
-    "A document is a block of non-blank lines; a blank line or the end of a file\n"
-    "ends it. Each line is encoded as spm_encode would, and each document becomes\n"
-    "BOS + its lines' tokens + EOS (BOS/EOS only if the tokenizer defines them).\n"
-    "Prints the tokens of each split, the split with its seed, and MB/s of text.\n"
+    "Inputs: .jsonl and .json files are JSON Lines (one object a line), any other\n"
+    "file is text; .gz and .zst files are decompressed as they are read\n"
+    "(corpus.jsonl.zst, notes.txt.gz). A directory gives its .txt, .jsonl and .json\n"
+    "files and their .gz/.zst, recursively, in sorted path order; a quoted pattern\n"
+    "('shards/*.jsonl.zst') is expanded by keel, sorted. A pipe is read as text.\n"
+    "\n"
+    "In text a document is a block of non-blank lines; a blank line or the end of\n"
+    "a file ends it. In JSON Lines each record is a document: the string at\n"
+    "--text-key, split at its newlines into lines as text is (its blank lines do\n"
+    "not end it); empty records are skipped. Each line is encoded as spm_encode\n"
+    "would, and each document becomes BOS + its lines' tokens + EOS (BOS/EOS only\n"
+    "if the tokenizer defines them). Prints the inputs, the tokens of each split,\n"
+    "the split with its seed, and MB/s of text; on a terminal, the progress.\n"
     "\n"
     "  --model PATH        SentencePiece model (from spm_train)\n"
-    "  --input FILE ...    text files, read in order (repeatable)\n"
+    "  --input PATH ...    files, directories or quoted glob patterns, read in\n"
+    "                      order (repeatable)\n"
     "  --out DIR           output directory; created if missing\n"
     "  --val-fraction F    chance that a document goes to val, in [0, 1) (default 0: no\n"
     "                      val); decided by a seeded hash of the document's text, so the\n"
@@ -32,13 +42,17 @@ static const char data_usage[] =
     "  --split-seed S      seed of that hash, an integer >= 0 (default 0); another seed\n"
     "                      draws another val set\n"
     "  --shard-tokens N    at most N tokens per file (default 67108864)\n"
+    "  --text-key KEY      the key of a JSON Lines record that holds its text\n"
+    "                      (default: text)\n"
+    "  --max-tokens N      stop at the end of the document that brings the tokens\n"
+    "                      written to N or more (default: read every input)\n"
     "  --threads N         threads that encode text (default: one per CPU); the files\n"
     "                      are the same for any N\n"
     "  --force             replace the shards already in DIR (default: refuse)\n"
     "  --help              show this text\n";
 
 enum { OPT_MODEL = 256, OPT_INPUT, OPT_OUT, OPT_VAL_FRACTION, OPT_SHARD_TOKENS, OPT_FORCE,
-       OPT_HELP, OPT_SPLIT_SEED, OPT_THREADS };
+       OPT_HELP, OPT_SPLIT_SEED, OPT_THREADS, OPT_TEXT_KEY, OPT_MAX_TOKENS };
 
 static const struct option prepare_options[] = {
     {"model", required_argument, NULL, OPT_MODEL},
@@ -48,6 +62,8 @@ static const struct option prepare_options[] = {
     {"shard-tokens", required_argument, NULL, OPT_SHARD_TOKENS},
     {"split-seed", required_argument, NULL, OPT_SPLIT_SEED},
     {"threads", required_argument, NULL, OPT_THREADS},
+    {"text-key", required_argument, NULL, OPT_TEXT_KEY},
+    {"max-tokens", required_argument, NULL, OPT_MAX_TOKENS},
     {"force", no_argument, NULL, OPT_FORCE},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
@@ -115,6 +131,11 @@ static int cmd_prepare(int argc, char **argv) {
             exit_code = usage_error(what, arg);
             break;
         }
+        case OPT_TEXT_KEY: args.text_key = arg; break;
+        case OPT_MAX_TOKENS:
+            if (!parse_count(arg, &args.max_tokens))
+                exit_code = usage_error("--max-tokens needs a positive integer, not", arg);
+            break;
         case OPT_FORCE: args.force = true; break;
         case OPT_HELP:
             fputs(data_usage, stdout);

@@ -1,5 +1,5 @@
-/* data/prepare.c: `keel data prepare` — text files to train/val token shards.
- * The document, BOS/EOS and split rules are stated in keel/data.h. */
+/* data/prepare.c: `keel data prepare` — text and JSON Lines files to train/val
+ * token shards. The document, BOS/EOS and split rules are stated in keel/data.h. */
 #include "keel/data.h"
 
 #include <dirent.h>
@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "data/inputs.h"
 #include "data/textblocks.h"
 
 #define DEFAULT_SHARD_TOKENS (64ull << 20)
@@ -102,6 +103,8 @@ typedef struct {
     XXH3_state_t *hash;    /* of the chunk's text, seeded with split_seed */
     bool in_document;
     uint64_t n_documents, n_chunks, n_val_chunks;
+    uint64_t max_tokens; /* 0: no cap */
+    bool capped;         /* max_tokens reached at a document's end: stop reading */
 } preparer;
 
 /* A chunk goes to val when its hash, as a fraction of 2^64, is below
@@ -129,7 +132,9 @@ static keel_status end_chunk(preparer *p) {
 static keel_status end_document(preparer *p) {
     p->in_document = false;
     if (p->eos_id >= 0) tokbuf_append(&p->chunk, &p->eos_id, 1);
-    return end_chunk(p);
+    keel_status st = end_chunk(p);
+    if (p->max_tokens && p->train.n_tokens + p->val.n_tokens >= p->max_tokens) p->capped = true;
+    return st;
 }
 
 /* One line of the input: a blank line ends a document, any other joins it.
@@ -154,19 +159,80 @@ static keel_status add_line(preparer *p, const text_block *b, const text_line *l
     return KEEL_OK;
 }
 
-/* Every input, in order, through add_line; the end of a file ends a document. */
-static keel_status add_inputs(preparer *p, const keel_prepare_args *a, int threads,
-                              uint64_t *text_bytes) {
-    textblocks *tb;
-    keel_status st = textblocks_open(p->tok, a->inputs, a->n_inputs, threads, &tb);
-    if (st != KEEL_OK) return st;
-    const text_block *b;
-    while ((st = textblocks_next(tb, &b)) == KEEL_OK && b) {
-        for (size_t i = 0; i < b->n_lines && st == KEEL_OK; i++) st = add_line(p, b, &b->lines[i]);
-        if (st == KEEL_OK && b->ends_input && p->in_document) st = end_document(p);
-        if (st != KEEL_OK) break;
+/* ---- progress on a terminal ------------------------------------------------ */
+
+typedef struct {
+    bool on; /* stderr is a terminal */
+    double t0_s, last_s;
+    uint64_t total_bytes; /* the inputs' size as stored; 0 when a pipe makes it unknown */
+    bool shown;           /* a line is on the screen */
+} progress;
+
+static void progress_init(progress *pr, const input_list *inputs) {
+    *pr = (progress){.on = isatty(STDERR_FILENO) == 1, .t0_s = keel_now_s()};
+    pr->last_s = pr->t0_s;
+    if (inputs->all_sized) pr->total_bytes = inputs->total_bytes;
+}
+
+/* About once a second: documents, MB read of the inputs as stored (so a
+ * compressed input counts as read), MB/s and the time left at that pace. */
+static void progress_show(progress *pr, uint64_t n_documents, uint64_t raw_bytes) {
+    double now = keel_now_s();
+    if (!pr->on || now - pr->last_s < 1.0) return;
+    pr->last_s = now;
+    double mb = (double)raw_bytes / 1e6, rate = mb / (now - pr->t0_s);
+    char of[32] = "", eta[48] = "";
+    if (pr->total_bytes) {
+        snprintf(of, sizeof of, " of %.1f", (double)pr->total_bytes / 1e6);
+        if (rate > 0 && raw_bytes <= pr->total_bytes) {
+            uint64_t left_s = (uint64_t)(((double)pr->total_bytes / 1e6 - mb) / rate + 0.5);
+            snprintf(eta, sizeof eta, ", %" PRIu64 ":%02" PRIu64 ":%02" PRIu64 " left",
+                     left_s / 3600, left_s / 60 % 60, left_s % 60);
+        }
     }
-    *text_bytes = textblocks_bytes_read(tb);
+    fprintf(stderr, "\r\033[Kprepare: %" PRIu64 " documents, %.1f%s MB read, %.1f MB/s%s",
+            n_documents, mb, of, rate, eta);
+    fflush(stderr);
+    pr->shown = true;
+}
+
+/* Take the line off the screen before anything else is printed. */
+static void progress_clear(progress *pr) {
+    if (!pr->shown) return;
+    fputs("\r\033[K", stderr);
+    fflush(stderr);
+    pr->shown = false;
+}
+
+/* ---- the inputs ------------------------------------------------------------ */
+
+typedef struct {
+    uint64_t text_bytes;        /* text read (decompressed) */
+    uint64_t n_records, n_empty_records;
+} input_stats;
+
+/* Every input, in order, through add_line; the end of a file ends a document.
+ * With a cap, stops at the end of the document that reaches it. */
+static keel_status add_inputs(preparer *p, const keel_prepare_args *a, const input_list *inputs,
+                              int threads, input_stats *stats) {
+    textblocks *tb;
+    const char *text_key = a->text_key ? a->text_key : "text";
+    keel_status st = textblocks_open(p->tok, inputs->files, inputs->n_files, text_key, threads, &tb);
+    if (st != KEEL_OK) return st;
+    progress pr;
+    progress_init(&pr, inputs);
+    const text_block *b;
+    while (!p->capped && (st = textblocks_next(tb, &b)) == KEEL_OK && b) {
+        for (size_t i = 0; i < b->n_lines && st == KEEL_OK && !p->capped; i++)
+            st = add_line(p, b, &b->lines[i]);
+        if (st == KEEL_OK && !p->capped && b->ends_input && p->in_document) st = end_document(p);
+        if (st != KEEL_OK) break;
+        progress_show(&pr, p->n_documents, textblocks_raw_bytes_read(tb));
+    }
+    progress_clear(&pr);
+    if (st != KEEL_OK && textblocks_error(tb)[0]) keel_errorf("%s", textblocks_error(tb));
+    stats->text_bytes = textblocks_bytes_read(tb);
+    stats->n_records = textblocks_records(tb, &stats->n_empty_records);
     textblocks_close(tb);
     return st;
 }
@@ -317,16 +383,9 @@ static keel_status check_args(const keel_prepare_args *a) {
                     a->val_fraction);
         return KEEL_ERR_INPUT;
     }
-    for (int i = 0; i < a->n_inputs; i++) {
-        struct stat st;
-        if (stat(a->inputs[i], &st) != 0) {
-            keel_errorf("data prepare: input %s: %s", a->inputs[i], strerror(errno));
-            return KEEL_ERR_INPUT;
-        }
-        if (S_ISDIR(st.st_mode)) {
-            keel_errorf("data prepare: input %s is a directory; give text files", a->inputs[i]);
-            return KEEL_ERR_INPUT;
-        }
+    if (a->text_key && !a->text_key[0]) {
+        keel_errorf("data prepare: --text-key is empty; name the JSON key that holds the text");
+        return KEEL_ERR_INPUT;
     }
     return KEEL_OK;
 }
@@ -336,8 +395,36 @@ static void print_split(const split_writer *w) {
            w->n_files == 1 ? "" : "s");
 }
 
-static void print_summary(const preparer *p, const keel_prepare_args *a, int threads,
-                          uint64_t text_bytes, double seconds) {
+/* "inputs: 5 files: 4 JSON Lines, 1 text; 4 zstd, 1 gzip; 2 other files in directories ignored" */
+static void print_inputs(const input_list *inputs) {
+    uint64_t n_json = 0, n_gzip = 0, n_zstd = 0, n = inputs->n_files;
+    for (size_t i = 0; i < inputs->n_files; i++) {
+        n_json += inputs->files[i].format == INPUT_JSONL;
+        n_gzip += inputs->files[i].compression == INSTREAM_GZIP;
+        n_zstd += inputs->files[i].compression == INSTREAM_ZSTD;
+    }
+    printf("inputs: %" PRIu64 " file%s:", n, n == 1 ? "" : "s");
+    if (n_json) printf(" %" PRIu64 " JSON Lines%s", n_json, n_json < n ? "," : "");
+    if (n_json < n) printf(" %" PRIu64 " text", n - n_json);
+    if (n_zstd) printf("; %" PRIu64 " zstd", n_zstd);
+    if (n_gzip) printf("%s %" PRIu64 " gzip", n_zstd ? "," : ";", n_gzip);
+    if (inputs->n_ignored)
+        printf("; %" PRIu64 " other file%s in directories ignored", inputs->n_ignored,
+               inputs->n_ignored == 1 ? "" : "s");
+    printf("\n");
+}
+
+static void print_summary(const preparer *p, const keel_prepare_args *a, const input_list *inputs,
+                          int threads, const input_stats *stats, double seconds) {
+    uint64_t text_bytes = stats->text_bytes;
+    print_inputs(inputs);
+    if (stats->n_records)
+        printf("records: %" PRIu64 " JSON records, %" PRIu64 " of them empty (skipped)\n",
+               stats->n_records, stats->n_empty_records);
+    if (p->capped)
+        printf("cap: --max-tokens %" PRIu64 " reached at the end of a document (%" PRIu64
+               " tokens); the rest of the inputs was not read\n",
+               p->max_tokens, p->train.n_tokens + p->val.n_tokens);
     print_split(&p->train);
     print_split(&p->val);
     printf("total: %" PRIu64 " tokens from %" PRIu64 " documents in %s\n",
@@ -350,14 +437,14 @@ static void print_summary(const preparer *p, const keel_prepare_args *a, int thr
            seconds > 0 ? mb / seconds : 0.0, threads, threads == 1 ? "" : "s");
     if (a->val_fraction > 0 && p->val.n_tokens == 0)
         keel_log_warn("--val-fraction %g gave no val tokens: the inputs hold too few "
-                      "documents (blocks separated by blank lines)",
+                      "documents (text blocks between blank lines, or JSON records)",
                       a->val_fraction);
 }
 
 /* Tokenize every input into the splits and write the last files. */
-static keel_status run(preparer *p, const keel_prepare_args *a, int threads,
-                       uint64_t *text_bytes) {
-    keel_status st = add_inputs(p, a, threads, text_bytes);
+static keel_status run(preparer *p, const keel_prepare_args *a, const input_list *inputs,
+                       int threads, input_stats *stats) {
+    keel_status st = add_inputs(p, a, inputs, threads, stats);
     if (st == KEEL_OK) st = flush_file(&p->train);
     if (st == KEEL_OK) st = flush_file(&p->val);
     if (st != KEEL_OK) return st;
@@ -366,7 +453,7 @@ static keel_status run(preparer *p, const keel_prepare_args *a, int threads,
             keel_errorf("data prepare: the inputs hold no text; nothing written");
         else
             keel_errorf("data prepare: all %" PRIu64 " tokens went to val; lower --val-fraction, "
-                        "change --split-seed or give more documents (blank-line separated)",
+                        "change --split-seed or give more documents",
                         p->val.n_tokens);
         return KEEL_ERR_INPUT;
     }
@@ -383,9 +470,15 @@ static int resolve_threads(int threads) {
 keel_status keel_data_prepare(const keel_prepare_args *a) {
     keel_status st = check_args(a);
     if (st != KEEL_OK) return st;
+    input_list inputs;
+    st = input_list_resolve(a->inputs, a->n_inputs, &inputs);
+    if (st != KEEL_OK) return st;
     keel_tokenizer *tok;
     st = keel_tokenizer_load(a->model_path, &tok);
-    if (st != KEEL_OK) return st;
+    if (st != KEEL_OK) {
+        input_list_free(&inputs);
+        return st;
+    }
     char created[PATH_MAX], stage[PATH_MAX] = "";
     st = make_dirs(a->out_dir, created);
     if (st == KEEL_OK && !a->force) st = scan_old_shards(a->out_dir, false, 0, 0);
@@ -393,6 +486,7 @@ keel_status keel_data_prepare(const keel_prepare_args *a) {
     if (st != KEEL_OK) {
         remove_created_dirs(a->out_dir, created);
         keel_tokenizer_free(tok);
+        input_list_free(&inputs);
         return st;
     }
 
@@ -409,13 +503,14 @@ keel_status keel_data_prepare(const keel_prepare_args *a) {
         .val = {.name = "val", .dir = stage, .vocab_size = vocab_size,
                 .shard_tokens = shard_tokens},
         .hash = XXH3_createState(),
+        .max_tokens = a->max_tokens,
     };
     KEEL_CHECK(p.hash != NULL, "out of memory for the XXH3 state");
     XXH3_64bits_reset_withSeed(p.hash, p.split_seed);
     int threads = resolve_threads(a->threads);
-    uint64_t text_bytes = 0;
+    input_stats stats = {0};
     double t0 = keel_now_s();
-    st = run(&p, a, threads, &text_bytes);
+    st = run(&p, a, &inputs, threads, &stats);
     double seconds = keel_now_s() - t0;
     if (st == KEEL_OK) st = publish(&p.train, a->out_dir);
     if (st == KEEL_OK) st = publish(&p.val, a->out_dir);
@@ -424,12 +519,13 @@ keel_status keel_data_prepare(const keel_prepare_args *a) {
     remove_written(&p.train); /* what is left in the stage: all of it after a failure */
     remove_written(&p.val);
     rmdir(stage);
-    if (st == KEEL_OK) print_summary(&p, a, threads, text_bytes, seconds);
+    if (st == KEEL_OK) print_summary(&p, a, &inputs, threads, &stats, seconds);
     else remove_created_dirs(a->out_dir, created);
     keel_free(p.train.pending.v);
     keel_free(p.val.pending.v);
     keel_free(p.chunk.v);
     XXH3_freeState(p.hash);
     keel_tokenizer_free(tok);
+    input_list_free(&inputs);
     return st;
 }

@@ -1,9 +1,12 @@
 /* data/textblocks.h: the text side of `keel data prepare` — input files read
- * in blocks of whole lines whose lines are encoded on a pool of threads and
- * handed back in input order. Internal to the data module (prepare.c).
+ * (decompressed where they are .gz or .zst) in blocks of whole lines whose
+ * lines are encoded on a pool of threads and handed back in input order. A
+ * text file's lines are the lines of the file; a JSON Lines file's are the
+ * lines of each record's text followed by a blank line that ends its
+ * document. Internal to the data module (prepare.c).
  *
  *     textblocks *tb;
- *     if (textblocks_open(tok, inputs, n_inputs, threads, &tb) != KEEL_OK) return ...;
+ *     if (textblocks_open(tok, inputs, n_inputs, "text", threads, &tb) != KEEL_OK) return ...;
  *     const text_block *b;
  *     while ((st = textblocks_next(tb, &b)) == KEEL_OK && b) {
  *         for (size_t i = 0; i < b->n_lines; i++) use(b->text + b->lines[i].start, ...);
@@ -13,6 +16,7 @@
 #ifndef KEEL_DATA_TEXTBLOCKS_H
 #define KEEL_DATA_TEXTBLOCKS_H
 
+#include "data/inputs.h"
 #include "keel/tokenizer.h"
 
 /* One line of a block. Its text is text[start, start + len): the line without
@@ -27,7 +31,11 @@ typedef struct {
 
 /* Whole lines of one input file, in order. Blocks never span two files; the
  * last block of a file has ends_input set (its end ends a document) and may
- * hold no lines at all. */
+ * hold no lines at all. In a JSON Lines file each record's text is split at
+ * its "\n"s into lines as a text file's are; its blank lines are left out
+ * (they do not end its document) and a blank line follows its last line (the
+ * record's end ends the document); a record whose text has no line that is
+ * not blank gives no lines at all (an empty record). */
 typedef struct {
     const char *text;
     const text_line *lines;
@@ -38,19 +46,36 @@ typedef struct {
 
 typedef struct textblocks textblocks;
 
-/* Start reading `inputs` (in order; the array and tok must outlive *out) with
- * n_threads >= 1 threads encoding: the caller's own thread (inside
- * textblocks_next) and n_threads - 1 workers. The blocks and their ids do not
+/* Start reading `inputs` (in order; the array, text_key and tok must outlive
+ * *out) with n_threads >= 1 threads encoding: the caller's own thread (inside
+ * textblocks_next) and n_threads - 1 workers. text_key names the member of a
+ * JSON Lines record that holds its text. The blocks and their ids do not
  * depend on n_threads. Returns KEEL_ERR_IO with one line if a thread cannot
  * start. The caller owns *out (textblocks_close). */
-keel_status textblocks_open(const keel_tokenizer *tok, const char *const *inputs, int n_inputs,
-                            int n_threads, textblocks **out);
+keel_status textblocks_open(const keel_tokenizer *tok, const prepare_input *inputs,
+                            size_t n_inputs, const char *text_key, int n_threads,
+                            textblocks **out);
 /* The next block in input order in *out, valid until the next call or
- * textblocks_close; *out = NULL after the last one. A file that cannot be
- * opened or read prints one line naming it (KEEL_ERR_INPUT or KEEL_ERR_IO). */
+ * textblocks_close; *out = NULL after the last one. Bad input fails when the
+ * reading comes to it in order, whatever the thread count, with one line in
+ * textblocks_error (not printed: the caller prints it) naming the file, and
+ * the line where there is one: a file that cannot be opened or read
+ * (KEEL_ERR_INPUT or KEEL_ERR_IO), a truncated or corrupt .gz or .zst, a JSON
+ * Lines file that holds an array, a record that is malformed, not an object,
+ * without a string at text_key, or of JSONL_MAX_RECORD_BYTES or more
+ * (KEEL_ERR_INPUT). */
 keel_status textblocks_next(textblocks *tb, const text_block **out);
-/* Bytes of text read so far. */
+/* The line that says why textblocks_next failed ("" when the failure printed
+ * its own, or none). */
+const char *textblocks_error(const textblocks *tb);
+/* Bytes of text (decompressed) in the blocks handed out so far. */
 uint64_t textblocks_bytes_read(const textblocks *tb);
+/* Bytes of the input files as stored (compressed) read so far, read-ahead
+ * included: the progress through the inputs' on-disk size. */
+uint64_t textblocks_raw_bytes_read(const textblocks *tb);
+/* JSON Lines records in the blocks handed out so far, and how many of them
+ * were empty (no document). */
+uint64_t textblocks_records(const textblocks *tb, uint64_t *n_empty);
 /* Stop the workers and free everything (also in the middle of the input). */
 void textblocks_close(textblocks *tb);
 

@@ -29,7 +29,10 @@
  * tests/data/tokenizer_matches_spm.sh checks all this against the spm tools.
  * Not supported (rejected at load with a message): unigram, word and char
  * models. Sampling / BPE-dropout and extra options (bos/eos/reverse) are not
- * offered; callers add BOS/EOS ids themselves. */
+ * offered; callers add BOS/EOS ids themselves.
+ *
+ * A file that is JSON (a Hugging Face tokenizer.json) is handed to
+ * tokenizer_hf.c whole; every public function below then dispatches to it. */
 #include "keel/tokenizer.h"
 
 #include <errno.h>
@@ -39,6 +42,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
+
+#include "data/tokenizer_hf.h"
 
 /* ---- model representation ------------------------------------------------ */
 
@@ -81,6 +86,7 @@ typedef struct {
 } norm_spec;
 
 struct keel_tokenizer {
+    tokenizer_hf *hf;       /* a tokenizer.json: everything else is unused */
     char *path;             /* for messages */
     uint8_t *file;          /* the whole .model file; pieces point into it */
     piece *pieces;          /* (V) */
@@ -897,21 +903,64 @@ static keel_status load_owned(char *file, size_t len, const char *name, keel_tok
     return KEEL_OK;
 }
 
+/* A tokenizer.json in json[0, len) (taken over) with its tokenizer_config.json
+ * (config, may be NULL; taken over). */
+static keel_status load_hf(char *json, size_t len, const char *name, char *config, size_t config_len,
+                           const char *config_name, keel_tokenizer **out) {
+    tokenizer_hf *hf;
+    keel_status st = tokenizer_hf_parse(json, len, name, config, config_len, config_name, &hf);
+    keel_free(json);
+    keel_free(config);
+    if (st != KEEL_OK) return st;
+    keel_tokenizer *tok = keel_xcalloc(sizeof *tok, "tokenizer");
+    tok->hf = hf;
+    tok->path = keel_xstrdup(name);
+    *out = tok;
+    return KEEL_OK;
+}
+
+char *keel_tokenizer_config_path(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? keel_xstrdup(path) : keel_xstrdup(".");
+    if (slash) dir[slash - path + (slash == path)] = '\0';
+    char *config = keel_path_join(dir, "tokenizer_config.json");
+    keel_free(dir);
+    if (keel_path_exists(config)) return config;
+    keel_free(config);
+    return NULL;
+}
+
 keel_status keel_tokenizer_load(const char *path, keel_tokenizer **out) {
     *out = NULL;
-    size_t len;
-    char *file, why[160];
+    size_t len, config_len = 0;
+    char *file, *config = NULL, why[160];
     if (keel_read_regular(path, MAX_MODEL_BYTES, &file, &len, why, sizeof why) != KEEL_OK) {
-        keel_errorf("cannot read tokenizer model %s: %s; pass the path of a SentencePiece "
-                    ".model file", path, why);
+        keel_errorf("cannot read tokenizer %s: %s; pass the path of a SentencePiece .model or a "
+                    "Hugging Face tokenizer.json", path, why);
         return KEEL_ERR_INPUT;
     }
-    return load_owned(file, len, path, out);
+    if (!tokenizer_hf_is_json(file, len)) return load_owned(file, len, path, out);
+    char *config_path = keel_tokenizer_config_path(path);
+    if (config_path &&
+        keel_read_regular(config_path, MAX_MODEL_BYTES, &config, &config_len, why, sizeof why) != KEEL_OK) {
+        keel_errorf("cannot read %s (beside tokenizer %s): %s", config_path, path, why);
+        keel_free(config_path);
+        keel_free(file);
+        return KEEL_ERR_INPUT;
+    }
+    keel_status st = load_hf(file, len, path, config, config_len, config_path, out);
+    keel_free(config_path);
+    return st;
 }
 
 keel_status keel_tokenizer_load_buffer(const void *bytes, size_t len, const char *name,
                                        keel_tokenizer **out) {
     *out = NULL;
+    if (tokenizer_hf_is_json(bytes, len)) {
+        char *json = keel_xmalloc(len ? len : 1, "tokenizer.json");
+        if (len) memcpy(json, bytes, len);
+        return load_hf(json, len, name, NULL, 0, NULL, out);
+    }
     char *copy = keel_xmalloc(len ? len : 1, "tokenizer model");
     if (len) memcpy(copy, bytes, len);
     return load_owned(copy, len, name, out);
@@ -919,6 +968,7 @@ keel_status keel_tokenizer_load_buffer(const void *bytes, size_t len, const char
 
 void keel_tokenizer_free(keel_tokenizer *tok) {
     if (!tok) return;
+    tokenizer_hf_free(tok->hf);
     keel_free(tok->path);
     keel_free(tok->file);
     keel_free(tok->pieces);
@@ -930,15 +980,25 @@ void keel_tokenizer_free(keel_tokenizer *tok) {
     keel_free(tok);
 }
 
-int keel_tokenizer_vocab_size(const keel_tokenizer *tok) { return tok->n_pieces; }
-int keel_tokenizer_bos_id(const keel_tokenizer *tok) { return tok->bos_id; }
-int keel_tokenizer_eos_id(const keel_tokenizer *tok) { return tok->eos_id; }
+int keel_tokenizer_vocab_size(const keel_tokenizer *tok) {
+    return tok->hf ? tokenizer_hf_vocab_size(tok->hf) : tok->n_pieces;
+}
+int keel_tokenizer_bos_id(const keel_tokenizer *tok) {
+    return tok->hf ? tokenizer_hf_bos_id(tok->hf) : tok->bos_id;
+}
+int keel_tokenizer_eos_id(const keel_tokenizer *tok) {
+    return tok->hf ? tokenizer_hf_eos_id(tok->hf) : tok->eos_id;
+}
+const char *keel_tokenizer_file_name(const keel_tokenizer *tok) {
+    return tok->hf ? "tokenizer.json" : "tokenizer.model";
+}
 
 /* ---- public encode / decode ---------------------------------------------- */
 
 keel_status keel_tokenizer_encode(const keel_tokenizer *tok, const char *text, size_t len,
                                   keel_ids *out) {
     out->n = 0;
+    if (tok->hf) return tokenizer_hf_encode(tok->hf, text, len, out);
     strbuf normalized = {0};
     normalize(tok, &tok->normalizer, true, tok->ws_as_suffix, text, len, &normalized);
     keel_status st = KEEL_OK;
@@ -1013,13 +1073,15 @@ keel_status keel_tokenizer_decode_len(const keel_tokenizer *tok, const int32_t *
                                       char **text, size_t *len) {
     *text = NULL;
     *len = 0;
+    int vocab = keel_tokenizer_vocab_size(tok);
     for (size_t i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= tok->n_pieces) {
+        if (ids[i] < 0 || ids[i] >= vocab) {
             keel_errorf("token id %d is out of range for tokenizer %s (vocab %d); ids must be "
-                        "in [0, %d)", ids[i], tok->path, tok->n_pieces, tok->n_pieces);
+                        "in [0, %d)", ids[i], tok->path, vocab, vocab);
             return KEEL_ERR_INPUT;
         }
     }
+    if (tok->hf) return tokenizer_hf_decode(tok->hf, ids, n, text, len);
     strbuf out = {0};
     size_t byte_start = 0;
     bool strip_space = true, space_stripped = false;

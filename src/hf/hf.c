@@ -122,8 +122,10 @@ static keel_status write_config(export_ctx *x, const keel_model_layout *lay, int
     cJSON_AddItemToArray(arch, cJSON_CreateString("LlamaForCausalLM"));
     cJSON_AddBoolToObject(j, "attention_bias", false);
     cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
-    cJSON_AddNumberToObject(j, "bos_token_id", bos);
-    cJSON_AddNumberToObject(j, "eos_token_id", eos);
+    if (bos >= 0) cJSON_AddNumberToObject(j, "bos_token_id", bos);
+    else cJSON_AddNullToObject(j, "bos_token_id");
+    if (eos >= 0) cJSON_AddNumberToObject(j, "eos_token_id", eos);
+    else cJSON_AddNullToObject(j, "eos_token_id");
     cJSON_AddNumberToObject(j, "head_dim", lay->HS);
     cJSON_AddStringToObject(j, "hidden_act", "silu");
     cJSON_AddNumberToObject(j, "hidden_size", lay->C);
@@ -137,7 +139,17 @@ static keel_status write_config(export_ctx *x, const keel_model_layout *lay, int
     cJSON_AddNumberToObject(j, "num_key_value_heads", lay->NKV);
     cJSON_AddNumberToObject(j, "pretraining_tp", 1);
     cJSON_AddNumberToObject(j, "rms_norm_eps", c->norm_eps);
-    cJSON_AddNullToObject(j, "rope_scaling");
+    if (c->rope_scaling.on) { /* as Llama 3.1's config.json spells it */
+        cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
+        cJSON_AddNumberToObject(rs, "factor", c->rope_scaling.factor);
+        cJSON_AddNumberToObject(rs, "high_freq_factor", c->rope_scaling.high_freq_factor);
+        cJSON_AddNumberToObject(rs, "low_freq_factor", c->rope_scaling.low_freq_factor);
+        cJSON_AddNumberToObject(rs, "original_max_position_embeddings",
+                                c->rope_scaling.original_max_position_embeddings);
+        cJSON_AddStringToObject(rs, "rope_type", "llama3");
+    } else {
+        cJSON_AddNullToObject(j, "rope_scaling");
+    }
     cJSON_AddNumberToObject(j, "rope_theta", c->rope_theta);
     cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tie_embeddings);
     cJSON_AddStringToObject(j, "torch_dtype", "float32");
@@ -165,17 +177,36 @@ static keel_status write_config(export_ctx *x, const keel_model_layout *lay, int
     return st;
 }
 
-static keel_status copy_tokenizer(export_ctx *x, const char *src, const keel_model_layout *lay) {
+static keel_status copy_file(export_ctx *x, const char *src, const char *name) {
     char *data;
     size_t bytes;
     if (keel_read_file_quiet(src, 0, &data, &bytes) != KEEL_OK) {
         keel_errorf("%s: cannot read tokenizer: %s", src, strerror(errno));
         return KEEL_ERR_INPUT;
     }
-    keel_status st = export_write(x, "tokenizer.model", data, bytes);
+    keel_status st = export_write(x, name, data, bytes);
     keel_free(data);
+    return st;
+}
+
+/* The tokenizer under the name Hugging Face gives it (file_name: tokenizer.model or
+ * tokenizer.json) and a tokenizer_config.json: for a tokenizer.json the one beside it (it names
+ * BOS and EOS) or, when it has none, a minimal one. */
+static keel_status copy_tokenizer(export_ctx *x, const char *src, const char *file_name,
+                                  const keel_model_layout *lay) {
+    keel_status st = copy_file(x, src, file_name);
     if (st != KEEL_OK) return st;
     char json[256];
+    if (strcmp(file_name, "tokenizer.json") == 0) {
+        char *config = keel_tokenizer_config_path(src);
+        if (config) st = copy_file(x, config, "tokenizer_config.json");
+        keel_free(config);
+        if (config) return st;
+        int n = snprintf(json, sizeof json,
+                         "{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\",\n  \"model_max_length\": %d\n}\n",
+                         lay->T);
+        return export_write(x, "tokenizer_config.json", json, (size_t)n);
+    }
     int n = snprintf(json, sizeof json,
                      "{\n  \"tokenizer_class\": \"LlamaTokenizer\",\n  \"add_bos_token\": true,\n"
                      "  \"add_eos_token\": false,\n  \"model_max_length\": %d\n}\n",
@@ -215,8 +246,8 @@ static int out_dir_state(const char *out_dir) {
  * canonical order, split by max_shard_bytes) and their index, the tokenizer,
  * config.json. *n_files counts the safetensors files. */
 static keel_status write_export(export_ctx *x, const keel_model_layout *lay, keel_param_source read, void *ctx,
-                                int64_t max_shard_bytes, const char *tokenizer_model_path, int bos,
-                                int eos, int *n_files) {
+                                int64_t max_shard_bytes, const char *tokenizer_model_path,
+                                const char *tokenizer_file, int bos, int eos, int *n_files) {
     safetensors_tensor *t = keel_xmalloc(sizeof *t * (size_t)lay->n_tensors, "tensor list");
     int *file_of = keel_xmalloc(sizeof(int) * (size_t)lay->n_tensors, "shard map");
     int64_t largest = 0;
@@ -242,7 +273,7 @@ static keel_status write_export(export_ctx *x, const keel_model_layout *lay, kee
         st = export_write(x, SAFETENSORS_INDEX, index, len);
         keel_free(index);
     }
-    if (st == KEEL_OK && tokenizer_model_path) st = copy_tokenizer(x, tokenizer_model_path, lay);
+    if (st == KEEL_OK && tokenizer_model_path) st = copy_tokenizer(x, tokenizer_model_path, tokenizer_file, lay);
     if (st == KEEL_OK) st = write_config(x, lay, bos, eos);
     keel_free(buf);
     keel_free(file_of);
@@ -260,6 +291,7 @@ keel_status keel_hf_export(const keel_model_config *cfg, keel_param_source read,
     keel_model_layout lay;
     keel_model_layout_init(&lay, cfg);
     int bos = 1, eos = 2;
+    const char *tokenizer_file = "tokenizer.model";
     if (tokenizer_model_path) {
         keel_tokenizer *tok;
         if (keel_tokenizer_load(tokenizer_model_path, &tok) != KEEL_OK) {
@@ -267,8 +299,10 @@ keel_status keel_hf_export(const keel_model_config *cfg, keel_param_source read,
             return KEEL_ERR_INPUT;
         }
         int tv = keel_tokenizer_vocab_size(tok);
-        if (keel_tokenizer_bos_id(tok) >= 0) bos = keel_tokenizer_bos_id(tok);
-        if (keel_tokenizer_eos_id(tok) >= 0) eos = keel_tokenizer_eos_id(tok);
+        tokenizer_file = keel_tokenizer_file_name(tok); /* a string literal: outlives tok */
+        bool json = strcmp(tokenizer_file, "tokenizer.json") == 0; /* its BOS/EOS, -1 (null) included */
+        if (json || keel_tokenizer_bos_id(tok) >= 0) bos = keel_tokenizer_bos_id(tok);
+        if (json || keel_tokenizer_eos_id(tok) >= 0) eos = keel_tokenizer_eos_id(tok);
         keel_tokenizer_free(tok);
         if (tv != lay.V) {
             keel_errorf("%s: tokenizer has %d pieces but the model's vocab_size is %d; export with "
@@ -306,7 +340,7 @@ keel_status keel_hf_export(const keel_model_config *cfg, keel_param_source read,
     }
 
     int n_files = 0;
-    keel_status st = write_export(&x, &lay, read, ctx, max_shard_bytes, tokenizer_model_path, bos, eos,
+    keel_status st = write_export(&x, &lay, read, ctx, max_shard_bytes, tokenizer_model_path, tokenizer_file, bos, eos,
                                   &n_files);
     /* Every file is durable in x.dir; a staged export then moves into place. */
     if (st == KEEL_OK) st = staged ? keel_commit_dir(x.dir, out) : keel_fsync_dir(x.dir);
@@ -374,8 +408,20 @@ static bool json_bool_is(const cJSON *root, const char *path, const char *key, b
     return true;
 }
 
-/* rope_scaling (transformers 4) or rope_parameters (5): only the default. */
-static bool rope_ok(const cJSON *root, const char *path, double *theta) {
+/* A number the rope_scaling object must have. */
+static bool rope_number(const cJSON *r, const char *path, const char *section, const char *key, double *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r, key);
+    if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || !isfinite(v->valuedouble)) {
+        keel_errorf("%s: \"%s\" of type llama3 needs \"%s\" as a positive number", path, section, key);
+        return false;
+    }
+    *out = v->valuedouble;
+    return true;
+}
+
+/* rope_scaling (transformers 4) or rope_parameters (5): default RoPE, or
+ * Llama 3's scaling (type llama3) into *scaling. */
+static bool rope_ok(const cJSON *root, const char *path, double *theta, keel_rope_scaling *scaling) {
     const char *keys[] = {"rope_scaling", "rope_parameters"};
     for (int i = 0; i < 2; i++) {
         const cJSON *r = cJSON_GetObjectItemCaseSensitive(root, keys[i]);
@@ -386,13 +432,29 @@ static bool rope_ok(const cJSON *root, const char *path, double *theta) {
         }
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(r, "rope_type");
         if (!type) type = cJSON_GetObjectItemCaseSensitive(r, "type");
-        if (type && !(cJSON_IsString(type) && strcmp(type->valuestring, "default") == 0)) {
-            keel_errorf("%s: \"%s\" type %s is not supported: keel implements default RoPE only",
-                        path, keys[i], cJSON_IsString(type) ? type->valuestring : "(not a string)");
+        if (!type && i == 0) {
+            keel_errorf("%s: \"rope_scaling\" has no \"rope_type\"; keel implements default RoPE and llama3",
+                        path);
             return false;
         }
-        if (!type && i == 0) {
-            keel_errorf("%s: \"rope_scaling\" is set; keel implements default RoPE only", path);
+        if (type && cJSON_IsString(type) && strcmp(type->valuestring, "llama3") == 0) {
+            double original;
+            if (!rope_number(r, path, keys[i], "factor", &scaling->factor) ||
+                !rope_number(r, path, keys[i], "low_freq_factor", &scaling->low_freq_factor) ||
+                !rope_number(r, path, keys[i], "high_freq_factor", &scaling->high_freq_factor) ||
+                !rope_number(r, path, keys[i], "original_max_position_embeddings", &original))
+                return false;
+            if (original != floor(original) || original > (1 << 24)) {
+                keel_errorf("%s: \"%s\": original_max_position_embeddings %g is not a whole number of "
+                            "positions up to 16777216", path, keys[i], original);
+                return false;
+            }
+            scaling->on = true;
+            scaling->type = KEEL_ROPE_SCALING_LLAMA3;
+            scaling->original_max_position_embeddings = (int)original;
+        } else if (type && !(cJSON_IsString(type) && strcmp(type->valuestring, "default") == 0)) {
+            keel_errorf("%s: \"%s\" type %s is not supported: keel implements default RoPE and llama3",
+                        path, keys[i], cJSON_IsString(type) ? type->valuestring : "(not a string)");
             return false;
         }
         if (!json_double(r, path, "rope_theta", theta)) return false;
@@ -405,6 +467,7 @@ static keel_status config_from_json(const cJSON *root, const char *path, keel_mo
     keel_status st = KEEL_ERR_INPUT;
     int64_t C = 0, F = 0, L = 0, NH = 0, V = 0, NKV = -1, T = 2048, head_dim = -1;
     double eps = 1e-6, theta = 10000.0; /* LlamaConfig's defaults */
+    keel_rope_scaling scaling = {.on = false};
     bool tied = false;
     const cJSON *v;
     if (!root) goto done;
@@ -427,7 +490,7 @@ static keel_status config_from_json(const cJSON *root, const char *path, keel_mo
         !json_int(root, path, "max_position_embeddings", false, 1, &T) ||
         !json_int(root, path, "head_dim", false, 1, &head_dim) ||
         !json_double(root, path, "rms_norm_eps", &eps) ||
-        !json_double(root, path, "rope_theta", &theta) || !rope_ok(root, path, &theta) ||
+        !json_double(root, path, "rope_theta", &theta) || !rope_ok(root, path, &theta, &scaling) ||
         !json_bool_is(root, path, "attention_bias", false, "keel's projections have no bias") ||
         !json_bool_is(root, path, "mlp_bias", false, "keel's projections have no bias"))
         goto done;
@@ -486,6 +549,14 @@ static keel_status config_from_json(const cJSON *root, const char *path, keel_mo
         cJSON_AddNumberToObject(m, "ffn_dim_multiplier", mult);
         cJSON_AddNumberToObject(m, "norm_eps", eps);
         cJSON_AddNumberToObject(m, "rope_theta", theta);
+        if (scaling.on) {
+            cJSON *rs = cJSON_AddObjectToObject(m, "rope_scaling");
+            cJSON_AddStringToObject(rs, "type", "llama3");
+            cJSON_AddNumberToObject(rs, "factor", scaling.factor);
+            cJSON_AddNumberToObject(rs, "low_freq_factor", scaling.low_freq_factor);
+            cJSON_AddNumberToObject(rs, "high_freq_factor", scaling.high_freq_factor);
+            cJSON_AddNumberToObject(rs, "original_max_position_embeddings", scaling.original_max_position_embeddings);
+        }
         cJSON_AddNumberToObject(m, "max_seq_len", (double)T);
         cJSON_AddBoolToObject(m, "tie_embeddings", tied);
         char *text = cJSON_PrintUnformatted(j);
@@ -503,6 +574,7 @@ static keel_status config_from_json(const cJSON *root, const char *path, keel_mo
             /* Exact values, not their round trip through text. */
             kc.model.norm_eps = eps;
             kc.model.rope_theta = theta;
+            if (scaling.on) kc.model.rope_scaling = scaling;
             kc.model.ffn_dim_multiplier = mult;
             KEEL_CHECK(keel_model_ffn_hidden(&kc.model) == F, "ffn size %d != %lld",
                        keel_model_ffn_hidden(&kc.model), (long long)F);

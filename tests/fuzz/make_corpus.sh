@@ -171,4 +171,126 @@ cat > "$CORPUS/cluster_spec/quoting.json" <<'EOF'
 EOF
 printf '#hosts\n# name address group\nhead 192.168.1.10 ctl\ngpu-a 192.168.1.21 gpu\ngpu-b node-b.example gpu  # rack 2\n' \
   > "$CORPUS/cluster_spec/hosts"
+# --- keel data prepare: JSON Lines records (first byte: the key, 0 "text" 1 "content") and the
+# .gz/.zst readers (first byte: mode 0 gzip, 1 zstd, 2/3 compressed here + a cut; bits 2-3: read size)
+mkdir -p "$CORPUS/jsonl_record" "$CORPUS/decompress"
+printf '\0{"id": 3, "text": "Hello\\nworld \\u00e9 \\ud83d\\ude00", "meta": {"a": [1, 2.5e3, null, true]}}' \
+  > "$CORPUS/jsonl_record/record"
+printf '\0{"text":"\\\\\\"\\/\\b\\f\\n\\r\\t\\u0000after"}\r' > "$CORPUS/jsonl_record/escapes"
+printf '\1{"content": "c\\r\\n\\r\\nd", "text": 1}' > "$CORPUS/jsonl_record/content"
+printf '\0  \t\r ' > "$CORPUS/jsonl_record/blank"
+printf '\0{"body": "x", "id": 7}' > "$CORPUS/jsonl_record/no_key"
+printf '\0{"text": [12]}' > "$CORPUS/jsonl_record/not_string"
+printf '\0["text"]' > "$CORPUS/jsonl_record/array"
+printf '\0{"text": "a"} {"text": "b"}' > "$CORPUS/jsonl_record/two_values"
+printf '\0{"text": "unterminated' > "$CORPUS/jsonl_record/unterminated"
+head -c 3000 /usr/share/common-licenses/GPL-3 > prose.txt
+gzip -9 -c prose.txt > prose.gz
+zstd -q -19 -c prose.txt > prose.zst
+{ printf '\10'; cat prose.gz; } > "$CORPUS/decompress/gzip"
+{ printf '\11'; cat prose.zst; } > "$CORPUS/decompress/zstd"
+{ printf '\0'; cat prose.gz; printf 'second member\n' | gzip -c; } > "$CORPUS/decompress/gzip_members"
+{ printf '\5'; cat prose.zst; printf '\x50\x2a\x4d\x18\4\0\0\0skip'; printf 'next frame\n' | zstd -q -c; } \
+  > "$CORPUS/decompress/zstd_frames"
+{ printf '\14'; head -c 700 prose.gz; } > "$CORPUS/decompress/gzip_truncated"
+{ printf '\15'; head -c 700 prose.zst; } > "$CORPUS/decompress/zstd_truncated"
+{ printf '\6\200'; head -c 1000 prose.txt; } > "$CORPUS/decompress/roundtrip_gzip"
+{ printf '\17\3'; head -c 1000 prose.txt; } > "$CORPUS/decompress/roundtrip_zstd"
+# --- Hugging Face tokenizer.json: byte-level (Llama 3's and GPT-2's pre-tokenizers), SentencePiece-
+# style (Llama 2's normalizer, Metaspace), the other components keel reproduces, and a truncated file
+mkdir -p "$CORPUS/tokenizer_json"
+python3 - "$CORPUS/tokenizer_json" /usr/share/common-licenses/GPL-3 <<'PY'
+import collections, json, os, sys
+out, text = sys.argv[1], open(sys.argv[2], encoding="utf-8").read()[:6000]
+
+def byte_chars():  # GPT-2's byte -> character map
+    bs = list(range(33, 127)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b); cs.append(256 + n); n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+def bpe(words, vocab, n):  # n merges learned from words (lists of symbols)
+    merges = []
+    for _ in range(n):
+        pairs = collections.Counter(p for w in words for p in zip(w, w[1:]))
+        if not pairs: break
+        (a, b), _ = pairs.most_common(1)[0]
+        merges.append((a, b)); vocab.setdefault(a + b, len(vocab))
+        for w in words:
+            i = 0
+            while i + 1 < len(w):
+                if w[i] == a and w[i + 1] == b: w[i:i + 2] = [a + b]
+                i += 1
+    return merges
+
+def added(tokens, first):
+    return [{"id": first + i, "content": c, "single_word": sw, "lstrip": ls, "rstrip": rs, "normalized": nm,
+             "special": sp} for i, (c, sw, ls, rs, nm, sp) in enumerate(tokens)]
+
+def tokenizer(model, added_tokens, normalizer=None, pre=None, decoder=None):
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added_tokens,
+            "normalizer": normalizer, "pre_tokenizer": pre, "post_processor": None, "decoder": decoder,
+            "model": model}
+
+def bpe_model(vocab, merges, legacy, **kw):
+    m = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+         "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+         "vocab": vocab, "merges": [" ".join(p) if legacy else list(p) for p in merges]}
+    m.update(kw)
+    return m
+
+def save(name, j):
+    with open(os.path.join(out, name), "w", encoding="utf-8") as f:
+        json.dump(j, f, ensure_ascii=False, separators=(",", ":"))
+
+llama3_re = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+m = byte_chars()
+vocab = {m[b]: b for b in range(256)}
+words = [[m[b] for b in (" " + w).encode()] for w in text.split()]
+merges = bpe(words, vocab, 60)
+specials = added([("<|begin_of_text|>", False, False, False, False, True), ("<|eot_id|>", False, False, False, False, True),
+                  ("<mask>", False, True, True, False, True), ("keel", True, False, False, False, False),
+                  (" ab", False, False, False, True, False)], len(vocab))
+split = {"type": "Split", "pattern": {"Regex": llama3_re}, "behavior": "Isolated", "invert": False}
+save("llama3.json", tokenizer(bpe_model(vocab, merges, True, ignore_merges=True), specials,
+     pre={"type": "Sequence", "pretokenizers": [split, {"type": "ByteLevel", "add_prefix_space": False,
+                                                        "trim_offsets": True, "use_regex": False}]},
+     decoder={"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}))
+save("gpt2.json", tokenizer(bpe_model(vocab, merges, False), specials[:2],
+     pre={"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+     decoder={"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}))
+behaviours = ["Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"]
+save("splits.json", tokenizer(bpe_model(vocab, merges[:20], False), [],
+     normalizer={"type": "Replace", "pattern": {"Regex": r"\d+"}, "content": "0"},
+     pre={"type": "Sequence", "pretokenizers": [
+         {"type": "Split", "pattern": {"String": " "}, "behavior": b, "invert": i == 1}
+         for i, b in enumerate(behaviours)] + [{"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                                                 "use_regex": True}]},
+     decoder={"type": "Sequence", "decoders": [{"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                                                "use_regex": True},
+                                              {"type": "Strip", "content": " ", "start": 2, "stop": 1}]}))
+
+sp = "\u2581"
+vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+for b in range(256): vocab["<0x%02X>" % b] = len(vocab)
+for ch in sorted(set(text.replace(" ", sp).replace("\n", sp))): vocab.setdefault(ch, len(vocab))
+words = [list(sp + w) for w in text.split()]
+merges = bpe(words, vocab, 60)
+sp_added = added([("<unk>", False, False, False, False, True), ("<s>", False, False, False, False, True),
+                  ("</s>", False, False, False, False, True)], 0)
+model = bpe_model(vocab, merges, False, unk_token="<unk>", fuse_unk=True, byte_fallback=True)
+save("llama2.json", tokenizer(model, sp_added,
+     normalizer={"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": sp},
+                 {"type": "Replace", "pattern": {"String": " "}, "content": sp}]},
+     decoder={"type": "Sequence", "decoders": [
+         {"type": "Replace", "pattern": {"String": sp}, "content": " "}, {"type": "ByteFallback"},
+         {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}))
+save("metaspace.json", tokenizer(model, sp_added,
+     pre={"type": "Metaspace", "replacement": sp, "prepend_scheme": "first", "split": True},
+     decoder={"type": "Metaspace", "replacement": sp, "prepend_scheme": "always", "split": True}))
+PY
+head -c 3000 "$CORPUS/tokenizer_json/llama3.json" > "$CORPUS/tokenizer_json/truncated.json"
 echo "made $(find "$DATA" "$CORPUS" -type f | wc -l) files ($(du -sk "$DATA" "$CORPUS" | awk '{s += $1} END {print s}') KiB)"
