@@ -706,12 +706,25 @@ static void put(cJSON *root, const char *key, cJSON *v) {
     cJSON_AddItemToObject(obj, name, v);
 }
 
+/* Whether k lies inside a section that is off (data.synthetic: false): its
+ * keys are then not written, so that the section reads back as off. */
+static bool inside_section_off(const keel_config *cfg, const key_spec *k) {
+    for (int i = 0; i < N_KEYS; i++) {
+        const key_spec *s = &KEYS[i];
+        size_t n = strlen(s->key);
+        if (s->type == K_FLAG_SECTION && strncmp(k->key, s->key, n) == 0 && k->key[n] == '.' &&
+            !*(const bool *)((const char *)cfg + s->offset))
+            return true;
+    }
+    return false;
+}
+
 char *keel_config_to_json(const keel_config *cfg) {
     cJSON *root = cJSON_CreateObject();
     for (int i = 0; i < N_KEYS; i++) {
         const key_spec *k = &KEYS[i];
         const void *field = (const char *)cfg + k->offset;
-        if (strncmp(k->key, "data.synthetic.", 15) == 0 && !cfg->data.synthetic) continue;
+        if (inside_section_off(cfg, k)) continue;
         switch (k->type) {
         case K_SECTION: break;
         case K_FLAG_SECTION:

@@ -63,8 +63,23 @@ int main(void) {
            "a list of strings is a JSON array");
     EXPECT(strstr(json, "\"activation_checkpointing\":\t3") != NULL, "a checkpointing count is a JSON number");
     EXPECT(strstr(json, "\"startup_timeout_s\":\tnull") != NULL, "a derived number is JSON null");
+    /* a section that is off stays off (its keys' defaults are not written into it) */
+    EXPECT(!a.model.rope_scaling.on && !b.model.rope_scaling.on && strstr(json, "\"rope_scaling\":\tfalse") != NULL,
+           "a section that is off (model.rope_scaling) reads back off");
     free(json);
     free(json2);
+    EXPECT(keel_config_set(&a, "model.rope_scaling={\"type\": \"llama3\", \"factor\": 32}") == KEEL_OK &&
+               a.model.rope_scaling.on && a.model.rope_scaling.factor == 32 &&
+               a.model.rope_scaling.original_max_position_embeddings == 8192,
+           "--set a section: given keys set, the others keep their defaults");
+    json = keel_config_to_json(&a);
+    keel_config on;
+    keel_config_defaults(&on);
+    EXPECT(keel_config_load_string(&on, json, "resolved") == KEEL_OK && keel_config_finalize(&on) == KEEL_OK &&
+               on.model.rope_scaling.on && on.model.rope_scaling.factor == 32,
+           "a section that is on reads back on, with its values");
+    free(json);
+    keel_config_free(&on);
 
     EXPECT(keel_config_set(&b, "data.path=/data/x") == KEEL_OK && keel_config_finalize(&b) == KEEL_OK &&
                !b.data.synthetic, "data.path wins over synthetic");
