@@ -461,8 +461,20 @@ typedef struct {
     int profile_steps;    /* 0 = off */
 } keel_train_config;
 
+/* One dataset of a mixture (data.sources). */
+typedef struct {
+    char *path;           /* a prepared directory (or one shard file) */
+    double weight;        /* >= 0: its share of the sequences is weight / (sum of weights) */
+} keel_data_source;
+
+typedef struct {
+    keel_data_source *v;  /* (n); NULL when n = 0 */
+    int n;
+} keel_data_sources;
+
 typedef struct {
     char *path;           /* token shards from `keel data prepare` (dir or file); NULL = synthetic */
+    keel_data_sources sources; /* a weighted mixture instead of path (n = 0: none) */
     char *tokenizer;      /* optional SentencePiece model; vocab checked against model */
     bool synthetic;       /* set when "synthetic" is present */
     uint64_t synthetic_seed;

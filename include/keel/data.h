@@ -108,6 +108,14 @@ bool keel_data_has_mask(const keel_data *d);
 uint64_t keel_data_targets_in(const uint8_t *mask, int rows, int seq_len);
 uint64_t keel_data_step_targets(keel_data *d, uint64_t step, uint64_t global_batch);
 
+/* A mixture (data.sources): its sources (0 for one dataset) in config order
+ * (for val: those with a val split), and how many of step `step`'s
+ * global_batch rows each draws (added to rows[i]). */
+int keel_data_n_sources(const keel_data *d);
+const char *keel_data_source_path(const keel_data *d, int i);
+double keel_data_source_weight(const keel_data *d, int i);
+void keel_data_count_sources(keel_data *d, uint64_t step, uint64_t global_batch, uint64_t *rows);
+
 /* `keel data prepare`: tokenize text files into DIR/train-NNNNN.bin and
  * DIR/val-NNNNN.bin and print the token counts of each split, the split and
  * the speed (MB/s of text).

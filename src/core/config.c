@@ -17,7 +17,7 @@
 /* K_DOUBLE_AUTO: a number in [min, max] (min > 0), or null for "derived where it is used", held as 0. */
 typedef enum {
     K_SECTION, K_INT, K_U64, K_DOUBLE, K_BOOL, K_BOOL_COUNT, K_STRING, K_ENUM, K_ENUM_SET, K_FLAG_SECTION,
-    K_STRING_LIST, K_DOUBLE_AUTO
+    K_STRING_LIST, K_DOUBLE_AUTO, K_SOURCES
 } key_type;
 
 typedef struct {
@@ -109,8 +109,12 @@ static const key_spec KEYS[] = {
     {"data", K_SECTION, 0, 0, 0, "training data", NULL},
     {"data.path", K_STRING, OFF(data.path), 0, 0,
      "directory from `keel data prepare` (or one shard file); wins over synthetic", NULL},
+    {"data.sources", K_SOURCES, OFF(data.sources), 0, 0,
+     "a weighted mixture of prepared datasets instead of data.path: [{\"path\": DIR, \"weight\": w}, ...]; "
+     "each draws weight / (sum of weights) of the sequences, in an order that depends on the seed alone "
+     "(docs/data.md)", NULL},
     {"data.tokenizer", K_STRING, OFF(data.tokenizer), 0, 0,
-     "SentencePiece model; its vocabulary size must equal model.vocab_size", NULL},
+     "SentencePiece .model or Hugging Face tokenizer.json; its vocabulary size must equal model.vocab_size", NULL},
     {"data.synthetic", K_FLAG_SECTION, OFF(data.synthetic), 0, 0,
      "seeded learnable token source (object, or false)", NULL},
     {"data.synthetic.seed", K_U64, OFF(data.synthetic_seed), 0, BIG, "seed of the token chain", NULL},
@@ -290,6 +294,13 @@ static void free_list(char ***list) {
     *list = NULL;
 }
 
+static void free_sources(keel_data_sources *s) {
+    for (int i = 0; i < s->n; i++) free(s->v[i].path);
+    free(s->v);
+    s->v = NULL;
+    s->n = 0;
+}
+
 void keel_config_free(keel_config *cfg) {
     for (int i = 0; i < N_KEYS; i++)
         if (KEYS[i].type == K_STRING) {
@@ -298,6 +309,8 @@ void keel_config_free(keel_config *cfg) {
             *s = NULL;
         } else if (KEYS[i].type == K_STRING_LIST) {
             free_list((char ***)((char *)cfg + KEYS[i].offset));
+        } else if (KEYS[i].type == K_SOURCES) {
+            free_sources((keel_data_sources *)((char *)cfg + KEYS[i].offset));
         }
     free(cfg->source);
     cfg->source = NULL;
@@ -355,6 +368,7 @@ static const char *type_name(key_type t) {
     case K_STRING: return "a string";
     case K_ENUM: return "a string";
     case K_ENUM_SET: case K_STRING_LIST: return "a list of strings";
+    case K_SOURCES: return "a list of {\"path\", \"weight\"} objects";
     default: return "an object";
     }
 }
@@ -502,6 +516,37 @@ static keel_status store(keel_config *cfg, const key_spec *k, const cJSON *v, co
         *(char ***)field = list;
         return KEEL_OK;
     }
+    case K_SOURCES: { /* [{"path": DIR, "weight": w}, ...]; null or [] = none */
+        if (!cJSON_IsArray(v) && !cJSON_IsNull(v))
+            return bad_value(origin, k, v, "must be a list of {\"path\": DIR, \"weight\": w} objects");
+        const cJSON *x;
+        cJSON_ArrayForEach(x, v) {
+            const cJSON *path = cJSON_GetObjectItemCaseSensitive(x, "path");
+            const cJSON *weight = cJSON_GetObjectItemCaseSensitive(x, "weight");
+            if (!cJSON_IsObject(x) || !cJSON_IsString(path) || !path->valuestring[0])
+                return bad_value(origin, k, x, "entries need \"path\": a prepared directory");
+            if (!cJSON_IsNumber(weight) || !(weight->valuedouble >= 0) || !(weight->valuedouble <= 1e12))
+                return bad_value(origin, k, x, "entries need \"weight\": a number >= 0 (their share is "
+                                               "weight / sum of weights)");
+            for (const cJSON *m = x->child; m; m = m->next)
+                if (strcmp(m->string, "path") && strcmp(m->string, "weight")) {
+                    snprintf(why, sizeof why, "entries hold \"path\" and \"weight\" only, not \"%.40s\"",
+                             m->string);
+                    return bad_value(origin, k, x, why);
+                }
+        }
+        keel_data_sources *list = field;
+        free_sources(list);
+        list->n = cJSON_IsNull(v) ? 0 : cJSON_GetArraySize(v);
+        if (list->n == 0) return KEEL_OK;
+        list->v = keel_xcalloc(sizeof *list->v * (size_t)list->n, k->key);
+        int i = 0;
+        cJSON_ArrayForEach(x, v) {
+            list->v[i].path = keel_xstrdup(cJSON_GetObjectItemCaseSensitive(x, "path")->valuestring);
+            list->v[i++].weight = cJSON_GetObjectItemCaseSensitive(x, "weight")->valuedouble;
+        }
+        return KEEL_OK;
+    }
     case K_DOUBLE_AUTO:
         if (cJSON_IsNull(v)) {
             *(double *)field = 0;
@@ -640,7 +685,12 @@ keel_status keel_config_finalize(keel_config *cfg) {
     const char *src = cfg->source ? cfg->source : "config";
     keel_model_config *m = &cfg->model;
     if (m->n_kv_heads == 0) m->n_kv_heads = m->n_heads;
-    if (cfg->data.path) cfg->data.synthetic = false;
+    if (cfg->data.path && cfg->data.sources.n) {
+        keel_errorf("%s: data.path and data.sources are both set; use data.sources alone (a source of weight 1 "
+                    "is one dataset)", src);
+        return KEEL_ERR_INPUT;
+    }
+    if (cfg->data.path || cfg->data.sources.n) cfg->data.synthetic = false;
     int port;
     const char *env = metrics_port_env();
     if (env && !parse_port(env, &port)) {
@@ -680,8 +730,8 @@ keel_status keel_config_finalize(keel_config *cfg) {
                     src, cfg->train.min_lr, cfg->train.lr);
         return KEEL_ERR_INPUT;
     }
-    if (!cfg->data.path && !cfg->data.synthetic) {
-        keel_errorf("%s: no training data: set data.path (from `keel data prepare`) or "
+    if (!cfg->data.path && !cfg->data.sources.n && !cfg->data.synthetic) {
+        keel_errorf("%s: no training data: set data.path (from `keel data prepare`), data.sources or "
                     "data.synthetic", src);
         return KEEL_ERR_INPUT;
     }
@@ -766,6 +816,18 @@ char *keel_config_to_json(const keel_config *cfg) {
             put(root, k->key, a);
             break;
         }
+        case K_SOURCES: {
+            const keel_data_sources *list = field;
+            cJSON *a = cJSON_CreateArray();
+            for (int j = 0; j < list->n; j++) {
+                cJSON *o = cJSON_CreateObject();
+                cJSON_AddStringToObject(o, "path", list->v[j].path);
+                cJSON_AddNumberToObject(o, "weight", list->v[j].weight);
+                cJSON_AddItemToArray(a, o);
+            }
+            put(root, k->key, a);
+            break;
+        }
         }
     }
     char *text = cJSON_Print(root);
@@ -800,7 +862,7 @@ void keel_config_print_keys(void) {
         }
         case K_ENUM: snprintf(def, sizeof def, "%s", k->names[*(const int *)field]); break;
         case K_ENUM_SET: format_set(*(const unsigned *)field, k->names, def, sizeof def); break;
-        case K_STRING_LIST: snprintf(def, sizeof def, "none"); break;
+        case K_STRING_LIST: case K_SOURCES: snprintf(def, sizeof def, "none"); break;
         }
         const char *type = k->type == K_FLAG_SECTION ? "object/false"
                            : k->type == K_BOOL       ? "bool"

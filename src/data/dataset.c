@@ -7,7 +7,9 @@
  * perm_e[g % n_samples], where perm_e is a Fisher–Yates shuffle drawn from
  * xoshiro256** seeded by (seed, e). Nothing depends on how [0, G) is split
  * into ranks or micro-batches, so a resume on any world size continues the
- * same stream. */
+ * same stream. A mixture (data.sources) maps g to a source and one of its
+ * sample numbers (data/mixture.h) and reads that source's split in its own
+ * order, seeded by (seed, source). */
 #include "keel/data.h"
 
 #include <dirent.h>
@@ -17,6 +19,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+
+#include "data/mixture.h"
+#include "data/rng.h"
 
 #define SYNTHETIC_DEFAULT_BRANCHING 4
 #define SYNTHETIC_MAX_DEFAULT_VOCAB 64
@@ -41,53 +46,13 @@ struct keel_data {
     int syn_branching;      /* successors per token */
     uint64_t syn_stream;    /* seed of the sample stream (split and shuffle seed mixed in) */
     int32_t *successors;    /* (syn_vocab, syn_branching) */
+
+    /* a mixture (data.sources) */
+    keel_data **sources;    /* (n_sources) each source's split, in its own order */
+    double *weights;        /* (n_sources) as configured */
+    int n_sources;
+    keel_mixture *mix;
 };
-
-/* ---- random numbers ------------------------------------------------------- */
-
-/* splitmix64's finaliser: a bijective 64-bit mixer. */
-static uint64_t mix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
-static uint64_t hash2(uint64_t a, uint64_t b) { return mix64(mix64(a) ^ b); }
-static uint64_t hash3(uint64_t a, uint64_t b, uint64_t c) { return mix64(hash2(a, b) ^ c); }
-
-typedef struct {
-    uint64_t s[4];
-} xoshiro256;
-
-static void xoshiro_seed(xoshiro256 *r, uint64_t seed) {
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++) r->s[i] = mix64(x += 0x9E3779B97F4A7C15ull);
-}
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t xoshiro_next(xoshiro256 *r) {
-    uint64_t *s = r->s;
-    uint64_t result = rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
-
-/* Uniform in [0, bound) without modulo bias (reject the short last bucket). */
-static uint64_t xoshiro_below(xoshiro256 *r, uint64_t bound) {
-    uint64_t threshold = (0 - bound) % bound; /* = 2^64 mod bound */
-    for (;;) {
-        uint64_t x = xoshiro_next(r);
-        if (x >= threshold) return x % bound;
-    }
-}
 
 /* ---- sample order --------------------------------------------------------- */
 
@@ -143,24 +108,33 @@ static void synthetic_sample(const keel_data *d, uint64_t g, int32_t *out) {
     }
 }
 
+/* Row g of d's order: its seq_len + 1 tokens into out (unless NULL) and their
+ * loss mask into mask (unless NULL). */
+static void fetch_row(keel_data *d, uint64_t g, int32_t *out, uint8_t *mask) {
+    size_t row = (size_t)d->seq_len + 1;
+    if (d->mix) {
+        int s;
+        uint64_t sample;
+        keel_mixture_locate(d->mix, g, &s, &sample);
+        fetch_row(d->sources[s], sample, out, mask);
+    } else if (d->synthetic) {
+        if (out) synthetic_sample(d, g, out);
+        if (mask) memset(mask, 1, row);
+    } else {
+        ensure_perm(d, g / d->n_samples);
+        read_stream(d, d->perm[g % d->n_samples] * (uint64_t)d->seq_len, row, out, mask);
+    }
+}
+
 void keel_data_fetch(keel_data *d, uint64_t step, uint64_t global_batch, uint64_t first, int n,
                      int32_t *out, uint8_t *mask) {
     KEEL_CHECK(n >= 0 && first + (uint64_t)n <= global_batch,
                "fetch [%" PRIu64 ", +%d) outside the global batch of %" PRIu64, first, n,
                global_batch);
     size_t row = (size_t)d->seq_len + 1;
-    for (int j = 0; j < n; j++) {
-        uint64_t g = step * global_batch + first + (uint64_t)j;
-        uint8_t *mask_row = mask ? mask + (size_t)j * row : NULL;
-        if (d->synthetic) {
-            synthetic_sample(d, g, out + (size_t)j * row);
-            if (mask_row) memset(mask_row, 1, row);
-            continue;
-        }
-        ensure_perm(d, g / d->n_samples);
-        uint64_t sample = d->perm[g % d->n_samples];
-        read_stream(d, sample * (uint64_t)d->seq_len, row, out + (size_t)j * row, mask_row);
-    }
+    for (int j = 0; j < n; j++)
+        fetch_row(d, step * global_batch + first + (uint64_t)j, out + (size_t)j * row,
+                  mask ? mask + (size_t)j * row : NULL);
 }
 
 uint64_t keel_data_targets_in(const uint8_t *mask, int rows, int seq_len) {
@@ -176,26 +150,44 @@ uint64_t keel_data_step_targets(keel_data *d, uint64_t step, uint64_t global_bat
     uint8_t *mask = keel_xmalloc(T + 1, "a sample's loss mask");
     uint64_t n = 0;
     for (uint64_t g = step * global_batch; g < (step + 1) * global_batch; g++) {
-        ensure_perm(d, g / d->n_samples);
-        read_stream(d, d->perm[g % d->n_samples] * T, T + 1, NULL, mask);
+        fetch_row(d, g, NULL, mask);
         n += keel_data_targets_in(mask, 1, (int)T);
     }
     keel_free(mask);
     return n;
 }
 
+int keel_data_n_sources(const keel_data *d) { return d->n_sources; }
+const char *keel_data_source_path(const keel_data *d, int i) { return d->sources[i]->path; }
+double keel_data_source_weight(const keel_data *d, int i) { return d->weights[i]; }
+
+void keel_data_count_sources(keel_data *d, uint64_t step, uint64_t global_batch, uint64_t *rows) {
+    for (uint64_t g = step * global_batch; g < (step + 1) * global_batch; g++) {
+        int s;
+        uint64_t sample;
+        keel_mixture_locate(d->mix, g, &s, &sample);
+        rows[s]++;
+    }
+}
+
 bool keel_data_has_mask(const keel_data *d) {
+    for (int i = 0; i < d->n_sources; i++)
+        if (keel_data_has_mask(d->sources[i])) return true;
     for (int i = 0; i < d->n_shards; i++)
         if (keel_shard_has_mask(d->shards[i])) return true;
     return false;
 }
 
 uint64_t keel_data_n_samples(const keel_data *d) {
-    return d->synthetic ? UINT64_MAX : d->n_samples;
+    return d->synthetic || d->mix ? UINT64_MAX : d->n_samples;
 }
 
 void keel_data_close(keel_data *d) {
     if (!d) return;
+    for (int i = 0; i < d->n_sources; i++) keel_data_close(d->sources[i]);
+    keel_free(d->sources);
+    keel_free(d->weights);
+    keel_mixture_free(d->mix);
     for (int i = 0; i < d->n_shards; i++) keel_shard_close(d->shards[i]);
     keel_free(d->shards);
     keel_free(d->shard_start);
@@ -392,6 +384,44 @@ static keel_status open_synthetic(const keel_data_config *cfg, const char *split
     return KEEL_OK;
 }
 
+/* ---- a mixture of datasets ------------------------------------------------ */
+
+/* Each source's split (train, or val: the sources that have one, with their
+ * weights), seeded by (seed, source index), under one mixture order. */
+static keel_status open_mixture(const keel_data_sources *list, const char *split, int seq_len, int vocab_size,
+                                uint64_t seed, keel_data **out) {
+    keel_data *d = keel_xcalloc(sizeof *d, "keel_data");
+    d->seq_len = seq_len;
+    d->seed = seed;
+    d->path = keel_xstrdup("data.sources");
+    d->sources = keel_xcalloc(sizeof *d->sources * (size_t)list->n, "data sources");
+    d->weights = keel_xcalloc(sizeof *d->weights * (size_t)list->n, "data source weights");
+    const char **names = keel_xcalloc(sizeof *names * (size_t)list->n, "data source names");
+    keel_status st = KEEL_OK;
+    for (int i = 0; i < list->n && st == KEEL_OK; i++) {
+        keel_data *src = NULL;
+        st = keel_data_open_path(list->v[i].path, split, seq_len, vocab_size, hash2(seed, (uint64_t)i + 1), &src);
+        if (st == KEEL_OK && src) { /* its errors name its path; a source without a val split skips validation */
+            d->sources[d->n_sources] = src;
+            d->weights[d->n_sources] = list->v[i].weight;
+            names[d->n_sources++] = list->v[i].path;
+        }
+    }
+    if (st == KEEL_OK && d->n_sources == 0 && strcmp(split, "val") == 0) { /* no val split anywhere */
+        keel_free(names);
+        keel_data_close(d);
+        return KEEL_OK;
+    }
+    if (st == KEEL_OK) st = keel_mixture_new(d->weights, d->n_sources, hash2(seed, 0), names, &d->mix);
+    keel_free(names);
+    if (st != KEEL_OK) {
+        keel_data_close(d);
+        return st;
+    }
+    *out = d;
+    return KEEL_OK;
+}
+
 /* ---- opening from the config ---------------------------------------------- */
 
 static keel_status check_tokenizer(const char *tokenizer_path, int vocab_size) {
@@ -420,7 +450,8 @@ keel_status keel_data_open(const keel_data_config *cfg, const char *split, int s
     }
     /* data.path wins over the synthetic source (as in the config docs). */
     if (cfg->path) return keel_data_open_path(cfg->path, split, seq_len, vocab_size, seed, out);
+    if (cfg->sources.n) return open_mixture(&cfg->sources, split, seq_len, vocab_size, seed, out);
     if (cfg->synthetic) return open_synthetic(cfg, split, seq_len, vocab_size, seed, out);
-    keel_errorf("no training data: set data.path (from `keel data prepare`) or data.synthetic");
+    keel_errorf("no training data: set data.path (from `keel data prepare`), data.sources or data.synthetic");
     return KEEL_ERR_INPUT;
 }

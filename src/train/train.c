@@ -199,6 +199,18 @@ static void rank_memory(trainer *t, double out[MEM_FIELDS]) {
     out[MEM_ALLOCS] = t->allocs_after_first_step < 0 ? 0 : (double)(t->be->allocations() - t->allocs_after_first_step);
 }
 
+/* Bring t->source_rows up to the first `steps` steps (the data windows they trained on; a resumed
+ * run counts its earlier steps' on the first call). NULL without data.sources. */
+static const uint64_t *count_sources(trainer *t, int steps) {
+    int n = keel_data_n_sources(t->train);
+    if (n == 0) return NULL;
+    if (!t->source_rows) t->source_rows = keel_xcalloc(sizeof *t->source_rows * (size_t)n, "rows per source");
+    for (; t->sources_counted < steps; t->sources_counted++)
+        keel_data_count_sources(t->train, keel_run_data_window(&t->state, t->sources_counted),
+                                (uint64_t)trainer_global_batch(t), t->source_rows);
+    return t->source_rows;
+}
+
 static keel_status write_summary(trainer *t, const char *xxh, const double *memory, const char *status,
                                  int steps_done, double final_loss, double final_val_loss, double wall_s) {
     const keel_model_layout *lay = keel_model_get_layout(t->model);
@@ -216,6 +228,17 @@ static keel_status write_summary(trainer *t, const char *xxh, const double *memo
     cJSON_AddNumberToObject(s, "n_params", (double)lay->n_params);
     cJSON_AddNumberToObject(s, "peak_rss_bytes", (double)keel_peak_rss_bytes());
     cJSON_AddNumberToObject(s, "tokens", (double)steps_done * (double)trainer_global_batch(t) * lay->T);
+    const uint64_t *rows = count_sources(t, steps_done);
+    if (rows) {
+        cJSON *sources = cJSON_AddArrayToObject(s, "sources");
+        for (int i = 0; i < keel_data_n_sources(t->train); i++) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "path", keel_data_source_path(t->train, i));
+            cJSON_AddNumberToObject(o, "weight", keel_data_source_weight(t->train, i));
+            cJSON_AddNumberToObject(o, "tokens", (double)rows[i] * lay->T);
+            cJSON_AddItemToArray(sources, o);
+        }
+    }
     cJSON_AddNumberToObject(s, "world_size", t->world_size);
     cJSON_AddNumberToObject(s, "wall_s", wall_s);
     cJSON_AddNumberToObject(s, "tokens_per_s_median", median_tps);
@@ -254,6 +277,12 @@ static void log_step(trainer *t, int step, double loss, double lr, double norm, 
     cJSON_AddNumberToObject(o, "lr", lr);
     cJSON_AddNumberToObject(o, "grad_norm", norm);
     cJSON_AddNumberToObject(o, "tokens", tokens * (step + 1));
+    const uint64_t *rows = count_sources(t, step + 1);
+    if (rows) { /* per source, in data.sources' order, like "tokens" since the run began */
+        cJSON *a = cJSON_AddArrayToObject(o, "source_tokens");
+        for (int i = 0; i < keel_data_n_sources(t->train); i++)
+            cJSON_AddItemToArray(a, cJSON_CreateNumber((double)rows[i] * lay->T));
+    }
     cJSON_AddNumberToObject(o, "tokens_per_s", tps);
     if (t->peak_flops > 0) cJSON_AddNumberToObject(o, "mfu", tps * t->flops_per_token / t->peak_flops);
     cJSON_AddNumberToObject(o, "step_s", step_s);
@@ -628,6 +657,7 @@ static void free_trainer(trainer *t, keel_status st) {
     keel_model_free(t->model);
     keel_free(t->tokens);
     keel_free(t->mask);
+    keel_free(t->source_rows);
     keel_free(t->step_tps);
     keel_run_state_free(&t->state);
 }

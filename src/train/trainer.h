@@ -33,6 +33,8 @@ typedef struct {
     keel_progress progress;
     int32_t *tokens;        /* (B, T+1) */
     uint8_t *mask;          /* (B, T+1) their loss mask, when the train or val data have one; else NULL */
+    uint64_t *source_rows;  /* data.sources: rows each source gave the first sources_counted steps */
+    int sources_counted;
     int threads;
     bool bf16;              /* bf16 GEMMs (fsdp.mixed_precision, where the CPU has them) */
     double flops_per_token, peak_flops;
