@@ -5,7 +5,7 @@
  *     if (keel_data_open(&cfg.data, "train", T, V, cfg.train.seed, &d) != KEEL_OK) return 2;
  *     int32_t *tokens = keel_xmalloc(B * (T + 1) * sizeof *tokens, "batch");
  *     // rank r's micro-batch m of step s; G = global batch in sequences
- *     keel_data_fetch(d, s, G, first_of(r, m), B, tokens);  // rows: T inputs + 1 target
+ *     keel_data_fetch(d, s, G, first_of(r, m), B, tokens, NULL);  // rows: T inputs + 1 target
  *     keel_data_close(d);
  */
 #ifndef KEEL_DATA_H
@@ -19,18 +19,22 @@
 /* ---- token-shard file (one file) ---------------------------------------- */
 
 #define KEEL_SHARD_MAGIC "KEELTOK1"  /* 8 bytes */
-#define KEEL_SHARD_VERSION 1
+#define KEEL_SHARD_VERSION 2         /* the newest read; a shard without a mask is written as 1 */
 #define KEEL_SHARD_HEADER_BYTES 64
+#define KEEL_SHARD_FLAG_LOSS_MASK 1u /* version 2: a bit per token after the ids */
 
 typedef struct keel_shard keel_shard;
 
 /* Write tokens to `path` atomically: a temporary file in the same directory,
  * fsync, rename, fsync of the directory; on failure the old file (if any) is
  * untouched and no temporary is left. Ids are stored as uint16 when
- * vocab_size <= 65536, else uint32. Returns KEEL_ERR_INPUT (nothing written)
- * if an id is outside [0, vocab_size), KEEL_ERR_IO if the system fails. */
-keel_status keel_shard_write(const char *path, const int32_t *tokens, uint64_t n_tokens,
-                             uint32_t vocab_size);
+ * vocab_size <= 65536, else uint32. mask (n_tokens bytes, nonzero = token i
+ * is trained on as a target) adds a loss mask (a version 2 shard); NULL
+ * writes none (version 1: every target trains). Returns KEEL_ERR_INPUT
+ * (nothing written) if an id is outside [0, vocab_size), KEEL_ERR_IO if the
+ * system fails. */
+keel_status keel_shard_write(const char *path, const int32_t *tokens, const uint8_t *mask,
+                             uint64_t n_tokens, uint32_t vocab_size);
 /* mmap and verify (magic, version, size, checksum, every id < vocab_size of
  * the header). Errors are one line naming the file and the fix
  * (KEEL_ERR_INPUT). The caller owns *out and frees it with keel_shard_close. */
@@ -46,6 +50,10 @@ uint64_t keel_shard_n_tokens(const keel_shard *s);
 uint32_t keel_shard_vocab_size(const keel_shard *s);
 /* Copy tokens [first, first + n) widened to int32. */
 void keel_shard_read(const keel_shard *s, uint64_t first, uint64_t n, int32_t *out);
+/* Whether the shard has a loss mask; its bits for [first, first + n) as bytes
+ * 0/1 (all 1 without a mask). */
+bool keel_shard_has_mask(const keel_shard *s);
+void keel_shard_read_mask(const keel_shard *s, uint64_t first, uint64_t n, uint8_t *out);
 /* Shard files of a prepared directory are named "<split>-NNNNN.bin" (index
  * zero-padded to 5 digits, more when needed). True if `name` is one of
  * `split`'s, with its index in *index. */
@@ -87,7 +95,18 @@ uint64_t keel_data_n_samples(const keel_data *d);
  * into ranks or micro-batches. Not thread-safe for one d (it caches the
  * current epoch's permutation: 8 bytes per sample). */
 void keel_data_fetch(keel_data *d, uint64_t step, uint64_t global_batch, uint64_t first,
-                     int n, int32_t *out);
+                     int n, int32_t *out, uint8_t *mask);
+/* mask (n rows of seq_len + 1, may be NULL) receives the loss mask of the same
+ * tokens: 1 where the token is trained on as a target, 0 where not (a chat
+ * prompt's tokens); all 1 for data without a mask. keel_data_has_mask: some
+ * shard of d has a mask (so a trainer needs to read it). */
+bool keel_data_has_mask(const keel_data *d);
+/* Targets trained on in fetched rows (mask: rows of seq_len + 1; a row's
+ * targets are its positions 1..seq_len), and in the whole of step `step`
+ * (global_batch rows; G*T without a mask): the loss's divisor, the same on
+ * every rank without a collective. */
+uint64_t keel_data_targets_in(const uint8_t *mask, int rows, int seq_len);
+uint64_t keel_data_step_targets(keel_data *d, uint64_t step, uint64_t global_batch);
 
 /* `keel data prepare`: tokenize text files into DIR/train-NNNNN.bin and
  * DIR/val-NNNNN.bin and print the token counts of each split, the split and

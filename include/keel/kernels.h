@@ -182,7 +182,8 @@ void keel_embedding_backward(float *dtable, const float *dout, const int32_t *to
 /* ---- softmax cross-entropy ------------------------------------------------
  * logits (N,V), targets (N). Returns the summed loss over the N rows (double).
  * If dscale != 0, logits are overwritten with dloss/dlogits * dscale, i.e.
- * (softmax - onehot) * dscale. */
+ * (softmax - onehot) * dscale. A negative target is ignored (a masked one):
+ * its row adds no loss and its gradient row is 0. */
 double keel_xent_forward_backward(float *logits, const int32_t *targets, int N, int V,
                                   float dscale);
 double keel_ref_xent_forward_backward(float *logits, const int32_t *targets, int N, int V,

@@ -4,7 +4,7 @@
  *     keel_model *m;
  *     keel_model_build(&cfg.model, B, &m);          // params, grads, activations
  *     keel_model_init_weights(m, seed);
- *     double loss_sum = keel_model_forward(m, tokens, B, 1.0f / (B * T)); // tokens (B, T+1)
+ *     double loss_sum = keel_model_forward(m, tokens, NULL, B, 1.0f / (B * T)); // tokens (B, T+1)
  *     keel_model_backward(m);                        // grads += d(loss)/d(params)
  *     keel_model_free(m);
  *
@@ -171,10 +171,13 @@ typedef void (*keel_model_progress_fn)(void *ctx, const char *doing);
 void keel_model_set_progress(keel_model *m, keel_model_progress_fn fn, void *ctx);
 
 /* Forward over tokens (n_seqs, T+1), n_seqs <= B: inputs are [0,T), targets
- * [1,T+1). Returns the summed cross-entropy over n_seqs*T positions. When grad_scale != 0 a
- * backward follows, with the loss's gradient times grad_scale (usually 1 /
- * tokens per optimizer step). */
-double keel_model_forward(keel_model *m, const int32_t *tokens, int n_seqs, float grad_scale);
+ * [1,T+1). Returns the summed cross-entropy over n_seqs*T positions. mask
+ * (n_seqs, T+1) or NULL: a target whose mask byte is 0 adds no loss and no
+ * gradient (a chat prompt's tokens). When grad_scale != 0 a backward follows,
+ * with the loss's gradient times grad_scale (usually 1 / targets trained on
+ * per optimizer step). */
+double keel_model_forward(keel_model *m, const int32_t *tokens, const uint8_t *mask, int n_seqs,
+                          float grad_scale);
 /* Accumulate parameter gradients into the grads vector. */
 void keel_model_backward(keel_model *m);
 

@@ -41,7 +41,8 @@ keel_status keel_train_dry_run(const keel_config *cfg, int world_size);
 /* Mean loss over every sequence of data_path (a prepared directory — its val
  * split if it has one, else train — or one shard file) of the model at path:
  * a run's final weights (RUN/weights.bin), else a checkpoint or a run's
- * newest good checkpoint. */
+ * newest good checkpoint. With a loss mask, over the targets it keeps
+ * (*tokens counts them). */
 keel_status keel_eval_run(const char *path, const char *data_path, double *mean_loss, uint64_t *tokens);
 
 #endif

@@ -165,6 +165,13 @@ __global__ static void rope(float *x, const float *cs, int64_t pairs, int T, int
 __global__ static void xent(float *logits, float *loss, const int32_t *targets, int V, float dscale) {
     __shared__ float shared_max[THREADS / 32];
     float *z = logits + (int64_t)blockIdx.x * V;
+    int target = targets[blockIdx.x];
+    if (target < 0) { // ignored (a masked target): no loss, no gradient
+        if (threadIdx.x == 0) loss[blockIdx.x] = 0.0f;
+        if (dscale != 0.0f)
+            for (int j = threadIdx.x; j < V; j += THREADS) z[j] = 0.0f;
+        return;
+    }
     float mx = -INFINITY;
     for (int j = threadIdx.x; j < V; j += THREADS) mx = fmaxf(mx, z[j]);
     for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -175,7 +182,6 @@ __global__ static void xent(float *logits, float *loss, const int32_t *targets, 
     float sum = 0;
     for (int j = threadIdx.x; j < V; j += THREADS) sum += expf(z[j] - mx);
     sum = block_sum(sum);
-    int target = targets[blockIdx.x];
     if (threadIdx.x == 0) loss[blockIdx.x] = logf(sum) + mx - z[target];
     __syncthreads(); // z[target] read before it changes
     if (dscale != 0.0f)

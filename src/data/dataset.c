@@ -108,8 +108,9 @@ static void ensure_perm(keel_data *d, uint64_t epoch) {
     d->perm_epoch = epoch;
 }
 
-/* Copy stream tokens [first, first + n), which may span shard files. */
-static void read_stream(const keel_data *d, uint64_t first, uint64_t n, int32_t *out) {
+/* Copy stream tokens [first, first + n), which may span shard files, into
+ * out (unless NULL) and their loss-mask bits into mask (unless NULL). */
+static void read_stream(const keel_data *d, uint64_t first, uint64_t n, int32_t *out, uint8_t *mask) {
     /* Last shard whose start is <= first. */
     int lo = 0, hi = d->n_shards - 1;
     while (lo < hi) {
@@ -122,8 +123,8 @@ static void read_stream(const keel_data *d, uint64_t first, uint64_t n, int32_t 
         uint64_t offset = first - d->shard_start[s];
         uint64_t avail = d->shard_start[s + 1] - first;
         uint64_t take = n < avail ? n : avail;
-        keel_shard_read(d->shards[s], offset, take, out);
-        out += take;
+        if (out) keel_shard_read(d->shards[s], offset, take, out), out += take;
+        if (mask) keel_shard_read_mask(d->shards[s], offset, take, mask), mask += take;
         first += take;
         n -= take;
     }
@@ -143,21 +144,50 @@ static void synthetic_sample(const keel_data *d, uint64_t g, int32_t *out) {
 }
 
 void keel_data_fetch(keel_data *d, uint64_t step, uint64_t global_batch, uint64_t first, int n,
-                     int32_t *out) {
+                     int32_t *out, uint8_t *mask) {
     KEEL_CHECK(n >= 0 && first + (uint64_t)n <= global_batch,
                "fetch [%" PRIu64 ", +%d) outside the global batch of %" PRIu64, first, n,
                global_batch);
     size_t row = (size_t)d->seq_len + 1;
     for (int j = 0; j < n; j++) {
         uint64_t g = step * global_batch + first + (uint64_t)j;
+        uint8_t *mask_row = mask ? mask + (size_t)j * row : NULL;
         if (d->synthetic) {
             synthetic_sample(d, g, out + (size_t)j * row);
+            if (mask_row) memset(mask_row, 1, row);
             continue;
         }
         ensure_perm(d, g / d->n_samples);
         uint64_t sample = d->perm[g % d->n_samples];
-        read_stream(d, sample * (uint64_t)d->seq_len, row, out + (size_t)j * row);
+        read_stream(d, sample * (uint64_t)d->seq_len, row, out + (size_t)j * row, mask_row);
     }
+}
+
+uint64_t keel_data_targets_in(const uint8_t *mask, int rows, int seq_len) {
+    uint64_t n = 0;
+    for (int j = 0; j < rows; j++)
+        for (int t = 1; t <= seq_len; t++) n += mask[(size_t)j * (seq_len + 1) + t] != 0;
+    return n;
+}
+
+uint64_t keel_data_step_targets(keel_data *d, uint64_t step, uint64_t global_batch) {
+    uint64_t T = (uint64_t)d->seq_len;
+    if (!keel_data_has_mask(d)) return global_batch * T;
+    uint8_t *mask = keel_xmalloc(T + 1, "a sample's loss mask");
+    uint64_t n = 0;
+    for (uint64_t g = step * global_batch; g < (step + 1) * global_batch; g++) {
+        ensure_perm(d, g / d->n_samples);
+        read_stream(d, d->perm[g % d->n_samples] * T, T + 1, NULL, mask);
+        n += keel_data_targets_in(mask, 1, (int)T);
+    }
+    keel_free(mask);
+    return n;
+}
+
+bool keel_data_has_mask(const keel_data *d) {
+    for (int i = 0; i < d->n_shards; i++)
+        if (keel_shard_has_mask(d->shards[i])) return true;
+    return false;
 }
 
 uint64_t keel_data_n_samples(const keel_data *d) {

@@ -60,7 +60,7 @@ static keel_status flush_file(split_writer *w) {
     if (w->pending.n == 0) return KEEL_OK;
     char path[PATH_MAX];
     shard_path(path, sizeof path, w->dir, w->name, w->n_files);
-    keel_status st = keel_shard_write(path, w->pending.v, w->pending.n, w->vocab_size);
+    keel_status st = keel_shard_write(path, w->pending.v, NULL, w->pending.n, w->vocab_size);
     if (st != KEEL_OK) return st;
     w->n_files++;
     w->pending.n = 0;

@@ -132,6 +132,11 @@ double keel_ref_xent_forward_backward(float *logits, const int32_t *targets, int
     double loss = 0;
     for (int i = 0; i < N; i++) {
         float *z = logits + (int64_t)i * V;
+        if (targets[i] < 0) { /* ignored: no loss, no gradient */
+            if (dscale != 0.0f)
+                for (int j = 0; j < V; j++) z[j] = 0.0f;
+            continue;
+        }
         double mx = z[0], sum = 0;
         for (int j = 1; j < V; j++) mx = fmax(mx, z[j]);
         for (int j = 0; j < V; j++) sum += exp(z[j] - mx);

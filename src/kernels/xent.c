@@ -1,5 +1,6 @@
 /* kernels/xent.c: softmax cross-entropy over the vocabulary, fused with its gradient. */
 #include <math.h>
+#include <string.h>
 
 #include "keel/kernels.h"
 #include "kernels/simd.h"
@@ -37,8 +38,12 @@ static void rows(void *p, int64_t begin, int64_t end, int chunk) {
     double loss = 0;
     for (int64_t i = begin; i < end; i++) {
         float *z = c->logits + i * c->V;
-        float mx = row_max(z, c->V);
         int32_t y = c->targets[i];
+        if (y < 0) { /* ignored (a masked target): no loss, no gradient */
+            if (c->dscale != 0.0f) memset(z, 0, sizeof(float) * (size_t)c->V);
+            continue;
+        }
+        float mx = row_max(z, c->V);
         float zy = z[y];
         /* With a gradient wanted, keep e^(z - max) in place for the second pass. */
         float acc[KEEL_LANES] = {0};

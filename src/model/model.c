@@ -533,7 +533,8 @@ static double head_chunk(keel_model *m, int r0, int rows, float dscale) {
     return m->be->xent_forward_backward(m->logits, m->targets + r0, rows, V, dscale);
 }
 
-double keel_model_forward(keel_model *m, const int32_t *tokens, int n_seqs, float grad_scale) {
+double keel_model_forward(keel_model *m, const int32_t *tokens, const uint8_t *mask, int n_seqs,
+                          float grad_scale) {
     KEEL_CHECK(n_seqs >= 1 && n_seqs <= m->B_max, "n_seqs %d outside [1, %d]", n_seqs, m->B_max);
     m->B = n_seqs;
     const keel_model_layout *lay = &m->lay;
@@ -547,7 +548,8 @@ double keel_model_forward(keel_model *m, const int32_t *tokens, int n_seqs, floa
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             in[b * T + t] = tokens[(int64_t)b * (T + 1) + t];
-            target[b * T + t] = tokens[(int64_t)b * (T + 1) + t + 1];
+            int64_t at = (int64_t)b * (T + 1) + t + 1;
+            target[b * T + t] = !mask || mask[at] ? tokens[at] : -1; /* -1: the cross-entropy ignores it */
         }
     be->to_device(m->inputs, in, sizeof(int32_t) * (size_t)N);
     be->to_device(m->targets, target, sizeof(int32_t) * (size_t)N);

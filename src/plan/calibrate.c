@@ -72,7 +72,7 @@ static void time_slice(const keel_config *cfg, int V, int B, int T, bool bf16, s
     for (int rep = 0; rep < SLICE_REPS; rep++) {
         clock.block_s = 0;
         double t0 = keel_now_s(), c0 = keel_cpu_s();
-        keel_model_forward(m, tokens, B, 1.0f / (float)(B * T));
+        keel_model_forward(m, tokens, NULL, B, 1.0f / (float)(B * T));
         keel_model_backward(m);
         total[rep] = keel_now_s() - t0;
         block[rep] = clock.block_s;

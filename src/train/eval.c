@@ -42,6 +42,7 @@ keel_status keel_eval_run(const char *path, const char *data_path, double *mean_
     keel_data *data = NULL;
     keel_model *m = NULL;
     int32_t *buf = NULL;
+    uint8_t *mask = NULL;
     float *params = NULL;
     keel_status st = load_model(path, &cfg, &params);
     if (st != KEEL_OK) goto done;
@@ -55,16 +56,20 @@ keel_status keel_eval_run(const char *path, const char *data_path, double *mean_
     keel_model_params_changed(m);
     uint64_t n = keel_data_n_samples(data);
     buf = keel_xmalloc(sizeof(int32_t) * (size_t)B * (T + 1), "tokens");
+    if (keel_data_has_mask(data)) mask = keel_xmalloc((size_t)B * (T + 1), "the tokens' loss mask");
     double loss = 0;
+    uint64_t targets = 0;
     for (uint64_t first = 0; first < n; first += (uint64_t)B) {
         int rows = (int)(n - first < (uint64_t)B ? n - first : (uint64_t)B);
-        keel_data_fetch(data, 0, n, first, rows, buf);
-        loss += keel_model_forward(m, buf, rows, 0.0f);
+        keel_data_fetch(data, 0, n, first, rows, buf, mask);
+        loss += keel_model_forward(m, buf, mask, rows, 0.0f);
+        targets += mask ? keel_data_targets_in(mask, rows, T) : (uint64_t)rows * T;
     }
-    *tokens = n * (uint64_t)T;
-    *mean_loss = loss / (double)*tokens;
+    *tokens = targets;
+    *mean_loss = targets ? loss / (double)targets : 0.0;
 done:
     keel_free(buf);
+    keel_free(mask);
     keel_free(params);
     keel_model_free(m);
     keel_data_close(data);

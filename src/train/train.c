@@ -88,23 +88,27 @@ static double comm_wait_s(const trainer *t) {
     return st.gather_wait_s + st.reduce_wait_s + st.device_wait_s;
 }
 
-/* One optimizer step: accumulate over micro-batches, clip, AdamW. Returns the mean loss. */
+/* One optimizer step: accumulate over micro-batches, clip, AdamW. Returns the mean loss
+ * over the step's targets trained on (all G*T of them, or those a loss mask keeps). */
 static double train_step(trainer *t, int step, double *grad_norm_out) {
     const keel_config *cfg = t->cfg;
-    const keel_model_layout *lay = keel_model_get_layout(t->model);
-    int B = cfg->train.micro_batch_size, T = lay->T, accum = cfg->train.grad_accum_steps;
+    int B = cfg->train.micro_batch_size, accum = cfg->train.grad_accum_steps;
     int64_t G = trainer_global_batch(t);
-    float grad_scale = 1.0f / (float)(G * T);
+    /* Data windows the supervisor skipped (a step that diverged twice) shift the rest. */
+    uint64_t window = keel_run_data_window(&t->state, step);
+    /* the mean over the whole step's trained targets, whichever rank and micro-batch holds
+     * them; a step of masked targets only trains nothing (its gradient is 0) */
+    uint64_t targets = keel_data_step_targets(t->train, window, (uint64_t)G);
+    double divisor = targets ? (double)targets : 1.0;
+    float grad_scale = 1.0f / (float)divisor;
     double loss_sum = 0;
     if (t->fsdp) keel_fsdp_zero_grads(t->fsdp);
     else keel_model_zero_grads(t->model);
-    /* Data windows the supervisor skipped (a step that diverged twice) shift the rest. */
-    uint64_t window = keel_run_data_window(&t->state, step);
     /* Rank r takes its contiguous slice of the step's G samples (DESIGN §4). */
     for (int micro = 0; micro < accum; micro++) {
         uint64_t first = (uint64_t)t->rank * B * accum + (uint64_t)micro * B;
-        keel_data_fetch(t->train, window, (uint64_t)G, first, B, t->tokens);
-        loss_sum += keel_model_forward(t->model, t->tokens, B, grad_scale);
+        keel_data_fetch(t->train, window, (uint64_t)G, first, B, t->tokens, t->mask);
+        loss_sum += keel_model_forward(t->model, t->tokens, t->mask, B, grad_scale);
         keel_model_backward(t->model);
         keel_heartbeat_beat(t->heartbeat, "train", step, 0);
     }
@@ -133,7 +137,7 @@ static double train_step(trainer *t, int step, double *grad_norm_out) {
                       keel_clip_scale(norm, cfg->train.grad_clip));
     if (t->fsdp) keel_fsdp_invalidate(t->fsdp);
     else keel_model_params_changed(t->model);
-    return loss_sum / (double)(G * T);
+    return loss_sum / divisor;
 }
 
 /* Mean loss over the same validation samples every time: the first
@@ -148,16 +152,20 @@ static double evaluate(trainer *t, uint64_t *tokens_out) {
     uint64_t n = keel_data_n_samples(t->val) / (uint64_t)t->world_size;
     if (per_rank > n) per_rank = n;
     uint64_t total = per_rank * (uint64_t)t->world_size;
-    double loss = 0;
+    double loss = 0, targets = 0;
     keel_heartbeat_progress(t->heartbeat, "eval");
     for (uint64_t done = 0; done < per_rank; done += (uint64_t)B) {
         int rows = (int)(per_rank - done < (uint64_t)B ? per_rank - done : (uint64_t)B);
-        keel_data_fetch(t->val, 0, total, (uint64_t)t->rank * per_rank + done, rows, t->tokens);
-        loss += keel_model_forward(t->model, t->tokens, rows, 0.0f);
+        keel_data_fetch(t->val, 0, total, (uint64_t)t->rank * per_rank + done, rows, t->tokens, t->mask);
+        loss += keel_model_forward(t->model, t->tokens, t->mask, rows, 0.0f);
+        targets += t->mask ? (double)keel_data_targets_in(t->mask, rows, lay->T) : (double)rows * lay->T;
     }
-    if (t->world) keel_comm_allreduce_scalar(t->world, &loss, KEEL_COMM_SUM);
-    *tokens_out = total * (uint64_t)lay->T;
-    return loss / (double)*tokens_out;
+    if (t->world) {
+        keel_comm_allreduce_scalar(t->world, &loss, KEEL_COMM_SUM);
+        keel_comm_allreduce_scalar(t->world, &targets, KEEL_COMM_SUM);
+    }
+    *tokens_out = (uint64_t)targets;
+    return targets > 0 ? loss / targets : 0.0;
 }
 
 /* What each rank holds, by category (summary.json "ranks"). */
@@ -586,6 +594,8 @@ static keel_status run(trainer *t) {
     }
     const keel_model_layout *lay = keel_model_get_layout(t->model);
     t->tokens = keel_xmalloc(sizeof(int32_t) * (size_t)cfg->train.micro_batch_size * (lay->T + 1), "tokens");
+    if (keel_data_has_mask(t->train) || (t->val && keel_data_has_mask(t->val)))
+        t->mask = keel_xmalloc((size_t)cfg->train.micro_batch_size * (lay->T + 1), "the tokens' loss mask");
     t->step_tps = keel_xcalloc(sizeof(double) * (size_t)(cfg->train.steps + 1), "step rates");
     t->flops_per_token = keel_model_flops_per_token(lay);
     /* each rank measures its core; a rank that shared its core while measuring
@@ -617,6 +627,7 @@ static void free_trainer(trainer *t, keel_status st) {
     keel_fsdp_free(t->fsdp);
     keel_model_free(t->model);
     keel_free(t->tokens);
+    keel_free(t->mask);
     keel_free(t->step_tps);
     keel_run_state_free(&t->state);
 }

@@ -32,6 +32,7 @@ typedef struct {
     keel_jsonl *metrics;
     keel_progress progress;
     int32_t *tokens;        /* (B, T+1) */
+    uint8_t *mask;          /* (B, T+1) their loss mask, when the train or val data have one; else NULL */
     int threads;
     bool bf16;              /* bf16 GEMMs (fsdp.mixed_precision, where the CPU has them) */
     double flops_per_token, peak_flops;

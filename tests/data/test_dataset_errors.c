@@ -26,7 +26,7 @@ static void write_shard(const char *dir, const char *name, uint64_t n, uint32_t 
     snprintf(path, sizeof path, "%s/%s", dir, name);
     int32_t *tokens = malloc(n * sizeof *tokens + 1);
     for (uint64_t i = 0; i < n; i++) tokens[i] = (int32_t)(i % vocab);
-    if (keel_shard_write(path, tokens, n, vocab) != KEEL_OK) abort();
+    if (keel_shard_write(path, tokens, NULL, n, vocab) != KEEL_OK) abort();
     free(tokens);
 }
 
@@ -123,7 +123,7 @@ static void test_too_short(void) {
     if (d) {
         EXPECT(keel_data_n_samples(d) == 1, "one sample");
         int32_t row[17];
-        keel_data_fetch(d, 5, 1, 0, 1, row); /* step 5 = epoch 5, same single sample */
+        keel_data_fetch(d, 5, 1, 0, 1, row, NULL); /* step 5 = epoch 5, same single sample */
         EXPECT(row[0] == 0 && row[9] == 9 && row[10] == 0 && row[16] == 6, "the whole stream");
         keel_data_close(d);
     }
@@ -154,7 +154,7 @@ static void test_synthetic_settings(void) {
     EXPECT(keel_data_open(&cfg, "train", 16, 8, 1, &d) == KEEL_OK && d, "defaults, V = 8");
     if (d) {
         int32_t row[17];
-        keel_data_fetch(d, 0, 1, 0, 1, row);
+        keel_data_fetch(d, 0, 1, 0, 1, row, NULL);
         bool in_range = true;
         for (int i = 0; i < 17; i++) in_range &= row[i] >= 0 && row[i] < 8;
         EXPECT(in_range, "tokens below the model's 8");

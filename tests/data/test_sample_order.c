@@ -35,7 +35,7 @@ static void make_dataset(void) {
         for (uint64_t i = 0; i < file_tokens[f]; i++) tokens[i] = (int32_t)position++;
         char path[256];
         snprintf(path, sizeof path, "%s/train-%05zu.bin", tmpdir, f);
-        if (keel_shard_write(path, tokens, file_tokens[f], VOCAB) != KEEL_OK) abort();
+        if (keel_shard_write(path, tokens, NULL, file_tokens[f], VOCAB) != KEEL_OK) abort();
         free(tokens);
     }
     stream_tokens = position;
@@ -60,7 +60,7 @@ static uint64_t sample_of(const int32_t *row) {
 static uint64_t *epoch_order(keel_data *d, uint64_t epoch) {
     uint64_t n = keel_data_n_samples(d);
     int32_t *rows = malloc(n * (T + 1) * sizeof *rows);
-    keel_data_fetch(d, epoch, n, 0, (int)n, rows);
+    keel_data_fetch(d, epoch, n, 0, (int)n, rows, NULL);
     uint64_t *order = malloc(n * sizeof *order);
     for (uint64_t i = 0; i < n; i++) order[i] = sample_of(rows + i * (T + 1));
     free(rows);
@@ -125,7 +125,7 @@ static void make_samples(const char *dir, uint64_t n) {
     for (uint64_t i = 0; i < n * T + 1; i++) tokens[i] = (int32_t)i;
     char path[256];
     snprintf(path, sizeof path, "%s/train-00000.bin", dir);
-    if (keel_shard_write(path, tokens, n * T + 1, VOCAB) != KEEL_OK) abort();
+    if (keel_shard_write(path, tokens, NULL, n * T + 1, VOCAB) != KEEL_OK) abort();
     free(tokens);
 }
 
@@ -239,7 +239,7 @@ static int32_t *fetch_as_world(keel_data_config *cfg, uint64_t G, uint64_t steps
         for (uint64_t step = 0; step < steps; step++) {
             for (uint64_t first = lo; first < hi; first += (uint64_t)micro) {
                 int n = (int)(hi - first < (uint64_t)micro ? hi - first : (uint64_t)micro);
-                keel_data_fetch(d, step, G, first, n, out + (step * G + first) * row);
+                keel_data_fetch(d, step, G, first, n, out + (step * G + first) * row, NULL);
             }
         }
         keel_data_close(d);
@@ -267,7 +267,7 @@ static void test_world_size_independence(keel_data_config *cfg, const char *what
     keel_data *d = NULL;
     keel_data_open(cfg, "train", T, VOCAB, 7, &d);
     int32_t *resumed = malloc(G * (T + 1) * sizeof *resumed);
-    keel_data_fetch(d, 17, G, 0, (int)G, resumed);
+    keel_data_fetch(d, 17, G, 0, (int)G, resumed, NULL);
     EXPECT(memcmp(resumed, reference + 17 * G * (T + 1), G * (T + 1) * sizeof *resumed) == 0,
            "%s: resume at step 17", what);
     free(resumed);
@@ -288,7 +288,7 @@ static int32_t *synthetic_rows(keel_data_config cfg, const char *split, uint64_t
     if (keel_data_open(&cfg, split, T, VOCAB, seed, &d) != KEEL_OK) abort();
     EXPECT(keel_data_n_samples(d) == UINT64_MAX, "synthetic is infinite");
     int32_t *rows = malloc((size_t)n * (T + 1) * sizeof *rows);
-    keel_data_fetch(d, 0, (uint64_t)n, 0, n, rows);
+    keel_data_fetch(d, 0, (uint64_t)n, 0, n, rows, NULL);
     keel_data_close(d);
     return rows;
 }

@@ -91,7 +91,7 @@ static void test_round_trip(uint32_t vocab, uint64_t n, int token_bytes) {
     char path[PATH_BYTES];
     tmp_path(path, "rt.bin");
     int32_t *tokens = random_tokens(n, vocab, vocab + n);
-    EXPECT(keel_shard_write(path, tokens, n, vocab) == KEEL_OK, "write vocab %u", vocab);
+    EXPECT(keel_shard_write(path, tokens, NULL, n, vocab) == KEEL_OK, "write vocab %u", vocab);
 
     size_t bytes;
     uint8_t *file = read_all(path, &bytes);
@@ -136,7 +136,7 @@ static uint8_t *valid_file(size_t *bytes) {
     char path[PATH_BYTES];
     tmp_path(path, "good.bin");
     int32_t *tokens = random_tokens(1000, 100, 5);
-    keel_shard_write(path, tokens, 1000, 100);
+    keel_shard_write(path, tokens, NULL, 1000, 100);
     free(tokens);
     uint8_t *file = read_all(path, bytes);
     unlink(path);
@@ -241,9 +241,9 @@ static void test_atomic_write(void) {
     tmp_path(path, "atomic.bin");
     tmp_path(bad_path, "no/such/dir/x.bin");
     int32_t *first = random_tokens(5000, 300, 1), *second = random_tokens(9000, 300, 2);
-    EXPECT(keel_shard_write(path, first, 5000, 300) == KEEL_OK, "first write");
+    EXPECT(keel_shard_write(path, first, NULL, 5000, 300) == KEEL_OK, "first write");
     EXPECT(dir_holds_only("atomic.bin"), "no temporary file after a write");
-    EXPECT(keel_shard_write(path, second, 9000, 300) == KEEL_OK, "overwrite");
+    EXPECT(keel_shard_write(path, second, NULL, 9000, 300) == KEEL_OK, "overwrite");
     EXPECT(file_size(path) == 64 + 2 * 9000, "overwrite replaced the file");
     size_t old_bytes;
     uint8_t *old = read_all(path, &old_bytes);
@@ -256,7 +256,7 @@ static void test_atomic_write(void) {
     signal(SIGXFSZ, SIG_IGN);
     setrlimit(RLIMIT_FSIZE, &small);
     capture_begin();
-    keel_status st = keel_shard_write(path, first, 5000, 300);
+    keel_status st = keel_shard_write(path, first, NULL, 5000, 300);
     const char *msg = capture_end();
     setrlimit(RLIMIT_FSIZE, &saved);
     EXPECT(st == KEEL_ERR_IO, "failed write returns KEEL_ERR_IO, got %d", (int)st);
@@ -272,18 +272,18 @@ static void test_atomic_write(void) {
     int32_t bad[3] = {1, 300, 2};
     unlink(path);
     capture_begin();
-    st = keel_shard_write(path, bad, 3, 300);
+    st = keel_shard_write(path, bad, NULL, 3, 300);
     msg = capture_end();
     EXPECT(st == KEEL_ERR_INPUT && strstr(msg, "300"), "id >= vocab refused: %s", msg);
     bad[1] = -1;
     capture_begin();
-    st = keel_shard_write(path, bad, 3, 300);
+    st = keel_shard_write(path, bad, NULL, 3, 300);
     capture_end();
     EXPECT(st == KEEL_ERR_INPUT, "negative id refused");
     EXPECT(dir_holds_only(NULL), "nothing written for bad ids");
 
     capture_begin();
-    st = keel_shard_write(bad_path, first, 10, 300);
+    st = keel_shard_write(bad_path, first, NULL, 10, 300);
     msg = capture_end();
     EXPECT(st == KEEL_ERR_IO && count_lines(msg) == 1, "unwritable path: %s", msg);
     free(first);

@@ -20,8 +20,8 @@
 static double step_full(keel_model *m, keel_optim *opt, keel_data *d, const keel_train_config *tc,
                         int step, int32_t *tokens, int T) {
     keel_model_zero_grads(m);
-    keel_data_fetch(d, (uint64_t)step, G, 0, G, tokens);
-    double loss = keel_model_forward(m, tokens, G, 1.0f / (float)(G * T));
+    keel_data_fetch(d, (uint64_t)step, G, 0, G, tokens, NULL);
+    double loss = keel_model_forward(m, tokens, NULL, G, 1.0f / (float)(G * T));
     keel_model_backward(m);
     const keel_model_layout *lay = keel_model_get_layout(m);
     double norm = sqrt(keel_sumsq(keel_model_grads(m), lay->n_params));
@@ -34,8 +34,8 @@ static double step_sharded(keel_model *m, keel_fsdp *f, keel_optim *opt, keel_co
                            keel_data *d, const keel_train_config *tc, int step, int32_t *tokens,
                            int T, int rank, int B) {
     keel_fsdp_zero_grads(f);
-    keel_data_fetch(d, (uint64_t)step, G, (uint64_t)rank * B, B, tokens);
-    double loss = keel_model_forward(m, tokens, B, 1.0f / (float)(G * T));
+    keel_data_fetch(d, (uint64_t)step, G, (uint64_t)rank * B, B, tokens, NULL);
+    double loss = keel_model_forward(m, tokens, NULL, B, 1.0f / (float)(G * T));
     keel_model_backward(m);
     keel_fsdp_finish_grads(f);
     double sumsq;

@@ -64,7 +64,7 @@ static double forward_loss(const keel_model_config *cfg, const float *params, co
     const keel_model_layout *lay = keel_model_get_layout(m);
     memcpy(keel_model_params(m), params, sizeof(float) * (size_t)lay->n_params);
     keel_model_params_changed(m); /* bf16: its copy of the weights */
-    double loss = keel_model_forward(m, tokens, B, 0.0f) / ((double)B * cfg->max_seq_len);
+    double loss = keel_model_forward(m, tokens, NULL, B, 0.0f) / ((double)B * cfg->max_seq_len);
     keel_model_free(m);
     return loss;
 }

@@ -32,7 +32,7 @@ static void check(bool bf16) {
     double loss_plain = 0;
     keel_model_zero_grads(plain);
     for (int micro = 0; micro < 2; micro++) { /* accumulation too */
-        loss_plain = keel_model_forward(plain, tokens, B, 1.0f / (float)(2 * B * T));
+        loss_plain = keel_model_forward(plain, tokens, NULL, B, 1.0f / (float)(2 * B * T));
         keel_model_backward(plain);
     }
     for (int K = 1; K <= L + 1; K++) { /* L + 1: KEEL_CHECKPOINT_ALL */
@@ -44,7 +44,7 @@ static void check(bool bf16) {
         double loss = 0;
         keel_model_zero_grads(ckpt);
         for (int micro = 0; micro < 2; micro++) {
-            loss = keel_model_forward(ckpt, tokens, B, 1.0f / (float)(2 * B * T));
+            loss = keel_model_forward(ckpt, tokens, NULL, B, 1.0f / (float)(2 * B * T));
             keel_model_backward(ckpt);
         }
         EXPECT(loss == loss_plain, "%s, K %d: loss identical (%.9g, %.9g)", what, k, loss, loss_plain);

@@ -61,10 +61,10 @@ static double step(const keel_backend *be, bool bf16, bool ckpt, float *grads, i
     keel_model_zero_grads(m);
     double loss = 0;
     for (int micro = 0; micro < 2; micro++) { /* accumulation: a second forward on the same buffers */
-        loss += keel_model_forward(m, tokens, B, 1.0f / (float)(2 * B * T));
+        loss += keel_model_forward(m, tokens, NULL, B, 1.0f / (float)(2 * B * T));
         keel_model_backward(m);
     }
-    loss += keel_model_forward(m, tokens, 1, 0.0f); /* an evaluation: a smaller batch, no backward */
+    loss += keel_model_forward(m, tokens, NULL, 1, 0.0f); /* an evaluation: a smaller batch, no backward */
     *n_params = keel_model_get_layout(m)->n_params;
     if (grads) be->to_host(grads, keel_model_grads(m), sizeof(float) * (size_t)*n_params);
     keel_model_free(m);

@@ -49,8 +49,8 @@ static void check(bool tied) {
         }
         keel_model_zero_grads(m32);
         keel_model_zero_grads(m16);
-        double l32 = keel_model_forward(m32, tokens, B, 1.0f / (float)(B * T));
-        double l16 = keel_model_forward(m16, tokens, B, 1.0f / (float)(B * T));
+        double l32 = keel_model_forward(m32, tokens, NULL, B, 1.0f / (float)(B * T));
+        double l16 = keel_model_forward(m16, tokens, NULL, B, 1.0f / (float)(B * T));
         keel_model_backward(m32);
         keel_model_backward(m16);
         EXPECT(fabs(l16 - l32) <= 1e-3 * fabs(l32), "tied=%d round %d: loss bf16 %.6f fp32 %.6f", tied,

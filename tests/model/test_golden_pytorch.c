@@ -226,7 +226,7 @@ static double check_logits_and_loss(const fixture *f, keel_model *m) {
     free(logits);
 
     keel_model_zero_grads(m);
-    double loss = keel_model_forward(m, f->tokens, f->B, 1.0f / (float)N) / N;
+    double loss = keel_model_forward(m, f->tokens, NULL, f->B, 1.0f / (float)N) / N;
     double want = cJSON_GetObjectItem(f->expected, "mean_loss")->valuedouble;
     EXPECT(rel(loss, want) <= LOSS_TOL, " loss: keel %.9f transformers %.9f rel_err %.2e (tol %.0e)",
            loss, want, rel(loss, want), LOSS_TOL);
@@ -272,7 +272,7 @@ static void check_trajectory(const fixture *f, keel_model *m) {
     double worst = 0;
     for (int step = 0; step < steps; step++) {
         keel_model_zero_grads(m);
-        double loss = keel_model_forward(m, f->tokens, f->B, 1.0f / (float)N) / N;
+        double loss = keel_model_forward(m, f->tokens, NULL, f->B, 1.0f / (float)N) / N;
         keel_model_backward(m);
         double norm = sqrt(keel_sumsq(grads, lay->n_params)), lr = keel_lr_at(tc, step);
         keel_optim_update(opt, params, grads, step, lr, keel_clip_scale(norm, tc->grad_clip));

@@ -27,9 +27,9 @@ static double step(bool bf16, int head_rows, float *grads, int64_t *bytes) {
     *bytes = keel_model_activation_bytes(lay, B, &opts);
     keel_model_init_weights(m, 3);
     keel_model_zero_grads(m);
-    double loss = keel_model_forward(m, tokens, 1, 0.0f); /* an evaluation: one sequence, no backward */
+    double loss = keel_model_forward(m, tokens, NULL, 1, 0.0f); /* an evaluation: one sequence, no backward */
     for (int micro = 0; micro < 2; micro++) {
-        loss += keel_model_forward(m, tokens, B, 1.0f / (float)(2 * B * T));
+        loss += keel_model_forward(m, tokens, NULL, B, 1.0f / (float)(2 * B * T));
         keel_model_backward(m);
     }
     memcpy(grads, keel_model_grads(m), sizeof(float) * (size_t)lay->n_params);

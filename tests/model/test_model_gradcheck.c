@@ -139,7 +139,7 @@ static void check_config(bool tied) {
     int32_t tokens[2 * 6] = {1, 5, 9, 3, 3, 10, 0, 7, 2, 2, 8, 4};
     int T = lay->T;
     keel_model_zero_grads(m);
-    double loss = keel_model_forward(m, tokens, B, 1.0f / (float)(B * T)) / (B * T);
+    double loss = keel_model_forward(m, tokens, NULL, B, 1.0f / (float)(B * T)) / (B * T);
     keel_model_backward(m);
     const float *grads = keel_model_grads(m);
 

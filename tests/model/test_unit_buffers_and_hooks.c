@@ -107,7 +107,7 @@ int main(void) {
     keel_model_init_weights(ref, 5);
     const keel_model_layout *ref_lay = keel_model_get_layout(ref);
     keel_model_zero_grads(ref);
-    double loss_ref = keel_model_forward(ref, tokens, B, 1.0f / (float)(B * T));
+    double loss_ref = keel_model_forward(ref, tokens, NULL, B, 1.0f / (float)(B * T));
     keel_model_backward(ref);
 
     for (int kind = KEEL_UNIT_BLOCK; kind <= KEEL_UNIT_MATRIX; kind++)
@@ -136,7 +136,7 @@ int main(void) {
             keel_model_set_hooks(m, &hooks);
             int progress = 0;
             keel_model_set_progress(m, count, &progress);
-            double loss = keel_model_forward(m, tokens, B, 1.0f / (float)(B * T));
+            double loss = keel_model_forward(m, tokens, NULL, B, 1.0f / (float)(B * T));
             keel_model_backward(m);
 
             EXPECT(loss == loss_ref, "%s units, checkpointing K %d: loss %.9g with separate, "

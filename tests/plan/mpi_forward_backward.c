@@ -31,7 +31,7 @@ static keel_status init_range(void *p, int64_t begin, int64_t len, float *dst) {
 /* The global mean loss of this rank's micro-batch and every other's. */
 static double global_loss(keel_model *m, keel_comm *world, const int32_t *tokens, int B, int T,
                           float grad_scale) {
-    double loss = keel_model_forward(m, tokens, B, grad_scale);
+    double loss = keel_model_forward(m, tokens, NULL, B, grad_scale);
     keel_comm_allreduce_scalar(world, &loss, KEEL_COMM_SUM);
     return loss / ((double)keel_comm_size(world) * B * T);
 }
@@ -71,7 +71,7 @@ int main(int argc, char **argv) {
     keel_data *data;
     if (keel_data_open(&cfg.data, "train", T, cfg.model.vocab_size, 1, &data) != KEEL_OK) return 1;
     int32_t *tokens = keel_xmalloc(sizeof(int32_t) * (size_t)B * (T + 1), "tokens");
-    keel_data_fetch(data, 0, (uint64_t)B * W, (uint64_t)rank * B, B, tokens);
+    keel_data_fetch(data, 0, (uint64_t)B * W, (uint64_t)rank * B, B, tokens, NULL);
 
     t0 = keel_now_s();
     keel_fsdp_zero_grads(f);
