@@ -166,6 +166,8 @@ typedef struct {
     bool force;               /* replace existing shards in out_dir */
     const char *text_key;     /* JSON Lines: the member holding the text; NULL = "text" */
     uint64_t max_tokens;      /* stop at a document's end once this many are written; 0 = all */
+    const char *format;       /* "text" (NULL: the same) or "chat" */
+    const char *chat_template; /* chat: "llama3" or "llama2"; required with chat, else NULL */
 } keel_prepare_args;
 keel_status keel_data_prepare(const keel_prepare_args *args);
 
