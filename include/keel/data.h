@@ -153,6 +153,23 @@ void keel_data_count_sources(keel_data *d, uint64_t step, uint64_t global_batch,
  * chunk's cut points depend only on its document and the tokenizer. Each
  * split's stream keeps the input order.
  *
+ * Chat (format "chat", with chat_template "llama3" or "llama2"; see
+ * docs/data.md, "Chat fine-tuning"): every input is JSON Lines (a file named
+ * .txt is refused) and each record one conversation, "messages": an optional
+ * system message first, then user and assistant in turn from the user,
+ * ending with the assistant, each {"role", "content": string}. It is
+ * rendered as the model's Hugging Face chat template renders it and encoded
+ * to the ids of transformers' apply_chat_template with the same tokenizer
+ * (the template's special tokens must be the tokenizer's: a one-line error
+ * names a missing one and the file). It is one document: no BOS/EOS beyond
+ * the template's, never cut into chunks, whole to train or val by the hash of
+ * its rendered text (special tokens as text, then "\n"). The shards carry a
+ * loss mask (version 2) that is 1 on the assistant's answers and the token
+ * ending each (<|eot_id|>, </s>; llama2: with the spaces around the answer),
+ * 0 elsewhere; the summary prints the share trained on. A record that is not
+ * such a conversation is KEEL_ERR_INPUT naming file:line and the fix. Without
+ * format "chat" nothing of this applies and the shards have no mask.
+ *
  * threads encode lines in blocks in parallel while the caller's thread
  * writes; the files are bit-identical for any thread count. max_tokens stops
  * the reading at the end of the first document that brings the tokens
@@ -174,6 +191,8 @@ typedef struct {
     bool force;               /* replace existing shards in out_dir */
     const char *text_key;     /* JSON Lines: the member holding the text; NULL = "text" */
     uint64_t max_tokens;      /* stop at a document's end once this many are written; 0 = all */
+    const char *format;       /* "text" (NULL: the same) or "chat" */
+    const char *chat_template; /* chat: "llama3" or "llama2"; required with chat, else NULL */
 } keel_prepare_args;
 keel_status keel_data_prepare(const keel_prepare_args *args);
 

@@ -43,6 +43,13 @@ void keel_tokenizer_free(keel_tokenizer *tok);
 int keel_tokenizer_vocab_size(const keel_tokenizer *tok);
 int keel_tokenizer_bos_id(const keel_tokenizer *tok); /* -1 if none */
 int keel_tokenizer_eos_id(const keel_tokenizer *tok); /* -1 if none */
+/* The id of `token` (NUL-ended) as a special token — one that encoding
+ * takes whole wherever the text holds it and that leaves the text beside it
+ * as it is, so a chat template's text can be encoded piece by piece between
+ * such tokens to the ids of the whole: for a tokenizer.json an added token
+ * with that content, not normalized, without lstrip, rstrip or single_word;
+ * for a .model a control or user-defined piece. -1 when there is none. */
+int keel_tokenizer_special_id(const keel_tokenizer *tok, const char *token);
 /* The name Hugging Face gives a file of this kind: "tokenizer.model"
  * (SentencePiece) or "tokenizer.json" (a string literal). */
 const char *keel_tokenizer_file_name(const keel_tokenizer *tok);

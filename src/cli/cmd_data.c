@@ -13,6 +13,7 @@ static const char data_usage[] =
     "usage: keel data prepare --model TOKENIZER.model --input PATH [PATH ...] --out DIR\n"
     "                         [--val-fraction F] [--split-seed S] [--shard-tokens N]\n"
     "                         [--text-key KEY] [--max-tokens N] [--threads N] [--force]\n"
+    "                         [--format text|chat] [--chat-template llama3|llama2]\n"
     "\n"
     "Tokenize text and JSON Lines files into token shards for `data.path`:\n"
     "DIR/train-00000.bin, ... and, with --val-fraction, DIR/val-00000.bin, ...\n"
@@ -31,7 +32,22 @@ static const char data_usage[] =
     "if the tokenizer defines them). Prints the inputs, the tokens of each split,\n"
     "the split with its seed, and MB/s of text; on a terminal, the progress.\n"
     "\n"
-    "  --model PATH        SentencePiece model (from spm_train)\n"
+    "Chat fine-tuning (--format chat): each JSON Lines record is one conversation,\n"
+    "  {\"messages\": [{\"role\": \"system\", \"content\": \"...\"},   (optional, first)\n"
+    "                {\"role\": \"user\", \"content\": \"...\"},\n"
+    "                {\"role\": \"assistant\", \"content\": \"...\"}, ...]}\n"
+    "user and assistant in turn, ending with the assistant. It is rendered with\n"
+    "--chat-template as the model's Hugging Face chat template renders it (its\n"
+    "BOS/EOS and special tokens; no others added) and tokenized to the ids of\n"
+    "transformers' apply_chat_template; the shards carry a loss mask that trains\n"
+    "only on the assistant's answers and the token ending each (<|eot_id|>, </s>).\n"
+    "A conversation is never cut: it goes whole to train or val. Every input is\n"
+    "read as JSON Lines (a pipe too; .txt files are refused). See docs/data.md,\n"
+    "\"Chat fine-tuning\".\n"
+    "\n"
+    "  --model PATH        tokenizer: a SentencePiece .model or a Hugging Face\n"
+    "                      tokenizer.json (BOS/EOS from the tokenizer_config.json\n"
+    "                      beside it)\n"
     "  --input PATH ...    files, directories or quoted glob patterns, read in\n"
     "                      order (repeatable)\n"
     "  --out DIR           output directory; created if missing\n"
@@ -49,10 +65,16 @@ static const char data_usage[] =
     "  --threads N         threads that encode text (default: one per CPU); the files\n"
     "                      are the same for any N\n"
     "  --force             replace the shards already in DIR (default: refuse)\n"
+    "  --format F          text (default: documents) or chat (JSON Lines\n"
+    "                      conversations, with a loss mask)\n"
+    "  --chat-template T   with --format chat, required: llama3 (Llama 3 Instruct:\n"
+    "                      <|start_header_id|>role<|end_header_id|> ... <|eot_id|>)\n"
+    "                      or llama2 (Llama 2 chat: <s>[INST] ... [/INST] ... </s>)\n"
     "  --help              show this text\n";
 
 enum { OPT_MODEL = 256, OPT_INPUT, OPT_OUT, OPT_VAL_FRACTION, OPT_SHARD_TOKENS, OPT_FORCE,
-       OPT_HELP, OPT_SPLIT_SEED, OPT_THREADS, OPT_TEXT_KEY, OPT_MAX_TOKENS };
+       OPT_HELP, OPT_SPLIT_SEED, OPT_THREADS, OPT_TEXT_KEY, OPT_MAX_TOKENS, OPT_FORMAT,
+       OPT_CHAT_TEMPLATE };
 
 static const struct option prepare_options[] = {
     {"model", required_argument, NULL, OPT_MODEL},
@@ -64,6 +86,8 @@ static const struct option prepare_options[] = {
     {"threads", required_argument, NULL, OPT_THREADS},
     {"text-key", required_argument, NULL, OPT_TEXT_KEY},
     {"max-tokens", required_argument, NULL, OPT_MAX_TOKENS},
+    {"format", required_argument, NULL, OPT_FORMAT},
+    {"chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE},
     {"force", no_argument, NULL, OPT_FORCE},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
@@ -136,6 +160,8 @@ static int cmd_prepare(int argc, char **argv) {
             if (!parse_count(arg, &args.max_tokens))
                 exit_code = usage_error("--max-tokens needs a positive integer, not", arg);
             break;
+        case OPT_FORMAT: args.format = arg; break;
+        case OPT_CHAT_TEMPLATE: args.chat_template = arg; break;
         case OPT_FORCE: args.force = true; break;
         case OPT_HELP:
             fputs(data_usage, stdout);

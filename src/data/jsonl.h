@@ -15,6 +15,8 @@
 
 #include "keel/core.h"
 
+struct cJSON;
+
 /* A record of this many bytes or more is refused (naming its file and line)
  * rather than held in memory whole. */
 #define JSONL_MAX_RECORD_BYTES (1ull << 30)
@@ -30,5 +32,19 @@
  * string (its JSON type). Safe on many threads at once. */
 keel_status jsonl_record_text(const char *line, size_t len, const char *key, bool *is_record,
                               char **text, size_t *text_len, char *why, size_t why_n);
+
+/* The first half of jsonl_record_text, for records read otherwise (chat.c):
+ * line[0, len) is a blank line (*rec = NULL) or one JSON object, parsed into
+ * *rec (the caller's: cJSON_Delete). Malformed JSON, text after the value
+ * and a value that is not an object are KEEL_ERR_INPUT with `why` as
+ * jsonl_record_text says them; `holds` ends the last of these ("the
+ * document's text at \"text\"") by saying what the object must hold. */
+/* "a string", "a number", "null", "an array", ...: v's JSON type, for messages. */
+const char *jsonl_json_type(const struct cJSON *v);
+/* The names of object v's first few members, quoted: "\"a\", \"b\", ...", in out. */
+void jsonl_member_names(const struct cJSON *v, char *out, size_t out_n);
+
+keel_status jsonl_record_object(const char *line, size_t len, const char *holds, struct cJSON **rec,
+                                char *why, size_t why_n);
 
 #endif

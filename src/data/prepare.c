@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "data/chat.h"
 #include "data/inputs.h"
 #include "data/textblocks.h"
 
@@ -24,18 +25,28 @@
 
 typedef struct {
     int32_t *v;
+    uint8_t *mask; /* chat: per token, 1 = trained on; NULL for text (no loss mask) */
     size_t n, cap;
 } tokbuf;
 
-static void tokbuf_append(tokbuf *b, const int32_t *src, size_t n) {
+/* Append n tokens and, for a buffer with a loss mask (chat: every append has
+ * one), their mask. */
+static void tokbuf_append(tokbuf *b, const int32_t *src, const uint8_t *mask, size_t n) {
     if (n == 0) return;
+    KEEL_CHECK(!b->mask || mask, "tokens without a mask appended to masked ones");
     if (b->n + n > b->cap) {
         size_t cap = b->cap ? b->cap : 4096;
         while (cap < b->n + n) cap *= 2;
         b->v = keel_xrealloc(b->v, cap * sizeof *b->v, "token buffer");
+        if (b->mask) b->mask = keel_xrealloc(b->mask, cap, "loss mask buffer");
         b->cap = cap;
     }
+    if (mask && !b->mask) {
+        KEEL_CHECK(b->n == 0, "a mask for tokens appended to ones without");
+        b->mask = keel_xmalloc(b->cap, "loss mask buffer");
+    }
     memcpy(b->v + b->n, src, n * sizeof *src);
+    if (mask) memcpy(b->mask + b->n, mask, n);
     b->n += n;
 }
 
@@ -60,20 +71,22 @@ static keel_status flush_file(split_writer *w) {
     if (w->pending.n == 0) return KEEL_OK;
     char path[PATH_MAX];
     shard_path(path, sizeof path, w->dir, w->name, w->n_files);
-    keel_status st = keel_shard_write(path, w->pending.v, NULL, w->pending.n, w->vocab_size);
+    keel_status st = keel_shard_write(path, w->pending.v, w->pending.mask, w->pending.n, w->vocab_size);
     if (st != KEEL_OK) return st;
     w->n_files++;
     w->pending.n = 0;
     return KEEL_OK;
 }
 
-static keel_status split_append(split_writer *w, const int32_t *tokens, size_t n) {
+static keel_status split_append(split_writer *w, const int32_t *tokens, const uint8_t *mask,
+                                size_t n) {
     w->n_tokens += n;
     while (n > 0) {
         size_t room = (size_t)(w->shard_tokens - w->pending.n);
         size_t take = n < room ? n : room;
-        tokbuf_append(&w->pending, tokens, take);
+        tokbuf_append(&w->pending, tokens, mask, take);
         tokens += take;
+        if (mask) mask += take;
         n -= take;
         if (w->pending.n == w->shard_tokens) {
             keel_status st = flush_file(w);
@@ -105,6 +118,9 @@ typedef struct {
     uint64_t n_documents, n_chunks, n_val_chunks;
     uint64_t max_tokens; /* 0: no cap */
     bool capped;         /* max_tokens reached at a document's end: stop reading */
+    const chat_template *chat; /* --format chat: records are conversations; else NULL */
+    uint64_t n_trained;        /* chat: tokens whose mask is 1 */
+    uint64_t longest;          /* chat: tokens of the longest conversation */
 } preparer;
 
 /* A chunk goes to val when its hash, as a fraction of 2^64, is below
@@ -122,7 +138,8 @@ static keel_status end_chunk(preparer *p) {
         bool val = chunk_goes_to_val(p);
         p->n_chunks++;
         p->n_val_chunks += val;
-        st = split_append(val ? &p->val : &p->train, p->chunk.v, p->chunk.n);
+        for (size_t i = 0; p->chunk.mask && i < p->chunk.n; i++) p->n_trained += p->chunk.mask[i];
+        st = split_append(val ? &p->val : &p->train, p->chunk.v, p->chunk.mask, p->chunk.n);
     }
     p->chunk.n = 0;
     XXH3_64bits_reset_withSeed(p->hash, p->split_seed);
@@ -131,7 +148,8 @@ static keel_status end_chunk(preparer *p) {
 
 static keel_status end_document(preparer *p) {
     p->in_document = false;
-    if (p->eos_id >= 0) tokbuf_append(&p->chunk, &p->eos_id, 1);
+    if (p->eos_id >= 0) tokbuf_append(&p->chunk, &p->eos_id, NULL, 1);
+    if (p->chat && p->chunk.n > p->longest) p->longest = p->chunk.n;
     keel_status st = end_chunk(p);
     if (p->max_tokens && p->train.n_tokens + p->val.n_tokens >= p->max_tokens) p->capped = true;
     return st;
@@ -146,12 +164,12 @@ static keel_status add_line(preparer *p, const text_block *b, const text_line *l
     if (!p->in_document) {
         p->in_document = true;
         p->n_documents++;
-        if (p->bos_id >= 0) tokbuf_append(&p->chunk, &p->bos_id, 1);
+        if (p->bos_id >= 0) tokbuf_append(&p->chunk, &p->bos_id, NULL, 1);
     } else if (p->chunk.n >= CHUNK_MAX_TOKENS) {
         keel_status st = end_chunk(p);
         if (st != KEEL_OK) return st;
     }
-    tokbuf_append(&p->chunk, b->ids + l->first_id, l->n_ids);
+    tokbuf_append(&p->chunk, b->ids + l->first_id, b->mask ? b->mask + l->first_id : NULL, l->n_ids);
     /* The text as the tokenizer saw it, line ends made "\n": a CRLF copy of
      * a document hashes as its LF original. */
     XXH3_64bits_update(p->hash, b->text + l->start, l->len);
@@ -219,6 +237,7 @@ static keel_status add_inputs(preparer *p, const keel_prepare_args *a, const inp
     const char *text_key = a->text_key ? a->text_key : "text";
     keel_status st = textblocks_open(p->tok, inputs->files, inputs->n_files, text_key, threads, &tb);
     if (st != KEEL_OK) return st;
+    if (p->chat) textblocks_set_chat(tb, p->chat);
     progress pr;
     progress_init(&pr, inputs);
     const text_block *b;
@@ -360,6 +379,50 @@ static keel_status publish(const split_writer *w, const char *out_dir) {
 
 /* ---- the command ---------------------------------------------------------- */
 
+static bool is_chat(const keel_prepare_args *a) { return a->format && strcmp(a->format, "chat") == 0; }
+
+/* --format text (the default) or chat; chat needs its template, text none. */
+static keel_status check_format(const keel_prepare_args *a) {
+    if (a->format && strcmp(a->format, "text") != 0 && !is_chat(a)) {
+        keel_errorf("data prepare: --format '%s' is not a format keel knows; use text (documents) "
+                    "or chat (conversations with a loss mask)", a->format);
+        return KEEL_ERR_INPUT;
+    }
+    if (is_chat(a) && !a->chat_template) {
+        keel_errorf("data prepare: --format chat needs --chat-template %s: the template of the "
+                    "model you fine-tune (Llama 3 Instruct, Llama 2 chat)", CHAT_TEMPLATE_NAMES);
+        return KEEL_ERR_INPUT;
+    }
+    if (!is_chat(a) && a->chat_template) {
+        keel_errorf("data prepare: --chat-template applies to conversations; add --format chat");
+        return KEEL_ERR_INPUT;
+    }
+    if (is_chat(a) && a->text_key) {
+        keel_errorf("data prepare: --text-key names the text of --format text records; a chat "
+                    "record holds its conversation at \"messages\" (drop --text-key)");
+        return KEEL_ERR_INPUT;
+    }
+    return KEEL_OK;
+}
+
+/* --format chat reads every input as JSON Lines (a pipe too) but a file its
+ * name says is text (.txt, .txt.gz, .txt.zst). */
+static keel_status chat_inputs(input_list *inputs) {
+    for (size_t i = 0; i < inputs->n_files; i++) {
+        prepare_input *f = &inputs->files[i];
+        input_format format;
+        instream_kind compression;
+        if (f->format == INPUT_TEXT && input_kind_of(f->path, &format, &compression)) {
+            keel_errorf("data prepare: input %s is text (by its name); --format chat reads JSON "
+                        "Lines conversations: give .jsonl or .json files (plain, .gz or .zst)",
+                        f->path);
+            return KEEL_ERR_INPUT;
+        }
+        f->format = INPUT_JSONL;
+    }
+    return KEEL_OK;
+}
+
 static keel_status check_args(const keel_prepare_args *a) {
     if (!a->model_path) {
         keel_errorf("data prepare: --model (a SentencePiece .model file) is required");
@@ -387,7 +450,7 @@ static keel_status check_args(const keel_prepare_args *a) {
         keel_errorf("data prepare: --text-key is empty; name the JSON key that holds the text");
         return KEEL_ERR_INPUT;
     }
-    return KEEL_OK;
+    return check_format(a);
 }
 
 static void print_split(const split_writer *w) {
@@ -429,6 +492,13 @@ static void print_summary(const preparer *p, const keel_prepare_args *a, const i
     print_split(&p->val);
     printf("total: %" PRIu64 " tokens from %" PRIu64 " documents in %s\n",
            p->train.n_tokens + p->val.n_tokens, p->n_documents, a->out_dir);
+    if (p->chat) {
+        uint64_t total = p->train.n_tokens + p->val.n_tokens;
+        printf("chat: %" PRIu64 " conversations (--chat-template %s): %" PRIu64 " of %" PRIu64
+               " tokens trained on (%.1f%%: the assistant's turns), the longest %" PRIu64 " tokens\n",
+               p->n_documents, chat_template_name(p->chat), p->n_trained, total,
+               total ? 100.0 * (double)p->n_trained / (double)total : 0.0, p->longest);
+    }
     printf("split: %" PRIu64 " of %" PRIu64 " document chunks to val (--val-fraction %g, "
            "--split-seed %" PRIu64 ")\n",
            p->n_val_chunks, p->n_chunks, a->val_fraction, a->split_seed);
@@ -473,9 +543,13 @@ keel_status keel_data_prepare(const keel_prepare_args *a) {
     input_list inputs;
     st = input_list_resolve(a->inputs, a->n_inputs, &inputs);
     if (st != KEEL_OK) return st;
-    keel_tokenizer *tok;
-    st = keel_tokenizer_load(a->model_path, &tok);
+    if (is_chat(a)) st = chat_inputs(&inputs);
+    keel_tokenizer *tok = NULL;
+    if (st == KEEL_OK) st = keel_tokenizer_load(a->model_path, &tok);
+    chat_template *chat = NULL;
+    if (st == KEEL_OK && is_chat(a)) st = chat_template_open(a->chat_template, tok, a->model_path, &chat);
     if (st != KEEL_OK) {
+        keel_tokenizer_free(tok);
         input_list_free(&inputs);
         return st;
     }
@@ -485,6 +559,7 @@ keel_status keel_data_prepare(const keel_prepare_args *a) {
     if (st == KEEL_OK) st = make_stage(a->out_dir, stage, sizeof stage);
     if (st != KEEL_OK) {
         remove_created_dirs(a->out_dir, created);
+        chat_template_free(chat);
         keel_tokenizer_free(tok);
         input_list_free(&inputs);
         return st;
@@ -494,8 +569,9 @@ keel_status keel_data_prepare(const keel_prepare_args *a) {
     uint32_t vocab_size = (uint32_t)keel_tokenizer_vocab_size(tok);
     preparer p = {
         .tok = tok,
-        .bos_id = keel_tokenizer_bos_id(tok),
-        .eos_id = keel_tokenizer_eos_id(tok),
+        /* a chat template writes its own BOS and EOS */
+        .bos_id = chat ? -1 : keel_tokenizer_bos_id(tok),
+        .eos_id = chat ? -1 : keel_tokenizer_eos_id(tok),
         .val_fraction = a->val_fraction,
         .split_seed = a->split_seed,
         .train = {.name = "train", .dir = stage, .vocab_size = vocab_size,
@@ -504,6 +580,7 @@ keel_status keel_data_prepare(const keel_prepare_args *a) {
                 .shard_tokens = shard_tokens},
         .hash = XXH3_createState(),
         .max_tokens = a->max_tokens,
+        .chat = chat,
     };
     KEEL_CHECK(p.hash != NULL, "out of memory for the XXH3 state");
     XXH3_64bits_reset_withSeed(p.hash, p.split_seed);
@@ -522,8 +599,12 @@ keel_status keel_data_prepare(const keel_prepare_args *a) {
     if (st == KEEL_OK) print_summary(&p, a, &inputs, threads, &stats, seconds);
     else remove_created_dirs(a->out_dir, created);
     keel_free(p.train.pending.v);
+    keel_free(p.train.pending.mask);
     keel_free(p.val.pending.v);
+    keel_free(p.val.pending.mask);
     keel_free(p.chunk.v);
+    keel_free(p.chunk.mask);
+    chat_template_free(chat);
     XXH3_freeState(p.hash);
     keel_tokenizer_free(tok);
     input_list_free(&inputs);

@@ -2,6 +2,7 @@
  * of threads, handed back in input order (see textblocks.h). */
 #include "data/textblocks.h"
 
+#include "data/chat.h"
 #include "data/jsonl.h"
 
 #include <errno.h>
@@ -35,7 +36,10 @@ typedef struct {
     size_t n_lines, lines_cap;
     int32_t *ids;
     size_t n_ids, ids_cap;
+    uint8_t *mask; /* chat: per id */
+    size_t mask_cap;
     keel_ids scratch; /* one line's ids */
+    chat_doc chat;    /* chat: one record's conversation */
     uint64_t n_records, n_empty_records;
     bool ends_input;
     bool encoded;            /* under mu */
@@ -49,6 +53,7 @@ struct textblocks {
     const prepare_input *inputs;
     size_t n_inputs;
     const char *text_key;
+    const chat_template *chat; /* NULL: records hold text */
 
     /* Reading: only the caller's thread. */
     size_t input; /* the file being read, n_inputs when all are read (or reading failed) */
@@ -153,7 +158,31 @@ static keel_status add_record(const keel_tokenizer *tok, slot *s, const char *te
     return KEEL_OK;
 }
 
-/* Each line of a JSON Lines block through jsonl_record_text and add_record. */
+/* A chat record: its conversation rendered and encoded (chat.h) as one line
+ * whose ids carry the mask, then the blank line that ends its document. */
+static keel_status add_chat_record(const textblocks *tb, slot *s, const char *line, size_t len,
+                                   char *why, size_t why_n) {
+    bool is_record;
+    keel_status st = chat_record_encode(tb->chat, line, len, &s->chat, &is_record, why, why_n);
+    if (st != KEEL_OK || !is_record) return st;
+    const chat_doc *d = &s->chat;
+    s->n_records++;
+    size_t start = s->doc_len;
+    s->doc = grow(s->doc, &s->doc_cap, s->doc_len + d->text_len + 1, 1, "record texts");
+    memcpy(s->doc + start, d->text, d->text_len);
+    s->doc_len += d->text_len;
+    s->ids = grow(s->ids, &s->ids_cap, s->n_ids + d->ids.n + 1, sizeof *s->ids, "line ids");
+    s->mask = grow(s->mask, &s->mask_cap, s->n_ids + d->ids.n + 1, 1, "loss mask");
+    memcpy(s->ids + s->n_ids, d->ids.ids, d->ids.n * sizeof *s->ids);
+    memcpy(s->mask + s->n_ids, d->mask, d->ids.n);
+    *new_line(s) = (text_line){.start = start, .len = d->text_len, .first_id = s->n_ids, .n_ids = d->ids.n};
+    s->n_ids += d->ids.n;
+    *new_line(s) = (text_line){.start = s->doc_len, .first_id = s->n_ids, .blank = true};
+    return KEEL_OK;
+}
+
+/* Each line of a JSON Lines block through jsonl_record_text and add_record
+ * (or add_chat_record). */
 static keel_status encode_records(const textblocks *tb, slot *s) {
     size_t pos = 0;
     uint64_t line_no = s->first_line;
@@ -161,14 +190,17 @@ static keel_status encode_records(const textblocks *tb, slot *s) {
     while (pos < s->text_len) {
         const char *nl = memchr(s->text + pos, '\n', s->text_len - pos);
         size_t end = nl ? (size_t)(nl - s->text) : s->text_len;
-        bool is_record;
-        char *text;
+        bool is_record = false;
+        char *text = NULL;
         size_t len;
-        keel_status st = jsonl_record_text(s->text + pos, end - pos, tb->text_key, &is_record,
-                                           &text, &len, why, sizeof why);
+        why[0] = '\0';
+        keel_status st = tb->chat ? add_chat_record(tb, s, s->text + pos, end - pos, why, sizeof why)
+                                  : jsonl_record_text(s->text + pos, end - pos, tb->text_key,
+                                                      &is_record, &text, &len, why, sizeof why);
         if (st != KEEL_OK) {
-            snprintf(s->error, sizeof s->error, "data prepare: %s:%" PRIu64 ": %s", s->input->path,
-                     line_no, why);
+            if (why[0]) /* else the tokenizer printed why */
+                snprintf(s->error, sizeof s->error, "data prepare: %s:%" PRIu64 ": %s",
+                         s->input->path, line_no, why);
             return st;
         }
         if (is_record) {
@@ -453,9 +485,15 @@ keel_status textblocks_next(textblocks *tb, const text_block **out) {
     tb->empty_records_handed += s->n_empty_records;
     bool json = s->input->format == INPUT_JSONL;
     tb->view = (text_block){.text = json ? s->doc : s->text, .lines = s->lines, .n_lines = s->n_lines,
-                            .ids = s->ids, .ends_input = s->ends_input};
+                            .ids = s->ids, .mask = tb->chat ? s->mask : NULL,
+                            .ends_input = s->ends_input};
     *out = &tb->view;
     return KEEL_OK;
+}
+
+void textblocks_set_chat(textblocks *tb, const chat_template *chat) {
+    KEEL_CHECK(tb->read_seq == 0, "textblocks_set_chat after the reading began");
+    tb->chat = chat;
 }
 
 const char *textblocks_error(const textblocks *tb) { return tb->error ? tb->error : ""; }
@@ -487,7 +525,9 @@ void textblocks_close(textblocks *tb) {
         keel_free(s->doc);
         keel_free(s->lines);
         keel_free(s->ids);
+        keel_free(s->mask);
         keel_ids_free(&s->scratch);
+        chat_doc_free(&s->chat);
     }
     instream_close(tb->in);
     keel_free(tb->slots);

@@ -41,6 +41,7 @@ typedef struct {
     const text_line *lines;
     size_t n_lines;
     const int32_t *ids;
+    const uint8_t *mask; /* per id the loss mask (chat records), or NULL: no mask (text) */
     bool ends_input;
 } text_block;
 
@@ -55,6 +56,13 @@ typedef struct textblocks textblocks;
 keel_status textblocks_open(const keel_tokenizer *tok, const prepare_input *inputs,
                             size_t n_inputs, const char *text_key, int n_threads,
                             textblocks **out);
+/* Before the first textblocks_next: read every input as JSON Lines chat
+ * records (data/chat.h) instead. A record becomes one line — its rendered
+ * conversation, whose ids are the template's tokens (BOS and EOS included)
+ * and carry the loss mask — then the blank line that ends its document;
+ * text_key is not used. chat must outlive tb. */
+struct chat_template;
+void textblocks_set_chat(textblocks *tb, const struct chat_template *chat);
 /* The next block in input order in *out, valid until the next call or
  * textblocks_close; *out = NULL after the last one. Bad input fails when the
  * reading comes to it in order, whatever the thread count, with one line in
@@ -63,7 +71,8 @@ keel_status textblocks_open(const keel_tokenizer *tok, const prepare_input *inpu
  * (KEEL_ERR_INPUT or KEEL_ERR_IO), a truncated or corrupt .gz or .zst, a JSON
  * Lines file that holds an array, a record that is malformed, not an object,
  * without a string at text_key, or of JSONL_MAX_RECORD_BYTES or more
- * (KEEL_ERR_INPUT). */
+ * (KEEL_ERR_INPUT); with chat, a record whose conversation chat_record_encode
+ * refuses (KEEL_ERR_INPUT). */
 keel_status textblocks_next(textblocks *tb, const text_block **out);
 /* The line that says why textblocks_next failed ("" when the failure printed
  * its own, or none). */

@@ -989,6 +989,16 @@ int keel_tokenizer_bos_id(const keel_tokenizer *tok) {
 int keel_tokenizer_eos_id(const keel_tokenizer *tok) {
     return tok->hf ? tokenizer_hf_eos_id(tok->hf) : tok->eos_id;
 }
+int keel_tokenizer_special_id(const keel_tokenizer *tok, const char *token) {
+    if (tok->hf) return tokenizer_hf_special_id(tok->hf, token);
+    size_t n = strlen(token);
+    if (n == 0) return -1;
+    int32_t id = table_find(&tok->reserved, tok->pieces, token, n);
+    if (id < 0) id = table_find(&tok->mergeable, tok->pieces, token, n);
+    if (id < 0) return -1;
+    uint8_t type = tok->pieces[id].type;
+    return type == PIECE_CONTROL || type == PIECE_USER_DEFINED ? id : -1;
+}
 const char *keel_tokenizer_file_name(const keel_tokenizer *tok) {
     return tok->hf ? "tokenizer.json" : "tokenizer.model";
 }

@@ -1118,3 +1118,13 @@ void tokenizer_hf_free(tokenizer_hf *t) {
 int tokenizer_hf_vocab_size(const tokenizer_hf *t) { return t->V; }
 int tokenizer_hf_bos_id(const tokenizer_hf *t) { return t->bos_id; }
 int tokenizer_hf_eos_id(const tokenizer_hf *t) { return t->eos_id; }
+
+int tokenizer_hf_special_id(const tokenizer_hf *t, const char *token) {
+    size_t n = strlen(token);
+    for (uint32_t i = 0; i < t->n_added; i++) {
+        const added_token *a = &t->added[i];
+        if (a->content.len != n || memcmp(str_of(t, a->content), token, n) != 0) continue;
+        return a->normalized || a->lstrip || a->rstrip || a->single_word ? -1 : a->id;
+    }
+    return -1;
+}

@@ -38,6 +38,10 @@ int tokenizer_hf_vocab_size(const tokenizer_hf *t);
 int tokenizer_hf_bos_id(const tokenizer_hf *t); /* -1 if none */
 int tokenizer_hf_eos_id(const tokenizer_hf *t); /* -1 if none */
 
+/* The id of the added token whose content is `token`, when it is matched
+ * in the text as given (not normalized) without lstrip, rstrip or
+ * single_word (keel_tokenizer_special_id); else -1. */
+int tokenizer_hf_special_id(const tokenizer_hf *t, const char *token);
 /* Hugging Face's ids for text[0, len) (Tokenizer.encode without special
  * tokens; invalid UTF-8 first replaced by U+FFFD per maximal subpart, as
  * Python's errors="replace" reads it), appended to *out after clearing it.

@@ -4,6 +4,7 @@ Builds tokenizer.json files with the tokenizers library (no transformers) and
 prints its ids and text for keel to be compared with:
 
   make DIR TRAIN_TXT SPM_VOCAB   write DIR/<name>/tokenizer.json (+ tokenizer_config.json)
+  make_chat DIR TRAIN_TXT SPM_VOCAB  only llama3 and llama2 (data_prepare_chat.sh)
   encode TOKENIZER_JSON TEXT     one line of ids per line of TEXT (read as Python
                                  reads it: bytes split on b"\\n", decoded with
                                  errors="replace"), no special tokens added
@@ -21,7 +22,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
+SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"]
 
 
 def read_lines(path):
@@ -165,6 +166,9 @@ def main():
     cmd = sys.argv[1]
     if cmd == "make":
         make(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif cmd == "make_chat":
+        byte_level(sys.argv[3], os.path.join(sys.argv[2], "llama3"), llama3=True)
+        spm_style(sys.argv[4], os.path.join(sys.argv[2], "llama2"), "llama2")
     elif cmd == "refusals":
         refusals(sys.argv[2], sys.argv[3])
     elif cmd == "reference":

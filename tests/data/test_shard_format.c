@@ -181,7 +181,7 @@ static void test_damage(void) {
     msg = open_fails(path);
     EXPECT(strstr(msg, "bytes") != NULL, "trailing data: %s", msg);
 
-    put_le(file + 8, 3, 4);
+    put_le(file + 8, 3, 4); /* 1 and 2 (with a loss mask) are known */
     write_all(path, file, bytes);
     msg = open_fails(path);
     EXPECT(strstr(msg, "version 3") != NULL, "unknown version: %s", msg);

@@ -13,7 +13,7 @@ cd "$WORK"
 DATA=$HERE/data CORPUS=$HERE/corpus
 KEEL_SRC_FIXTURE=$HERE/../reference/fixtures/hf_tiny KEEL_SRC_CONFIGS=$HERE/../../configs
 rm -rf "$DATA" "$CORPUS"
-mkdir -p "$DATA/hf" "$CORPUS"/{tokenizer_model,tokenizer_text,hf,ckpt,token_shard,config,node_config,cluster_spec}
+mkdir -p "$DATA/hf" "$CORPUS"/{tokenizer_model,tokenizer_text,hf,ckpt,token_shard,config,node_config,cluster_spec,chat_record}
 
 # --- tokenizer models: BPE, byte fallback, user symbols, custom (de)normalization rules
 head -c 20000 /usr/share/common-licenses/GPL-3 > text.txt
@@ -184,6 +184,25 @@ printf '\0{"text": [12]}' > "$CORPUS/jsonl_record/not_string"
 printf '\0["text"]' > "$CORPUS/jsonl_record/array"
 printf '\0{"text": "a"} {"text": "b"}' > "$CORPUS/jsonl_record/two_values"
 printf '\0{"text": "unterminated' > "$CORPUS/jsonl_record/unterminated"
+# --- keel data prepare --format chat: records (first byte: 0 llama3, 1 llama2), valid and each refusal
+mkdir -p "$CORPUS/chat_record"
+chat() { printf "$1"; printf '%s' "$2"; } # TEMPLATE_BYTE LINE
+U='{"role": "user", "content": "What is 2+2?"}' A='{"role": "assistant", "content": " Four.\n"}'
+S='{"role": "system", "content": "\u3000Be brief. "}'
+chat '\0' "{\"messages\": [$S, $U, $A, $U, $A]}" > "$CORPUS/chat_record/llama3_system"
+chat '\1' "{\"messages\": [$S, $U, $A, $U, $A]}" > "$CORPUS/chat_record/llama2_system"
+chat '\1' "{\"id\": 1, \"messages\": [$U, {\"role\": \"assistant\", \"content\": \"\", \"name\": \"x\"}]}" \
+  > "$CORPUS/chat_record/llama2_empty_answer"
+chat '\0' '{"messages": [{"role": "user", "content": " \u001c[INST] <|eot_id|> caf\u00e9 \ud83d\ude00\u2028"}, {"role": "assistant", "content": "\t</s>\u180e"}]}' \
+  > "$CORPUS/chat_record/llama3_specials"
+chat '\1' '{"messages": [{"role": "system", "content": ""}, {"role": "user", "content": "  \n "}, {"role": "assistant", "content": "[/INST]  the  "}]}' \
+  > "$CORPUS/chat_record/llama2_blank_user"
+chat '\0' '  ' > "$CORPUS/chat_record/blank"
+chat '\0' '{"text": "x"}' > "$CORPUS/chat_record/no_messages"
+chat '\1' "{\"messages\": [$U, $U, $A]}" > "$CORPUS/chat_record/order"
+chat '\0' "{\"messages\": [$U, $A, $U]}" > "$CORPUS/chat_record/ends_user"
+chat '\1' '{"messages": [{"role": "bot", "content": 1}, {"content": null}]}' > "$CORPUS/chat_record/bad_messages"
+chat '\0' '{"messages": [{"role": "user", "content": "unterminated' > "$CORPUS/chat_record/unterminated"
 head -c 3000 /usr/share/common-licenses/GPL-3 > prose.txt
 gzip -9 -c prose.txt > prose.gz
 zstd -q -19 -c prose.txt > prose.zst
