@@ -53,14 +53,14 @@ static void saved_free(saved *s) { keel_free(s->lse); }
 
 static void forward(bool bf16, saved *s, float *out, const float *q, const float *k, const float *v,
                     int B, int T, int NH, int NKV, int HS) {
-    (bf16 ? keel_attention_forward_bf16 : keel_attention_forward)(out, s->lse, q, k, v, B, T, NH,
+    (bf16 ? keel_attention_forward_bf16 : keel_attention_forward)(out, s->lse, q, k, v, NULL, B, T, NH,
                                                                    NKV, HS);
 }
 static void backward(bool bf16, saved *s, float *dq, float *dk, float *dv, const float *dout,
                      const float *out, const float *q, const float *k, const float *v, int B, int T,
                      int NH, int NKV, int HS) {
     (bf16 ? keel_attention_backward_bf16 : keel_attention_backward)(dq, dk, dv, dout, out, s->lse, q,
-                                                                     k, v, B, T, NH, NKV, HS);
+                                                                     k, v, NULL, B, T, NH, NKV, HS);
 }
 /* -------------------------------------------------------------------------- */
 

@@ -44,6 +44,8 @@ typedef struct keel_backend {
      * staging buffer (which would cost a CPU run memory its plan does not
      * have). Nothing else may depend on it. */
     bool host_memory;
+    /* The attention calls take a kv_start (document masking, data.document_mask). */
+    bool document_masking;
 
     /* The MFU yardstick: FLOP/s one process does at best in the precision the
      * GEMMs run in (bf16 or fp32); 0 when unknown. cpu: keel_peak_flops
@@ -103,16 +105,18 @@ typedef struct keel_backend {
     /* cos_sin: keel_rope_table's (T, HS/2, 2), in backend memory */
     void (*rope_forward)(float *x, const float *cos_sin, int B, int T, int H, int HS);
     void (*rope_backward)(float *dx, const float *cos_sin, int B, int T, int H, int HS);
-    void (*attention_forward)(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
-                              int NH, int NKV, int HS);
+    /* kv_start (B, T) in backend memory, or NULL: document masking (keel_attention_forward);
+     * a backend without it (cuda) is never given one (the trainer refuses data.document_mask) */
+    void (*attention_forward)(float *out, float *lse, const float *q, const float *k, const float *v,
+                              const int32_t *kv_start, int B, int T, int NH, int NKV, int HS);
     void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout, const float *out,
-                               const float *lse, const float *q, const float *k, const float *v, int B, int T,
-                               int NH, int NKV, int HS);
-    void (*attention_forward_bf16)(float *out, float *lse, const float *q, const float *k, const float *v, int B,
-                                   int T, int NH, int NKV, int HS);
+                               const float *lse, const float *q, const float *k, const float *v,
+                               const int32_t *kv_start, int B, int T, int NH, int NKV, int HS);
+    void (*attention_forward_bf16)(float *out, float *lse, const float *q, const float *k, const float *v,
+                                   const int32_t *kv_start, int B, int T, int NH, int NKV, int HS);
     void (*attention_backward_bf16)(float *dq, float *dk, float *dv, const float *dout, const float *out,
-                                    const float *lse, const float *q, const float *k, const float *v, int B,
-                                    int T, int NH, int NKV, int HS);
+                                    const float *lse, const float *q, const float *k, const float *v,
+                                    const int32_t *kv_start, int B, int T, int NH, int NKV, int HS);
     void (*swiglu_forward)(float *h, const float *gate, const float *up, int64_t n);
     void (*swiglu_backward)(float *dgate, float *dup, const float *dh, const float *gate, const float *up,
                             int64_t n);

@@ -461,6 +461,11 @@ typedef struct {
     int profile_steps;    /* 0 = off */
 } keel_train_config;
 
+/* A token's flags, one byte a token wherever tokens travel with them (data
+ * fetches them from token shards, the model reads them). */
+#define KEEL_TOKEN_TRAIN 1u     /* trained on as a target (a loss mask's 1) */
+#define KEEL_TOKEN_DOC_START 2u /* the first token of a document */
+
 /* One dataset of a mixture (data.sources). */
 typedef struct {
     char *path;           /* a prepared directory (or one shard file) */
@@ -475,6 +480,7 @@ typedef struct {
 typedef struct {
     char *path;           /* token shards from `keel data prepare` (dir or file); NULL = synthetic */
     keel_data_sources sources; /* a weighted mixture instead of path (n = 0: none) */
+    bool document_mask;   /* attention stays inside each packed document */
     char *tokenizer;      /* optional SentencePiece model; vocab checked against model */
     bool synthetic;       /* set when "synthetic" is present */
     uint64_t synthetic_seed;

@@ -19,21 +19,23 @@
 /* ---- token-shard file (one file) ---------------------------------------- */
 
 #define KEEL_SHARD_MAGIC "KEELTOK1"  /* 8 bytes */
-#define KEEL_SHARD_VERSION 2         /* the newest read; a shard without a mask is written as 1 */
+#define KEEL_SHARD_VERSION 2          /* the newest read; a shard without bitmaps is written as 1 */
 #define KEEL_SHARD_HEADER_BYTES 64
-#define KEEL_SHARD_FLAG_LOSS_MASK 1u /* version 2: a bit per token after the ids */
+#define KEEL_SHARD_FLAG_LOSS_MASK 1u  /* version 2 bitmaps after the ids: which tokens train as targets, */
+#define KEEL_SHARD_FLAG_DOC_STARTS 2u /* which start a document (data.document_mask) */
+/* (a token's flags, KEEL_TOKEN_*, are core's: the model reads them too) */
 
 typedef struct keel_shard keel_shard;
 
 /* Write tokens to `path` atomically: a temporary file in the same directory,
  * fsync, rename, fsync of the directory; on failure the old file (if any) is
  * untouched and no temporary is left. Ids are stored as uint16 when
- * vocab_size <= 65536, else uint32. mask (n_tokens bytes, nonzero = token i
- * is trained on as a target) adds a loss mask (a version 2 shard); NULL
- * writes none (version 1: every target trains). Returns KEEL_ERR_INPUT
- * (nothing written) if an id is outside [0, vocab_size), KEEL_ERR_IO if the
- * system fails. */
-keel_status keel_shard_write(const char *path, const int32_t *tokens, const uint8_t *mask,
+ * vocab_size <= 65536, else uint32. stored (KEEL_SHARD_FLAG_*) names the
+ * bitmaps to write from flags (n_tokens bytes of KEEL_TOKEN_* bits; NULL when
+ * stored is 0: a version 1 shard, every target trained, no document starts).
+ * Returns KEEL_ERR_INPUT (nothing written) if an id is outside
+ * [0, vocab_size), KEEL_ERR_IO if the system fails. */
+keel_status keel_shard_write(const char *path, const int32_t *tokens, const uint8_t *flags, uint32_t stored,
                              uint64_t n_tokens, uint32_t vocab_size);
 /* mmap and verify (magic, version, size, checksum, every id < vocab_size of
  * the header). Errors are one line naming the file and the fix
@@ -50,10 +52,12 @@ uint64_t keel_shard_n_tokens(const keel_shard *s);
 uint32_t keel_shard_vocab_size(const keel_shard *s);
 /* Copy tokens [first, first + n) widened to int32. */
 void keel_shard_read(const keel_shard *s, uint64_t first, uint64_t n, int32_t *out);
-/* Whether the shard has a loss mask; its bits for [first, first + n) as bytes
- * 0/1 (all 1 without a mask). */
-bool keel_shard_has_mask(const keel_shard *s);
-void keel_shard_read_mask(const keel_shard *s, uint64_t first, uint64_t n, uint8_t *out);
+/* The bitmaps the shard stores (KEEL_SHARD_FLAG_*), and the flags of tokens
+ * [first, first + n) as KEEL_TOKEN_* bytes: TRAIN from the loss mask (set
+ * for every token without one), DOC_START from the document starts (clear
+ * for every token without them). */
+uint32_t keel_shard_stored(const keel_shard *s);
+void keel_shard_read_flags(const keel_shard *s, uint64_t first, uint64_t n, uint8_t *out);
 /* Shard files of a prepared directory are named "<split>-NNNNN.bin" (index
  * zero-padded to 5 digits, more when needed). True if `name` is one of
  * `split`'s, with its index in *index. */
@@ -95,17 +99,21 @@ uint64_t keel_data_n_samples(const keel_data *d);
  * into ranks or micro-batches. Not thread-safe for one d (it caches the
  * current epoch's permutation: 8 bytes per sample). */
 void keel_data_fetch(keel_data *d, uint64_t step, uint64_t global_batch, uint64_t first,
-                     int n, int32_t *out, uint8_t *mask);
-/* mask (n rows of seq_len + 1, may be NULL) receives the loss mask of the same
- * tokens: 1 where the token is trained on as a target, 0 where not (a chat
- * prompt's tokens); all 1 for data without a mask. keel_data_has_mask: some
- * shard of d has a mask (so a trainer needs to read it). */
+                     int n, int32_t *out, uint8_t *flags);
+/* flags (n rows of seq_len + 1, may be NULL) receives the same tokens'
+ * KEEL_TOKEN_* bytes: TRAIN where the token is trained on as a target (all
+ * of them without a loss mask; a chat prompt's are not), DOC_START where a
+ * document starts (none without document starts). keel_data_has_mask: some
+ * shard of d has a loss mask (so a trainer needs to read it);
+ * keel_data_has_doc_starts: every shard has document starts (what
+ * data.document_mask needs). */
 bool keel_data_has_mask(const keel_data *d);
-/* Targets trained on in fetched rows (mask: rows of seq_len + 1; a row's
+bool keel_data_has_doc_starts(const keel_data *d);
+/* Targets trained on in fetched rows (flags: rows of seq_len + 1; a row's
  * targets are its positions 1..seq_len), and in the whole of step `step`
  * (global_batch rows; G*T without a mask): the loss's divisor, the same on
  * every rank without a collective. */
-uint64_t keel_data_targets_in(const uint8_t *mask, int rows, int seq_len);
+uint64_t keel_data_targets_in(const uint8_t *flags, int rows, int seq_len);
 uint64_t keel_data_step_targets(keel_data *d, uint64_t step, uint64_t global_batch);
 
 /* A mixture (data.sources): its sources (0 for one dataset) in config order
@@ -169,6 +177,9 @@ void keel_data_count_sources(keel_data *d, uint64_t step, uint64_t global_batch,
  * 0 elsewhere; the summary prints the share trained on. A record that is not
  * such a conversation is KEEL_ERR_INPUT naming file:line and the fix. Without
  * format "chat" nothing of this applies and the shards have no mask.
+ * Every shard marks where its documents start (KEEL_SHARD_FLAG_DOC_STARTS):
+ * each chunk's first token (a conversation's, in chat), for
+ * data.document_mask.
  *
  * threads encode lines in blocks in parallel while the caller's thread
  * writes; the files are bit-identical for any thread count. max_tokens stops

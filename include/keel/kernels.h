@@ -130,34 +130,41 @@ void keel_ref_rope_forward(float *x, int B, int T, int H, int HS, double theta);
  * online softmax (FlashAttention-2): the (T,T) probabilities are never stored.
  * lse (B,NH,T) gets each query's log-sum-exp of its scaled scores
  * (log Σ_j exp(q·k_j / sqrt(HS)) over the keys it sees), which is all that
- * backward needs beside out. Scratch: a few tiles per pool thread
+ * backward needs beside out. kv_start (B, T), or NULL: document masking —
+ * query t of sequence b sees keys [kv_start[b*T + t], t] only (0 <=
+ * kv_start <= t: the first token of its document), so packed documents do
+ * not attend to each other. Scratch: a few tiles per pool thread
  * (keel_attention_workspace_bytes), allocated on first use and kept. */
 void keel_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
-                            int B, int T, int NH, int NKV, int HS);
+                            const int32_t *kv_start, int B, int T, int NH, int NKV, int HS);
 /* dq, dk, dv overwritten, from dout and forward's out and lse (the
  * probabilities are recomputed tile by tile). */
 void keel_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
                              const float *lse, const float *q, const float *k, const float *v,
-                             int B, int T, int NH, int NKV, int HS);
+                             const int32_t *kv_start, int B, int T, int NH, int NKV, int HS);
 /* The same with bf16 product inputs and fp32 sums (fsdp.mixed_precision bf16):
  * q, k, v, dout, the probabilities and the softmax gradient are rounded to
  * bf16 as inputs of the tiles' products; the softmax, its backward, out and
  * lse stay fp32. An AVX512_BF16 microkernel where the active instruction set
  * has it; elsewhere the same roundings into fp32 operands of OpenBLAS sgemm. */
 void keel_attention_forward_bf16(float *out, float *lse, const float *q, const float *k,
-                                 const float *v, int B, int T, int NH, int NKV, int HS);
+                                 const float *v, const int32_t *kv_start, int B, int T, int NH, int NKV,
+                                 int HS);
 void keel_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout,
                                   const float *out, const float *lse, const float *q, const float *k,
-                                  const float *v, int B, int T, int NH, int NKV, int HS);
+                                  const float *v, const int32_t *kv_start, int B, int T, int NH, int NKV,
+                                  int HS);
 /* Bytes of scratch the attention keeps for `threads` pool threads: tiles
  * and one kv head's K and V, (T, HS) each, per thread. */
 int64_t keel_attention_workspace_bytes(int T, int HS, int threads, bool bf16);
 /* Free the attention's scratch (keel_kernels_shutdown). */
 void keel_attention_release(void);
 /* The plain O(T²) reference: att (B,NH,T,T) gets the probabilities (0 above
- * the diagonal) and lse (B,NH,T) the log-sum-exp, both from double sums. */
+ * the diagonal, and before kv_start's key when given) and lse (B,NH,T) the
+ * log-sum-exp, both from double sums. */
 void keel_ref_attention_forward(float *out, float *att, float *lse, const float *q, const float *k,
-                                const float *v, int B, int T, int NH, int NKV, int HS);
+                                const float *v, const int32_t *kv_start, int B, int T, int NH, int NKV,
+                                int HS);
 void keel_ref_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                                  const float *q, const float *k, const float *v,
                                  const float *att, int B, int T, int NH, int NKV, int HS);

@@ -105,6 +105,11 @@ typedef struct {
      * 256 MiB). Forward keeps the last chunk's gradient; backward recomputes
      * the others' logits, so (N, V) never exists whole. */
     int head_rows;
+    /* Document masking (data.document_mask): a forward given token flags
+     * keeps each position's attention inside its document (from the last
+     * KEEL_TOKEN_DOC_START at or before it in the row); positions keep their
+     * row's RoPE positions. Needs a backend with document_masking. */
+    bool document_mask;
 } keel_model_options;
 /* Activation bytes (and bf16 GEMM scratch; one chunk of logits) for a micro-batch of B sequences:
  * exactly what keel_model_build_with allocates for them. Attention keeps its
@@ -171,12 +176,13 @@ typedef void (*keel_model_progress_fn)(void *ctx, const char *doing);
 void keel_model_set_progress(keel_model *m, keel_model_progress_fn fn, void *ctx);
 
 /* Forward over tokens (n_seqs, T+1), n_seqs <= B: inputs are [0,T), targets
- * [1,T+1). Returns the summed cross-entropy over n_seqs*T positions. mask
- * (n_seqs, T+1) or NULL: a target whose mask byte is 0 adds no loss and no
- * gradient (a chat prompt's tokens). When grad_scale != 0 a backward follows,
- * with the loss's gradient times grad_scale (usually 1 / targets trained on
- * per optimizer step). */
-double keel_model_forward(keel_model *m, const int32_t *tokens, const uint8_t *mask, int n_seqs,
+ * [1,T+1). Returns the summed cross-entropy over n_seqs*T positions. flags
+ * (n_seqs, T+1) of KEEL_TOKEN_* bits, or NULL: a target without TRAIN adds no
+ * loss and no gradient (a chat prompt's tokens); with document masking on,
+ * DOC_START bits keep documents apart. When grad_scale != 0 a backward
+ * follows, with the loss's gradient times grad_scale (usually 1 / targets
+ * trained on per optimizer step). */
+double keel_model_forward(keel_model *m, const int32_t *tokens, const uint8_t *flags, int n_seqs,
                           float grad_scale);
 /* Accumulate parameter gradients into the grads vector. */
 void keel_model_backward(keel_model *m);

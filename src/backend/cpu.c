@@ -79,6 +79,7 @@ static const keel_backend CPU = {
     .attention_backward = keel_attention_backward,
     .attention_forward_bf16 = keel_attention_forward_bf16,
     .attention_backward_bf16 = keel_attention_backward_bf16,
+    .document_masking = true,
     .swiglu_forward = keel_swiglu_forward,
     .swiglu_backward = keel_swiglu_backward,
     .xent_forward_backward = keel_xent_forward_backward,

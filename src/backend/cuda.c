@@ -130,6 +130,32 @@ static double gpu_xent(float *logits, const int32_t *targets, int N, int V, floa
     return keel_cuda_sum(row_loss, N);
 }
 
+/* The GPU kernels have no document masking yet (document_masking false: the trainer refuses
+ * data.document_mask on this backend, so kv_start is always NULL here). */
+#define NO_KV_START(ks) KEEL_CHECK((ks) == NULL, "document masking given to the CUDA attention")
+static void gpu_attention_forward(float *o, float *l, const float *q, const float *k, const float *v,
+                                  const int32_t *ks, int B, int T, int NH, int NKV, int HS) {
+    NO_KV_START(ks);
+    keel_cuda_attention_forward(o, l, q, k, v, B, T, NH, NKV, HS);
+}
+static void gpu_attention_forward_bf16(float *o, float *l, const float *q, const float *k, const float *v,
+                                       const int32_t *ks, int B, int T, int NH, int NKV, int HS) {
+    NO_KV_START(ks);
+    keel_cuda_attention_forward_bf16(o, l, q, k, v, B, T, NH, NKV, HS);
+}
+static void gpu_attention_backward(float *dq, float *dk, float *dv, const float *dy, const float *o, const float *l,
+                                   const float *q, const float *k, const float *v, const int32_t *ks, int B, int T,
+                                   int NH, int NKV, int HS) {
+    NO_KV_START(ks);
+    keel_cuda_attention_backward(dq, dk, dv, dy, o, l, q, k, v, B, T, NH, NKV, HS);
+}
+static void gpu_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dy, const float *o,
+                                        const float *l, const float *q, const float *k, const float *v,
+                                        const int32_t *ks, int B, int T, int NH, int NKV, int HS) {
+    NO_KV_START(ks);
+    keel_cuda_attention_backward_bf16(dq, dk, dv, dy, o, l, q, k, v, B, T, NH, NKV, HS);
+}
+
 static void gpu_adamw(float *param, const float *grad, float *m, float *v, int64_t n, const keel_adamw_step *s) {
     keel_cuda_adamw_update(param, grad, m, v, n, s->lr, s->beta1, s->beta2, s->eps, s->weight_decay, s->grad_scale,
                            s->t);
@@ -166,10 +192,11 @@ static const keel_backend CUDA = {
     .rmsnorm_backward = keel_cuda_rmsnorm_backward,
     .rope_forward = keel_cuda_rope_forward,
     .rope_backward = keel_cuda_rope_backward,
-    .attention_forward = keel_cuda_attention_forward,
-    .attention_backward = keel_cuda_attention_backward,
-    .attention_forward_bf16 = keel_cuda_attention_forward_bf16,
-    .attention_backward_bf16 = keel_cuda_attention_backward_bf16,
+    .attention_forward = gpu_attention_forward,
+    .attention_backward = gpu_attention_backward,
+    .attention_forward_bf16 = gpu_attention_forward_bf16,
+    .attention_backward_bf16 = gpu_attention_backward_bf16,
+    .document_masking = false,
     .swiglu_forward = keel_cuda_swiglu_forward,
     .swiglu_backward = keel_cuda_swiglu_backward,
     .xent_forward_backward = gpu_xent,

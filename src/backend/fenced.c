@@ -134,7 +134,7 @@ static int64_t f_memory_free(void) { return cpu->memory_free(); }
 static int64_t f_allocations(void) { return allocs; }
 
 static const keel_backend FENCED_BACKEND = {
-    .name = "fenced", .kind = KEEL_BACKEND_CPU, .peak_flops = keel_peak_flops, .memory_free = f_memory_free, .allocations = f_allocations, .alloc = f_alloc, .free = f_free, .zero = f_zero, .copy = f_copy,
+    .name = "fenced", .kind = KEEL_BACKEND_CPU, .document_masking = true, .peak_flops = keel_peak_flops, .memory_free = f_memory_free, .allocations = f_allocations, .alloc = f_alloc, .free = f_free, .zero = f_zero, .copy = f_copy,
     .to_device = f_to_device, .to_host = f_to_host, .sync = f_sync, .pin = f_pin, .unpin = f_unpin,
     .to_host_async = f_to_host, .copies_wait = f_copies_wait, .matmul_forward = f_matmul_forward,
     .matmul_backward = f_matmul_backward, .gemm_bf16 = f_gemm_bf16, .f32_to_bf16 = f_f32_to_bf16,

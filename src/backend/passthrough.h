@@ -10,10 +10,11 @@
  * (which do the FLOPs), the other kernels and the copies, and the two that
  * return a double to the host. */
 #define KEEL_ATT_FWD_PARAMS                                                                                            \
-    (float *o, float *l, const float *q, const float *k, const float *v, int B, int T, int NH, int NKV, int HS)
+    (float *o, float *l, const float *q, const float *k, const float *v, const int32_t *ks, int B, int T, int NH, int NKV, \
+     int HS)
 #define KEEL_ATT_BWD_PARAMS                                                                                            \
     (float *dq, float *dk, float *dv, const float *dy, const float *o, const float *l, const float *q, const float *k,  \
-     const float *v, int B, int T, int NH, int NKV, int HS)
+     const float *v, const int32_t *ks, int B, int T, int NH, int NKV, int HS)
 #define KEEL_BACKEND_FLOP_CALLS(X)                                                                                     \
     X(matmul_forward, (float *o, const float *i, const float *w, int M, int N, int K, bool acc),                       \
       (o, i, w, M, N, K, acc))                                                                                         \
@@ -22,10 +23,10 @@
       (di, dw, dy, i, w, M, N, K, acc))                                                                                \
     X(gemm_bf16, (float *o, const keel_bf16 *a, bool at, const keel_bf16 *b, bool bt, int M, int N, int K, bool acc),  \
       (o, a, at, b, bt, M, N, K, acc))                                                                                 \
-    X(attention_forward, KEEL_ATT_FWD_PARAMS, (o, l, q, k, v, B, T, NH, NKV, HS))                                     \
-    X(attention_forward_bf16, KEEL_ATT_FWD_PARAMS, (o, l, q, k, v, B, T, NH, NKV, HS))                                \
-    X(attention_backward, KEEL_ATT_BWD_PARAMS, (dq, dk, dv, dy, o, l, q, k, v, B, T, NH, NKV, HS))                    \
-    X(attention_backward_bf16, KEEL_ATT_BWD_PARAMS, (dq, dk, dv, dy, o, l, q, k, v, B, T, NH, NKV, HS))
+    X(attention_forward, KEEL_ATT_FWD_PARAMS, (o, l, q, k, v, ks, B, T, NH, NKV, HS))                                 \
+    X(attention_forward_bf16, KEEL_ATT_FWD_PARAMS, (o, l, q, k, v, ks, B, T, NH, NKV, HS))                            \
+    X(attention_backward, KEEL_ATT_BWD_PARAMS, (dq, dk, dv, dy, o, l, q, k, v, ks, B, T, NH, NKV, HS))                \
+    X(attention_backward_bf16, KEEL_ATT_BWD_PARAMS, (dq, dk, dv, dy, o, l, q, k, v, ks, B, T, NH, NKV, HS))
 #define KEEL_BACKEND_OTHER_CALLS(X)                                                                                    \
     X(zero, (void *p, size_t n), (p, n))                                                                               \
     X(copy, (void *d, const void *s, size_t n), (d, s, n))                                                             \

@@ -113,6 +113,9 @@ static const key_spec KEYS[] = {
      "a weighted mixture of prepared datasets instead of data.path: [{\"path\": DIR, \"weight\": w}, ...]; "
      "each draws weight / (sum of weights) of the sequences, in an order that depends on the seed alone "
      "(docs/data.md)", NULL},
+    {"data.document_mask", K_BOOL, OFF(data.document_mask), 0, 0,
+     "keep attention inside each document of a packed sequence (the document starts `keel data prepare` "
+     "writes; CPU backend)", NULL},
     {"data.tokenizer", K_STRING, OFF(data.tokenizer), 0, 0,
      "SentencePiece .model or Hugging Face tokenizer.json; its vocabulary size must equal model.vocab_size", NULL},
     {"data.synthetic", K_FLAG_SECTION, OFF(data.synthetic), 0, 0,

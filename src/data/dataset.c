@@ -74,8 +74,8 @@ static void ensure_perm(keel_data *d, uint64_t epoch) {
 }
 
 /* Copy stream tokens [first, first + n), which may span shard files, into
- * out (unless NULL) and their loss-mask bits into mask (unless NULL). */
-static void read_stream(const keel_data *d, uint64_t first, uint64_t n, int32_t *out, uint8_t *mask) {
+ * out (unless NULL) and their KEEL_TOKEN_* flags into flags (unless NULL). */
+static void read_stream(const keel_data *d, uint64_t first, uint64_t n, int32_t *out, uint8_t *flags) {
     /* Last shard whose start is <= first. */
     int lo = 0, hi = d->n_shards - 1;
     while (lo < hi) {
@@ -89,7 +89,7 @@ static void read_stream(const keel_data *d, uint64_t first, uint64_t n, int32_t 
         uint64_t avail = d->shard_start[s + 1] - first;
         uint64_t take = n < avail ? n : avail;
         if (out) keel_shard_read(d->shards[s], offset, take, out), out += take;
-        if (mask) keel_shard_read_mask(d->shards[s], offset, take, mask), mask += take;
+        if (flags) keel_shard_read_flags(d->shards[s], offset, take, flags), flags += take;
         first += take;
         n -= take;
     }
@@ -109,51 +109,51 @@ static void synthetic_sample(const keel_data *d, uint64_t g, int32_t *out) {
 }
 
 /* Row g of d's order: its seq_len + 1 tokens into out (unless NULL) and their
- * loss mask into mask (unless NULL). */
-static void fetch_row(keel_data *d, uint64_t g, int32_t *out, uint8_t *mask) {
+ * flags into flags (unless NULL). */
+static void fetch_row(keel_data *d, uint64_t g, int32_t *out, uint8_t *flags) {
     size_t row = (size_t)d->seq_len + 1;
     if (d->mix) {
         int s;
         uint64_t sample;
         keel_mixture_locate(d->mix, g, &s, &sample);
-        fetch_row(d->sources[s], sample, out, mask);
+        fetch_row(d->sources[s], sample, out, flags);
     } else if (d->synthetic) {
         if (out) synthetic_sample(d, g, out);
-        if (mask) memset(mask, 1, row);
+        if (flags) memset(flags, KEEL_TOKEN_TRAIN, row);
     } else {
         ensure_perm(d, g / d->n_samples);
-        read_stream(d, d->perm[g % d->n_samples] * (uint64_t)d->seq_len, row, out, mask);
+        read_stream(d, d->perm[g % d->n_samples] * (uint64_t)d->seq_len, row, out, flags);
     }
 }
 
 void keel_data_fetch(keel_data *d, uint64_t step, uint64_t global_batch, uint64_t first, int n,
-                     int32_t *out, uint8_t *mask) {
+                     int32_t *out, uint8_t *flags) {
     KEEL_CHECK(n >= 0 && first + (uint64_t)n <= global_batch,
                "fetch [%" PRIu64 ", +%d) outside the global batch of %" PRIu64, first, n,
                global_batch);
     size_t row = (size_t)d->seq_len + 1;
     for (int j = 0; j < n; j++)
         fetch_row(d, step * global_batch + first + (uint64_t)j, out + (size_t)j * row,
-                  mask ? mask + (size_t)j * row : NULL);
+                  flags ? flags + (size_t)j * row : NULL);
 }
 
-uint64_t keel_data_targets_in(const uint8_t *mask, int rows, int seq_len) {
+uint64_t keel_data_targets_in(const uint8_t *flags, int rows, int seq_len) {
     uint64_t n = 0;
     for (int j = 0; j < rows; j++)
-        for (int t = 1; t <= seq_len; t++) n += mask[(size_t)j * (seq_len + 1) + t] != 0;
+        for (int t = 1; t <= seq_len; t++) n += (flags[(size_t)j * (seq_len + 1) + t] & KEEL_TOKEN_TRAIN) != 0;
     return n;
 }
 
 uint64_t keel_data_step_targets(keel_data *d, uint64_t step, uint64_t global_batch) {
     uint64_t T = (uint64_t)d->seq_len;
     if (!keel_data_has_mask(d)) return global_batch * T;
-    uint8_t *mask = keel_xmalloc(T + 1, "a sample's loss mask");
+    uint8_t *flags = keel_xmalloc(T + 1, "a sample's token flags");
     uint64_t n = 0;
     for (uint64_t g = step * global_batch; g < (step + 1) * global_batch; g++) {
-        fetch_row(d, g, NULL, mask);
-        n += keel_data_targets_in(mask, 1, (int)T);
+        fetch_row(d, g, NULL, flags);
+        n += keel_data_targets_in(flags, 1, (int)T);
     }
-    keel_free(mask);
+    keel_free(flags);
     return n;
 }
 
@@ -174,8 +174,17 @@ bool keel_data_has_mask(const keel_data *d) {
     for (int i = 0; i < d->n_sources; i++)
         if (keel_data_has_mask(d->sources[i])) return true;
     for (int i = 0; i < d->n_shards; i++)
-        if (keel_shard_has_mask(d->shards[i])) return true;
+        if (keel_shard_stored(d->shards[i]) & KEEL_SHARD_FLAG_LOSS_MASK) return true;
     return false;
+}
+
+bool keel_data_has_doc_starts(const keel_data *d) {
+    if (d->synthetic) return false;
+    for (int i = 0; i < d->n_sources; i++)
+        if (!keel_data_has_doc_starts(d->sources[i])) return false;
+    for (int i = 0; i < d->n_shards; i++)
+        if (!(keel_shard_stored(d->shards[i]) & KEEL_SHARD_FLAG_DOC_STARTS)) return false;
+    return true;
 }
 
 uint64_t keel_data_n_samples(const keel_data *d) {

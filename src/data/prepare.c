@@ -25,28 +25,23 @@
 
 typedef struct {
     int32_t *v;
-    uint8_t *mask; /* chat: per token, 1 = trained on; NULL for text (no loss mask) */
+    uint8_t *flags; /* per token, KEEL_TOKEN_* (a chat mask's 1 is KEEL_TOKEN_TRAIN) */
     size_t n, cap;
 } tokbuf;
 
-/* Append n tokens and, for a buffer with a loss mask (chat: every append has
- * one), their mask. */
-static void tokbuf_append(tokbuf *b, const int32_t *src, const uint8_t *mask, size_t n) {
+/* Append n tokens and their flags (NULL: trained on, no document start). */
+static void tokbuf_append(tokbuf *b, const int32_t *src, const uint8_t *flags, size_t n) {
     if (n == 0) return;
-    KEEL_CHECK(!b->mask || mask, "tokens without a mask appended to masked ones");
     if (b->n + n > b->cap) {
         size_t cap = b->cap ? b->cap : 4096;
         while (cap < b->n + n) cap *= 2;
         b->v = keel_xrealloc(b->v, cap * sizeof *b->v, "token buffer");
-        if (b->mask) b->mask = keel_xrealloc(b->mask, cap, "loss mask buffer");
+        b->flags = keel_xrealloc(b->flags, cap, "token flag buffer");
         b->cap = cap;
     }
-    if (mask && !b->mask) {
-        KEEL_CHECK(b->n == 0, "a mask for tokens appended to ones without");
-        b->mask = keel_xmalloc(b->cap, "loss mask buffer");
-    }
     memcpy(b->v + b->n, src, n * sizeof *src);
-    if (mask) memcpy(b->mask + b->n, mask, n);
+    if (flags) memcpy(b->flags + b->n, flags, n);
+    else memset(b->flags + b->n, KEEL_TOKEN_TRAIN, n);
     b->n += n;
 }
 
@@ -57,6 +52,7 @@ typedef struct {
     const char *dir;
     uint32_t vocab_size;
     uint64_t shard_tokens;
+    uint32_t stored;   /* the bitmaps its files carry (KEEL_SHARD_FLAG_*) */
     tokbuf pending;    /* tokens of the file not yet written */
     uint64_t n_files;  /* files written */
     uint64_t n_tokens; /* tokens appended, written or pending */
@@ -71,22 +67,22 @@ static keel_status flush_file(split_writer *w) {
     if (w->pending.n == 0) return KEEL_OK;
     char path[PATH_MAX];
     shard_path(path, sizeof path, w->dir, w->name, w->n_files);
-    keel_status st = keel_shard_write(path, w->pending.v, w->pending.mask, w->pending.n, w->vocab_size);
+    keel_status st = keel_shard_write(path, w->pending.v, w->pending.flags, w->stored, w->pending.n, w->vocab_size);
     if (st != KEEL_OK) return st;
     w->n_files++;
     w->pending.n = 0;
     return KEEL_OK;
 }
 
-static keel_status split_append(split_writer *w, const int32_t *tokens, const uint8_t *mask,
+static keel_status split_append(split_writer *w, const int32_t *tokens, const uint8_t *flags,
                                 size_t n) {
     w->n_tokens += n;
     while (n > 0) {
         size_t room = (size_t)(w->shard_tokens - w->pending.n);
         size_t take = n < room ? n : room;
-        tokbuf_append(&w->pending, tokens, mask, take);
+        tokbuf_append(&w->pending, tokens, flags, take);
         tokens += take;
-        if (mask) mask += take;
+        flags += take;
         n -= take;
         if (w->pending.n == w->shard_tokens) {
             keel_status st = flush_file(w);
@@ -119,7 +115,7 @@ typedef struct {
     uint64_t max_tokens; /* 0: no cap */
     bool capped;         /* max_tokens reached at a document's end: stop reading */
     const chat_template *chat; /* --format chat: records are conversations; else NULL */
-    uint64_t n_trained;        /* chat: tokens whose mask is 1 */
+    uint64_t n_trained;        /* tokens trained on (chat: whose mask is 1) */
     uint64_t longest;          /* chat: tokens of the longest conversation */
 } preparer;
 
@@ -138,8 +134,10 @@ static keel_status end_chunk(preparer *p) {
         bool val = chunk_goes_to_val(p);
         p->n_chunks++;
         p->n_val_chunks += val;
-        for (size_t i = 0; p->chunk.mask && i < p->chunk.n; i++) p->n_trained += p->chunk.mask[i];
-        st = split_append(val ? &p->val : &p->train, p->chunk.v, p->chunk.mask, p->chunk.n);
+        for (size_t i = 0; i < p->chunk.n; i++) p->n_trained += p->chunk.flags[i] & KEEL_TOKEN_TRAIN;
+        /* each chunk starts a document of its split's stream (what data.document_mask keeps apart) */
+        p->chunk.flags[0] |= KEEL_TOKEN_DOC_START;
+        st = split_append(val ? &p->val : &p->train, p->chunk.v, p->chunk.flags, p->chunk.n);
     }
     p->chunk.n = 0;
     XXH3_64bits_reset_withSeed(p->hash, p->split_seed);
@@ -567,6 +565,8 @@ keel_status keel_data_prepare(const keel_prepare_args *a) {
 
     uint64_t shard_tokens = a->shard_tokens ? a->shard_tokens : DEFAULT_SHARD_TOKENS;
     uint32_t vocab_size = (uint32_t)keel_tokenizer_vocab_size(tok);
+    /* every shard says where its documents start; chat's say which tokens train */
+    uint32_t stored = KEEL_SHARD_FLAG_DOC_STARTS | (chat ? KEEL_SHARD_FLAG_LOSS_MASK : 0);
     preparer p = {
         .tok = tok,
         /* a chat template writes its own BOS and EOS */
@@ -575,9 +575,9 @@ keel_status keel_data_prepare(const keel_prepare_args *a) {
         .val_fraction = a->val_fraction,
         .split_seed = a->split_seed,
         .train = {.name = "train", .dir = stage, .vocab_size = vocab_size,
-                  .shard_tokens = shard_tokens},
+                  .shard_tokens = shard_tokens, .stored = stored},
         .val = {.name = "val", .dir = stage, .vocab_size = vocab_size,
-                .shard_tokens = shard_tokens},
+                .shard_tokens = shard_tokens, .stored = stored},
         .hash = XXH3_createState(),
         .max_tokens = a->max_tokens,
         .chat = chat,
@@ -599,11 +599,11 @@ keel_status keel_data_prepare(const keel_prepare_args *a) {
     if (st == KEEL_OK) print_summary(&p, a, &inputs, threads, &stats, seconds);
     else remove_created_dirs(a->out_dir, created);
     keel_free(p.train.pending.v);
-    keel_free(p.train.pending.mask);
+    keel_free(p.train.pending.flags);
     keel_free(p.val.pending.v);
-    keel_free(p.val.pending.mask);
+    keel_free(p.val.pending.flags);
     keel_free(p.chunk.v);
-    keel_free(p.chunk.mask);
+    keel_free(p.chunk.flags);
     chat_template_free(chat);
     XXH3_freeState(p.hash);
     keel_tokenizer_free(tok);

@@ -1,18 +1,19 @@
 /* data/shard.c: the token-shard file — a 64-byte header, then n_tokens ids
- * and, in version 2, a loss mask.
+ * and, in version 2, bitmaps of per-token flags.
  *
  * Layout (all integers little-endian):
  *   0  char[8] magic "KEELTOK1"      24  u32 vocab_size
- *   8  u32 version (1 or 2)          28  u32 flags (version 1: 0)
+ *   8  u32 version (1 or 2)          28  u32 stored bitmaps (version 1: 0)
  *  12  u32 token_bytes (2 or 4)      32  u64 XXH3-64 of the payload
  *  16  u64 n_tokens                  40  zero padding up to byte 64
- *  64  payload: n_tokens ids of token_bytes each, then with flag 1 (loss
- *      mask) ceil(n_tokens / 8) bytes: bit i % 8 of byte i / 8 is 1 when
- *      token i is trained on as a target (its padding bits 0)
- * A shard without a mask is written as version 1, so files prepared before
- * masks existed and files prepared now from the same text are the same.
- * Files are written atomically and verified completely when opened, so a
- * training run never reads a torn or damaged shard. */
+ *  64  payload: n_tokens ids of token_bytes each, then for each bitmap stored,
+ *      in this order, ceil(n_tokens / 8) bytes — bit i % 8 of byte i / 8 is
+ *      token i's, the padding bits 0:
+ *        1 (KEEL_SHARD_FLAG_LOSS_MASK)  token i is trained on as a target
+ *        2 (KEEL_SHARD_FLAG_DOC_STARTS) token i starts a document
+ * A shard with no bitmap is written as version 1. Files are written
+ * atomically and verified completely when opened, so a training run never
+ * reads a torn or damaged shard. */
 #include "keel/data.h"
 
 #include <errno.h>
@@ -42,7 +43,7 @@ struct keel_shard {
     void *map;              /* the whole file, read-only */
     size_t map_bytes;
     const uint8_t *payload; /* map + 64 */
-    const uint8_t *mask;    /* payload + n_tokens * token_bytes, or NULL (no loss mask) */
+    const uint8_t *bitmap[2]; /* the loss mask's and the document starts' (after the ids), or NULL */
     uint64_t n_tokens;
     uint32_t token_bytes;
     uint32_t vocab_size;
@@ -50,6 +51,12 @@ struct keel_shard {
 };
 
 #define MASK_BYTES(n) (((n) + 7) / 8)
+#define KNOWN_BITMAPS (KEEL_SHARD_FLAG_LOSS_MASK | KEEL_SHARD_FLAG_DOC_STARTS)
+
+/* The token flag (KEEL_TOKEN_*) of bitmap b, which is stored flag 1 << b. */
+static const uint8_t TOKEN_FLAG[2] = {KEEL_TOKEN_TRAIN, KEEL_TOKEN_DOC_START};
+
+static int popcount2(uint32_t stored) { return (int)(stored & 1) + (int)(stored >> 1 & 1); }
 
 static void put_u32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
@@ -78,8 +85,8 @@ static inline uint32_t token_at(const uint8_t *payload, uint32_t token_bytes, ui
 
 /* Write the payload in chunks (converted to little-endian token_bytes-wide
  * ids) and return its XXH3-64 through *checksum. */
-static keel_status write_payload(int fd, const char *path, const int32_t *tokens, const uint8_t *mask,
-                                 uint64_t n_tokens, uint32_t token_bytes, uint64_t *checksum) {
+static keel_status write_payload(int fd, const char *path, const int32_t *tokens, const uint8_t *flags,
+                                 uint32_t stored, uint64_t n_tokens, uint32_t token_bytes, uint64_t *checksum) {
     uint8_t *buf = keel_xmalloc((size_t)WRITE_CHUNK_TOKENS * token_bytes, "shard write buffer");
     XXH3_state_t *hash = XXH3_createState();
     KEEL_CHECK(hash != NULL, "out of memory for the XXH3 state");
@@ -99,23 +106,27 @@ static keel_status write_payload(int fd, const char *path, const int32_t *tokens
         XXH3_64bits_update(hash, buf, n * token_bytes);
         st = keel_write_all(fd, buf, n * token_bytes, path);
     }
-    /* the mask's bits, a chunk (a multiple of 8 tokens) at a time */
-    for (uint64_t first = 0; mask && first < n_tokens && st == KEEL_OK; first += WRITE_CHUNK_TOKENS) {
-        uint64_t n = n_tokens - first < WRITE_CHUNK_TOKENS ? n_tokens - first : WRITE_CHUNK_TOKENS;
-        memset(buf, 0, MASK_BYTES(n));
-        for (uint64_t i = 0; i < n; i++) buf[i / 8] |= (uint8_t)((mask[first + i] != 0) << (i % 8));
-        XXH3_64bits_update(hash, buf, MASK_BYTES(n));
-        st = keel_write_all(fd, buf, MASK_BYTES(n), path);
-    }
+    /* each bitmap stored, a chunk (a multiple of 8 tokens) at a time */
+    for (int b = 0; b < 2; b++)
+        for (uint64_t first = 0; (stored >> b & 1) && first < n_tokens && st == KEEL_OK; first += WRITE_CHUNK_TOKENS) {
+            uint64_t n = n_tokens - first < WRITE_CHUNK_TOKENS ? n_tokens - first : WRITE_CHUNK_TOKENS;
+            memset(buf, 0, MASK_BYTES(n));
+            for (uint64_t i = 0; i < n; i++)
+                buf[i / 8] |= (uint8_t)(((flags[first + i] & TOKEN_FLAG[b]) != 0) << (i % 8));
+            XXH3_64bits_update(hash, buf, MASK_BYTES(n));
+            st = keel_write_all(fd, buf, MASK_BYTES(n), path);
+        }
     *checksum = XXH3_64bits_digest(hash);
     XXH3_freeState(hash);
     keel_free(buf);
     return st;
 }
 
-keel_status keel_shard_write(const char *path, const int32_t *tokens, const uint8_t *mask,
+keel_status keel_shard_write(const char *path, const int32_t *tokens, const uint8_t *flags, uint32_t stored,
                              uint64_t n_tokens, uint32_t vocab_size) {
     KEEL_CHECK(vocab_size >= 1 && vocab_size <= INT32_MAX, "vocab_size %" PRIu32, vocab_size);
+    KEEL_CHECK((stored & ~KNOWN_BITMAPS) == 0 && (!stored || flags), "bitmaps %#" PRIx32 " (flags %p)", stored,
+               (const void *)flags);
     for (uint64_t i = 0; i < n_tokens; i++) {
         if (tokens[i] < 0 || (uint32_t)tokens[i] >= vocab_size) {
             keel_errorf("%s: token id %" PRId32 " at position %" PRIu64
@@ -134,14 +145,14 @@ keel_status keel_shard_write(const char *path, const int32_t *tokens, const uint
     uint8_t header[KEEL_SHARD_HEADER_BYTES] = {0};
     uint64_t checksum = 0;
     st = keel_write_all(f.fd, header, sizeof header, path);
-    if (st == KEEL_OK) st = write_payload(f.fd, path, tokens, mask, n_tokens, token_bytes, &checksum);
+    if (st == KEEL_OK) st = write_payload(f.fd, path, tokens, flags, stored, n_tokens, token_bytes, &checksum);
     if (st != KEEL_OK) goto fail;
     memcpy(header + OFF_MAGIC, KEEL_SHARD_MAGIC, 8);
-    put_u32(header + OFF_VERSION, mask ? 2 : 1);
+    put_u32(header + OFF_VERSION, stored ? 2 : 1);
     put_u32(header + OFF_TOKEN_BYTES, token_bytes);
     put_u64(header + OFF_N_TOKENS, n_tokens);
     put_u32(header + OFF_VOCAB, vocab_size);
-    put_u32(header + OFF_FLAGS, mask ? KEEL_SHARD_FLAG_LOSS_MASK : 0);
+    put_u32(header + OFF_FLAGS, stored);
     put_u64(header + OFF_CHECKSUM, checksum);
     st = keel_pwrite_all(f.fd, header, sizeof header, 0, path);
     if (st != KEEL_OK) goto fail;
@@ -175,7 +186,7 @@ static keel_status verify(const keel_shard *s, const uint8_t *h, uint64_t file_b
                     s->path, s->version, KEEL_SHARD_VERSION);
         return KEEL_ERR_INPUT;
     }
-    uint32_t known = s->version == 1 ? 0 : KEEL_SHARD_FLAG_LOSS_MASK;
+    uint32_t known = s->version == 1 ? 0 : KNOWN_BITMAPS;
     if (s->flags & ~known) {
         keel_errorf("%s: damaged token shard header (flags %#" PRIx32 " in a version %" PRIu32
                     " shard); re-create it with `keel data prepare`",
@@ -192,18 +203,18 @@ static keel_status verify(const keel_shard *s, const uint8_t *h, uint64_t file_b
                     s->vocab_size);
         return KEEL_ERR_INPUT;
     }
-    /* bytes per 8 tokens: ids, and the mask's byte */
-    uint64_t per8 = 8 * (uint64_t)s->token_bytes + (s->flags & KEEL_SHARD_FLAG_LOSS_MASK ? 1 : 0);
+    /* bytes per 8 tokens: ids, and a byte of each bitmap */
+    int bitmaps = popcount2(s->flags);
+    uint64_t per8 = 8 * (uint64_t)s->token_bytes + (uint64_t)bitmaps;
     uint64_t max_tokens = (UINT64_MAX - KEEL_SHARD_HEADER_BYTES) / per8 * 8;
-    uint64_t payload = s->n_tokens * s->token_bytes +
-                       (s->flags & KEEL_SHARD_FLAG_LOSS_MASK ? MASK_BYTES(s->n_tokens) : 0);
+    uint64_t payload = s->n_tokens * s->token_bytes + (uint64_t)bitmaps * MASK_BYTES(s->n_tokens);
     uint64_t expected = s->n_tokens <= max_tokens ? KEEL_SHARD_HEADER_BYTES + payload : UINT64_MAX;
     if (file_bytes != expected) {
         keel_errorf("%s: %s token shard: the header promises %" PRIu64 " tokens%s = %" PRIu64
                     " bytes but the file has %" PRIu64 " bytes; re-create it with "
                     "`keel data prepare`",
                     s->path, file_bytes < expected ? "truncated" : "oversized", s->n_tokens,
-                    s->flags & KEEL_SHARD_FLAG_LOSS_MASK ? " and their loss mask" : "", expected, file_bytes);
+                    bitmaps ? " and their flags" : "", expected, file_bytes);
         return KEEL_ERR_INPUT;
     }
     uint64_t stored = get_u64(h + OFF_CHECKSUM);
@@ -223,10 +234,12 @@ static keel_status verify(const keel_shard *s, const uint8_t *h, uint64_t file_b
             return KEEL_ERR_INPUT;
         }
     }
-    if (s->mask && s->n_tokens % 8 && s->mask[s->n_tokens / 8] >> (s->n_tokens % 8)) {
-        keel_errorf("%s: the loss mask has bits set past the last token; the file is damaged", s->path);
-        return KEEL_ERR_INPUT;
-    }
+    for (int b = 0; b < 2; b++)
+        if (s->bitmap[b] && s->n_tokens % 8 && s->bitmap[b][s->n_tokens / 8] >> (s->n_tokens % 8)) {
+            keel_errorf("%s: the %s bitmap has bits set past the last token; the file is damaged", s->path,
+                        b ? "document-start" : "loss-mask");
+            return KEEL_ERR_INPUT;
+        }
     return KEEL_OK;
 }
 
@@ -248,10 +261,12 @@ static keel_status make_shard(const uint8_t *bytes, uint64_t len, void *map, con
     s->vocab_size = get_u32(h + OFF_VOCAB);
     s->version = get_u32(h + OFF_VERSION);
     s->flags = get_u32(h + OFF_FLAGS);
-    /* where the mask would start if the sizes check out (verify() reads it only then) */
-    if ((s->flags & KEEL_SHARD_FLAG_LOSS_MASK) && (s->token_bytes == 2 || s->token_bytes == 4) &&
-        s->n_tokens <= (uint64_t)len / s->token_bytes)
-        s->mask = s->payload + s->n_tokens * s->token_bytes;
+    /* where the bitmaps would start if the sizes check out (verify() reads them only then) */
+    if ((s->token_bytes == 2 || s->token_bytes == 4) && s->n_tokens <= (uint64_t)len / s->token_bytes) {
+        const uint8_t *at = s->payload + s->n_tokens * s->token_bytes;
+        for (int b = 0; b < 2; b++)
+            if (s->flags >> b & 1) s->bitmap[b] = at, at += MASK_BYTES(s->n_tokens);
+    }
     keel_status st = verify(s, h, len);
     if (st != KEEL_OK) {
         keel_shard_close(s);
@@ -311,7 +326,7 @@ void keel_shard_close(keel_shard *s) {
 
 uint64_t keel_shard_n_tokens(const keel_shard *s) { return s->n_tokens; }
 uint32_t keel_shard_vocab_size(const keel_shard *s) { return s->vocab_size; }
-bool keel_shard_has_mask(const keel_shard *s) { return s->mask != NULL; }
+uint32_t keel_shard_stored(const keel_shard *s) { return s->flags; }
 
 void keel_shard_read(const keel_shard *s, uint64_t first, uint64_t n, int32_t *out) {
     KEEL_CHECK(first <= s->n_tokens && n <= s->n_tokens - first,
@@ -321,13 +336,15 @@ void keel_shard_read(const keel_shard *s, uint64_t first, uint64_t n, int32_t *o
         out[i] = (int32_t)token_at(s->payload, s->token_bytes, first + i);
 }
 
-void keel_shard_read_mask(const keel_shard *s, uint64_t first, uint64_t n, uint8_t *out) {
+void keel_shard_read_flags(const keel_shard *s, uint64_t first, uint64_t n, uint8_t *out) {
     KEEL_CHECK(first <= s->n_tokens && n <= s->n_tokens - first,
-               "mask read [%" PRIu64 ", +%" PRIu64 ") past the end of %s (%" PRIu64 " tokens)", first,
+               "flags read [%" PRIu64 ", +%" PRIu64 ") past the end of %s (%" PRIu64 " tokens)", first,
                n, s->path, s->n_tokens);
+    const uint8_t *train = s->bitmap[0], *start = s->bitmap[1];
     for (uint64_t i = 0; i < n; i++) {
         uint64_t p = first + i;
-        out[i] = s->mask ? (uint8_t)(s->mask[p / 8] >> (p % 8) & 1) : 1;
+        out[i] = (uint8_t)((train ? (train[p / 8] >> (p % 8) & 1) : 1) * KEEL_TOKEN_TRAIN |
+                           (start ? (start[p / 8] >> (p % 8) & 1) : 0) * KEEL_TOKEN_DOC_START);
     }
 }
 

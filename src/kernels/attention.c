@@ -8,7 +8,8 @@
  * O(B·NH·T) for the log-sum-exp plus, per thread, a few tiles and a
  * contiguous copy of one kv head's K and V (2·T·HS floats), where the
  * (B, NH, T, T) probabilities were 2 GiB per layer per sequence at T=4096
- * (Llama 2 7B). Keys above a query block's last query are never visited.
+ * (Llama 2 7B). Keys above a query block's last query are never visited, nor
+ * with document masking (kv_start) the tiles before its rows' documents.
  *
  * The tiles' products go through tile_product_fn (attention_tiles.h):
  * OpenBLAS sgemm for fp32 (single-threaded: the parallelism is keel's pool,
@@ -143,6 +144,7 @@ static void copy_rows(float *dst, int64_t ldd, const float *src, int64_t lds, in
 typedef struct {
     float *out, *lse, *dq, *dk, *dv;
     const float *q, *k, *v, *dout, *out_in, *lse_in;
+    const int32_t *kv_start; /* (B, T) each query's first visible key (document masking), or NULL */
     int B, T, NH, NKV, HS;
     precision prec;
     size_t per_chunk;
@@ -161,6 +163,20 @@ static head_at head_of(const attn_ctx *c, int b, int h) {
                      .lseoff = ((int64_t)b * c->NH + h) * c->T};
 }
 
+/* The key rows of query block [r0, r0 + rows) of sequence b start at: each
+ * row's first visible key with document masking (*from, and the first key
+ * tile any row sees), else none (NULL, tile 0). */
+static int first_tile(const attn_ctx *c, int b, int r0, int rows, const int32_t **from) {
+    if (!c->kv_start) {
+        *from = NULL;
+        return 0;
+    }
+    *from = c->kv_start + (int64_t)b * c->T + r0;
+    int lo = (*from)[0];
+    for (int r = 1; r < rows; r++) lo = (*from)[r] < lo ? (*from)[r] : lo;
+    return lo / KB * KB;
+}
+
 /* Forward of query block i: for each key tile [k0, k0 + keys) it sees,
  *   S = scale Q_i K_tileᵀ;  m, l, P = online softmax;  acc = acc · corr + P V_tile
  * then O_i = acc / l and lse_i = m + log l. */
@@ -170,7 +186,9 @@ static void forward_block(const attn_ctx *c, const tiles *t, int b, int h, int i
     float scale = 1.0f / sqrtf((float)HS);
     bool bf16 = c->prec.bf16;
     copy_rows(t->q, HS, c->q + at.qoff + r0 * at.ldq, at.ldq, rows, HS, bf16);
-    for (int k0 = 0; k0 < r0 + rows; k0 += KB) {
+    const int32_t *from;
+    int k_first = first_tile(c, b, r0, rows, &from);
+    for (int k0 = k_first; k0 < r0 + rows; k0 += KB) {
         int keys = min_int(KB, r0 + rows - k0);
         const float *Kt = t->k + k0 * HS, *Vt = t->v + k0 * HS; /* (keys, HS) */
         /* S = scale Q_i K_tileᵀ; P = exp(S - m), with m and l moved on */
@@ -179,14 +197,14 @@ static void forward_block(const attn_ctx *c, const tiles *t, int b, int h, int i
                                         .c = t->S, .ldc = KB, .M = rows, .N = keys, .K = HS,
                                         .alpha = scale},
                         t->product);
-        online_softmax_tile(t->S, KB, rows, keys, r0 - k0, k0 == 0, t->m, t->l, t->corr);
+        online_softmax_tile(t->S, KB, rows, keys, r0 - k0, k0 == k_first, from, k0, t->m, t->l, t->corr);
         /* acc = acc · corr + P V_tile */
-        if (k0 > 0)
+        if (k0 > k_first)
             for (int r = 0; r < rows; r++)
                 for (int d = 0; d < HS; d++) t->acc[r * HS + d] *= t->corr[r];
         c->prec.product(&(tile_product){.a = t->S, .lda = KB, .b = Vt, .ldb = HS, .b_bf16 = bf16,
                                         .c = t->acc, .ldc = HS, .M = rows, .N = HS, .K = keys,
-                                        .alpha = 1.0f, .accumulate = k0 > 0},
+                                        .alpha = 1.0f, .accumulate = k0 > k_first},
                         t->product);
     }
     float *O = c->out + at.qoff + r0 * at.ldq, *lse = c->lse + at.lseoff + r0;
@@ -235,7 +253,9 @@ static void backward_block(const attn_ctx *c, const tiles *t, int b, int h, int 
     copy_rows(t->q, HS, c->q + qi, at.ldq, rows, HS, bf16);
     copy_rows(t->dO, HS, c->dout + qi, at.ldq, rows, HS, bf16);
     for (int r = 0; r < rows; r++) t->D[r] = keel_dot(t->dO + r * HS, O + r * at.ldq, HS); /* D */
-    for (int k0 = 0; k0 < r0 + rows; k0 += KB) {
+    const int32_t *from;
+    int k_first = first_tile(c, b, r0, rows, &from);
+    for (int k0 = k_first; k0 < r0 + rows; k0 += KB) {
         int keys = min_int(KB, r0 + rows - k0);
         const float *Kt = t->k + k0 * HS, *Vt = t->v + k0 * HS; /* (keys, HS) */
         float *dKt = c->dk + at.kvoff + k0 * at.ldkv, *dVt = c->dv + at.kvoff + k0 * at.ldkv;
@@ -245,7 +265,7 @@ static void backward_block(const attn_ctx *c, const tiles *t, int b, int h, int 
                                 .c = t->S, .ldc = KB, .M = rows, .N = keys, .K = HS,
                                 .alpha = scale},
                 t->product);
-        softmax_recompute_tile(t->S, KB, rows, keys, r0 - k0, lse);
+        softmax_recompute_tile(t->S, KB, rows, keys, r0 - k0, from, k0, lse);
         /* dV_tile += Pᵀ dO_i */
         product(&(tile_product){.a = t->S, .lda = KB, .a_t = true,
                                 .b = t->dO, .ldb = HS, .b_bf16 = bf16,
@@ -264,7 +284,7 @@ static void backward_block(const attn_ctx *c, const tiles *t, int b, int h, int 
         product(&(tile_product){.a = t->dP, .lda = KB, .a_bf16 = bf16,
                                 .b = Kt, .ldb = HS, .b_bf16 = bf16,
                                 .c = dQ, .ldc = at.ldq, .M = rows, .N = HS, .K = keys,
-                                .alpha = 1.0f, .accumulate = k0 > 0},
+                                .alpha = 1.0f, .accumulate = k0 > k_first},
                 t->product);
         /* dK_tile += dSᵀ Q_i */
         product(&(tile_product){.a = t->dP, .lda = KB, .a_t = true, .a_bf16 = bf16,
@@ -311,39 +331,41 @@ static void run(attn_ctx *c, int64_t tasks, keel_pool_fn fn) {
 }
 
 static void forward(bool bf16, float *out, float *lse, const float *q, const float *k,
-                    const float *v, int B, int T, int NH, int NKV, int HS) {
-    attn_ctx c = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .B = B, .T = T, .NH = NH,
-                  .NKV = NKV, .HS = HS, .prec = precision_of(bf16)};
+                    const float *v, const int32_t *kv_start, int B, int T, int NH, int NKV, int HS) {
+    attn_ctx c = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .kv_start = kv_start, .B = B, .T = T,
+                  .NH = NH, .NKV = NKV, .HS = HS, .prec = precision_of(bf16)};
     run(&c, (int64_t)B * NH * ((query_blocks(T) + 1) / 2), forward_tasks);
 }
 
 static void backward(bool bf16, float *dq, float *dk, float *dv, const float *dout,
                      const float *out, const float *lse, const float *q, const float *k,
-                     const float *v, int B, int T, int NH, int NKV, int HS) {
+                     const float *v, const int32_t *kv_start, int B, int T, int NH, int NKV, int HS) {
     attn_ctx c = {.dq = dq, .dk = dk, .dv = dv, .dout = dout, .out_in = out, .lse_in = lse, .q = q,
-                  .k = k, .v = v, .B = B, .T = T, .NH = NH, .NKV = NKV, .HS = HS,
+                  .k = k, .v = v, .kv_start = kv_start, .B = B, .T = T, .NH = NH, .NKV = NKV, .HS = HS,
                   .prec = precision_of(bf16)};
     run(&c, (int64_t)B * NKV, backward_tasks);
 }
 
 void keel_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
-                            int B, int T, int NH, int NKV, int HS) {
-    forward(false, out, lse, q, k, v, B, T, NH, NKV, HS);
+                            const int32_t *kv_start, int B, int T, int NH, int NKV, int HS) {
+    forward(false, out, lse, q, k, v, kv_start, B, T, NH, NKV, HS);
 }
 
 void keel_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
                              const float *lse, const float *q, const float *k, const float *v,
-                             int B, int T, int NH, int NKV, int HS) {
-    backward(false, dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS);
+                             const int32_t *kv_start, int B, int T, int NH, int NKV, int HS) {
+    backward(false, dq, dk, dv, dout, out, lse, q, k, v, kv_start, B, T, NH, NKV, HS);
 }
 
 void keel_attention_forward_bf16(float *out, float *lse, const float *q, const float *k,
-                                 const float *v, int B, int T, int NH, int NKV, int HS) {
-    forward(true, out, lse, q, k, v, B, T, NH, NKV, HS);
+                                 const float *v, const int32_t *kv_start, int B, int T, int NH, int NKV,
+                                 int HS) {
+    forward(true, out, lse, q, k, v, kv_start, B, T, NH, NKV, HS);
 }
 
 void keel_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout,
                                   const float *out, const float *lse, const float *q, const float *k,
-                                  const float *v, int B, int T, int NH, int NKV, int HS) {
-    backward(true, dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS);
+                                  const float *v, const int32_t *kv_start, int B, int T, int NH, int NKV,
+                                  int HS) {
+    backward(true, dq, dk, dv, dout, out, lse, q, k, v, kv_start, B, T, NH, NKV, HS);
 }

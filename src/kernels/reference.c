@@ -44,7 +44,8 @@ void keel_ref_rope_forward(float *x, int B, int T, int H, int HS, double theta) 
 }
 
 void keel_ref_attention_forward(float *out, float *att, float *lse, const float *q, const float *k,
-                                const float *v, int B, int T, int NH, int NKV, int HS) {
+                                const float *v, const int32_t *kv_start, int B, int T, int NH, int NKV,
+                                int HS) {
     int group = NH / NKV;
     double scale = 1.0 / sqrt(HS);
     for (int b = 0; b < B; b++)
@@ -53,16 +54,17 @@ void keel_ref_attention_forward(float *out, float *att, float *lse, const float 
                 const float *qt = q + ((int64_t)b * T + t) * NH * HS + h * HS;
                 float *a = att + (((int64_t)b * NH + h) * T + t) * T;
                 double mx = -INFINITY, sum = 0;
+                int j0 = kv_start ? kv_start[(int64_t)b * T + t] : 0;
                 for (int j = 0; j < T; j++) {
-                    if (j > t) { a[j] = 0; continue; }
+                    if (j > t || j < j0) { a[j] = 0; continue; }
                     const float *kj = k + ((int64_t)b * T + j) * NKV * HS + (h / group) * HS;
                     double s = 0;
                     for (int i = 0; i < HS; i++) s += (double)qt[i] * kj[i];
                     a[j] = (float)(s * scale);
                     mx = fmax(mx, a[j]);
                 }
-                for (int j = 0; j <= t; j++) sum += exp(a[j] - mx);
-                for (int j = 0; j <= t; j++) a[j] = (float)(exp(a[j] - mx) / sum);
+                for (int j = j0; j <= t; j++) sum += exp(a[j] - mx);
+                for (int j = j0; j <= t; j++) a[j] = (float)(exp(a[j] - mx) / sum);
                 lse[((int64_t)b * NH + h) * T + t] = (float)(mx + log(sum));
                 float *o = out + ((int64_t)b * T + t) * NH * HS + h * HS;
                 for (int i = 0; i < HS; i++) {

@@ -6,6 +6,7 @@
 #define KEEL_KERNELS_SOFTMAX_H
 
 #include <immintrin.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -47,37 +48,59 @@ static inline int keys_seen(int r, int keys, int lead) {
     return lead + r + 1 < keys ? lead + r + 1 : keys;
 }
 
+/* The first key of the tile that row r sees: with document masking (from:
+ * each row's first visible key, as a key index; NULL: none) the keys before
+ * from[r], the tile's first key being k0; clamped to [0, n]. */
+static inline int key_from(const int32_t *from, int r, int k0, int n) {
+    if (!from) return 0;
+    int lo = from[r] - k0;
+    return lo < 0 ? 0 : lo > n ? n : lo;
+}
+
 /* One key tile of the online softmax of a query block. S (rows, keys), row
  * stride lds, holds scaled scores; on return P = exp(S - m_new), exactly 0
- * where masked (every row sees at least one key of every tile). m, l (rows)
- * are each row's running max and sum of exp(score - m) over the tiles so
- * far; corr (rows) gets exp(m_old - m_new), the factor for what was summed
- * against m_old. first: the tile with key 0, which every row sees (m and l
- * start there, so no -inf ever reaches keel_expf, which clamps). */
+ * where masked. m, l (rows) are each row's running max and sum of
+ * exp(score - m) over the tiles so far; corr (rows) gets exp(m_old - m_new),
+ * the factor for what was summed against m_old. first: the block's first
+ * tile. Without `from` every row sees a key of every tile (the first holds
+ * key 0). With it (document masking, key_from) a row may see none of a
+ * tile: its P row is 0 and corr 1, m and l unchanged, or on the first tile
+ * m = -inf and l = 0 ("nothing seen yet", so that its first keys start m and
+ * l and no -inf ever reaches keel_expf, which clamps). */
 static inline void online_softmax_tile(float *S, int64_t lds, int rows, int keys, int lead,
-                                       bool first, float *m, float *l, float *corr) {
+                                       bool first, const int32_t *from, int k0, float *m, float *l,
+                                       float *corr) {
     for (int r = 0; r < rows; r++) {
         float *s = S + r * lds;
-        int n = keys_seen(r, keys, lead);
-        float mx = lanes_max(s, n);
-        if (!first && m[r] > mx) mx = m[r];
-        exp_minus(s, n, mx);
+        int n = keys_seen(r, keys, lead), lo = key_from(from, r, k0, n);
+        if (lo == n) { /* document masking: no key of this tile */
+            memset(s, 0, sizeof(float) * (size_t)keys);
+            corr[r] = 1.0f;
+            if (first) m[r] = -INFINITY, l[r] = 0.0f;
+            continue;
+        }
+        bool fresh = first || m[r] == -INFINITY;
+        float mx = lanes_max(s + lo, n - lo);
+        if (!fresh && m[r] > mx) mx = m[r];
+        exp_minus(s + lo, n - lo, mx);
+        memset(s, 0, sizeof(float) * (size_t)lo);
         memset(s + n, 0, sizeof(float) * (size_t)(keys - n));
-        corr[r] = first ? 0.0f : keel_expf(m[r] - mx);
-        l[r] = (first ? 0.0f : l[r] * corr[r]) + lanes_sum(s, n);
+        corr[r] = fresh ? 0.0f : keel_expf(m[r] - mx);
+        l[r] = (fresh ? 0.0f : l[r] * corr[r]) + lanes_sum(s + lo, n - lo);
         m[r] = mx;
     }
 }
 
 /* Backward's P = exp(S - lse) for a tile of scores, in place, exactly 0
- * where masked: lse (rows) is each query's log-sum-exp from forward, so P is
+ * where masked (causally, and before from[r] with document masking): lse (rows) is each query's log-sum-exp from forward, so P is
  * the normalised probability without a second pass over the keys. */
 static inline void softmax_recompute_tile(float *S, int64_t lds, int rows, int keys, int lead,
-                                          const float *lse) {
+                                          const int32_t *from, int k0, const float *lse) {
     for (int r = 0; r < rows; r++) {
         float *s = S + r * lds;
-        int n = keys_seen(r, keys, lead);
-        exp_minus(s, n, lse[r]);
+        int n = keys_seen(r, keys, lead), lo = key_from(from, r, k0, n);
+        exp_minus(s + lo, n - lo, lse[r]);
+        memset(s, 0, sizeof(float) * (size_t)lo);
         memset(s + n, 0, sizeof(float) * (size_t)(keys - n));
     }
 }

@@ -71,7 +71,9 @@ struct keel_model {
     float *logits;        /* (head_rows, V): one chunk of rows' logits; after a training
                              forward, the last chunk's dloss/dlogits */
     int32_t *inputs, *targets; /* (N) */
-    int32_t *tokens_host; /* (2N) inputs then targets, staged on the host */
+    int32_t *kv_start;    /* (N) document masking: each position's document's first position; else NULL */
+    bool masked;          /* the forward a backward follows gave kv_start (its tokens had flags) */
+    int32_t *tokens_host; /* (2N, 3N with document masking) inputs, targets, kv_start, staged on the host */
     /* backward scratch */
     float *dres;          /* (N, C) */
     float *dn;            /* (N, C) */
@@ -140,6 +142,7 @@ static int act_table(keel_model *m, const keel_model_layout *lay, int B,
     keel_model *mm = m ? m : &dm;
     ACT(mm->res_final, N * C); ACT(mm->nf, N * C); ACT(mm->rstdf, N); ACT(mm->logits, HR * V);
     ACT(mm->inputs, N); ACT(mm->targets, N); /* int32 is float-sized */
+    if (opts->document_mask) ACT(mm->kv_start, N);
     ACT(mm->dres, N * C); ACT(mm->dn, N * C); ACT(mm->dq, N * QD); ACT(mm->dk, N * KVD);
     ACT(mm->dv, N * KVD); ACT(mm->dao, N * QD);
     ACT(mm->dgate, N * F); ACT(mm->dup, N * F); ACT(mm->dh, N * F);
@@ -155,7 +158,7 @@ static int act_table(keel_model *m, const keel_model_layout *lay, int B,
     return n;
 }
 
-static int act_table_len(const keel_model_layout *lay) { return lay->L * 14 + 20; }
+static int act_table_len(const keel_model_layout *lay) { return lay->L * 14 + 24; }
 
 int64_t keel_model_activation_bytes(const keel_model_layout *lay, int B,
                                     const keel_model_options *opts) {
@@ -178,6 +181,7 @@ keel_status keel_model_build_with(const keel_model_config *cfg, int B,
     m->checkpoint_blocks = checkpoint_blocks(&m->lay, opts);
     m->recomputed_blocks = keel_model_recomputed_blocks(&m->lay, m->checkpoint_blocks);
     m->bf16 = opts->bf16;
+    KEEL_CHECK(!opts->document_mask || be->document_masking, "document masking on the %s backend", be->name);
     if (own_params) {
         m->params = be->alloc(sizeof(float) * (size_t)m->lay.n_params, "parameters");
         m->grads = be->alloc(sizeof(float) * (size_t)m->lay.n_params, "gradients");
@@ -199,7 +203,8 @@ keel_status keel_model_build_with(const keel_model_config *cfg, int B,
     int64_t total = 0;
     for (int i = 0; i < n; i++) total += (tab[i].floats + 15) / 16 * 16; /* keep 64-byte alignment */
     m->acts_mem = be->alloc(sizeof(float) * (size_t)total, "activations");
-    m->tokens_host = keel_xmalloc(sizeof(int32_t) * 2 * (size_t)B * (size_t)m->lay.T, "tokens");
+    m->tokens_host = keel_xmalloc(sizeof(int32_t) * (opts->document_mask ? 3 : 2) * (size_t)B * (size_t)m->lay.T,
+                                  "tokens");
     float *p = m->acts_mem;
     for (int i = 0; i < n; i++) {
         *tab[i].ptr = p;
@@ -506,8 +511,9 @@ static void block_forward(keel_model *m, int l, float *out, bool recompute) {
     linear_forward(m, a->v, a->n1, x16, USE(wv), N, KVD, C, false);
     be->rope_forward(a->q, m->rope, B, T, lay->NH, lay->HS);
     be->rope_forward(a->k, m->rope, B, T, lay->NKV, lay->HS);
-    (m->bf16 ? be->attention_forward_bf16 : be->attention_forward)(a->ao, a->lse, a->q, a->k, a->v, B, T,
-                                                                   lay->NH, lay->NKV, lay->HS);
+    (m->bf16 ? be->attention_forward_bf16 : be->attention_forward)(a->ao, a->lse, a->q, a->k, a->v,
+                                                                   m->masked ? m->kv_start : NULL, B, T, lay->NH,
+                                                                   lay->NKV, lay->HS);
     be->copy(a->mid, a->res, sizeof(float) * (size_t)N * C);
     linear_forward(m, a->mid, a->ao, input_bf16(m, a->ao, (int64_t)N * QD), USE(wo), N, C, QD, true);
 
@@ -533,7 +539,7 @@ static double head_chunk(keel_model *m, int r0, int rows, float dscale) {
     return m->be->xent_forward_backward(m->logits, m->targets + r0, rows, V, dscale);
 }
 
-double keel_model_forward(keel_model *m, const int32_t *tokens, const uint8_t *mask, int n_seqs,
+double keel_model_forward(keel_model *m, const int32_t *tokens, const uint8_t *flags, int n_seqs,
                           float grad_scale) {
     KEEL_CHECK(n_seqs >= 1 && n_seqs <= m->B_max, "n_seqs %d outside [1, %d]", n_seqs, m->B_max);
     m->B = n_seqs;
@@ -549,10 +555,23 @@ double keel_model_forward(keel_model *m, const int32_t *tokens, const uint8_t *m
         for (int t = 0; t < T; t++) {
             in[b * T + t] = tokens[(int64_t)b * (T + 1) + t];
             int64_t at = (int64_t)b * (T + 1) + t + 1;
-            target[b * T + t] = !mask || mask[at] ? tokens[at] : -1; /* -1: the cross-entropy ignores it */
+            /* -1: the cross-entropy ignores it */
+            target[b * T + t] = !flags || (flags[at] & KEEL_TOKEN_TRAIN) ? tokens[at] : -1;
         }
     be->to_device(m->inputs, in, sizeof(int32_t) * (size_t)N);
     be->to_device(m->targets, target, sizeof(int32_t) * (size_t)N);
+    /* document masking: each position sees its document's positions only, from the last one
+     * flagged DOC_START (the row's first position when its document began before the row) */
+    m->masked = m->kv_start && flags;
+    if (m->masked) {
+        int32_t *start = m->tokens_host + 2 * N;
+        for (int b = 0; b < B; b++)
+            for (int t = 0, from = 0; t < T; t++) {
+                if (flags[(int64_t)b * (T + 1) + t] & KEEL_TOKEN_DOC_START) from = t;
+                start[b * T + t] = from;
+            }
+        be->to_device(m->kv_start, start, sizeof(int32_t) * (size_t)N);
+    }
     m->have_dlogits = grad_scale != 0.0f; /* a backward follows */
     begin_forward(m, 0, false);
     if (m->bf16) be->embedding_forward_bf16(m->acts[0].res, m->unit_params16[0], m->inputs, N, C);
@@ -604,8 +623,8 @@ static void block_backward(keel_model *m, int l) {
     linear_backward(m, m->dao, m->dres, dy16, a->ao, input_bf16(m, a->ao, (int64_t)N * QD), USE(wo),
                     N, C, QD, false);
     (m->bf16 ? be->attention_backward_bf16 : be->attention_backward)(
-        m->dq, m->dk, m->dv, m->dao, a->ao, a->lse, a->q, a->k, a->v, B, T, lay->NH, lay->NKV,
-        lay->HS);
+        m->dq, m->dk, m->dv, m->dao, a->ao, a->lse, a->q, a->k, a->v, m->masked ? m->kv_start : NULL, B, T,
+        lay->NH, lay->NKV, lay->HS);
     be->rope_backward(m->dq, m->rope, B, T, lay->NH, lay->HS);
     be->rope_backward(m->dk, m->rope, B, T, lay->NKV, lay->HS);
     x16 = input_bf16(m, a->n1, (int64_t)N * C);

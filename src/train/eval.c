@@ -42,34 +42,36 @@ keel_status keel_eval_run(const char *path, const char *data_path, double *mean_
     keel_data *data = NULL;
     keel_model *m = NULL;
     int32_t *buf = NULL;
-    uint8_t *mask = NULL;
+    uint8_t *flags = NULL;
     float *params = NULL;
     keel_status st = load_model(path, &cfg, &params);
     if (st != KEEL_OK) goto done;
     int T = cfg.model.max_seq_len, B = cfg.train.micro_batch_size;
     st = keel_data_open_path(data_path, eval_split(data_path), T, cfg.model.vocab_size, cfg.train.seed, &data);
     if (st != KEEL_OK) goto done;
+    /* a run trained with document masking is evaluated with it, as it was trained */
+    bool document_mask = cfg.data.document_mask && keel_data_has_doc_starts(data);
     keel_kernels_init(cfg.train.threads);
-    keel_model_build(&cfg.model, B, &m);
+    keel_model_build_with(&cfg.model, B, &(keel_model_options){.own_params = true, .document_mask = document_mask}, &m);
     const keel_model_layout *lay = keel_model_get_layout(m);
     memcpy(keel_model_params(m), params, sizeof(float) * (size_t)lay->n_params);
     keel_model_params_changed(m);
     uint64_t n = keel_data_n_samples(data);
     buf = keel_xmalloc(sizeof(int32_t) * (size_t)B * (T + 1), "tokens");
-    if (keel_data_has_mask(data)) mask = keel_xmalloc((size_t)B * (T + 1), "the tokens' loss mask");
+    if (keel_data_has_mask(data) || document_mask) flags = keel_xmalloc((size_t)B * (T + 1), "the tokens' flags");
     double loss = 0;
     uint64_t targets = 0;
     for (uint64_t first = 0; first < n; first += (uint64_t)B) {
         int rows = (int)(n - first < (uint64_t)B ? n - first : (uint64_t)B);
-        keel_data_fetch(data, 0, n, first, rows, buf, mask);
-        loss += keel_model_forward(m, buf, mask, rows, 0.0f);
-        targets += mask ? keel_data_targets_in(mask, rows, T) : (uint64_t)rows * T;
+        keel_data_fetch(data, 0, n, first, rows, buf, flags);
+        loss += keel_model_forward(m, buf, flags, rows, 0.0f);
+        targets += flags ? keel_data_targets_in(flags, rows, T) : (uint64_t)rows * T;
     }
     *tokens = targets;
     *mean_loss = targets ? loss / (double)targets : 0.0;
 done:
     keel_free(buf);
-    keel_free(mask);
+    keel_free(flags);
     keel_free(params);
     keel_model_free(m);
     keel_data_close(data);

@@ -107,8 +107,8 @@ static double train_step(trainer *t, int step, double *grad_norm_out) {
     /* Rank r takes its contiguous slice of the step's G samples (DESIGN §4). */
     for (int micro = 0; micro < accum; micro++) {
         uint64_t first = (uint64_t)t->rank * B * accum + (uint64_t)micro * B;
-        keel_data_fetch(t->train, window, (uint64_t)G, first, B, t->tokens, t->mask);
-        loss_sum += keel_model_forward(t->model, t->tokens, t->mask, B, grad_scale);
+        keel_data_fetch(t->train, window, (uint64_t)G, first, B, t->tokens, t->flags);
+        loss_sum += keel_model_forward(t->model, t->tokens, t->flags, B, grad_scale);
         keel_model_backward(t->model);
         keel_heartbeat_beat(t->heartbeat, "train", step, 0);
     }
@@ -156,9 +156,9 @@ static double evaluate(trainer *t, uint64_t *tokens_out) {
     keel_heartbeat_progress(t->heartbeat, "eval");
     for (uint64_t done = 0; done < per_rank; done += (uint64_t)B) {
         int rows = (int)(per_rank - done < (uint64_t)B ? per_rank - done : (uint64_t)B);
-        keel_data_fetch(t->val, 0, total, (uint64_t)t->rank * per_rank + done, rows, t->tokens, t->mask);
-        loss += keel_model_forward(t->model, t->tokens, t->mask, rows, 0.0f);
-        targets += t->mask ? (double)keel_data_targets_in(t->mask, rows, lay->T) : (double)rows * lay->T;
+        keel_data_fetch(t->val, 0, total, (uint64_t)t->rank * per_rank + done, rows, t->tokens, t->flags);
+        loss += keel_model_forward(t->model, t->tokens, t->flags, rows, 0.0f);
+        targets += t->flags ? (double)keel_data_targets_in(t->flags, rows, lay->T) : (double)rows * lay->T;
     }
     if (t->world) {
         keel_comm_allreduce_scalar(t->world, &loss, KEEL_COMM_SUM);
@@ -190,7 +190,7 @@ static void rank_memory(trainer *t, double out[MEM_FIELDS]) {
     out[MEM_OPTIMIZER] = (double)keel_optim_state_bytes(t->opt);
     out[MEM_COMPUTE] = (double)compute;
     keel_model_options opts = {.checkpoint_blocks = keel_config_checkpoint_blocks(t->cfg),
-                               .bf16 = t->bf16};
+                               .bf16 = t->bf16, .document_mask = t->cfg->data.document_mask};
     out[MEM_ACTIVATIONS] = (double)keel_model_activation_bytes(lay, t->cfg->train.micro_batch_size, &opts);
     out[MEM_CKPT] = (double)trainer_save_buffer_bytes(t);
     out[MEM_SNAPSHOT] = (double)trainer_snap_bytes(t);
@@ -352,6 +352,28 @@ static keel_status initial_params(trainer *t) {
     return st;
 }
 
+/* data.document_mask needs a backend that masks and document starts in every shard. */
+static keel_status check_document_mask(const trainer *t) {
+    const char *data = t->cfg->data.path ? t->cfg->data.path : "data.sources";
+    if (!t->be->document_masking) {
+        keel_errorf("data.document_mask: the %s backend has no document masking yet; set data.document_mask to "
+                    "false, or train on the CPU", t->be->name);
+        return KEEL_ERR_INPUT;
+    }
+    if (!t->cfg->data.path && !t->cfg->data.sources.n) {
+        keel_errorf("data.document_mask: the synthetic source has no documents; set data.path (from `keel data "
+                    "prepare`) or data.document_mask to false");
+        return KEEL_ERR_INPUT;
+    }
+    if (!keel_data_has_doc_starts(t->train) || (t->val && !keel_data_has_doc_starts(t->val))) {
+        keel_errorf("data.document_mask: %s has token shards without document starts (prepared by a keel older "
+                    "than this one); prepare the data again with `keel data prepare`, or set data.document_mask "
+                    "to false", data);
+        return KEEL_ERR_INPUT;
+    }
+    return KEEL_OK;
+}
+
 static keel_status open_inputs(trainer *t) {
     const keel_config *cfg = t->cfg;
     keel_status st = keel_run_state_read(t->run_dir, &t->state);
@@ -372,8 +394,9 @@ static keel_status open_inputs(trainer *t) {
         if (st == KEEL_OK && !t->val)
             keel_log_warn("train.eval_every is %d but %s has no val split: no validation loss "
                           "(prepare the data with --val-fraction)", cfg->train.eval_every,
-                          cfg->data.path);
+                          cfg->data.path ? cfg->data.path : "data.sources");
     }
+    if (st == KEEL_OK && cfg->data.document_mask) st = check_document_mask(t);
     return st;
 }
 
@@ -545,7 +568,8 @@ static keel_status build_state(trainer *t) {
                                .checkpoint_blocks = keel_config_checkpoint_blocks(cfg),
                                .bf16 = t->bf16,
                                .unit = cfg->fsdp.unit,
-                               .backend = t->be};
+                               .backend = t->be,
+                               .document_mask = cfg->data.document_mask};
     keel_model_build_with(&cfg->model, B, &opts, &t->model);
     if (t->world) {
         st = keel_fsdp_build(t->model, t->world, cfg->fsdp.strategy, cfg->fsdp.shard_group_size, &t->fsdp);
@@ -623,8 +647,8 @@ static keel_status run(trainer *t) {
     }
     const keel_model_layout *lay = keel_model_get_layout(t->model);
     t->tokens = keel_xmalloc(sizeof(int32_t) * (size_t)cfg->train.micro_batch_size * (lay->T + 1), "tokens");
-    if (keel_data_has_mask(t->train) || (t->val && keel_data_has_mask(t->val)))
-        t->mask = keel_xmalloc((size_t)cfg->train.micro_batch_size * (lay->T + 1), "the tokens' loss mask");
+    if (keel_data_has_mask(t->train) || (t->val && keel_data_has_mask(t->val)) || cfg->data.document_mask)
+        t->flags = keel_xmalloc((size_t)cfg->train.micro_batch_size * (lay->T + 1), "the tokens' flags");
     t->step_tps = keel_xcalloc(sizeof(double) * (size_t)(cfg->train.steps + 1), "step rates");
     t->flops_per_token = keel_model_flops_per_token(lay);
     /* each rank measures its core; a rank that shared its core while measuring
@@ -656,7 +680,7 @@ static void free_trainer(trainer *t, keel_status st) {
     keel_fsdp_free(t->fsdp);
     keel_model_free(t->model);
     keel_free(t->tokens);
-    keel_free(t->mask);
+    keel_free(t->flags);
     keel_free(t->source_rows);
     keel_free(t->step_tps);
     keel_run_state_free(&t->state);

@@ -32,7 +32,8 @@ typedef struct {
     keel_jsonl *metrics;
     keel_progress progress;
     int32_t *tokens;        /* (B, T+1) */
-    uint8_t *mask;          /* (B, T+1) their loss mask, when the train or val data have one; else NULL */
+    uint8_t *flags;         /* (B, T+1) their KEEL_TOKEN_* flags, when the data have a loss mask or
+                               data.document_mask is on; else NULL */
     uint64_t *source_rows;  /* data.sources: rows each source gave the first sources_counted steps */
     int sources_counted;
     int threads;

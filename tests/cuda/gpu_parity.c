@@ -469,8 +469,8 @@ static void test_attention(int B, int T, int NH, int NKV, int HS, bool bf16) {
     float *q = rnd(nq, &seed, 1), *k = rnd(nkv, &seed, 1), *v = rnd(nkv, &seed, 1), *dout = rnd(nq, &seed, 1);
     float *out = malloc((size_t)nq * 4), *lse = malloc((size_t)nl * 4);
     float *dq = malloc((size_t)nq * 4), *dk = malloc((size_t)nkv * 4), *dv = malloc((size_t)nkv * 4);
-    (bf16 ? keel_attention_forward_bf16 : keel_attention_forward)(out, lse, q, k, v, B, T, NH, NKV, HS);
-    (bf16 ? keel_attention_backward_bf16 : keel_attention_backward)(dq, dk, dv, dout, out, lse, q, k, v, B, T, NH,
+    (bf16 ? keel_attention_forward_bf16 : keel_attention_forward)(out, lse, q, k, v, NULL, B, T, NH, NKV, HS);
+    (bf16 ? keel_attention_backward_bf16 : keel_attention_backward)(dq, dk, dv, dout, out, lse, q, k, v, NULL, B, T, NH,
                                                                     NKV, HS);
     float *qg = dev(q, nq), *kg = dev(k, nkv), *vg = dev(v, nkv), *doutg = dev(dout, nq);
     float *outg = dev(NULL, nq), *lseg = dev(NULL, nl);
@@ -582,8 +582,8 @@ static attention_host attention_setup(attention_case *c, int B, int T, int NH, i
     h.dout = rnd(c->nq, &seed, 1);
     h.out = malloc((size_t)c->nq * 4), h.lse = malloc((size_t)c->nl * 4);
     h.dq = malloc((size_t)c->nq * 4), h.dk = malloc((size_t)c->nkv * 4), h.dv = malloc((size_t)c->nkv * 4);
-    keel_attention_forward_bf16(h.out, h.lse, h.q, h.k, h.v, B, T, NH, NKV, HS);
-    keel_attention_backward_bf16(h.dq, h.dk, h.dv, h.dout, h.out, h.lse, h.q, h.k, h.v, B, T, NH, NKV, HS);
+    keel_attention_forward_bf16(h.out, h.lse, h.q, h.k, h.v, NULL, B, T, NH, NKV, HS);
+    keel_attention_backward_bf16(h.dq, h.dk, h.dv, h.dout, h.out, h.lse, h.q, h.k, h.v, NULL, B, T, NH, NKV, HS);
     c->q = dev(h.q, c->nq), c->k = dev(h.k, c->nkv), c->v = dev(h.v, c->nkv), c->dout = dev(h.dout, c->nq);
     c->out = dev(h.out, c->nq), c->lse = dev(h.lse, c->nl);
     return h;

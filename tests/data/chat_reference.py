@@ -217,8 +217,8 @@ def read_split(directory, split):
         b = open(os.path.join(directory, name), "rb").read()
         magic, version, token_bytes, n, vocab, flags = struct.unpack_from("<8sIIQII", b, 0)
         assert magic == b"KEELTOK1", (name, magic)
-        assert version == 2 and flags == 1, f"{name}: version {version}, flags {flags}: want a loss mask"
-        assert token_bytes in (2, 4) and len(b) == 64 + n * token_bytes + (n + 7) // 8, name
+        assert version == 2 and flags == 3, f"{name}: version {version}, flags {flags}: want a loss mask and document starts"
+        assert token_bytes in (2, 4) and len(b) == 64 + n * token_bytes + 2 * ((n + 7) // 8), name
         ids += struct.unpack_from("<%d%s" % (n, "H" if token_bytes == 2 else "I"), b, 64)
         bits = b[64 + n * token_bytes:]
         mask += [(bits[i // 8] >> (i % 8)) & 1 for i in range(n)]

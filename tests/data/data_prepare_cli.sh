@@ -50,9 +50,9 @@ for f in "${inputs[@]}"; do
 done
 (( expected_docs > 100 )) || fail "too few documents in the inputs ($expected_docs)"
 
-# Reads a shard: n_tokens from the header, all ids one per line.
+# Reads a shard: n_tokens from the header, all ids one per line (the bitmaps after them left out).
 shard_n_tokens() { od -An -t u8 -j 16 -N 8 "$1" | tr -d ' '; }
-shard_ids() { od -An -v -t u2 -j 64 "$1" | tr -s ' ' '\n' | sed '/^$/d'; }
+shard_ids() { od -An -v -t u2 -j 64 -N $((2 * $(shard_n_tokens "$1"))) "$1" | tr -s ' ' '\n' | sed '/^$/d'; }
 count_line() { grep -E "^$1: " "$2" | awk '{ print $2 }'; }
 
 # ---- default: everything to train -----------------------------------------
@@ -68,7 +68,19 @@ grep -q "^total: $expected_tokens tokens from $expected_docs documents in " "$wo
 shard="$work/d1/train-00000.bin"
 [[ $(head -c 8 "$shard") == KEELTOK1 ]] || fail "magic"
 [[ $(shard_n_tokens "$shard") == "$expected_tokens" ]] || fail "header n_tokens"
-[[ $(stat -c %s "$shard") == $((64 + 2 * expected_tokens)) ]] || fail "size: uint16 ids for a 600-token vocabulary"
+[[ $(stat -c %s "$shard") == $((64 + 2 * expected_tokens + (expected_tokens + 7) / 8)) ]] \
+    || fail "size: uint16 ids for a 600-token vocabulary and a bitmap of document starts"
+# version 2, the document-start bitmap only, its bits exactly on the BOS of each document
+python3 - "$shard" "$expected_docs" <<'PY' || fail "the document starts"
+import struct, sys
+b = open(sys.argv[1], "rb").read()
+version, tb, n = struct.unpack_from("<IIQ", b, 8)
+stored = struct.unpack_from("<I", b, 28)[0]
+assert (version, stored) == (2, 2), (version, stored)
+ids = struct.unpack_from(f"<{n}H", b, 64)
+starts = [i for i in range(n) if b[64 + 2 * n + i // 8] >> (i % 8) & 1]
+assert len(starts) == int(sys.argv[2]) and all(ids[i] == 1 for i in starts), (len(starts), sys.argv[2])
+PY
 shard_ids "$shard" > "$work/ids1.txt"
 [[ $(head -1 "$work/ids1.txt") == 1 ]] || fail "the stream starts with BOS"
 [[ $(tail -1 "$work/ids1.txt") == 2 ]] || fail "the stream ends with EOS"

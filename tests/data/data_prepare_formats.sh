@@ -159,7 +159,7 @@ grep -q "^total: .* from 2 documents" prep/blank_jsonl.txt || fail "blank lines 
 pass "a record's blank lines do not end its document"
 
 # ---- --max-tokens -------------------------------------------------------------------------
-ids() { od -An -v -t u2 -j 64 "$1" | tr -s ' ' '\n' | sed '/^$/d'; }
+ids() { od -An -v -t u2 -j 64 -N $((2 * $(od -An -t u8 -j 16 -N 8 "$1" | tr -d ' '))) "$1" | tr -s ' ' '\n' | sed '/^$/d'; }
 prepare all --input corpus.jsonl.zst --val-fraction 0 --shard-tokens 100000000
 total=$(awk '/^total:/ { print $2 }' prep/all.txt)
 ! grep -q '^cap:' prep/all.txt || fail "a cap line without --max-tokens"

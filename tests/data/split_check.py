@@ -97,9 +97,9 @@ def split_docs(d, split):
     docs, cur = [], []
     for f in sorted(glob.glob(f"{d}/{split}-*.bin")):
         b = open(f, "rb").read()
-        token_bytes = struct.unpack_from("<I", b, 12)[0]
+        token_bytes, n = struct.unpack_from("<IQ", b, 12)
         ids = array.array("H" if token_bytes == 2 else "I")
-        ids.frombytes(b[64:])
+        ids.frombytes(b[64:64 + n * token_bytes])  # the bitmaps after the ids left out
         for t in ids:
             cur.append(t)
             if t == EOS:

@@ -26,7 +26,7 @@ static void write_shard(const char *dir, const char *name, uint64_t n, uint32_t 
     snprintf(path, sizeof path, "%s/%s", dir, name);
     int32_t *tokens = malloc(n * sizeof *tokens + 1);
     for (uint64_t i = 0; i < n; i++) tokens[i] = (int32_t)(i % vocab);
-    if (keel_shard_write(path, tokens, NULL, n, vocab) != KEEL_OK) abort();
+    if (keel_shard_write(path, tokens, NULL, 0, n, vocab) != KEEL_OK) abort();
     free(tokens);
 }
 

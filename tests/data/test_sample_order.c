@@ -35,7 +35,7 @@ static void make_dataset(void) {
         for (uint64_t i = 0; i < file_tokens[f]; i++) tokens[i] = (int32_t)position++;
         char path[256];
         snprintf(path, sizeof path, "%s/train-%05zu.bin", tmpdir, f);
-        if (keel_shard_write(path, tokens, NULL, file_tokens[f], VOCAB) != KEEL_OK) abort();
+        if (keel_shard_write(path, tokens, NULL, 0, file_tokens[f], VOCAB) != KEEL_OK) abort();
         free(tokens);
     }
     stream_tokens = position;
@@ -125,7 +125,7 @@ static void make_samples(const char *dir, uint64_t n) {
     for (uint64_t i = 0; i < n * T + 1; i++) tokens[i] = (int32_t)i;
     char path[256];
     snprintf(path, sizeof path, "%s/train-00000.bin", dir);
-    if (keel_shard_write(path, tokens, NULL, n * T + 1, VOCAB) != KEEL_OK) abort();
+    if (keel_shard_write(path, tokens, NULL, 0, n * T + 1, VOCAB) != KEEL_OK) abort();
     free(tokens);
 }
 

@@ -91,7 +91,7 @@ static void test_round_trip(uint32_t vocab, uint64_t n, int token_bytes) {
     char path[PATH_BYTES];
     tmp_path(path, "rt.bin");
     int32_t *tokens = random_tokens(n, vocab, vocab + n);
-    EXPECT(keel_shard_write(path, tokens, NULL, n, vocab) == KEEL_OK, "write vocab %u", vocab);
+    EXPECT(keel_shard_write(path, tokens, NULL, 0, n, vocab) == KEEL_OK, "write vocab %u", vocab);
 
     size_t bytes;
     uint8_t *file = read_all(path, &bytes);
@@ -136,7 +136,7 @@ static uint8_t *valid_file(size_t *bytes) {
     char path[PATH_BYTES];
     tmp_path(path, "good.bin");
     int32_t *tokens = random_tokens(1000, 100, 5);
-    keel_shard_write(path, tokens, NULL, 1000, 100);
+    keel_shard_write(path, tokens, NULL, 0, 1000, 100);
     free(tokens);
     uint8_t *file = read_all(path, bytes);
     unlink(path);
@@ -181,7 +181,7 @@ static void test_damage(void) {
     msg = open_fails(path);
     EXPECT(strstr(msg, "bytes") != NULL, "trailing data: %s", msg);
 
-    put_le(file + 8, 3, 4); /* 1 and 2 (with a loss mask) are known */
+    put_le(file + 8, 3, 4); /* 1 and 2 (with bitmaps) are known */
     write_all(path, file, bytes);
     msg = open_fails(path);
     EXPECT(strstr(msg, "version 3") != NULL, "unknown version: %s", msg);
@@ -227,37 +227,49 @@ static void test_damage(void) {
     free(file);
 }
 
-/* A loss mask: version 2, flag 1, a bit per token after the ids (covered by
- * the checksum), read back as bytes; its damage refused. */
-static void test_mask(uint64_t n) {
+/* Bitmaps: version 2, the stored flags in the header, a bit per token after
+ * the ids for each (loss mask, then document starts; in the checksum), read
+ * back as KEEL_TOKEN_* bytes with defaults for what is not stored; damage
+ * refused. */
+static void test_bitmaps(uint64_t n, uint32_t stored) {
     char path[PATH_BYTES];
-    tmp_path(path, "mask.bin");
+    tmp_path(path, "flags.bin");
     int32_t *tokens = random_tokens(n, 300, n);
-    uint8_t *mask = malloc(n + 1), *back = malloc(n + 1);
-    for (uint64_t i = 0; i < n; i++) mask[i] = (uint8_t)((i * 7 + i / 5) % 3 == 0 ? 0 : 1 + i % 4); /* any nonzero */
-    EXPECT(keel_shard_write(path, tokens, mask, n, 300) == KEEL_OK, "write %lu tokens with a mask", (unsigned long)n);
+    uint8_t *flags = malloc(n + 1), *back = malloc(n + 1);
+    for (uint64_t i = 0; i < n; i++) /* any other bits are not stored */
+        flags[i] = (uint8_t)(((i * 7 + i / 5) % 3 ? KEEL_TOKEN_TRAIN : 0) | (i % 11 == 3 ? KEEL_TOKEN_DOC_START : 0) |
+                             (i % 4 == 1 ? 0x40 : 0));
+    EXPECT(keel_shard_write(path, tokens, flags, stored, n, 300) == KEEL_OK, "write %lu tokens, bitmaps %u",
+           (unsigned long)n, stored);
     size_t bytes;
     uint8_t *file = read_all(path, &bytes);
-    uint64_t mask_bytes = (n + 7) / 8;
-    EXPECT(bytes == 64 + 2 * n + mask_bytes, "size %zu: header, ids, %lu mask bytes", bytes,
-           (unsigned long)mask_bytes);
-    EXPECT(get_le(file + 8, 4) == 2 && get_le(file + 28, 4) == KEEL_SHARD_FLAG_LOSS_MASK, "version 2, flag 1");
-    EXPECT(get_le(file + 32, 8) == XXH3_64bits(file + 64, bytes - 64), "the checksum covers the mask");
+    int maps = (stored & 1) + (stored >> 1 & 1);
+    uint64_t map_bytes = (n + 7) / 8;
+    EXPECT(bytes == 64 + 2 * n + maps * map_bytes, "size %zu: header, ids, %d bitmaps of %lu bytes", bytes, maps,
+           (unsigned long)map_bytes);
+    EXPECT(get_le(file + 8, 4) == 2 && get_le(file + 28, 4) == stored, "version 2, stored %u", stored);
+    EXPECT(get_le(file + 32, 8) == XXH3_64bits(file + 64, bytes - 64), "the checksum covers the bitmaps");
     bool bits_ok = true;
-    for (uint64_t i = 0; i < n; i++) bits_ok &= (file[64 + 2 * n + i / 8] >> (i % 8) & 1) == (mask[i] != 0);
-    EXPECT(bits_ok, "bit i %% 8 of byte i / 8 is token i's");
+    const uint8_t *map = file + 64 + 2 * n;
+    for (int b = 0; b < 2; b++) {
+        if (!(stored >> b & 1)) continue;
+        uint8_t flag = b ? KEEL_TOKEN_DOC_START : KEEL_TOKEN_TRAIN;
+        for (uint64_t i = 0; i < n; i++) bits_ok &= (map[i / 8] >> (i % 8) & 1) == ((flags[i] & flag) != 0);
+        map += map_bytes;
+    }
+    EXPECT(bits_ok, "bit i %% 8 of byte i / 8 is token i's, loss mask first");
     keel_shard *s = NULL;
-    EXPECT(keel_shard_open(path, &s) == KEEL_OK, "open a masked shard");
+    EXPECT(keel_shard_open(path, &s) == KEEL_OK, "open");
     if (s) {
-        EXPECT(keel_shard_has_mask(s), "has a mask");
-        keel_shard_read_mask(s, 0, n, back);
+        EXPECT(keel_shard_stored(s) == stored, "stored %u", keel_shard_stored(s));
+        keel_shard_read_flags(s, n / 3, n - n / 3, back);
         bool same = true;
-        for (uint64_t i = 0; i < n; i++) same &= back[i] == (mask[i] != 0);
-        EXPECT(same, "mask round trip");
-        keel_shard_read_mask(s, n / 3, n / 3, back);
-        same = true;
-        for (uint64_t i = 0; i < n / 3; i++) same &= back[i] == (mask[n / 3 + i] != 0);
-        EXPECT(same, "mask read from an unaligned middle");
+        for (uint64_t i = n / 3; i < n; i++) {
+            uint8_t want = (uint8_t)((stored & KEEL_SHARD_FLAG_LOSS_MASK ? flags[i] & KEEL_TOKEN_TRAIN : KEEL_TOKEN_TRAIN) |
+                                     (stored & KEEL_SHARD_FLAG_DOC_STARTS ? flags[i] & KEEL_TOKEN_DOC_START : 0));
+            same &= back[i - n / 3] == want;
+        }
+        EXPECT(same, "flags read back from an unaligned middle, defaults where not stored");
         keel_shard_close(s);
     }
     if (n % 8) { /* a padding bit set, checksum fixed: only the padding check can catch it */
@@ -271,23 +283,39 @@ static void test_mask(uint64_t n) {
     }
     write_all(path, file, bytes - 1);
     const char *msg = open_fails(path);
-    EXPECT(strstr(msg, "truncated") && strstr(msg, "loss mask"), "truncated mask: %s", msg);
+    EXPECT(strstr(msg, "truncated") && strstr(msg, "flags"), "truncated bitmap: %s", msg);
     file[64 + 2 * n + 1] ^= 0x04;
     write_all(path, file, bytes);
     msg = open_fails(path);
-    EXPECT(strstr(msg, "checksum") != NULL, "a flipped mask bit: %s", msg);
-    /* without a mask the same tokens are a version 1 file that reads as all ones */
-    EXPECT(keel_shard_write(path, tokens, NULL, n, 300) == KEEL_OK, "write without a mask");
-    EXPECT(keel_shard_open(path, &s) == KEEL_OK && !keel_shard_has_mask(s), "no mask");
+    EXPECT(strstr(msg, "checksum") != NULL, "a flipped bitmap bit: %s", msg);
+    file[64 + 2 * n + 1] ^= 0x04;
+    put_le(file + 28, 4, 4); /* an unknown bitmap */
+    write_all(path, file, bytes);
+    msg = open_fails(path);
+    EXPECT(strstr(msg, "flags") != NULL, "an unknown bitmap flag: %s", msg);
+    unlink(path);
+    free(file), free(tokens), free(flags), free(back);
+}
+
+/* Without bitmaps the tokens are a version 1 file: every target trained, no document start. */
+static void test_no_bitmaps(void) {
+    char path[PATH_BYTES];
+    tmp_path(path, "plain.bin");
+    int32_t *tokens = random_tokens(100, 300, 9);
+    uint8_t back[100];
+    keel_shard *s = NULL;
+    EXPECT(keel_shard_write(path, tokens, NULL, 0, 100, 300) == KEEL_OK && keel_shard_open(path, &s) == KEEL_OK &&
+               keel_shard_stored(s) == 0,
+           "no bitmaps");
     if (s) {
-        keel_shard_read_mask(s, 0, n, back);
+        keel_shard_read_flags(s, 0, 100, back);
         bool ones = true;
-        for (uint64_t i = 0; i < n; i++) ones &= back[i] == 1;
-        EXPECT(ones, "a shard without a mask trains every target");
+        for (int i = 0; i < 100; i++) ones &= back[i] == KEEL_TOKEN_TRAIN;
+        EXPECT(ones, "a shard without bitmaps trains every target and starts no document");
         keel_shard_close(s);
     }
     unlink(path);
-    free(file), free(tokens), free(mask), free(back);
+    free(tokens);
 }
 
 static bool dir_holds_only(const char *only) {
@@ -310,9 +338,9 @@ static void test_atomic_write(void) {
     tmp_path(path, "atomic.bin");
     tmp_path(bad_path, "no/such/dir/x.bin");
     int32_t *first = random_tokens(5000, 300, 1), *second = random_tokens(9000, 300, 2);
-    EXPECT(keel_shard_write(path, first, NULL, 5000, 300) == KEEL_OK, "first write");
+    EXPECT(keel_shard_write(path, first, NULL, 0, 5000, 300) == KEEL_OK, "first write");
     EXPECT(dir_holds_only("atomic.bin"), "no temporary file after a write");
-    EXPECT(keel_shard_write(path, second, NULL, 9000, 300) == KEEL_OK, "overwrite");
+    EXPECT(keel_shard_write(path, second, NULL, 0, 9000, 300) == KEEL_OK, "overwrite");
     EXPECT(file_size(path) == 64 + 2 * 9000, "overwrite replaced the file");
     size_t old_bytes;
     uint8_t *old = read_all(path, &old_bytes);
@@ -325,7 +353,7 @@ static void test_atomic_write(void) {
     signal(SIGXFSZ, SIG_IGN);
     setrlimit(RLIMIT_FSIZE, &small);
     capture_begin();
-    keel_status st = keel_shard_write(path, first, NULL, 5000, 300);
+    keel_status st = keel_shard_write(path, first, NULL, 0, 5000, 300);
     const char *msg = capture_end();
     setrlimit(RLIMIT_FSIZE, &saved);
     EXPECT(st == KEEL_ERR_IO, "failed write returns KEEL_ERR_IO, got %d", (int)st);
@@ -341,18 +369,18 @@ static void test_atomic_write(void) {
     int32_t bad[3] = {1, 300, 2};
     unlink(path);
     capture_begin();
-    st = keel_shard_write(path, bad, NULL, 3, 300);
+    st = keel_shard_write(path, bad, NULL, 0, 3, 300);
     msg = capture_end();
     EXPECT(st == KEEL_ERR_INPUT && strstr(msg, "300"), "id >= vocab refused: %s", msg);
     bad[1] = -1;
     capture_begin();
-    st = keel_shard_write(path, bad, NULL, 3, 300);
+    st = keel_shard_write(path, bad, NULL, 0, 3, 300);
     capture_end();
     EXPECT(st == KEEL_ERR_INPUT, "negative id refused");
     EXPECT(dir_holds_only(NULL), "nothing written for bad ids");
 
     capture_begin();
-    st = keel_shard_write(bad_path, first, NULL, 10, 300);
+    st = keel_shard_write(bad_path, first, NULL, 0, 10, 300);
     msg = capture_end();
     EXPECT(st == KEEL_ERR_IO && count_lines(msg) == 1, "unwritable path: %s", msg);
     free(first);
@@ -382,8 +410,11 @@ int main(void) {
     test_round_trip(200000, 70000, 4);
     test_round_trip(50, 0, 2); /* an empty shard is still a valid file */
     test_damage();
-    test_mask(1003);   /* padding bits in the last mask byte */
-    test_mask(131072); /* two write chunks, no padding */
+    test_bitmaps(1003, KEEL_SHARD_FLAG_LOSS_MASK);                               /* padding bits */
+    test_bitmaps(1003, KEEL_SHARD_FLAG_DOC_STARTS);
+    test_bitmaps(131072, KEEL_SHARD_FLAG_LOSS_MASK | KEEL_SHARD_FLAG_DOC_STARTS); /* two write chunks */
+    test_bitmaps(77, KEEL_SHARD_FLAG_LOSS_MASK | KEEL_SHARD_FLAG_DOC_STARTS);
+    test_no_bitmaps();
     test_atomic_write();
     test_names();
     remove_tree(tmpdir);

@@ -1,7 +1,7 @@
 /* tests/fuzz/fuzz_token_shard.c: token-shard files (keel_shard_from_buffer,
  * what keel_shard_open checks a mapped file with); a shard that verifies has
- * every token read back, each below its vocabulary, and its loss mask (bits,
- * all ones without one). The first byte chooses:
+ * every token read back, each below its vocabulary, and its flags (the loss
+ * mask's and the document starts' bits, as defaults where not stored). The first byte chooses:
  * odd, the rest is the file with its payload checksum set right first (so
  * mutations reach the size and id checks behind it); even, the rest as it is. */
 #include <xxhash.h>
@@ -31,11 +31,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         keel_shard_read(s, 0, tokens, out);
         for (uint64_t i = 0; i < tokens; i++)
             if (out[i] < 0 || (uint32_t)out[i] >= vocab) abort();
-        uint8_t *mask = malloc(tokens ? tokens : 1);
-        keel_shard_read_mask(s, 0, tokens, mask);
+        uint8_t *flags = malloc(tokens ? tokens : 1);
+        keel_shard_read_flags(s, 0, tokens, flags);
+        uint32_t stored = keel_shard_stored(s);
         for (uint64_t i = 0; i < tokens; i++)
-            if (mask[i] > 1 || (!keel_shard_has_mask(s) && mask[i] != 1)) abort();
-        free(mask);
+            if (flags[i] > 3 || (!(stored & KEEL_SHARD_FLAG_LOSS_MASK) && !(flags[i] & KEEL_TOKEN_TRAIN)) ||
+                (!(stored & KEEL_SHARD_FLAG_DOC_STARTS) && (flags[i] & KEEL_TOKEN_DOC_START)))
+                abort();
+        free(flags);
         free(out);
         keel_shard_close(s);
     }

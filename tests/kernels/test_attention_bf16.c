@@ -54,28 +54,43 @@ static void check(const char *what, int T, int NH, int NKV, int HS, const float 
            what, T, NH, NKV, HS, keel_pool_threads(), err, TOL);
 }
 
-static void test_attention(int T, int NH, int NKV, int HS, float scale) {
+/* Document masking's kv_start (B, T): documents of 1 to 90 tokens in
+ * sequence 0, one from position 300 on in sequence 1 (whole key tiles skipped). */
+static int32_t *doc_starts(int B, int T) {
+    int32_t *ks = malloc(sizeof(int32_t) * (size_t)B * T);
+    uint64_t x = 777;
+    for (int b = 0; b < B; b++)
+        for (int t = 0, from = 0; t < T; t++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            if (b == 0 ? (x >> 33) % 45 == 0 : t == 300) from = t;
+            ks[(int64_t)b * T + t] = from;
+        }
+    return ks;
+}
+
+static void test_attention(int T, int NH, int NKV, int HS, float scale, bool docs) {
     int B = 2;
+    int32_t *ks = docs ? doc_starts(B, T) : NULL;
     int64_t nq = (int64_t)B * T * NH * HS, nkv = (int64_t)B * T * NKV * HS, na = (int64_t)B * NH * T * T;
     int64_t nl = (int64_t)B * NH * T;
     float *q = rand_vec(nq, scale), *k = rand_vec(nkv, scale), *v = rand_vec(nkv, 1);
     float *dout = rand_vec(nq, 1);
     float *o1 = calloc(nq, 4), *o2 = calloc(nq, 4), *att = calloc(na, 4);
     float *l1 = calloc(nl, 4), *l2 = calloc(nl, 4);
-    keel_attention_forward_bf16(o1, l1, q, k, v, B, T, NH, NKV, HS);
-    keel_ref_attention_forward(o2, att, l2, q, k, v, B, T, NH, NKV, HS);
-    check("bf16 attention forward", T, NH, NKV, HS, o1, o2, nq);
+    keel_attention_forward_bf16(o1, l1, q, k, v, ks, B, T, NH, NKV, HS);
+    keel_ref_attention_forward(o2, att, l2, q, k, v, ks, B, T, NH, NKV, HS);
+    check(docs ? "bf16 forward, documents" : "bf16 attention forward", T, NH, NKV, HS, o1, o2, nq);
     check("bf16 log-sum-exp", T, NH, NKV, HS, l1, l2, nl);
     /* dq, dk, dv start as garbage, to show that backward overwrites them */
     float *dq1 = rand_vec(nq, 9), *dq2 = calloc(nq, 4), *dk1 = rand_vec(nkv, 9), *dk2 = calloc(nkv, 4);
     float *dv1 = rand_vec(nkv, 9), *dv2 = calloc(nkv, 4);
-    keel_attention_backward_bf16(dq1, dk1, dv1, dout, o1, l1, q, k, v, B, T, NH, NKV, HS);
+    keel_attention_backward_bf16(dq1, dk1, dv1, dout, o1, l1, q, k, v, ks, B, T, NH, NKV, HS);
     keel_ref_attention_backward(dq2, dk2, dv2, dout, q, k, v, att, B, T, NH, NKV, HS);
     check("bf16 attention dq", T, NH, NKV, HS, dq1, dq2, nq);
     check("bf16 attention dk", T, NH, NKV, HS, dk1, dk2, nkv);
     check("bf16 attention dv", T, NH, NKV, HS, dv1, dv2, nkv);
     free(q); free(k); free(v); free(dout); free(o1); free(o2); free(att); free(l1); free(l2);
-    free(dq1); free(dq2); free(dk1); free(dk2); free(dv1); free(dv2);
+    free(dq1); free(dq2); free(dk1); free(dk2); free(dv1); free(dv2); free(ks);
 }
 
 int main(void) {
@@ -87,14 +102,16 @@ int main(void) {
     keel_kernels_shutdown();
     for (int threads = 1; threads <= 2; threads++) {
         keel_kernels_init(threads);
-        test_attention(29, 4, 4, 12, 1.0f);   /* one odd block, HS below one vector */
-        test_attention(29, 6, 2, 12, 1.0f);   /* grouped-query heads */
-        test_attention(300, 4, 2, 20, 1.0f);  /* several row blocks, ragged last, HS past 16 */
-        test_attention(131, 3, 1, 64, 2.0f);  /* odd T past one block, sharper softmax */
-        test_attention(512, 2, 2, 64, 1.0f);  /* the small config's head shape */
-        test_attention(256, 2, 1, 16, 1.0f);  /* exactly one key tile, two query blocks */
-        test_attention(777, 4, 1, 32, 1.0f);  /* 7 query blocks, ragged last, group of 4 */
-        test_attention(300, 2, 1, 128, 1.0f); /* a Llama 2 head: HS past the tile's width */
+        test_attention(29, 4, 4, 12, 1.0f, false);   /* one odd block, HS below one vector */
+        test_attention(29, 6, 2, 12, 1.0f, false);   /* grouped-query heads */
+        test_attention(300, 4, 2, 20, 1.0f, false);  /* several row blocks, ragged last, HS past 16 */
+        test_attention(131, 3, 1, 64, 2.0f, false);  /* odd T past one block, sharper softmax */
+        test_attention(512, 2, 2, 64, 1.0f, false);  /* the small config's head shape */
+        test_attention(256, 2, 1, 16, 1.0f, false);  /* exactly one key tile, two query blocks */
+        test_attention(777, 4, 1, 32, 1.0f, false);  /* 7 query blocks, ragged last, group of 4 */
+        test_attention(300, 2, 1, 128, 1.0f, false); /* a Llama 2 head: HS past the tile's width */
+        test_attention(777, 4, 2, 32, 1.0f, true);   /* document masking */
+        test_attention(300, 2, 1, 64, 1.0f, true);
         keel_kernels_shutdown();
     }
     return test_summary("test_attention_bf16");

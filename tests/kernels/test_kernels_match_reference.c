@@ -65,32 +65,52 @@ static void test_rope(void) {
     free(x); free(a); free(b); free(cs);
 }
 
+/* Document masking's kv_start (B, T): each position's document's first
+ * position. Sequence 0: documents of 1 to 60 tokens and ones starting at a
+ * key tile's first key (256) and a query block's (640); sequence 1: a document
+ * from before the row and one from position 300 on (so the query blocks past
+ * 384 skip key tile 0 whole). */
+static int32_t *doc_starts(int B, int T) {
+    int32_t *ks = malloc(sizeof(int32_t) * (size_t)B * T);
+    uint64_t x = 12345;
+    for (int b = 0; b < B; b++)
+        for (int t = 0, from = 0; t < T; t++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            bool start = b == 0 ? (x >> 33) % 30 == 0 || t == 256 || t == 640 : t == 300;
+            if (start) from = t;
+            ks[(int64_t)b * T + t] = from;
+        }
+    return ks;
+}
+
 /* Flash attention (tiles of 128 queries x 256 keys, online softmax) against
  * the O(T²) reference: T below, at and past one tile, ragged last tiles,
- * grouped-query heads. Backward reads forward's own out and lse, as the
- * model does, and must overwrite dq, dk, dv (they start as garbage). */
-static void test_attention(int T, int NH, int NKV) {
+ * grouped-query heads, with document masking or without. Backward reads
+ * forward's own out and lse, as the model does, and must overwrite dq, dk,
+ * dv (they start as garbage). */
+static void test_attention(int T, int NH, int NKV, bool docs) {
     int B = 2, HS = 12;
+    int32_t *ks = docs ? doc_starts(B, T) : NULL;
     int64_t nq = (int64_t)B * T * NH * HS, nkv = (int64_t)B * T * NKV * HS, na = (int64_t)B * NH * T * T;
     int64_t nl = (int64_t)B * NH * T;
     float *q = rand_vec(nq, 1), *k = rand_vec(nkv, 1), *v = rand_vec(nkv, 1), *dout = rand_vec(nq, 1);
     float *o1 = calloc(nq, 4), *o2 = calloc(nq, 4), *att = calloc(na, 4);
     float *l1 = calloc(nl, 4), *l2 = calloc(nl, 4);
-    keel_attention_forward(o1, l1, q, k, v, B, T, NH, NKV, HS);
-    keel_ref_attention_forward(o2, att, l2, q, k, v, B, T, NH, NKV, HS);
-    char what[64];
-    snprintf(what, sizeof what, "attention fwd T=%d NH=%d NKV=%d", T, NH, NKV);
+    keel_attention_forward(o1, l1, q, k, v, ks, B, T, NH, NKV, HS);
+    keel_ref_attention_forward(o2, att, l2, q, k, v, ks, B, T, NH, NKV, HS);
+    char what[80];
+    snprintf(what, sizeof what, "attention fwd T=%d NH=%d NKV=%d%s", T, NH, NKV, docs ? " documents" : "");
     compare(what, o1, o2, nq, 1e-5);
     compare("attention log-sum-exp", l1, l2, nl, 1e-5);
     float *dq1 = rand_vec(nq, 9), *dq2 = calloc(nq, 4), *dk1 = rand_vec(nkv, 9), *dk2 = calloc(nkv, 4);
     float *dv1 = rand_vec(nkv, 9), *dv2 = calloc(nkv, 4);
-    keel_attention_backward(dq1, dk1, dv1, dout, o1, l1, q, k, v, B, T, NH, NKV, HS);
+    keel_attention_backward(dq1, dk1, dv1, dout, o1, l1, q, k, v, ks, B, T, NH, NKV, HS);
     keel_ref_attention_backward(dq2, dk2, dv2, dout, q, k, v, att, B, T, NH, NKV, HS);
     compare("attention backward dq", dq1, dq2, nq, 1e-5);
     compare("attention backward dk", dk1, dk2, nkv, 1e-5);
     compare("attention backward dv", dv1, dv2, nkv, 1e-5);
     free(q); free(k); free(v); free(dout); free(o1); free(o2); free(att); free(l1); free(l2);
-    free(dq1); free(dq2); free(dk1); free(dk2); free(dv1); free(dv2);
+    free(dq1); free(dq2); free(dk1); free(dk2); free(dv1); free(dv2); free(ks);
 }
 
 static void test_swiglu(void) {
@@ -167,14 +187,16 @@ int main(void) {
         printf("-- %d thread(s)\n", threads);
         test_rmsnorm();
         test_rope();
-        test_attention(2, 2, 1);    /* two queries (one alone has no softmax gradient) */
-        test_attention(29, 4, 4);   /* inside one tile */
-        test_attention(29, 6, 2);
-        test_attention(128, 2, 1);  /* exactly one query block */
-        test_attention(129, 4, 2);  /* a second query block of one row */
-        test_attention(256, 2, 2);  /* exactly one key tile */
-        test_attention(300, 4, 2);  /* several tiles, ragged last */
-        test_attention(1000, 8, 2); /* 8 query blocks, 4 key tiles, ragged last, group of 4 */
+        for (int docs = 0; docs < 2; docs++) {
+            test_attention(2, 2, 1, docs);    /* two queries (one alone has no softmax gradient) */
+            test_attention(29, 4, 4, docs);   /* inside one tile */
+            test_attention(29, 6, 2, docs);
+            test_attention(128, 2, 1, docs);  /* exactly one query block */
+            test_attention(129, 4, 2, docs);  /* a second query block of one row */
+            test_attention(256, 2, 2, docs);  /* exactly one key tile */
+            test_attention(300, 4, 2, docs);  /* several tiles, ragged last */
+            test_attention(1000, 8, 2, docs); /* 8 query blocks, 4 key tiles, ragged last, group of 4 */
+        }
         test_swiglu();
         test_xent();
         test_adamw();

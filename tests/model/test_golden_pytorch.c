@@ -178,7 +178,7 @@ static void keel_logits(const keel_model_layout *lay, const float *params, const
         keel_matmul_forward(v, xn, wv, N, KVD, C, false);
         keel_rope_forward(q, rope, B, T, NH, HS);
         keel_rope_forward(k, rope, B, T, NKV, HS);
-        keel_attention_forward(ao, lse, q, k, v, B, T, NH, NKV, HS);
+        keel_attention_forward(ao, lse, q, k, v, NULL, B, T, NH, NKV, HS);
         keel_matmul_forward(x, ao, wo, N, C, QD, true);
         keel_rmsnorm_forward(xn, rstd, x, norm2, N, C, eps);
         keel_matmul_forward(gate, xn, wgate, N, F, C, false);

@@ -6,7 +6,8 @@
 # relative and the same final loss. Averaging per micro-batch or per rank instead would not:
 # the kept targets differ from one micro-batch to the next (checked here too). And a run on the
 # same conversations prepared without a mask (as JSON Lines text) trains on more targets: its
-# first loss differs. And the trainer's divisor is the kept targets': a step of every sample
+# first loss differs. With data.document_mask the loss changes and 2 ranks still match 1; on
+# the synthetic source it is refused. And the trainer's divisor is the kept targets': a step of every sample
 # at lr 0 has the loss `keel eval` gives the same (unchanged) model over those samples, and
 # eval's token count is the kept targets counted from the shard here.
 source "$KEEL_SRC/tests/lib.sh"
@@ -69,7 +70,7 @@ import glob, struct, sys
 f = open(sorted(glob.glob(sys.argv[1] + "/train-*.bin"))[0], "rb").read()
 version, tb, n = struct.unpack_from("<IIQ", f, 8)
 flags = struct.unpack_from("<I", f, 28)[0]
-assert version == 2 and flags == 1, (version, flags)
+assert version == 2 and flags == 3, (version, flags)  # a loss mask, then document starts
 bits = f[64 + tb * n:]
 kept = [sum(bits[p // 8] >> (p % 8) & 1 for p in range(s * 64 + 1, s * 64 + 65)) for s in range(64)]
 assert len(set(kept)) > 4, kept
@@ -102,3 +103,22 @@ assert ev["tokens"] == int(sys.argv[1]), f"eval counted {ev['tokens']} targets, 
 assert abs(train - ev["loss"]) <= 1e-5 * ev["loss"], f"step loss {train}, eval {ev['loss']}"
 print(f"ok   one step over all {ev['tokens']} kept targets at lr 0: loss {train:.6f}, keel eval {ev['loss']:.6f}")
 EOF
+
+# ---- data.document_mask: attention inside each document -------------------------------------
+# on the text shards: a chat prompt after a conversation's start is masked out of the loss, and
+# what it reads changes only positions after it, so there masking shows only where an answer
+# shares a window with its conversation's start
+run docs --set "data.path=$TMP/text" --set data.document_mask=true
+run docs_ranks --nproc 2 --set train.micro_batch_size=2 --set "data.path=$TMP/text" --set data.document_mask=true
+python3 - <<'EOF' || fail "document masking"
+import json
+load = lambda r: [json.loads(l)["loss"] for l in open(f"{r}/metrics.jsonl") if '"step"' in l]
+one, docs, ranks = load("plain"), load("docs"), load("docs_ranks")
+worst = max(abs(a - b) / a for a, b in zip(docs, ranks))
+assert worst <= 1e-5, f"document masking on 2 ranks differs by {worst:.2e}"
+assert abs(docs[0] - one[0]) > 1e-5 * one[0], f"document masking did not change the first loss ({docs[0]})"
+print(f"ok   data.document_mask: first loss {docs[0]:.6f} (without: {one[0]:.6f}); 2 ranks within {worst:.1e}")
+EOF
+expect_input_error "document_mask on the synthetic source" "synthetic source has no documents" \
+  "$KEEL_BIN" train mask.json --run-dir bad_docs --set data.path=null --set data.synthetic.seed=1 \
+  --set data.document_mask=true
