@@ -147,6 +147,8 @@ typedef struct {
     bool force;               /* replace existing shards in out_dir */
     const char *text_key;     /* JSON Lines: the member holding the text; NULL = "text" */
     uint64_t max_tokens;      /* stop at a document's end once this many are written; 0 = all */
+    const char *column;       /* Parquet: the column holding the text; NULL = "text" */
+    bool strict_utf8;         /* invalid UTF-8 is an error (else the tokenizer replaces it) */
 } keel_prepare_args;
 keel_status keel_data_prepare(const keel_prepare_args *args);
 

@@ -239,7 +239,7 @@ bad "not zstd at all" 'fake\.jsonl\.zst is corrupt: zstd data error' --input fak
 : > empty.txt.gz
 bad "empty .gz" 'empty\.txt\.gz is truncated' --input empty.txt.gz
 mkdir -p nothing/deeper && echo x > nothing/deeper/a.md && echo y > nothing/b.csv
-bad "directory without inputs" 'directory nothing holds no \.txt, \.jsonl or \.json file .*only 2 other files' --input nothing
+bad "directory without inputs" 'directory nothing holds no \.txt, \.jsonl, \.json or \.parquet file .*only 2 other files' --input nothing
 bad "glob without a match" "pattern 'glob/\*\.jsonl' matches no file" --input 'glob/*.jsonl'
 bad "missing file" 'input nope\.jsonl: No such file or directory' --input nope.jsonl
 bad "empty --text-key" 'prepare: --text-key is empty' --input corpus.jsonl --text-key ''
