@@ -7,6 +7,7 @@
 #include <snappy-c.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -373,10 +374,15 @@ static keel_status start_data_page(parquet_reader *r, const pq_page_header *h, c
     return KEEL_OK;
 }
 
+/* Where a row group's chunk of the column starts: at its dictionary page when
+ * it has one before the data pages. */
+static int64_t chunk_start(const pq_chunk_meta *g) {
+    return g->dict_offset > 0 && g->dict_offset < g->data_offset ? g->dict_offset : g->data_offset;
+}
+
 static void start_chunk(parquet_reader *r) {
     const pq_chunk_meta *g = &r->groups[r->group];
-    bool dict_first = g->dict_offset > 0 && g->dict_offset < g->data_offset;
-    r->pos = (uint64_t)(dict_first ? g->dict_offset : g->data_offset);
+    r->pos = (uint64_t)chunk_start(g);
     r->chunk_end = r->pos + (uint64_t)g->compressed_bytes; /* checked at open */
     r->chunk_rows_left = (uint64_t)g->num_values;
     r->have_dict = r->chunk_has_data = false;
@@ -563,8 +569,41 @@ static keel_status find_column(parquet_reader *r, const pq_schema_elem *s, size_
     return KEEL_OK;
 }
 
+/* By start, then by row group: spans are {start, end, row group}. */
+static int by_start(const void *a, const void *b) {
+    const uint64_t *x = a, *y = b;
+    return x[0] != y[0] ? (x[0] < y[0] ? -1 : 1) : (x[2] < y[2] ? -1 : x[2] > y[2]);
+}
+
+/* No two chunks share bytes (no writer makes them so): the pages read, and
+ * so the work, are bounded by the file's size. */
+static keel_status check_no_overlap(parquet_reader *r, char *why, size_t why_n) {
+    uint64_t (*spans)[3] = keel_xmalloc((r->n_groups ? r->n_groups : 1) * sizeof *spans, "parquet chunks");
+    size_t n = 0;
+    for (size_t i = 0; i < r->n_groups; i++) {
+        const pq_chunk_meta *g = &r->groups[i];
+        if (g->num_rows == 0) continue;
+        uint64_t start = (uint64_t)chunk_start(g);
+        spans[n][0] = start;
+        spans[n][1] = start + (uint64_t)g->compressed_bytes;
+        spans[n++][2] = i;
+    }
+    qsort(spans, n, sizeof *spans, by_start);
+    keel_status st = KEEL_OK;
+    for (size_t i = 1; i < n && st == KEEL_OK; i++) {
+        if (spans[i][0] < spans[i - 1][1]) {
+            r->group = (size_t)spans[i][2];
+            st = corrupt(r, why, why_n, "its column chunk overlaps row group %llu's",
+                         (unsigned long long)spans[i - 1][2] + 1);
+        }
+    }
+    keel_free(spans);
+    return st;
+}
+
 /* Every row group's chunk of the column: there, in this file, unencrypted, of
- * a codec keel reads, inside the file's data, as many values as rows. */
+ * a codec keel reads, inside the file's data, as many values as rows, apart
+ * from the others. */
 static keel_status check_chunks(parquet_reader *r, size_t leaf, char *why, size_t why_n) {
     for (r->group = 0; r->group < r->n_groups; r->group++) {
         const pq_chunk_meta *g = &r->groups[r->group];
@@ -597,15 +636,15 @@ static keel_status check_chunks(parquet_reader *r, size_t leaf, char *why, size_
         if (g->num_values != g->num_rows)
             return corrupt(r, why, why_n, "the column chunk holds %lld values for %lld rows",
                            (long long)g->num_values, (long long)g->num_rows);
-        bool dict_first = g->dict_offset > 0 && g->dict_offset < g->data_offset;
-        int64_t start = dict_first ? g->dict_offset : g->data_offset;
+        int64_t start = chunk_start(g);
         if (start < 4 || (uint64_t)start > r->data_end || (uint64_t)g->compressed_bytes > r->data_end - (uint64_t)start)
             return corrupt(r, why, why_n, "the column chunk (%lld bytes at byte %lld) lies outside the file's "
                            "data (bytes 4 to %llu)", (long long)g->compressed_bytes, (long long)start,
                            (unsigned long long)r->data_end);
     }
+    keel_status st = check_no_overlap(r, why, why_n);
     r->group = 0;
-    return KEEL_OK;
+    return st;
 }
 
 /* The footer: PAR1 at both ends, the metadata's length before the last. */
