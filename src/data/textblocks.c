@@ -166,13 +166,14 @@ static keel_status add_record(const keel_tokenizer *tok, slot *s, const char *te
 }
 
 /* --strict-utf8: text[0, len) is valid UTF-8, or *bad is the offset of the
- * first byte that is not, and `bytes` shows it and up to 3 more ("0xc3 0x28"). */
+ * first byte that is not, and `bytes` shows it and up to 3 more of its line
+ * ("bytes from there: 0xc3 0x28"). */
 static bool valid_utf8(const char *text, size_t len, size_t *bad, char *bytes, size_t bytes_n) {
     *bad = hf_utf8_valid_prefix(text, len);
     if (*bad == len) return true;
     size_t used = 0;
     bytes[0] = '\0';
-    for (size_t i = *bad; i < len && i < *bad + 4 && used < bytes_n; i++) {
+    for (size_t i = *bad; i < len && i < *bad + 4 && text[i] != '\n' && used < bytes_n; i++) {
         int w = snprintf(bytes + used, bytes_n - used, "%s0x%02x", i > *bad ? " " : "bytes from there: ",
                          (unsigned char)text[i]);
         if (w < 0) break;
