@@ -94,11 +94,11 @@ void keel_data_fetch(keel_data *d, uint64_t step, uint64_t global_batch, uint64_
  * the speed (MB/s of text).
  *
  * Inputs: files (.jsonl and .json are JSON Lines, .parquet Apache Parquet,
- * anything else text; .gz and .zst are decompressed as they are read, but
- * for Parquet, which compresses its own pages), directories (their .txt,
- * .jsonl, .json and .parquet files and the .gz/.zst of those, recursively,
- * in byte-wise sorted path order) and glob patterns (expanded here, sorted);
- * a pipe is text.
+ * anything else text; .gz and .zst are decompressed as they are read, and a
+ * .parquet.gz refused: Parquet compresses its own pages), directories
+ * (their .txt, .jsonl, .json and .parquet files and the .gz/.zst of those,
+ * recursively, in byte-wise sorted path order) and glob patterns (expanded
+ * here, sorted); a pipe is text.
  *
  * A document is a block of non-blank lines (blank = empty or only spaces,
  * tabs, CRs); each file ends a document. In JSON Lines each record (one JSON
