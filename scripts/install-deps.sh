@@ -24,6 +24,7 @@ KEEL_BUILD_DEPS=(
     librsvg2-dev             # keel plot --out FILE.png: the plot's SVG drawn by librsvg + cairo
     zlib1g-dev               # keel data prepare reads .gz inputs as it inflates them (zlib)
     libzstd-dev              #   and .zst inputs (libzstd's streaming decompression)
+    libsnappy-dev            #   and Parquet pages compressed with Snappy (snappy-c.h; src/data/parquet.c)
     prometheus               # prometheus + promtool: the tests scrape a real run and lint /metrics
     chromium                 # headless: the tests load the dashboard in a real browser
     sentencepiece            # spm_train / spm_encode: train the demo tokenizer, reference encoder

@@ -128,10 +128,12 @@ void keel_data_count_sources(keel_data *d, uint64_t step, uint64_t global_batch,
  * DIR/val-NNNNN.bin and print the token counts of each split, the split and
  * the speed (MB/s of text).
  *
- * Inputs: files (.jsonl and .json are JSON Lines, anything else text; .gz and
- * .zst are decompressed as they are read), directories (their .txt, .jsonl
- * and .json files and the .gz/.zst of those, recursively, in byte-wise sorted
- * path order) and glob patterns (expanded here, sorted); a pipe is text.
+ * Inputs: files (.jsonl and .json are JSON Lines, .parquet Apache Parquet,
+ * anything else text; .gz and .zst are decompressed as they are read, and a
+ * .parquet.gz refused: Parquet compresses its own pages), directories
+ * (their .txt, .jsonl, .json and .parquet files and the .gz/.zst of those,
+ * recursively, in byte-wise sorted path order) and glob patterns (expanded
+ * here, sorted); a pipe is text.
  *
  * A document is a block of non-blank lines (blank = empty or only spaces,
  * tabs, CRs); each file ends a document. In JSON Lines each record (one JSON
@@ -139,10 +141,18 @@ void keel_data_count_sources(keel_data *d, uint64_t step, uint64_t global_batch,
  * into lines handled as a text file's, except that its blank lines do not end
  * it; a record with no non-blank line is skipped (and counted). So records
  * holding a text file's documents prepare into the same shards as the text
- * file. Bad input (a malformed record, a record that is not an object or has
- * no string at text_key, a truncated or corrupt .gz/.zst, a JSON array, a
- * directory without inputs, a pattern without a match) is KEEL_ERR_INPUT with
- * one line naming the file (and line) and the fix; nothing is written.
+ * file. In Parquet each row of the top-level string column `column` (a
+ * BYTE_ARRAY of logical type STRING, or none) is one document, as a record's
+ * text is; null rows are skipped (and counted) too; the pages are read by
+ * keel's own reader (data/parquet.h: uncompressed, SNAPPY, GZIP, ZSTD; PLAIN,
+ * dictionary and delta encodings; v1 and v2 pages). Bad input (a malformed
+ * record, a record that is not an object or has no string at text_key, a
+ * truncated or corrupt .gz/.zst, a JSON array, a Parquet file without the
+ * column or whose column is not a string, with another codec, truncated or
+ * corrupt, a directory without inputs, a pattern without a match, and with
+ * strict_utf8 text that is not valid UTF-8) is KEEL_ERR_INPUT with one line
+ * naming the file (and line, or row, and byte) and the fix; nothing is
+ * written. Without strict_utf8 invalid UTF-8 goes to the tokenizer as it is.
  *
  * Each line is encoded on its own (as `spm_encode` does) and a document's
  * tokens are BOS + lines + EOS, where BOS and EOS are added only if the
@@ -204,6 +214,8 @@ typedef struct {
     uint64_t max_tokens;      /* stop at a document's end once this many are written; 0 = all */
     const char *format;       /* "text" (NULL: the same) or "chat" */
     const char *chat_template; /* chat: "llama3" or "llama2"; required with chat, else NULL */
+    const char *column;       /* Parquet: the column holding the text; NULL = "text" */
+    bool strict_utf8;         /* invalid UTF-8 is an error (else the tokenizer replaces it) */
 } keel_prepare_args;
 keel_status keel_data_prepare(const keel_prepare_args *args);
 

@@ -12,25 +12,30 @@
 static const char data_usage[] =
     "usage: keel data prepare --model TOKENIZER.model --input PATH [PATH ...] --out DIR\n"
     "                         [--val-fraction F] [--split-seed S] [--shard-tokens N]\n"
-    "                         [--text-key KEY] [--max-tokens N] [--threads N] [--force]\n"
+    "                         [--text-key KEY] [--column NAME] [--strict-utf8]\n"
+    "                         [--max-tokens N] [--threads N] [--force]\n"
     "                         [--format text|chat] [--chat-template llama3|llama2]\n"
     "\n"
-    "Tokenize text and JSON Lines files into token shards for `data.path`:\n"
+    "Tokenize text, JSON Lines and Parquet files into token shards for `data.path`:\n"
     "DIR/train-00000.bin, ... and, with --val-fraction, DIR/val-00000.bin, ...\n"
     "\n"
-    "Inputs: .jsonl and .json files are JSON Lines (one object a line), any other\n"
-    "file is text; .gz and .zst files are decompressed as they are read\n"
-    "(corpus.jsonl.zst, notes.txt.gz). A directory gives its .txt, .jsonl and .json\n"
-    "files and their .gz/.zst, recursively, in sorted path order; a quoted pattern\n"
-    "('shards/*.jsonl.zst') is expanded by keel, sorted. A pipe is read as text.\n"
+    "Inputs: .jsonl and .json files are JSON Lines (one object a line), .parquet\n"
+    "files Apache Parquet, any other file is text; .gz and .zst files are\n"
+    "decompressed as they are read (corpus.jsonl.zst, notes.txt.gz; Parquet\n"
+    "compresses its own pages: SNAPPY, GZIP, ZSTD). A directory gives its .txt,\n"
+    ".jsonl, .json and .parquet files and their .gz/.zst, recursively, in sorted\n"
+    "path order; a quoted pattern ('shards/*.parquet') is expanded by keel, sorted.\n"
+    "A pipe is read as text.\n"
     "\n"
     "In text a document is a block of non-blank lines; a blank line or the end of\n"
     "a file ends it. In JSON Lines each record is a document: the string at\n"
     "--text-key, split at its newlines into lines as text is (its blank lines do\n"
-    "not end it); empty records are skipped. Each line is encoded as spm_encode\n"
-    "would, and each document becomes BOS + its lines' tokens + EOS (BOS/EOS only\n"
-    "if the tokenizer defines them). Prints the inputs, the tokens of each split,\n"
-    "the split with its seed, and MB/s of text; on a terminal, the progress.\n"
+    "not end it); empty records are skipped. In Parquet each row of the string\n"
+    "column --column is a document, as a record's string is; empty and null rows\n"
+    "are skipped. Each line is encoded as spm_encode would, and each document\n"
+    "becomes BOS + its lines' tokens + EOS (BOS/EOS only if the tokenizer defines\n"
+    "them). Prints the inputs, the tokens of each split, the split with its seed,\n"
+    "and MB/s of text; on a terminal, the progress.\n"
     "\n"
     "Chat fine-tuning (--format chat): each JSON Lines record is one conversation,\n"
     "  {\"messages\": [{\"role\": \"system\", \"content\": \"...\"},   (optional, first)\n"
@@ -60,6 +65,11 @@ static const char data_usage[] =
     "  --shard-tokens N    at most N tokens per file (default 67108864)\n"
     "  --text-key KEY      the key of a JSON Lines record that holds its text\n"
     "                      (default: text)\n"
+    "  --column NAME       the top-level Parquet column that holds the text, a\n"
+    "                      string column (default: text)\n"
+    "  --strict-utf8       text that is not valid UTF-8 is an error naming the file,\n"
+    "                      line (record, row) and byte (default: the tokenizer reads\n"
+    "                      it as it does any bytes)\n"
     "  --max-tokens N      stop at the end of the document that brings the tokens\n"
     "                      written to N or more (default: read every input)\n"
     "  --threads N         threads that encode text (default: one per CPU); the files\n"
@@ -74,7 +84,7 @@ static const char data_usage[] =
 
 enum { OPT_MODEL = 256, OPT_INPUT, OPT_OUT, OPT_VAL_FRACTION, OPT_SHARD_TOKENS, OPT_FORCE,
        OPT_HELP, OPT_SPLIT_SEED, OPT_THREADS, OPT_TEXT_KEY, OPT_MAX_TOKENS, OPT_FORMAT,
-       OPT_CHAT_TEMPLATE };
+       OPT_CHAT_TEMPLATE, OPT_COLUMN, OPT_STRICT_UTF8 };
 
 static const struct option prepare_options[] = {
     {"model", required_argument, NULL, OPT_MODEL},
@@ -88,6 +98,8 @@ static const struct option prepare_options[] = {
     {"max-tokens", required_argument, NULL, OPT_MAX_TOKENS},
     {"format", required_argument, NULL, OPT_FORMAT},
     {"chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE},
+    {"column", required_argument, NULL, OPT_COLUMN},
+    {"strict-utf8", no_argument, NULL, OPT_STRICT_UTF8},
     {"force", no_argument, NULL, OPT_FORCE},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
@@ -156,6 +168,8 @@ static int cmd_prepare(int argc, char **argv) {
             break;
         }
         case OPT_TEXT_KEY: args.text_key = arg; break;
+        case OPT_COLUMN: args.column = arg; break;
+        case OPT_STRICT_UTF8: args.strict_utf8 = true; break;
         case OPT_MAX_TOKENS:
             if (!parse_count(arg, &args.max_tokens))
                 exit_code = usage_error("--max-tokens needs a positive integer, not", arg);

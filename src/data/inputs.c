@@ -31,6 +31,10 @@ bool input_kind_of(const char *name, input_format *format, instream_kind *compre
         *format = INPUT_JSONL;
         return true;
     }
+    if (cut_suffix(base, &len, ".parquet")) {
+        *format = INPUT_PARQUET;
+        return true;
+    }
     *format = INPUT_TEXT;
     return cut_suffix(base, &len, ".txt");
 }
@@ -96,8 +100,8 @@ static keel_status add_directory(input_list *l, size_t *cap, const char *arg) {
         if (ignored)
             snprintf(others, sizeof others, ", only %" PRIu64 " other file%s", ignored,
                      ignored == 1 ? "" : "s");
-        keel_errorf("data prepare: --input directory %s holds no .txt, .jsonl or .json file (nor "
-                    "a .gz or .zst of one)%s; name a file itself to read it as text",
+        keel_errorf("data prepare: --input directory %s holds no .txt, .jsonl, .json or .parquet "
+                    "file (nor a .gz or .zst of one)%s; name a file itself to read it as text",
                     arg, others);
         st = KEEL_ERR_INPUT;
     }

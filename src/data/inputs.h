@@ -15,8 +15,9 @@
 #include "data/instream.h"
 
 typedef enum {
-    INPUT_TEXT,  /* documents are blocks of non-blank lines */
-    INPUT_JSONL, /* one JSON object a line, one document a record */
+    INPUT_TEXT,    /* documents are blocks of non-blank lines */
+    INPUT_JSONL,   /* one JSON object a line, one document a record */
+    INPUT_PARQUET, /* Apache Parquet, one document a row of a string column */
 } input_format;
 
 typedef struct {
@@ -35,10 +36,11 @@ typedef struct {
     bool all_sized;       /* no pipe among the files: total_bytes is the whole input */
 } input_list;
 
-/* What a file's name says: .jsonl/.json are JSON Lines and anything else is
- * text, each optionally compressed (.gz, .zst; letter case ignored). Returns
- * whether the name has a known extension (.txt, .jsonl, .json, alone or
- * followed by .gz or .zst): a directory reads only those. */
+/* What a file's name says: .jsonl/.json are JSON Lines, .parquet is Parquet
+ * and anything else is text, each optionally compressed (.gz, .zst; letter
+ * case ignored: a compressed .parquet is refused when it is read). Returns
+ * whether the name has a known extension (.txt, .jsonl, .json, .parquet,
+ * alone or followed by .gz or .zst): a directory reads only those. */
 bool input_kind_of(const char *name, input_format *format, instream_kind *compression);
 
 /* Resolve args[0, n_args) in order into *out: an existing path is a file (any

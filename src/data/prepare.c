@@ -1,5 +1,5 @@
-/* data/prepare.c: `keel data prepare` — text and JSON Lines files to train/val
- * token shards. The document, BOS/EOS and split rules are stated in keel/data.h. */
+/* data/prepare.c: `keel data prepare` — text, JSON Lines and Parquet files to
+ * train/val token shards. The document, BOS/EOS and split rules are stated in keel/data.h. */
 #include "keel/data.h"
 
 #include <dirent.h>
@@ -223,8 +223,8 @@ static void progress_clear(progress *pr) {
 /* ---- the inputs ------------------------------------------------------------ */
 
 typedef struct {
-    uint64_t text_bytes;        /* text read (decompressed) */
-    uint64_t n_records, n_empty_records;
+    uint64_t text_bytes; /* text read (decompressed) */
+    textblocks_counts counts;
 } input_stats;
 
 /* Every input, in order, through add_line; the end of a file ends a document.
@@ -232,8 +232,10 @@ typedef struct {
 static keel_status add_inputs(preparer *p, const keel_prepare_args *a, const input_list *inputs,
                               int threads, input_stats *stats) {
     textblocks *tb;
-    const char *text_key = a->text_key ? a->text_key : "text";
-    keel_status st = textblocks_open(p->tok, inputs->files, inputs->n_files, text_key, threads, &tb);
+    textblocks_options opt = {.text_key = a->text_key ? a->text_key : "text",
+                              .column = a->column ? a->column : "text",
+                              .strict_utf8 = a->strict_utf8};
+    keel_status st = textblocks_open(p->tok, inputs->files, inputs->n_files, &opt, threads, &tb);
     if (st != KEEL_OK) return st;
     if (p->chat) textblocks_set_chat(tb, p->chat);
     progress pr;
@@ -249,7 +251,7 @@ static keel_status add_inputs(preparer *p, const keel_prepare_args *a, const inp
     progress_clear(&pr);
     if (st != KEEL_OK && textblocks_error(tb)[0]) keel_errorf("%s", textblocks_error(tb));
     stats->text_bytes = textblocks_bytes_read(tb);
-    stats->n_records = textblocks_records(tb, &stats->n_empty_records);
+    stats->counts = textblocks_counted(tb);
     textblocks_close(tb);
     return st;
 }
@@ -404,12 +406,17 @@ static keel_status check_format(const keel_prepare_args *a) {
 }
 
 /* --format chat reads every input as JSON Lines (a pipe too) but a file its
- * name says is text (.txt, .txt.gz, .txt.zst). */
+ * name says is text (.txt, .txt.gz, .txt.zst) or Parquet. */
 static keel_status chat_inputs(input_list *inputs) {
     for (size_t i = 0; i < inputs->n_files; i++) {
         prepare_input *f = &inputs->files[i];
         input_format format;
         instream_kind compression;
+        if (f->format == INPUT_PARQUET) {
+            keel_errorf("data prepare: input %s is Parquet; --format chat reads JSON Lines conversations "
+                        "(one {\"messages\": [...]} a line): convert it to .jsonl", f->path);
+            return KEEL_ERR_INPUT;
+        }
         if (f->format == INPUT_TEXT && input_kind_of(f->path, &format, &compression)) {
             keel_errorf("data prepare: input %s is text (by its name); --format chat reads JSON "
                         "Lines conversations: give .jsonl or .json files (plain, .gz or .zst)",
@@ -423,7 +430,7 @@ static keel_status chat_inputs(input_list *inputs) {
 
 static keel_status check_args(const keel_prepare_args *a) {
     if (!a->model_path) {
-        keel_errorf("data prepare: --model (a SentencePiece .model file) is required");
+        keel_errorf("data prepare: --model (a SentencePiece .model or a Hugging Face tokenizer.json) is required");
         return KEEL_ERR_INPUT;
     }
     if (!a->out_dir || !a->out_dir[0]) {
@@ -448,6 +455,10 @@ static keel_status check_args(const keel_prepare_args *a) {
         keel_errorf("data prepare: --text-key is empty; name the JSON key that holds the text");
         return KEEL_ERR_INPUT;
     }
+    if (a->column && !a->column[0]) {
+        keel_errorf("data prepare: --column is empty; name the Parquet column that holds the text");
+        return KEEL_ERR_INPUT;
+    }
     return check_format(a);
 }
 
@@ -456,17 +467,21 @@ static void print_split(const split_writer *w) {
            w->n_files == 1 ? "" : "s");
 }
 
-/* "inputs: 5 files: 4 JSON Lines, 1 text; 4 zstd, 1 gzip; 2 other files in directories ignored" */
+/* "inputs: 6 files: 4 JSON Lines, 1 Parquet, 1 text; 4 zstd, 1 gzip; 2 other files in
+ * directories ignored" */
 static void print_inputs(const input_list *inputs) {
-    uint64_t n_json = 0, n_gzip = 0, n_zstd = 0, n = inputs->n_files;
+    uint64_t n_json = 0, n_parquet = 0, n_gzip = 0, n_zstd = 0, n = inputs->n_files;
     for (size_t i = 0; i < inputs->n_files; i++) {
         n_json += inputs->files[i].format == INPUT_JSONL;
+        n_parquet += inputs->files[i].format == INPUT_PARQUET;
         n_gzip += inputs->files[i].compression == INSTREAM_GZIP;
         n_zstd += inputs->files[i].compression == INSTREAM_ZSTD;
     }
+    uint64_t n_text = n - n_json - n_parquet;
     printf("inputs: %" PRIu64 " file%s:", n, n == 1 ? "" : "s");
-    if (n_json) printf(" %" PRIu64 " JSON Lines%s", n_json, n_json < n ? "," : "");
-    if (n_json < n) printf(" %" PRIu64 " text", n - n_json);
+    if (n_json) printf(" %" PRIu64 " JSON Lines%s", n_json, n_parquet || n_text ? "," : "");
+    if (n_parquet) printf(" %" PRIu64 " Parquet%s", n_parquet, n_text ? "," : "");
+    if (n_text) printf(" %" PRIu64 " text", n_text);
     if (n_zstd) printf("; %" PRIu64 " zstd", n_zstd);
     if (n_gzip) printf("%s %" PRIu64 " gzip", n_zstd ? "," : ";", n_gzip);
     if (inputs->n_ignored)
@@ -479,9 +494,13 @@ static void print_summary(const preparer *p, const keel_prepare_args *a, const i
                           int threads, const input_stats *stats, double seconds) {
     uint64_t text_bytes = stats->text_bytes;
     print_inputs(inputs);
-    if (stats->n_records)
-        printf("records: %" PRIu64 " JSON records, %" PRIu64 " of them empty (skipped)\n",
-               stats->n_records, stats->n_empty_records);
+    const textblocks_counts *c = &stats->counts;
+    if (c->records)
+        printf("records: %" PRIu64 " JSON records, %" PRIu64 " of them empty (skipped)\n", c->records,
+               c->empty_records);
+    if (c->rows)
+        printf("rows: %" PRIu64 " Parquet rows, %" PRIu64 " of them empty and %" PRIu64
+               " null (skipped)\n", c->rows, c->empty_rows, c->null_rows);
     if (p->capped)
         printf("cap: --max-tokens %" PRIu64 " reached at the end of a document (%" PRIu64
                " tokens); the rest of the inputs was not read\n",
@@ -505,7 +524,7 @@ static void print_summary(const preparer *p, const keel_prepare_args *a, const i
            seconds > 0 ? mb / seconds : 0.0, threads, threads == 1 ? "" : "s");
     if (a->val_fraction > 0 && p->val.n_tokens == 0)
         keel_log_warn("--val-fraction %g gave no val tokens: the inputs hold too few "
-                      "documents (text blocks between blank lines, or JSON records)",
+                      "documents (text blocks between blank lines, JSON records or Parquet rows)",
                       a->val_fraction);
 }
 

@@ -4,6 +4,8 @@
 
 #include "data/chat.h"
 #include "data/jsonl.h"
+#include "data/parquet.h"
+#include "data/tokenizer_hf_model.h" /* hf_utf8_valid_prefix: --strict-utf8 */
 
 #include <errno.h>
 #include <inttypes.h>
@@ -27,10 +29,12 @@
 
 typedef struct {
     const prepare_input *input; /* the file of the block */
-    uint64_t first_line;        /* JSON Lines: the number of the block's first line in it */
-    char *text;                 /* the block as read (decompressed) */
+    uint64_t first_line;        /* text, JSON Lines: the number of the block's first line in it */
+    char *text;                 /* the block as read (decompressed); Parquet: its rows' strings */
     size_t text_len, text_cap;
-    char *doc;                  /* JSON Lines: the records' texts, which the lines point into */
+    size_t *row_ends;           /* Parquet: where each row's string ends in text */
+    size_t n_row_texts, row_ends_cap;
+    char *doc;                  /* JSON Lines, Parquet: the records' texts, which the lines point into */
     size_t doc_len, doc_cap;
     text_line *lines;
     size_t n_lines, lines_cap;
@@ -40,7 +44,8 @@ typedef struct {
     size_t mask_cap;
     keel_ids scratch; /* one line's ids */
     chat_doc chat;    /* chat: one record's conversation */
-    uint64_t n_records, n_empty_records;
+    uint64_t n_records, n_empty_records;          /* JSON Lines, counted as encoded */
+    uint64_t n_rows, n_empty_rows, n_null_rows;   /* Parquet, counted as read */
     bool ends_input;
     bool encoded;            /* under mu */
     keel_status read_status; /* of reading the block: it is not encoded */
@@ -52,12 +57,15 @@ struct textblocks {
     const keel_tokenizer *tok;
     const prepare_input *inputs;
     size_t n_inputs;
-    const char *text_key;
+    textblocks_options opt;
     const chat_template *chat; /* NULL: records hold text */
 
     /* Reading: only the caller's thread. */
     size_t input; /* the file being read, n_inputs when all are read (or reading failed) */
     instream *in;
+    parquet_reader *pq;  /* Parquet: the file being read */
+    parquet_run run;     /* Parquet: the run of rows being read, */
+    uint64_t run_left;   /*   of which this many are not in a block yet */
     char *carry; /* a partial line read after the last complete one */
     size_t carry_len, carry_cap;
     uint64_t line_no;    /* JSON Lines: the number of the carried line */
@@ -65,7 +73,8 @@ struct textblocks {
     bool bom_pending;    /* JSON Lines: the file's first bytes not yet looked at */
     uint64_t raw_bytes_done; /* of the files read to their end */
     /* Of the blocks handed out: only the caller's thread. */
-    uint64_t bytes_handed, records_handed, empty_records_handed;
+    uint64_t bytes_handed;
+    textblocks_counts counted;
     text_block view;
     bool handed;       /* view is out with the caller */
     const char *error; /* textblocks_error */
@@ -97,6 +106,12 @@ static bool is_blank(const char *s, size_t len) {
     for (size_t i = 0; i < len; i++)
         if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r') return false;
     return true;
+}
+
+static uint64_t count_lines(const char *text, size_t len) {
+    uint64_t n = 0;
+    for (const char *p = text, *end = text + len; (p = memchr(p, '\n', (size_t)(end - p))); p++) n++;
+    return n;
 }
 
 static text_line *new_line(slot *s) {
@@ -141,19 +156,16 @@ static keel_status add_lines(const keel_tokenizer *tok, slot *s, const char *tex
 }
 
 /* One record's text as a document: its lines (blank ones left out), then a
- * blank line that ends it; an empty record gives no lines. */
-static keel_status add_record(const keel_tokenizer *tok, slot *s, const char *text, size_t len) {
+ * blank line that ends it; an empty record gives no lines (*empty). */
+static keel_status add_record(const keel_tokenizer *tok, slot *s, const char *text, size_t len,
+                              bool *empty) {
     size_t start = s->doc_len, lines_before = s->n_lines;
     s->doc = grow(s->doc, &s->doc_cap, s->doc_len + len + 1, 1, "record texts");
     memcpy(s->doc + start, text, len);
     s->doc_len += len;
-    s->n_records++;
     keel_status st = add_lines(tok, s, s->doc, start, s->doc_len, false);
-    if (st != KEEL_OK) return st;
-    if (s->n_lines == lines_before) {
-        s->n_empty_records++;
-        return KEEL_OK;
-    }
+    *empty = s->n_lines == lines_before;
+    if (st != KEEL_OK || *empty) return st;
     *new_line(s) = (text_line){.start = s->doc_len, .first_id = s->n_ids, .blank = true};
     return KEEL_OK;
 }
@@ -181,6 +193,25 @@ static keel_status add_chat_record(const textblocks *tb, slot *s, const char *li
     return KEEL_OK;
 }
 
+/* --strict-utf8: text[0, len) is valid UTF-8, or *bad is the offset of the
+ * first byte that is not, and `bytes` shows it and up to 3 more of its line
+ * ("bytes from there: 0xc3 0x28"). */
+static bool valid_utf8(const char *text, size_t len, size_t *bad, char *bytes, size_t bytes_n) {
+    *bad = hf_utf8_valid_prefix(text, len);
+    if (*bad == len) return true;
+    size_t used = 0;
+    bytes[0] = '\0';
+    for (size_t i = *bad; i < len && i < *bad + 4 && text[i] != '\n' && used < bytes_n; i++) {
+        int w = snprintf(bytes + used, bytes_n - used, "%s0x%02x", i > *bad ? " " : "bytes from there: ",
+                         (unsigned char)text[i]);
+        if (w < 0) break;
+        used += (size_t)w;
+    }
+    return false;
+}
+
+#define STRICT_UTF8_FIX "fix it where it comes from, or leave out --strict-utf8 to let the tokenizer take the bytes as they are"
+
 /* Each line of a JSON Lines block through jsonl_record_text and add_record
  * (or add_chat_record). */
 static keel_status encode_records(const textblocks *tb, slot *s) {
@@ -195,7 +226,7 @@ static keel_status encode_records(const textblocks *tb, slot *s) {
         size_t len;
         why[0] = '\0';
         keel_status st = tb->chat ? add_chat_record(tb, s, s->text + pos, end - pos, why, sizeof why)
-                                  : jsonl_record_text(s->text + pos, end - pos, tb->text_key,
+                                  : jsonl_record_text(s->text + pos, end - pos, tb->opt.text_key,
                                                       &is_record, &text, &len, why, sizeof why);
         if (st != KEEL_OK) {
             if (why[0]) /* else the tokenizer printed why */
@@ -204,14 +235,53 @@ static keel_status encode_records(const textblocks *tb, slot *s) {
             return st;
         }
         if (is_record) {
-            st = add_record(tb->tok, s, text, len);
+            size_t bad;
+            char bytes[48];
+            if (tb->opt.strict_utf8 && !valid_utf8(text, len, &bad, bytes, sizeof bytes)) {
+                snprintf(s->error, sizeof s->error, "data prepare: %s:%" PRIu64 ": invalid UTF-8 at "
+                         "byte %zu of the record's \"%s\" value (%s); " STRICT_UTF8_FIX,
+                         s->input->path, line_no, bad + 1, tb->opt.text_key, bytes);
+                keel_free(text);
+                return KEEL_ERR_INPUT;
+            }
+            bool empty;
+            st = add_record(tb->tok, s, text, len, &empty);
             keel_free(text);
             if (st != KEEL_OK) return st;
+            s->n_records++;
+            s->n_empty_records += empty;
         }
         pos = end + 1;
         line_no++;
     }
     return KEEL_OK;
+}
+
+/* A Parquet block's rows (none of them blank: those were counted as read)
+ * through add_record. */
+static keel_status encode_rows(const textblocks *tb, slot *s) {
+    size_t start = 0;
+    for (size_t i = 0; i < s->n_row_texts; i++) {
+        bool empty;
+        keel_status st = add_record(tb->tok, s, s->text + start, s->row_ends[i] - start, &empty);
+        if (st != KEEL_OK) return st;
+        start = s->row_ends[i];
+    }
+    return KEEL_OK;
+}
+
+/* --strict-utf8 over a text block: the first byte that is not valid UTF-8,
+ * named by its line (a line end is never inside a character). */
+static keel_status check_text_utf8(slot *s) {
+    size_t bad;
+    char bytes[48];
+    if (valid_utf8(s->text, s->text_len, &bad, bytes, sizeof bytes)) return KEEL_OK;
+    const char *nl = bad ? memrchr(s->text, '\n', bad) : NULL;
+    size_t line_start = nl ? (size_t)(nl - s->text) + 1 : 0;
+    snprintf(s->error, sizeof s->error, "data prepare: %s:%" PRIu64 ": invalid UTF-8 at byte %zu of "
+             "the line (%s); " STRICT_UTF8_FIX, s->input->path,
+             s->first_line + count_lines(s->text, line_start), bad - line_start + 1, bytes);
+    return KEEL_ERR_INPUT;
 }
 
 /* Split a slot's text into lines and encode each. Runs on any thread;
@@ -223,6 +293,11 @@ static keel_status encode_block(const textblocks *tb, slot *s) {
     s->n_records = s->n_empty_records = 0;
     if (s->read_status != KEEL_OK) return s->read_status;
     if (s->input->format == INPUT_JSONL) return encode_records(tb, s);
+    if (s->input->format == INPUT_PARQUET) return encode_rows(tb, s);
+    if (tb->opt.strict_utf8) {
+        keel_status st = check_text_utf8(s);
+        if (st != KEEL_OK) return st;
+    }
     return add_lines(tb->tok, s, s->text, 0, s->text_len, true);
 }
 
@@ -293,10 +368,86 @@ static keel_status check_json_start(textblocks *tb, slot *s) {
     return KEEL_ERR_INPUT;
 }
 
-static uint64_t count_lines(const char *text, size_t len) {
-    uint64_t n = 0;
-    for (const char *p = text, *end = text + len; (p = memchr(p, '\n', (size_t)(end - p))); p++) n++;
-    return n;
+/* A record's text has no line that is not blank: every byte a space, tab,
+ * CR or line end (add_record would find it empty). */
+static bool blank_record(const char *text, size_t len) {
+    for (size_t i = 0; i < len; i++)
+        if (text[i] != ' ' && text[i] != '\t' && text[i] != '\r' && text[i] != '\n') return false;
+    return true;
+}
+
+static keel_status open_parquet(textblocks *tb, slot *s) {
+    const prepare_input *f = s->input;
+    char why[768];
+    keel_status st;
+    if (f->compression != INSTREAM_PLAIN) {
+        snprintf(why, sizeof why, "is a compressed Parquet file (.%s); Parquet is read from its end and "
+                 "compresses its own pages: decompress it first (%s -d)",
+                 f->compression == INSTREAM_GZIP ? "gz" : "zst", f->compression == INSTREAM_GZIP ? "gzip" : "zstd");
+        st = KEEL_ERR_INPUT;
+    } else {
+        st = parquet_open_file(f->path, tb->opt.column, &tb->pq, why, sizeof why);
+    }
+    if (st != KEEL_OK) snprintf(s->error, sizeof s->error, "data prepare: input %s %s", f->path, why);
+    tb->run_left = 0;
+    return st;
+}
+
+/* The next block of a Parquet file into s: rows copied whole until the block
+ * holds BLOCK_BYTES (cut where the rows are: never depends on the slot or the
+ * thread count). Null and blank rows are only counted: a run of them costs
+ * nothing per row. At the end of the file the block has ends_input. */
+static keel_status read_parquet_block(textblocks *tb, slot *s) {
+    s->n_row_texts = 0;
+    s->n_rows = s->n_empty_rows = s->n_null_rows = 0;
+    if (!tb->pq) {
+        keel_status st = open_parquet(tb, s);
+        if (st != KEEL_OK) return st;
+    }
+    for (;;) {
+        if (tb->run_left == 0) {
+            bool end;
+            char why[768];
+            keel_status st = parquet_next(tb->pq, &tb->run, &end, why, sizeof why);
+            if (st != KEEL_OK) {
+                snprintf(s->error, sizeof s->error, "data prepare: input %s %s", s->input->path, why);
+                return st;
+            }
+            if (end) break;
+            const parquet_run *r = &tb->run;
+            size_t bad;
+            char bytes[48];
+            if (!r->text || blank_record(r->text, r->len)) { /* no document: counted */
+                s->n_rows += r->count;
+                *(r->text ? &s->n_empty_rows : &s->n_null_rows) += r->count;
+                continue;
+            }
+            if (tb->opt.strict_utf8 && !valid_utf8(r->text, r->len, &bad, bytes, sizeof bytes)) {
+                snprintf(s->error, sizeof s->error, "data prepare: %s: row %" PRIu64 ", column \"%s\": "
+                         "invalid UTF-8 at byte %zu of its value (%s); " STRICT_UTF8_FIX, s->input->path,
+                         r->first_row, tb->opt.column, bad + 1, bytes);
+                return KEEL_ERR_INPUT;
+            }
+            tb->run_left = r->count;
+        }
+        if (s->text_len >= BLOCK_BYTES) return KEEL_OK;
+        for (; tb->run_left > 0 && s->text_len < BLOCK_BYTES; tb->run_left--) {
+            const parquet_run *r = &tb->run;
+            s->text = grow(s->text, &s->text_cap, s->text_len + r->len + 1, 1, "text block");
+            memcpy(s->text + s->text_len, r->text, r->len);
+            s->text_len += r->len;
+            s->row_ends = grow(s->row_ends, &s->row_ends_cap, s->n_row_texts + 1, sizeof *s->row_ends,
+                               "parquet rows");
+            s->row_ends[s->n_row_texts++] = s->text_len;
+            s->n_rows++;
+        }
+    }
+    tb->raw_bytes_done += s->input->size_bytes;
+    parquet_close(tb->pq);
+    tb->pq = NULL;
+    tb->input++;
+    s->ends_input = true;
+    return KEEL_OK;
 }
 
 /* Read the next block of the current input into s: the carried partial line,
@@ -311,6 +462,7 @@ static keel_status read_block(textblocks *tb, slot *s) {
     s->error[0] = '\0';
     s->text_len = 0;
     s->ends_input = false;
+    if (s->input->format == INPUT_PARQUET) return read_parquet_block(tb, s);
     if (!tb->in) {
         keel_status st = open_next_input(tb, s);
         if (st != KEEL_OK) return st;
@@ -335,7 +487,7 @@ static keel_status read_block(textblocks *tb, slot *s) {
             tb->carry = grow(tb->carry, &tb->carry_cap, tb->carry_len + 1, 1, "text carry");
             memcpy(tb->carry, s->text + keep, tb->carry_len);
             s->text_len = keep;
-            if (json) tb->line_no += count_lines(s->text, keep);
+            tb->line_no += count_lines(s->text, keep);
             return KEEL_OK;
         }
         /* one line longer than the block so far */
@@ -385,14 +537,14 @@ static void *worker(void *arg) {
 }
 
 keel_status textblocks_open(const keel_tokenizer *tok, const prepare_input *inputs,
-                            size_t n_inputs, const char *text_key, int n_threads,
+                            size_t n_inputs, const textblocks_options *opt, int n_threads,
                             textblocks **out) {
     KEEL_CHECK(n_threads >= 1, "threads %d", n_threads);
     textblocks *tb = keel_xcalloc(sizeof *tb, "text reader");
     tb->tok = tok;
     tb->inputs = inputs;
     tb->n_inputs = n_inputs;
-    tb->text_key = text_key;
+    tb->opt = *opt;
     /* One thread alone needs one slot: it reads, encodes and hands out in turn. */
     tb->n_slots = n_threads == 1 ? 1 : SLOTS_PER_THREAD * n_threads;
     tb->slots = keel_xcalloc((size_t)tb->n_slots * sizeof *tb->slots, "text slots");
@@ -427,6 +579,8 @@ static void read_ahead(textblocks *tb) {
         if (s->read_status != KEEL_OK) {
             instream_close(tb->in);
             tb->in = NULL;
+            parquet_close(tb->pq);
+            tb->pq = NULL;
             tb->input = tb->n_inputs;
         }
         pthread_mutex_lock(&tb->mu);
@@ -481,12 +635,16 @@ keel_status textblocks_next(textblocks *tb, const text_block **out) {
     }
     tb->handed = true;
     tb->bytes_handed += s->text_len;
-    tb->records_handed += s->n_records;
-    tb->empty_records_handed += s->n_empty_records;
-    bool json = s->input->format == INPUT_JSONL;
-    tb->view = (text_block){.text = json ? s->doc : s->text, .lines = s->lines, .n_lines = s->n_lines,
-                            .ids = s->ids, .mask = tb->chat ? s->mask : NULL,
-                            .ends_input = s->ends_input};
+    tb->counted.records += s->n_records;
+    tb->counted.empty_records += s->n_empty_records;
+    if (s->input->format == INPUT_PARQUET) {
+        tb->counted.rows += s->n_rows;
+        tb->counted.empty_rows += s->n_empty_rows;
+        tb->counted.null_rows += s->n_null_rows;
+    }
+    bool records = s->input->format != INPUT_TEXT;
+    tb->view = (text_block){.text = records ? s->doc : s->text, .lines = s->lines, .n_lines = s->n_lines,
+                            .ids = s->ids, .mask = tb->chat ? s->mask : NULL, .ends_input = s->ends_input};
     *out = &tb->view;
     return KEEL_OK;
 }
@@ -501,13 +659,11 @@ const char *textblocks_error(const textblocks *tb) { return tb->error ? tb->erro
 uint64_t textblocks_bytes_read(const textblocks *tb) { return tb->bytes_handed; }
 
 uint64_t textblocks_raw_bytes_read(const textblocks *tb) {
-    return tb->raw_bytes_done + (tb->in ? instream_raw_bytes(tb->in) : 0);
+    return tb->raw_bytes_done + (tb->in ? instream_raw_bytes(tb->in) : 0) +
+           (tb->pq ? parquet_raw_bytes(tb->pq) : 0);
 }
 
-uint64_t textblocks_records(const textblocks *tb, uint64_t *n_empty) {
-    *n_empty = tb->empty_records_handed;
-    return tb->records_handed;
-}
+textblocks_counts textblocks_counted(const textblocks *tb) { return tb->counted; }
 
 void textblocks_close(textblocks *tb) {
     if (!tb) return;
@@ -526,10 +682,12 @@ void textblocks_close(textblocks *tb) {
         keel_free(s->lines);
         keel_free(s->ids);
         keel_free(s->mask);
+        keel_free(s->row_ends);
         keel_ids_free(&s->scratch);
         chat_doc_free(&s->chat);
     }
     instream_close(tb->in);
+    parquet_close(tb->pq);
     keel_free(tb->slots);
     keel_free(tb->workers);
     keel_free(tb->carry);

@@ -3,10 +3,12 @@
  * lines are encoded on a pool of threads and handed back in input order. A
  * text file's lines are the lines of the file; a JSON Lines file's are the
  * lines of each record's text followed by a blank line that ends its
- * document. Internal to the data module (prepare.c).
+ * document, and a Parquet file's the same of each row's string. Internal to
+ * the data module (prepare.c).
  *
  *     textblocks *tb;
- *     if (textblocks_open(tok, inputs, n_inputs, "text", threads, &tb) != KEEL_OK) return ...;
+ *     textblocks_options opt = {.text_key = "text", .column = "text"};
+ *     if (textblocks_open(tok, inputs, n_inputs, &opt, threads, &tb) != KEEL_OK) return ...;
  *     const text_block *b;
  *     while ((st = textblocks_next(tb, &b)) == KEEL_OK && b) {
  *         for (size_t i = 0; i < b->n_lines; i++) use(b->text + b->lines[i].start, ...);
@@ -35,7 +37,8 @@ typedef struct {
  * its "\n"s into lines as a text file's are; its blank lines are left out
  * (they do not end its document) and a blank line follows its last line (the
  * record's end ends the document); a record whose text has no line that is
- * not blank gives no lines at all (an empty record). */
+ * not blank gives no lines at all (an empty record). A Parquet row's string
+ * is a record's text; a null row gives no lines either. */
 typedef struct {
     const char *text;
     const text_line *lines;
@@ -47,14 +50,19 @@ typedef struct {
 
 typedef struct textblocks textblocks;
 
-/* Start reading `inputs` (in order; the array, text_key and tok must outlive
- * *out) with n_threads >= 1 threads encoding: the caller's own thread (inside
- * textblocks_next) and n_threads - 1 workers. text_key names the member of a
- * JSON Lines record that holds its text. The blocks and their ids do not
- * depend on n_threads. Returns KEEL_ERR_IO with one line if a thread cannot
- * start. The caller owns *out (textblocks_close). */
+typedef struct {
+    const char *text_key; /* the member of a JSON Lines record that holds its text */
+    const char *column;   /* the Parquet column that holds the text */
+    bool strict_utf8;     /* text that is not valid UTF-8 is an error (else the tokenizer's) */
+} textblocks_options;
+
+/* Start reading `inputs` (in order; the array, the options' strings and tok
+ * must outlive *out) with n_threads >= 1 threads encoding: the caller's own
+ * thread (inside textblocks_next) and n_threads - 1 workers. The blocks and
+ * their ids do not depend on n_threads. Returns KEEL_ERR_IO with one line if
+ * a thread cannot start. The caller owns *out (textblocks_close). */
 keel_status textblocks_open(const keel_tokenizer *tok, const prepare_input *inputs,
-                            size_t n_inputs, const char *text_key, int n_threads,
+                            size_t n_inputs, const textblocks_options *opt, int n_threads,
                             textblocks **out);
 /* Before the first textblocks_next: read every input as JSON Lines chat
  * records (data/chat.h) instead. A record becomes one line — its rendered
@@ -67,12 +75,14 @@ void textblocks_set_chat(textblocks *tb, const struct chat_template *chat);
  * textblocks_close; *out = NULL after the last one. Bad input fails when the
  * reading comes to it in order, whatever the thread count, with one line in
  * textblocks_error (not printed: the caller prints it) naming the file, and
- * the line where there is one: a file that cannot be opened or read
+ * the line or row where there is one: a file that cannot be opened or read
  * (KEEL_ERR_INPUT or KEEL_ERR_IO), a truncated or corrupt .gz or .zst, a JSON
  * Lines file that holds an array, a record that is malformed, not an object,
- * without a string at text_key, or of JSONL_MAX_RECORD_BYTES or more
- * (KEEL_ERR_INPUT); with chat, a record whose conversation chat_record_encode
- * refuses (KEEL_ERR_INPUT). */
+ * without a string at text_key, or of JSONL_MAX_RECORD_BYTES or more, a
+ * Parquet file that parquet_open_file or parquet_next refuses (a .parquet.gz
+ * too), and with strict_utf8 text that is not valid UTF-8 — a line, a
+ * record's text, a row's string — named with the byte (KEEL_ERR_INPUT); with chat, a record whose
+ * conversation chat_record_encode refuses (KEEL_ERR_INPUT). */
 keel_status textblocks_next(textblocks *tb, const text_block **out);
 /* The line that says why textblocks_next failed ("" when the failure printed
  * its own, or none). */
@@ -82,9 +92,13 @@ uint64_t textblocks_bytes_read(const textblocks *tb);
 /* Bytes of the input files as stored (compressed) read so far, read-ahead
  * included: the progress through the inputs' on-disk size. */
 uint64_t textblocks_raw_bytes_read(const textblocks *tb);
-/* JSON Lines records in the blocks handed out so far, and how many of them
- * were empty (no document). */
-uint64_t textblocks_records(const textblocks *tb, uint64_t *n_empty);
+/* JSON Lines records and Parquet rows in the blocks handed out so far, and
+ * how many gave no document. */
+typedef struct {
+    uint64_t records, empty_records;        /* JSON Lines */
+    uint64_t rows, empty_rows, null_rows;   /* Parquet */
+} textblocks_counts;
+textblocks_counts textblocks_counted(const textblocks *tb);
 /* Stop the workers and free everything (also in the middle of the input). */
 void textblocks_close(textblocks *tb);
 

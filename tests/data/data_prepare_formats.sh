@@ -4,7 +4,9 @@
 # extra keys, \u escapes, empty records), .jsonl.gz, .jsonl.zst, a directory
 # of shards (sorted, other files ignored), a glob, a pipe and another
 # --text-key all give bit-identical shard files; 1 and 2 threads too; blank
-# lines inside a record do not end its document; --max-tokens stops at a
+# lines inside a record do not end its document; --strict-utf8 changes
+# nothing on valid text and names the line and byte of invalid UTF-8 in a
+# text line or a record's text; --max-tokens stops at a
 # document's end; on a terminal a progress line shows, elsewhere nothing; and
 # each kind of bad input exits 2 with one line naming the file (and line),
 # leaving the dataset that was there as it was.
@@ -158,6 +160,20 @@ same blank_txt blank_jsonl
 grep -q "^total: .* from 2 documents" prep/blank_jsonl.txt || fail "blank lines in a record: $(grep total: prep/blank_jsonl.txt)"
 pass "a record's blank lines do not end its document"
 
+# ---- --strict-utf8 ------------------------------------------------------------------------
+prepare strict_txt --input corpus.txt --strict-utf8 --threads 1
+same txt strict_txt
+prepare strict_jsonl --input corpus.jsonl.zst --strict-utf8
+same txt strict_jsonl
+# invalid UTF-8 past the first read block (the line number counts across blocks), in a record's
+# text after unescaping; read as the tokenizer reads bytes without --strict-utf8
+{ cat corpus.txt; printf '\nok line\ncaf\xc3\xa9 and \xe9t\xe9\n'; } > latin.txt
+latin_line=$(( $(wc -l < corpus.txt) + 3 ))
+printf '{"text": "a"}\n{"id": 1, "text": "ok \\u00e9 \xff\xfe"}\n' > latin.jsonl
+prepare latin_txt --input latin.txt
+prepare latin_jsonl --input latin.jsonl --val-fraction 0
+pass "--strict-utf8 on valid UTF-8 (non-ASCII included) changes nothing; without it invalid UTF-8 is read"
+
 # ---- --max-tokens -------------------------------------------------------------------------
 ids() { od -An -v -t u2 -j 64 -N $((2 * $(od -An -t u8 -j 16 -N 8 "$1" | tr -d ' '))) "$1" | tr -s ' ' '\n' | sed '/^$/d'; }
 prepare all --input corpus.jsonl.zst --val-fraction 0 --shard-tokens 100000000
@@ -239,11 +255,15 @@ bad "not zstd at all" 'fake\.jsonl\.zst is corrupt: zstd data error' --input fak
 : > empty.txt.gz
 bad "empty .gz" 'empty\.txt\.gz is truncated' --input empty.txt.gz
 mkdir -p nothing/deeper && echo x > nothing/deeper/a.md && echo y > nothing/b.csv
-bad "directory without inputs" 'directory nothing holds no \.txt, \.jsonl or \.json file .*only 2 other files' --input nothing
+bad "directory without inputs" 'directory nothing holds no \.txt, \.jsonl, \.json or \.parquet file .*only 2 other files' --input nothing
 bad "glob without a match" "pattern 'glob/\*\.jsonl' matches no file" --input 'glob/*.jsonl'
 bad "missing file" 'input nope\.jsonl: No such file or directory' --input nope.jsonl
 bad "empty --text-key" 'prepare: --text-key is empty' --input corpus.jsonl --text-key ''
 bad "zero --max-tokens" 'prepare: --max-tokens needs a positive integer' --input corpus.jsonl --max-tokens 0
+bad "invalid UTF-8 in text" "latin\.txt:$latin_line: invalid UTF-8 at byte 11 of the line \(bytes from there: 0xe9 0x74 0xe9\); .*--strict-utf8" \
+    --input latin.txt --strict-utf8
+bad "invalid UTF-8 in a record" 'latin\.jsonl:2: invalid UTF-8 at byte 7 of the record.s "text" value \(bytes from there: 0xff 0xfe\); .*--strict-utf8' \
+    --input latin.jsonl --strict-utf8
 # A record of 1 GiB or more is refused, naming its line, before it is held whole (a .zst of 1 GiB
 # of zero bytes is tiny; the record is refused before anything parses it)
 { printf '{"text": "a"}\n{"text": "'; head -c $((1024 * 1024 * 1024 + 16)) /dev/zero; printf '"}\n'; } \
@@ -255,7 +275,7 @@ cp blank.txt notes.md
 prepare md --input notes.md --val-fraction 0
 same blank_txt md
 pass "bad input: exit 2 with one line each, the dataset left as it was"
-for opt in --text-key --max-tokens .jsonl .zst directories; do
+for opt in --text-key --max-tokens --strict-utf8 .jsonl .zst directories; do
     "$KEEL_BIN" data prepare --help | grep -q -- "$opt" || fail "--help lacks $opt"
 done
 echo "data_prepare_formats: ok"

@@ -312,4 +312,48 @@ save("metaspace.json", tokenizer(model, sp_added,
      decoder={"type": "Metaspace", "replacement": sp, "prepend_scheme": "always", "split": True}))
 PY
 head -c 3000 "$CORPUS/tokenizer_json/llama3.json" > "$CORPUS/tokenizer_json/truncated.json"
+# --- keel data prepare: Parquet files (first byte: the column, 0 "text" 1 "a"), written by pyarrow
+# from the venv tests/data/data_prepare_parquet.sh makes: each encoding, codec and page version keel
+# reads, nulls, runs, a nested and an INT64 column, an LZ4 file and a truncated one, all tiny
+PARQUET_PY=${KEEL_CACHE:-$HERE/../../.cache}/venv-parquet/bin/python
+"$PARQUET_PY" -c "import pyarrow" 2>/dev/null \
+  || { echo "make_corpus.sh: no pyarrow at $PARQUET_PY: run tests/data/data_prepare_parquet.sh once" >&2; exit 1; }
+mkdir -p "$CORPUS/parquet"
+"$PARQUET_PY" - "$CORPUS/parquet" <<'PY'
+import io, os, sys
+import pyarrow as pa, pyarrow.parquet as pq
+out = sys.argv[1]
+rows = ["Hello world", None, "", "caf\u00e9 \U0001F600\nsecond line", None, None, "same", "same", "same",
+        " \t\r\n", "prefix one", "prefix two", "prefix three"]
+table = pa.table({"id": pa.array(range(len(rows)), pa.int64()),
+                  "nested": [{"x": i} for i in range(len(rows))],
+                  "text": rows})
+def save(name, first_byte, t=table, **kw):
+    buf = io.BytesIO()
+    pq.write_table(t, buf, data_page_size=64, row_group_size=7, **kw)
+    data = buf.getvalue()
+    with open(os.path.join(out, name), "wb") as f: f.write(bytes([first_byte]) + data)
+save("dictionary_v1_snappy", 0, compression="snappy")
+save("dictionary_v2_zstd", 0, compression="zstd", data_page_version="2.0")
+save("plain_v1_gzip", 0, compression="gzip", use_dictionary=False)
+save("plain_v2_none", 0, compression="none", use_dictionary=False, data_page_version="2.0")
+save("delta_length_v1_zstd", 0, compression="zstd", use_dictionary=False,
+     column_encoding={"text": "DELTA_LENGTH_BYTE_ARRAY"})
+save("delta_byte_array_v2_snappy", 0, compression="snappy", use_dictionary=False, data_page_version="2.0",
+     column_encoding={"text": "DELTA_BYTE_ARRAY"})
+# uncompressed too, so that mutations reach the decoders as they are
+save("dictionary_v1_none", 0, compression="none")
+save("delta_length_v2_none", 0, compression="none", use_dictionary=False, data_page_version="2.0",
+     column_encoding={"text": "DELTA_LENGTH_BYTE_ARRAY"})
+save("delta_byte_array_v1_none", 0, compression="none", use_dictionary=False,
+     column_encoding={"text": "DELTA_BYTE_ARRAY"})
+required = pa.table({"a": pa.array([r or "x" for r in rows], pa.string())},
+                    schema=pa.schema([pa.field("a", pa.string(), nullable=False)]))
+save("required_binary", 1, t=required, compression="none")
+save("int64_column", 1, t=pa.table({"a": pa.array(range(5), pa.int64())}), compression="none")
+save("nested_column", 1, t=pa.table({"a": [{"x": 1}, {"x": 2}]}), compression="none")
+save("lz4", 0, compression="lz4")
+buf = io.BytesIO(); pq.write_table(table, buf, compression="snappy")
+with open(os.path.join(out, "truncated"), "wb") as f: f.write(b"\0" + buf.getvalue()[:600])
+PY
 echo "made $(find "$DATA" "$CORPUS" -type f | wc -l) files ($(du -sk "$DATA" "$CORPUS" | awk '{s += $1} END {print s}') KiB)"
