@@ -95,10 +95,11 @@ void keel_hf_close(keel_hf_reader *r);
  * tokenizer_config.json beside it, if there), else tokenizer.model (+
  * tokenizer_config.json, if there) — loaded from these bytes by keel's loader
  * and with no id at or past cfg->vocab_size (fewer tokens: a padded
- * embedding, said once), and generation_config.json (a JSON object whose
- * bos/eos/pad ids are below vocab_size). Files that are absent are left out
- * (no tokenizer: a warning once); one that is unreadable or fails its check
- * is one line naming it and the fix (KEEL_ERR_INPUT, *out empty). */
+ * embedding), and generation_config.json (a JSON object whose bos/eos/pad
+ * ids are below vocab_size). Files that are absent are left out, quietly (the
+ * caller says what is missing once the import has succeeded); one that is
+ * unreadable or fails its check is one line naming it and the fix
+ * (KEEL_ERR_INPUT, *out empty). */
 typedef struct {
     const char *name; /* a string literal: "tokenizer.json", "tokenizer_config.json", ... */
     char *data;       /* the file's bytes (keel_hf_carried_free frees them) */
@@ -108,6 +109,7 @@ typedef struct {
     keel_hf_file files[3];
     int n_files;
     const char *tokenizer; /* the tokenizer's name among files, or NULL when there is none */
+    int tokenizer_tokens;  /* its vocabulary size (<= vocab_size), 0 when there is none */
 } keel_hf_carried;
 keel_status keel_hf_read_carried(const char *hf_dir, const keel_model_config *cfg, keel_hf_carried *out);
 void keel_hf_carried_free(keel_hf_carried *c);

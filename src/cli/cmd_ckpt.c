@@ -203,6 +203,19 @@ static char *absolute(const char *path) {
     return abs;
 }
 
+/* What a committed import lacks, said once: no tokenizer at all, or one with
+ * fewer tokens than the vocabulary (a padded embedding). */
+static void warn_import(const char *from, const char *out, const keel_model_config *model,
+                        const keel_hf_carried *carried) {
+    if (!carried->tokenizer)
+        keel_log_warn("%s has no tokenizer.json or tokenizer.model: %s carries no tokenizer (export then needs "
+                      "--tokenizer, a run data.tokenizer)", from, out);
+    else if (carried->tokenizer_tokens < model->vocab_size)
+        keel_log_warn("%s/%s has %d tokens, vocab_size is %d: the embedding's last %d rows are padding no token "
+                      "uses", from, carried->tokenizer, carried->tokenizer_tokens, model->vocab_size,
+                      model->vocab_size - carried->tokenizer_tokens);
+}
+
 /* What an import made and how to fine-tune from it: init_from, the model keys
  * and, when it carries a tokenizer, data.tokenizer. */
 static void print_import(const char *from, const char *out, const keel_config *cfg, const keel_hf_carried *carried) {
@@ -256,7 +269,7 @@ static int import_hf(int argc, char **argv) {
         keel_free(dir);
     }
     if (st == KEEL_OK) st = keel_ckpt_write_model(out, &cfg, keel_hf_read, hf, carry, carried.n_files);
-    if (st == KEEL_OK) print_import(from, out, &cfg, &carried);
+    if (st == KEEL_OK) warn_import(from, out, &cfg.model, &carried), print_import(from, out, &cfg, &carried);
     keel_hf_carried_free(&carried);
     keel_hf_close(hf);
     keel_config_free(&cfg);

@@ -820,8 +820,10 @@ static int read_carried_file(const char *hf_dir, const char *name, size_t max_by
 }
 
 /* The tokenizer among c's files (file index t, its config at index cfg_i or
- * -1) loads with keel's loader and has no id at or past V. */
-static keel_status check_carried_tokenizer(const char *hf_dir, const keel_hf_carried *c, int t, int cfg_i, int V) {
+ * -1) loads with keel's loader and has no id at or past V; *tokens gets its
+ * vocabulary size. */
+static keel_status check_carried_tokenizer(const char *hf_dir, const keel_hf_carried *c, int t, int cfg_i, int V,
+                                           int *tokens) {
     char *path = keel_path_join(hf_dir, c->files[t].name);
     char *config_path = cfg_i >= 0 ? keel_path_join(hf_dir, c->files[cfg_i].name) : NULL;
     keel_tokenizer *tok;
@@ -834,16 +836,13 @@ static keel_status check_carried_tokenizer(const char *hf_dir, const keel_hf_car
         keel_errorf("%s; keel carries only a tokenizer it reads: fix it, or import a copy of %s without it",
                     keel_last_error(), hf_dir);
     } else {
-        int tv = keel_tokenizer_vocab_size(tok);
+        *tokens = keel_tokenizer_vocab_size(tok);
         keel_tokenizer_free(tok);
-        if (tv > V) {
+        if (*tokens > V) {
             keel_errorf("%s: the tokenizer has %d tokens but config.json's vocab_size is %d (ids past the "
                         "embedding); import the tokenizer of this model, or a copy of %s without it",
-                        path, tv, V, hf_dir);
+                        path, *tokens, V, hf_dir);
             st = KEEL_ERR_INPUT;
-        } else if (tv < V) {
-            keel_log_warn("%s: the tokenizer has %d tokens, config.json's vocab_size is %d: the embedding's last "
-                          "%d rows are padding no token uses", path, tv, V, V - tv);
         }
     }
     keel_free(config_path);
@@ -863,11 +862,9 @@ keel_status keel_hf_read_carried(const char *hf_dir, const keel_model_config *cf
     if (t >= 0) {
         if ((got = read_carried_file(hf_dir, "tokenizer_config.json", MAX_TOKENIZER_BYTES, &c)) < 0) goto fail;
         if (got) cfg_i = c.n_files - 1;
-        if (check_carried_tokenizer(hf_dir, &c, t, cfg_i, cfg->vocab_size) != KEEL_OK) goto fail;
+        if (check_carried_tokenizer(hf_dir, &c, t, cfg_i, cfg->vocab_size, &c.tokenizer_tokens) != KEEL_OK)
+            goto fail;
         c.tokenizer = c.files[t].name;
-    } else {
-        keel_log_warn("%s has no tokenizer.json or tokenizer.model: the checkpoint carries no tokenizer (give "
-                      "export --tokenizer, and a run data.tokenizer)", hf_dir);
     }
     if ((got = read_carried_file(hf_dir, "generation_config.json", MAX_GENERATION_CONFIG_BYTES, &c)) < 0) goto fail;
     if (got) {
