@@ -3,7 +3,7 @@
 
 Writes fixtures/hf_tiny_llama3_tokenizer/tokenizer.json and tokenizer_config.json: a byte-level
 BPE laid out as Llama 3's (Split with Llama 3's regex + ByteLevel, ignore_merges, merges
-written as "a b" strings, a ByteLevel decoder), trained with the tokenizers library on the
+written as "a b" strings, a ByteLevel decoder, a post-processor that puts BOS first), trained with the tokenizers library on the
 text below to 120 tokens — <|reserved_special_token_0|>, <|begin_of_text|> and
 <|end_of_text|> first, so BOS and EOS are ids 1 and 2 as the fixture's config.json and
 generation_config.json say — then <|eot_id|> and reserved special tokens added up to
@@ -20,7 +20,7 @@ and exports it again. Run with the venv tests/data/tokenizer_matches_hf.sh makes
 import json
 import os
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "fixtures", "hf_tiny_llama3_tokenizer")
@@ -40,6 +40,11 @@ def main():
         pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
+    # Llama 3's post-processor: BOS before every sequence when special tokens are added
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B:1",
+                                      special_tokens=[("<|begin_of_text|>", 1)])])
     trainer = trainers.BpeTrainer(vocab_size=120, show_progress=False, special_tokens=SPECIALS)
     tok.train_from_iterator(TEXT.splitlines(), trainer)
     # Llama 3's added specials fill its vocabulary to vocab_size exactly (128000 + 256): here to 128
@@ -64,7 +69,8 @@ def main():
         f.write("\n")
     size = tok.get_vocab_size(with_added_tokens=True)
     assert size == 128 and tok.token_to_id("<|begin_of_text|>") == 1 and tok.token_to_id("<|end_of_text|>") == 2, size
-    print(f"{OUT}: {size} tokens; 'the tokenizer travels' -> {tok.encode('the tokenizer travels').ids}")
+    text = "the tokenizer travels<|eot_id|>"  # hf_roundtrip_llama3.sh pins keel tokenize's ids for it
+    print(f"{OUT}: {size} tokens; {text!r} -> {tok.encode(text, add_special_tokens=False).ids}")
 
 
 if __name__ == "__main__":
