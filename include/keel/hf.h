@@ -22,7 +22,7 @@
  *                           model.safetensors.index.json (a tensor is never
  *                           split; one larger than the limit gets its own file)
  *   tokenizer.model         a copy of the SentencePiece model, when given (its
- *                           vocabulary must match), + tokenizer_config.json;
+ *                           vocabulary must fit), + tokenizer_config.json;
  *                           a tokenizer.json is copied as tokenizer.json with
  *                           the tokenizer_config.json beside it (or a minimal
  *                           one), and its BOS/EOS (null when it has none) go
@@ -45,7 +45,7 @@
  * than the largest tensor.
  *
  * Import reads config.json (model_type "llama"; rope_theta top-level or in
- * rope_parameters; rope scaling, biases, a head_dim other than
+ * rope_parameters; rope scalings other than llama3, biases, a head_dim other than
  * hidden_size / num_attention_heads and activations other than silu are
  * rejected), and model.safetensors or model.safetensors.index.json and its
  * shards. Tensors may be F32, F16 or BF16 (converted to fp32 exactly); extra
