@@ -79,6 +79,24 @@ keel_status keel_ckpt_shard_finish(keel_ckpt_writer *w, keel_ckpt_file *file);
  * failed is one line here; the failure of the caller's source is the
  * caller's to say. */
 void keel_ckpt_shard_abort(keel_ckpt_writer *w);
+/* A file a checkpoint carries beside its shards: an import's tokenizer
+ * (tokenizer.json or tokenizer.model, tokenizer_config.json) and
+ * generation_config.json, kept so export can write them out again. The
+ * manifest lists each under "carried_files" with its size and XXH3; open
+ * checks that it is there with its size, verification checksums it like a
+ * shard. A name is a plain file name of the checkpoint directory. */
+#define KEEL_CKPT_MAX_CARRIED 8
+typedef struct {
+    char name[64];
+    int64_t bytes;
+    uint64_t xxh3;
+} keel_ckpt_carried;
+/* One to write: name (a plain file name) and its bytes. */
+typedef struct {
+    const char *name;
+    const void *data;
+    size_t bytes;
+} keel_ckpt_carry;
 /* What a manifest records besides the files. */
 typedef struct {
     int64_t step;             /* optimizer steps done: training resumes at this step */
@@ -90,6 +108,8 @@ typedef struct {
     const char *config_json;        /* the run's resolved config */
     uint64_t seed;                  /* train.seed: initialisation and data order */
     double next_lr;                 /* the schedule's learning rate at `step` */
+    const keel_ckpt_carried *carried; /* (n_carried) files beside the shards; none in a run's saves */
+    int n_carried;
 } keel_ckpt_meta;
 /* manifest.json's text (caller frees). */
 char *keel_ckpt_manifest_json(const keel_ckpt_meta *m);
@@ -122,11 +142,14 @@ typedef struct {
     char strategy[32];
     keel_fsdp_plan *plan;     /* as saved: units' logical, padded, shard, shard_offset */
     keel_ckpt_file *files;    /* (shard_ranks) from the manifest */
+    keel_ckpt_carried *carried; /* (n_carried) files beside the shards, from the manifest */
+    int n_carried;
     void *manifest;           /* cJSON of manifest.json */
 } keel_ckpt;
 
 /* Parse dir/manifest.json and check that every file exists with its size
- * and header; reasons are one line (KEEL_ERR_INPUT). */
+ * and header (a carried file: with its size); reasons are one line
+ * (KEEL_ERR_INPUT). */
 keel_status keel_ckpt_open(const char *dir, keel_ckpt *out);
 /* What keel_ckpt_open does with the manifest's text[0, len) (dir names the
  * checkpoint in messages): every number range-checked, the units tiling the
@@ -141,6 +164,11 @@ keel_status keel_ckpt_check_shard_header(const keel_ckpt *c, int j, const void *
 void keel_ckpt_close(keel_ckpt *c);
 /* XXH3 of shard file j against the manifest. */
 keel_status keel_ckpt_verify_file(const keel_ckpt *c, int j);
+/* XXH3 of carried file i against the manifest. */
+keel_status keel_ckpt_verify_carried(const keel_ckpt *c, int i);
+/* The path of the file `name` the checkpoint carries (a new string:
+ * keel_free), or NULL when its manifest lists none of that name. */
+char *keel_ckpt_carried_path(const keel_ckpt *c, const char *name);
 /* The model the checkpoint was saved from has lay's parameters (its units
  * may be blocks or matrices, whichever fsdp.unit saved it). */
 keel_status keel_ckpt_check_layout(const keel_ckpt *c, const keel_model_layout *lay);
@@ -158,7 +186,7 @@ void keel_ckpt_files_for(const keel_ckpt *c, const keel_param_range *ranges, int
 /* ---- checkpoints as a model's parameter set (params.c) ------------------------
  * What `keel ckpt`, `keel eval` and init_from use. */
 
-/* XXH3 of every file against the manifest. */
+/* XXH3 of every file (shards and carried files) against the manifest. */
 keel_status keel_ckpt_verify_all(const keel_ckpt *c);
 /* XXH3 of the files that hold these canonical ranges. */
 keel_status keel_ckpt_verify_ranges(const keel_ckpt *c, const keel_param_range *ranges, int n);
@@ -179,10 +207,17 @@ keel_status keel_ckpt_load_model(const char *path, keel_config *cfg, float **par
 keel_status keel_ckpt_read_params(void *ckpt, int64_t begin, int64_t len, float *dst);
 /* cfg's model, read tensor by tensor from a source, as a committed one-file
  * checkpoint at out, a path that must not exist: step 0, AdamW moments zero,
- * cfg in the manifest — a checkpoint to start a run from with init_from. No
- * more than one tensor is in memory at a time; on failure nothing is left at
- * out or out.tmp. */
-keel_status keel_ckpt_write_model(const char *out, const keel_config *cfg, keel_param_source read, void *ctx);
+ * cfg in the manifest — a checkpoint to start a run from with init_from —
+ * carrying the n_carry files of carry (may be NULL) beside the shard, each
+ * written durably before the commit. No more than one tensor is in memory at
+ * a time; on failure nothing is left at out or out.tmp. */
+keel_status keel_ckpt_write_model(const char *out, const keel_config *cfg, keel_param_source read, void *ctx,
+                                  const keel_ckpt_carry *carry, int n_carry);
+/* The file `name` carried by the checkpoint init_from names, when init_from
+ * is a checkpoint directory (not a run's) whose manifest lists it and whose
+ * copy passes its checksum: a new path (keel_free), else NULL, quietly. What
+ * export falls back on for a run started from an imported checkpoint. */
+char *keel_ckpt_init_from_carried(const char *init_from, const char *name);
 /* Bytes of one checkpoint of this model saved by world_size shard ranks. */
 int64_t keel_ckpt_bytes(const keel_model_config *model, int world_size);
 

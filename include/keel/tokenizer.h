@@ -39,6 +39,13 @@ keel_status keel_tokenizer_load(const char *path, keel_tokenizer **out);
  * parses it with this (tests/fuzz/fuzz_tokenizer_model.c fuzzes it). */
 keel_status keel_tokenizer_load_buffer(const void *bytes, size_t len, const char *name,
                                        keel_tokenizer **out);
+/* The same with the tokenizer_config.json that goes with a tokenizer.json in
+ * config[0, config_len) (copied; NULL: none, as for a file with no config
+ * beside it; ignored for a SentencePiece model), config_name standing for it
+ * in messages: what keel_tokenizer_load does with the two files, for bytes
+ * already read (an import checks exactly the bytes it carries). */
+keel_status keel_tokenizer_load_buffers(const void *bytes, size_t len, const char *name, const void *config,
+                                        size_t config_len, const char *config_name, keel_tokenizer **out);
 void keel_tokenizer_free(keel_tokenizer *tok);
 int keel_tokenizer_vocab_size(const keel_tokenizer *tok);
 int keel_tokenizer_bos_id(const keel_tokenizer *tok); /* -1 if none */

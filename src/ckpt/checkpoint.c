@@ -178,6 +178,18 @@ char *keel_ckpt_manifest_json(const keel_ckpt_meta *m) {
         cJSON_AddStringToObject(j, "xxh3", hex);
         cJSON_AddItemToArray(files, j);
     }
+    if (m->n_carried > 0) {
+        cJSON *carried = cJSON_AddArrayToObject(o, "carried_files");
+        for (int i = 0; i < m->n_carried; i++) {
+            char hex[17];
+            snprintf(hex, sizeof hex, "%016llx", (unsigned long long)m->carried[i].xxh3);
+            cJSON *j = cJSON_CreateObject();
+            cJSON_AddStringToObject(j, "name", m->carried[i].name);
+            cJSON_AddNumberToObject(j, "bytes", (double)m->carried[i].bytes);
+            cJSON_AddStringToObject(j, "xxh3", hex);
+            cJSON_AddItemToArray(carried, j);
+        }
+    }
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     return text;
@@ -422,6 +434,48 @@ static keel_status parse_file(const cJSON *fj, int j, const char *path, keel_ckp
     return KEEL_OK;
 }
 
+/* A carried file's name: a plain file name of the checkpoint directory that
+ * is neither the manifest nor a shard's (no '/', no leading '.', letters,
+ * digits, '.', '_', '-'). */
+static bool carried_name_ok(const char *name) {
+    size_t n = strlen(name);
+    if (n == 0 || n >= sizeof(((keel_ckpt_carried *)0)->name) || name[0] == '.' ||
+        strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != n)
+        return false;
+    return strcmp(name, "manifest.json") != 0 && strncmp(name, "shard-", 6) != 0;
+}
+
+/* "carried_files" (absent: none): at most KEEL_CKPT_MAX_CARRIED entries of
+ * a name (carried_name_ok, each once), bytes and XXH3. */
+static keel_status parse_carried(const cJSON *list, const char *path, keel_ckpt *c) {
+    if (!list) return KEEL_OK;
+    if (!cJSON_IsArray(list) || cJSON_GetArraySize(list) > KEEL_CKPT_MAX_CARRIED)
+        return bad_manifest(path, "\"carried_files\" must be a list of at most %d files", KEEL_CKPT_MAX_CARRIED);
+    c->carried = keel_xcalloc(sizeof(keel_ckpt_carried) * KEEL_CKPT_MAX_CARRIED, "carried files");
+    const cJSON *fj;
+    cJSON_ArrayForEach(fj, list) {
+        char where[48];
+        snprintf(where, sizeof where, "carried file %d: ", c->n_carried);
+        keel_ckpt_carried *f = &c->carried[c->n_carried];
+        const cJSON *n = get(fj, "name"), *x = get(fj, "xxh3");
+        if (!cJSON_IsObject(fj)) return bad_manifest(path, "%snot an object", where);
+        if (!cJSON_IsString(n) || !carried_name_ok(n->valuestring))
+            return bad_manifest(path, "%s\"name\" must be a plain file name of the checkpoint (not the "
+                                "manifest's or a shard's)", where);
+        for (int i = 0; i < c->n_carried; i++)
+            if (!strcmp(c->carried[i].name, n->valuestring))
+                return bad_manifest(path, "%s%s is listed twice", where, n->valuestring);
+        size_t hex = cJSON_IsString(x) ? strspn(x->valuestring, "0123456789abcdefABCDEF") : 0;
+        if (!cJSON_IsString(x) || hex != 16 || x->valuestring[16])
+            return bad_manifest(path, "%s\"xxh3\" must be 16 hex digits", where);
+        if (!get_int(fj, "bytes", 0, (int64_t)1 << 40, &f->bytes, path, where)) return KEEL_ERR_INPUT;
+        snprintf(f->name, sizeof f->name, "%s", n->valuestring);
+        f->xxh3 = strtoull(x->valuestring, NULL, 16);
+        c->n_carried++;
+    }
+    return KEEL_OK;
+}
+
 keel_status keel_ckpt_parse_manifest(const char *text, size_t len, const char *dir, keel_ckpt *c) {
     memset(c, 0, sizeof *c);
     snprintf(c->dir, sizeof c->dir, "%s", dir);
@@ -476,6 +530,7 @@ keel_status keel_ckpt_parse_manifest(const char *text, size_t len, const char *d
     cJSON_ArrayForEach(fj, files) {
         if ((st = parse_file(fj, j++, path, c)) != KEEL_OK) goto fail;
     }
+    if ((st = parse_carried(get(m, "carried_files"), path, c)) != KEEL_OK) goto fail;
     return KEEL_OK;
 fail:
     keel_ckpt_close(c);
@@ -541,6 +596,28 @@ keel_status keel_ckpt_open(const char *dir, keel_ckpt *c) {
             return KEEL_ERR_INPUT;
         }
     }
+    for (int i = 0; i < c->n_carried; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, c->carried[i].name);
+        struct stat sb = {0};
+        int fd;
+        st = keel_open_read(path, false, &fd, why, sizeof why);
+        if (st != KEEL_OK) {
+            keel_errorf("%s: %s (the manifest lists it as carried); " DAMAGED_HINT, path,
+                        st == KEEL_ERR_INPUT && errno == ENOENT ? "missing" : why);
+        } else {
+            bool sized = fstat(fd, &sb) == 0 && sb.st_size == c->carried[i].bytes;
+            close(fd);
+            if (!sized) {
+                keel_errorf("%s: %lld bytes, the manifest says %lld; " DAMAGED_HINT, path, (long long)sb.st_size,
+                            (long long)c->carried[i].bytes);
+                st = KEEL_ERR_INPUT;
+            }
+        }
+        if (st != KEEL_OK) {
+            keel_ckpt_close(c);
+            return KEEL_ERR_INPUT;
+        }
+    }
     return KEEL_OK;
 }
 
@@ -549,6 +626,7 @@ void keel_ckpt_close(keel_ckpt *c) {
     if (c->plan) keel_free(c->plan->units);
     keel_free(c->plan);
     keel_free(c->files);
+    keel_free(c->carried);
     memset(c, 0, sizeof *c);
 }
 
@@ -556,6 +634,27 @@ static void shard_path(char *out, size_t n, const keel_ckpt *c, int j) {
     char name[64];
     shard_name(name, sizeof name, j, c->shard_ranks);
     snprintf(out, n, "%s/%s", c->dir, name);
+}
+
+/* XXH3 of the open file fd, which must be `bytes` long (a file longer or
+ * shorter than the manifest says is damaged too): false when it is not or a
+ * read fails. */
+static bool hash_file(int fd, int64_t bytes, uint64_t *got) {
+    XXH3_state_t *h = XXH3_createState();
+    XXH3_64bits_reset(h);
+    const int64_t cap = 8 << 20;
+    char *buf = keel_xmalloc((size_t)(bytes < cap ? (bytes > 0 ? bytes : 1) : cap), "checksum buffer");
+    struct stat sb;
+    bool ok = fstat(fd, &sb) == 0 && sb.st_size == bytes;
+    for (int64_t at = 0; ok && at < bytes; at += cap) {
+        size_t n = (size_t)(bytes - at < cap ? bytes - at : cap);
+        ok = keel_pread_all(fd, buf, n, at, NULL) == KEEL_OK;
+        XXH3_64bits_update(h, buf, n);
+    }
+    *got = XXH3_64bits_digest(h);
+    XXH3_freeState(h);
+    keel_free(buf);
+    return ok;
 }
 
 keel_status keel_ckpt_verify_file(const keel_ckpt *c, int j) {
@@ -566,21 +665,8 @@ keel_status keel_ckpt_verify_file(const keel_ckpt *c, int j) {
         keel_errorf("%s: shard %d cannot be opened: %s", c->dir, j, why);
         return KEEL_ERR_INPUT;
     }
-    XXH3_state_t *h = XXH3_createState();
-    XXH3_64bits_reset(h);
-    const int64_t cap = 8 << 20, bytes = c->files[j].bytes;
-    char *buf = keel_xmalloc((size_t)cap, "checksum buffer");
-    struct stat sb;
-    /* A file longer or shorter than the manifest says is damaged too. */
-    bool ok = fstat(fd, &sb) == 0 && sb.st_size == bytes;
-    for (int64_t at = 0; ok && at < bytes; at += cap) {
-        size_t n = (size_t)(bytes - at < cap ? bytes - at : cap);
-        ok = keel_pread_all(fd, buf, n, at, NULL) == KEEL_OK;
-        XXH3_64bits_update(h, buf, n);
-    }
-    uint64_t got = XXH3_64bits_digest(h);
-    XXH3_freeState(h);
-    keel_free(buf);
+    uint64_t got;
+    bool ok = hash_file(fd, c->files[j].bytes, &got);
     close(fd);
     if (!ok || got != c->files[j].xxh3) {
         keel_errorf("%s: shard %d of %d fails its checksum (xxh3 %016llx, manifest %016llx): the file "
@@ -589,6 +675,31 @@ keel_status keel_ckpt_verify_file(const keel_ckpt *c, int j) {
         return KEEL_ERR_INPUT;
     }
     return KEEL_OK;
+}
+
+keel_status keel_ckpt_verify_carried(const keel_ckpt *c, int i) {
+    char path[4200], why[160];
+    snprintf(path, sizeof path, "%s/%s", c->dir, c->carried[i].name);
+    int fd;
+    if (keel_open_read(path, false, &fd, why, sizeof why) != KEEL_OK) {
+        keel_errorf("%s: carried file cannot be opened: %s", path, why);
+        return KEEL_ERR_INPUT;
+    }
+    uint64_t got;
+    bool ok = hash_file(fd, c->carried[i].bytes, &got);
+    close(fd);
+    if (!ok || got != c->carried[i].xxh3) {
+        keel_errorf("%s: fails its checksum (xxh3 %016llx, manifest %016llx): the file is damaged", path,
+                    (unsigned long long)got, (unsigned long long)c->carried[i].xxh3);
+        return KEEL_ERR_INPUT;
+    }
+    return KEEL_OK;
+}
+
+char *keel_ckpt_carried_path(const keel_ckpt *c, const char *name) {
+    for (int i = 0; i < c->n_carried; i++)
+        if (!strcmp(c->carried[i].name, name)) return keel_path_join(c->dir, name);
+    return NULL;
 }
 
 /* The units may differ from the layout's (fsdp.unit block or matrix): reads

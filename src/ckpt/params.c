@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "keel/ckpt.h"
 #include "keel/fsdp.h"
@@ -13,6 +14,7 @@
 keel_status keel_ckpt_verify_all(const keel_ckpt *c) {
     keel_status st = KEEL_OK;
     for (int j = 0; j < c->shard_ranks && st == KEEL_OK; j++) st = keel_ckpt_verify_file(c, j);
+    for (int i = 0; i < c->n_carried && st == KEEL_OK; i++) st = keel_ckpt_verify_carried(c, i);
     return st;
 }
 
@@ -163,7 +165,26 @@ static void remove_up_to(const char *dir, const char *top) {
     }
 }
 
-keel_status keel_ckpt_write_model(const char *out, const keel_config *cfg, keel_param_source read, void *ctx) {
+/* The carried files into tmp (made by then), each durably; their manifest
+ * entries into carried. */
+static keel_status write_carried(const char *tmp, const keel_ckpt_carry *carry, int n, keel_ckpt_carried *carried) {
+    KEEL_CHECK(n >= 0 && n <= KEEL_CKPT_MAX_CARRIED, "%d carried files", n);
+    keel_status st = KEEL_OK;
+    for (int i = 0; i < n && st == KEEL_OK; i++) {
+        KEEL_CHECK(strlen(carry[i].name) < sizeof carried[i].name && !strchr(carry[i].name, '/'),
+                   "carried file name %s", carry[i].name);
+        char *path = keel_path_join(tmp, carry[i].name);
+        st = keel_write_file_atomic(path, carry[i].data, carry[i].bytes);
+        keel_free(path);
+        snprintf(carried[i].name, sizeof carried[i].name, "%s", carry[i].name);
+        carried[i].bytes = (int64_t)carry[i].bytes;
+        carried[i].xxh3 = XXH3_64bits(carry[i].data, carry[i].bytes);
+    }
+    return st;
+}
+
+keel_status keel_ckpt_write_model(const char *out, const keel_config *cfg, keel_param_source read, void *ctx,
+                                  const keel_ckpt_carry *carry, int n_carry) {
     if (keel_path_exists(out)) {
         keel_errorf("%s already exists; pick a new --out (keel never overwrites a checkpoint)", out);
         return KEEL_ERR_INPUT;
@@ -178,7 +199,9 @@ keel_status keel_ckpt_write_model(const char *out, const keel_config *cfg, keel_
     first_missing(tmp, made, sizeof made);
     keel_ckpt_writer *w;
     keel_ckpt_file file;
+    keel_ckpt_carried carried[KEEL_CKPT_MAX_CARRIED];
     keel_status st = keel_ckpt_shard_begin(tmp, 0, 1, 0, plan.shard_total, &w);
+    if (st == KEEL_OK && (st = write_carried(tmp, carry, n_carry, carried)) != KEEL_OK) keel_ckpt_shard_abort(w);
     if (st == KEEL_OK) {
         keel_status wst = append_params(w, out, &lay, &plan, read, ctx);
         for (int a = 1; a < KEEL_CKPT_ARRAYS && wst == KEEL_OK; a++) wst = keel_ckpt_shard_append(w, NULL, plan.shard_total);
@@ -193,7 +216,7 @@ keel_status keel_ckpt_write_model(const char *out, const keel_config *cfg, keel_
         char *config = keel_config_to_json(cfg);
         keel_ckpt_meta meta = {.step = 0, .global_batch = 0, .world_size = 1, .strategy = "import",
                                .plan = &plan, .files = &file, .config_json = config,
-                               .seed = cfg->train.seed, .next_lr = 0};
+                               .seed = cfg->train.seed, .next_lr = 0, .carried = carried, .n_carried = n_carry};
         char *manifest = keel_ckpt_manifest_json(&meta);
         st = keel_ckpt_commit_dir(tmp, out, manifest);
         free(manifest);
@@ -218,4 +241,22 @@ int64_t keel_ckpt_bytes(const keel_model_config *model, int world_size) {
     keel_fsdp_plan_free(&plan);
     keel_model_layout_free(&lay);
     return bytes;
+}
+
+char *keel_ckpt_init_from_carried(const char *init_from, const char *name) {
+    if (!init_from) return NULL;
+    char manifest[4200];
+    snprintf(manifest, sizeof manifest, "%s/manifest.json", init_from);
+    if (!keel_path_exists(manifest)) return NULL; /* a run directory: its saves carry nothing */
+    keel_ckpt ck;
+    keel_error_capture(true);
+    char *path = NULL;
+    if (keel_ckpt_open(init_from, &ck) == KEEL_OK) {
+        for (int i = 0; i < ck.n_carried && !path; i++)
+            if (!strcmp(ck.carried[i].name, name) && keel_ckpt_verify_carried(&ck, i) == KEEL_OK)
+                path = keel_path_join(ck.dir, name);
+        keel_ckpt_close(&ck);
+    }
+    keel_error_capture(false);
+    return path;
 }

@@ -18,10 +18,18 @@ static void usage(FILE *out) {
             "                                   or of every checkpoint of a run; exit 1 on damage\n"
             "       keel ckpt export PATH --format safetensors --out DIR [--tokenizer M] [--max-shard-mb N]\n"
             "                                   a checkpoint (or a run's newest good one) as a Hugging\n"
-            "                                   Face LlamaForCausalLM directory\n"
+            "                                   Face LlamaForCausalLM directory: config.json, safetensors,\n"
+            "                                   generation_config.json (the one the checkpoint carries,\n"
+            "                                   else one from the BOS/EOS ids) and the tokenizer (M, else\n"
+            "                                   the one the checkpoint carries, else the run's\n"
+            "                                   data.tokenizer) with its tokenizer_config.json\n"
             "       keel ckpt import --from-hf DIR --out CKPT\n"
             "                                   a Hugging Face Llama directory as a keel checkpoint, to\n"
-            "                                   fine-tune from with \"init_from\": CKPT\n");
+            "                                   fine-tune from with \"init_from\": CKPT; CKPT carries the\n"
+            "                                   directory's tokenizer.json (else tokenizer.model) with its\n"
+            "                                   tokenizer_config.json, and generation_config.json, as\n"
+            "                                   CKPT/<same name>, checked and checksummed in its manifest;\n"
+            "                                   its config's data.tokenizer names CKPT's tokenizer\n");
 }
 
 /* Open (manifest, sizes, headers), check that the manifest's config is a
@@ -97,8 +105,10 @@ static int verify(const char *path) {
         keel_status st = check(dir, true, &ck);
         keel_error_capture(false);
         if (st == KEEL_OK) {
-            printf("ok      %s (step %lld, %d file(s), checksums match)\n", dir, (long long)ck.step,
-                   ck.shard_ranks);
+            char carried[48] = "";
+            if (ck.n_carried) snprintf(carried, sizeof carried, " and %d carried", ck.n_carried);
+            printf("ok      %s (step %lld, %d file(s)%s, checksums match)\n", dir, (long long)ck.step,
+                   ck.shard_ranks, carried);
             keel_ckpt_close(&ck);
         } else {
             printf("DAMAGED %s: %s\n", dir, keel_last_error());
@@ -107,6 +117,26 @@ static int verify(const char *path) {
     }
     if (run) keel_free(steps);
     return bad ? 1 : 0;
+}
+
+/* The tokenizer an export copies when none is given (a new string, or NULL
+ * after a warning): the one the checkpoint carries (an import's), else the
+ * run's data.tokenizer if it is readable here, else the one carried by the
+ * checkpoint the run started from (init_from). */
+static char *find_tokenizer(const keel_ckpt *ck, const keel_config *cfg) {
+    const char *kinds[2] = {"tokenizer.json", "tokenizer.model"};
+    char *path = NULL;
+    for (int k = 0; k < 2 && !path; k++) path = keel_ckpt_carried_path(ck, kinds[k]);
+    if (!path && cfg->data.tokenizer && access(cfg->data.tokenizer, R_OK) == 0) path = keel_xstrdup(cfg->data.tokenizer);
+    for (int k = 0; k < 2 && !path; k++) {
+        path = keel_ckpt_init_from_carried(cfg->init_from, kinds[k]);
+        if (path) keel_log_info("tokenizer: %s, carried by init_from %s", path, cfg->init_from);
+    }
+    if (!path)
+        keel_log_warn("no tokenizer exported (tokenizer.model or tokenizer.json): the checkpoint carries none and the "
+                      "run's data.tokenizer (%s) is not readable here; pass --tokenizer FILE",
+                      cfg->data.tokenizer ? cfg->data.tokenizer : "none");
+    return path;
 }
 
 static int export_hf(int argc, char **argv) {
@@ -142,18 +172,69 @@ static int export_hf(int argc, char **argv) {
     bool opened = st == KEEL_OK;
     if (st == KEEL_OK) st = keel_ckpt_verify_all(&ck);
     if (st == KEEL_OK) keel_config_free(&cfg), st = keel_ckpt_load_config(&ck, &cfg);
-    /* the run's tokenizer, unless given or gone */
-    if (!tokenizer && cfg.data.tokenizer && access(cfg.data.tokenizer, R_OK) == 0) tokenizer = cfg.data.tokenizer;
-    else if (!tokenizer && st == KEEL_OK)
-        keel_log_warn("no tokenizer exported (tokenizer.model or tokenizer.json): the run's data.tokenizer (%s) is not readable here; "
-                      "pass --tokenizer FILE", cfg.data.tokenizer ? cfg.data.tokenizer : "none");
+    char *carried_tok = NULL, *gen = NULL;
+    if (st == KEEL_OK && !tokenizer) tokenizer = carried_tok = find_tokenizer(&ck, &cfg);
+    if (st == KEEL_OK) { /* the checkpoint's, else its init_from's (an import's), else one from the ids */
+        gen = keel_ckpt_carried_path(&ck, "generation_config.json");
+        if (!gen) gen = keel_ckpt_init_from_carried(cfg.init_from, "generation_config.json");
+    }
     if (st == KEEL_OK)
-        st = keel_hf_export(&cfg.model, keel_ckpt_read_params, &ck, tokenizer, out, (int64_t)(max_mb * (1 << 20)));
+        st = keel_hf_export(&cfg.model, keel_ckpt_read_params, &ck, tokenizer, gen, out,
+                            (int64_t)(max_mb * (1 << 20)));
     if (st == KEEL_OK)
-        printf("exported %s (step %lld) to %s as a LlamaForCausalLM directory\n", ck.dir, (long long)ck.step, out);
+        printf("exported %s (step %lld) to %s as a LlamaForCausalLM directory (tokenizer: %s; "
+               "generation_config.json: %s)\n", ck.dir, (long long)ck.step, out, tokenizer ? tokenizer : "none",
+               gen ? gen : "from the BOS/EOS ids");
+    keel_free(carried_tok);
+    keel_free(gen);
     if (opened) keel_ckpt_close(&ck);
     keel_config_free(&cfg);
     return keel_status_exit_code(st);
+}
+
+/* path made absolute (a new string; trailing slashes dropped): what a
+ * manifest records, so it names the same file from any directory. */
+static char *absolute(const char *path) {
+    char *cwd = path[0] == '/' ? NULL : getcwd(NULL, 0);
+    while (cwd && path[0] == '.' && path[1] == '/') path += 2;
+    char *abs = cwd ? keel_path_join(cwd, path) : keel_xstrdup(path);
+    free(cwd);
+    for (size_t n = strlen(abs); n > 1 && abs[n - 1] == '/'; n--) abs[n - 1] = '\0';
+    return abs;
+}
+
+/* What a committed import lacks, said once: no tokenizer at all, or one with
+ * fewer tokens than the vocabulary (a padded embedding). */
+static void warn_import(const char *from, const char *out, const keel_model_config *model,
+                        const keel_hf_carried *carried) {
+    if (!carried->tokenizer)
+        keel_log_warn("%s has no tokenizer.json or tokenizer.model: %s carries no tokenizer (export then needs "
+                      "--tokenizer, a run data.tokenizer)", from, out);
+    else if (carried->tokenizer_tokens < model->vocab_size)
+        keel_log_warn("%s/%s has %d tokens, vocab_size is %d: the embedding's last %d rows are padding no token "
+                      "uses", from, carried->tokenizer, carried->tokenizer_tokens, model->vocab_size,
+                      model->vocab_size - carried->tokenizer_tokens);
+}
+
+/* What an import made and how to fine-tune from it: init_from, the model keys
+ * and, when it carries a tokenizer, data.tokenizer. */
+static void print_import(const char *from, const char *out, const keel_config *cfg, const keel_hf_carried *carried) {
+    char *json = keel_config_to_json(cfg);
+    cJSON *all = cJSON_Parse(json);
+    char *model = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(all, "model"));
+    printf("imported %s as %s", from, out);
+    for (int i = 0; i < carried->n_files; i++) printf("%s%s", i ? ", " : " with ", carried->files[i].name);
+    printf("; fine-tune with \"init_from\": \"%s\" and\n\"model\": %s\n", out, model);
+    if (carried->tokenizer) {
+        cJSON *tok = cJSON_CreateString(cfg->data.tokenizer);
+        char *quoted = cJSON_PrintUnformatted(tok);
+        printf("\"data\": {\"tokenizer\": %s}\n", quoted);
+        free(quoted);
+        cJSON_Delete(tok);
+    }
+    free(model);
+    cJSON_Delete(all);
+    free(json);
 }
 
 static int import_hf(int argc, char **argv) {
@@ -176,18 +257,20 @@ static int import_hf(int argc, char **argv) {
     keel_config_defaults(&cfg);
     cfg.data.synthetic = true; /* a manifest carries a complete config; an import has no data */
     keel_hf_reader *hf = NULL;
+    keel_hf_carried carried = {0};
     keel_status st = keel_hf_open(from, &cfg.model, &hf);
-    if (st == KEEL_OK) st = keel_ckpt_write_model(out, &cfg, keel_hf_read, hf);
-    if (st == KEEL_OK) {
-        char *json = keel_config_to_json(&cfg);
-        cJSON *all = cJSON_Parse(json);
-        char *model = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(all, "model"));
-        printf("imported %s as %s; fine-tune with \"init_from\": \"%s\" and\n\"model\": %s\n", from, out,
-               out, model);
-        free(model);
-        cJSON_Delete(all);
-        free(json);
+    if (st == KEEL_OK) st = keel_hf_read_carried(from, &cfg.model, &carried);
+    keel_ckpt_carry carry[3];
+    for (int i = 0; i < carried.n_files; i++)
+        carry[i] = (keel_ckpt_carry){carried.files[i].name, carried.files[i].data, carried.files[i].bytes};
+    if (carried.tokenizer) { /* the copy the checkpoint carries, by a path that holds from any directory */
+        char *dir = absolute(out);
+        cfg.data.tokenizer = keel_path_join(dir, carried.tokenizer);
+        keel_free(dir);
     }
+    if (st == KEEL_OK) st = keel_ckpt_write_model(out, &cfg, keel_hf_read, hf, carry, carried.n_files);
+    if (st == KEEL_OK) warn_import(from, out, &cfg.model, &carried), print_import(from, out, &cfg, &carried);
+    keel_hf_carried_free(&carried);
     keel_hf_close(hf);
     keel_config_free(&cfg);
     return keel_status_exit_code(st);

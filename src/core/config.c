@@ -117,7 +117,8 @@ static const key_spec KEYS[] = {
      "keep attention inside each document of a packed sequence (the document starts `keel data prepare` "
      "writes; CPU backend)", NULL},
     {"data.tokenizer", K_STRING, OFF(data.tokenizer), 0, 0,
-     "SentencePiece .model or Hugging Face tokenizer.json; its vocabulary size must equal model.vocab_size", NULL},
+     "SentencePiece .model or Hugging Face tokenizer.json (e.g. the one `keel ckpt import` carries); its vocabulary "
+     "must fit model.vocab_size (equal, or smaller: a padded embedding)", NULL},
     {"data.synthetic", K_FLAG_SECTION, OFF(data.synthetic), 0, 0,
      "seeded learnable token source (object, or false)", NULL},
     {"data.synthetic.seed", K_U64, OFF(data.synthetic_seed), 0, BIG, "seed of the token chain", NULL},

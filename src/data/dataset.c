@@ -439,7 +439,10 @@ static keel_status check_tokenizer(const char *tokenizer_path, int vocab_size) {
     if (st != KEEL_OK) return st;
     int tok_vocab = keel_tokenizer_vocab_size(tok);
     keel_tokenizer_free(tok);
-    if (tok_vocab != vocab_size) {
+    /* A tokenizer smaller than the embedding is a padded vocabulary (transformers'
+     * resize_token_embeddings leaves one, and `keel ckpt import` takes one); a larger one
+     * has ids the model has no row for. */
+    if (tok_vocab > vocab_size) {
         keel_errorf("data.tokenizer %s has %d tokens but model.vocab_size is %d; set "
                     "model.vocab_size to %d or use the model's tokenizer",
                     tokenizer_path, tok_vocab, vocab_size, tok_vocab);

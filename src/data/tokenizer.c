@@ -955,11 +955,21 @@ keel_status keel_tokenizer_load(const char *path, keel_tokenizer **out) {
 
 keel_status keel_tokenizer_load_buffer(const void *bytes, size_t len, const char *name,
                                        keel_tokenizer **out) {
+    return keel_tokenizer_load_buffers(bytes, len, name, NULL, 0, NULL, out);
+}
+
+keel_status keel_tokenizer_load_buffers(const void *bytes, size_t len, const char *name, const void *config,
+                                        size_t config_len, const char *config_name, keel_tokenizer **out) {
     *out = NULL;
     if (tokenizer_hf_is_json(bytes, len)) {
-        char *json = keel_xmalloc(len ? len : 1, "tokenizer.json");
+        char *json = keel_xmalloc(len ? len : 1, "tokenizer.json"), *cfg = NULL;
         if (len) memcpy(json, bytes, len);
-        return load_hf(json, len, name, NULL, 0, NULL, out);
+        if (config) {
+            cfg = keel_xmalloc(config_len + 1, "tokenizer_config.json");
+            memcpy(cfg, config, config_len);
+            cfg[config_len] = '\0';
+        }
+        return load_hf(json, len, name, cfg, config_len, config ? config_name : NULL, out);
     }
     char *copy = keel_xmalloc(len ? len : 1, "tokenizer model");
     if (len) memcpy(copy, bytes, len);

@@ -207,11 +207,76 @@ static keel_status copy_tokenizer(export_ctx *x, const char *src, const char *fi
                          lay->T);
         return export_write(x, "tokenizer_config.json", json, (size_t)n);
     }
+    /* A SentencePiece model kept as Hugging Face names it (an import's) has its own
+     * tokenizer_config.json beside it; any other .model gets a minimal one. */
+    const char *base = strrchr(src, '/') ? strrchr(src, '/') + 1 : src;
+    char *config = strcmp(base, "tokenizer.model") == 0 ? keel_tokenizer_config_path(src) : NULL;
+    if (config) {
+        st = copy_file(x, config, "tokenizer_config.json");
+        keel_free(config);
+        return st;
+    }
     int n = snprintf(json, sizeof json,
                      "{\n  \"tokenizer_class\": \"LlamaTokenizer\",\n  \"add_bos_token\": true,\n"
                      "  \"add_eos_token\": false,\n  \"model_max_length\": %d\n}\n",
                      lay->T);
     return export_write(x, "tokenizer_config.json", json, (size_t)n);
+}
+
+/* ---- generation_config.json ------------------------------------------------ */
+
+#define MAX_GENERATION_CONFIG_BYTES ((size_t)1 << 20)
+
+/* One token id of generation_config.json (key): absent or null, an integer in
+ * [0, V), or — eos_token_id — a list of them (Llama 3.x Instruct stops at
+ * several). *id gets a single integer, else stays. */
+static bool generation_id_ok(const cJSON *root, const char *key, int V, int *id) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    int64_t x;
+    if (!v || cJSON_IsNull(v)) return true;
+    if (keel_json_int(v, 0, V - 1, &x)) {
+        *id = (int)x;
+        return true;
+    }
+    if (!cJSON_IsArray(v) || strcmp(key, "eos_token_id") != 0 || cJSON_GetArraySize(v) < 1) return false;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, v) if (!keel_json_int(e, 0, V - 1, &x)) return false;
+    return true;
+}
+
+/* generation_config.json's text[0, len) (path names it): a JSON object whose
+ * bos_token_id, eos_token_id and pad_token_id are token ids below V. *bos and
+ * *eos get its single ids (untouched when absent, null or a list). `fix` ends
+ * the one error line. */
+static keel_status check_generation_config(const char *text, size_t len, const char *path, int V, int *bos,
+                                           int *eos, const char *fix) {
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    keel_status st = KEEL_ERR_INPUT;
+    int pad = -1;
+    if (!cJSON_IsObject(root)) {
+        keel_errorf("%s: not a JSON object (a generation config); %s", path, fix);
+    } else if (!generation_id_ok(root, "bos_token_id", V, bos) || !generation_id_ok(root, "eos_token_id", V, eos) ||
+               !generation_id_ok(root, "pad_token_id", V, &pad)) {
+        keel_errorf("%s: bos_token_id, eos_token_id and pad_token_id must be token ids below vocab_size %d "
+                    "(eos_token_id may be a list of them) or null; %s", path, V, fix);
+    } else {
+        st = KEEL_OK;
+    }
+    cJSON_Delete(root);
+    return st;
+}
+
+/* generation_config.json: the one given (gen, carried through byte for byte)
+ * or, as transformers' GenerationConfig.from_model_config saves it, one with
+ * the model's BOS and EOS (a null one left out). */
+static keel_status write_generation_config(export_ctx *x, const char *gen, size_t gen_len, int bos, int eos) {
+    if (gen) return export_write(x, "generation_config.json", gen, gen_len);
+    char json[160];
+    int n = snprintf(json, sizeof json, "{\n  \"_from_model_config\": true");
+    if (bos >= 0) n += snprintf(json + n, sizeof json - (size_t)n, ",\n  \"bos_token_id\": %d", bos);
+    if (eos >= 0) n += snprintf(json + n, sizeof json - (size_t)n, ",\n  \"eos_token_id\": %d", eos);
+    n += snprintf(json + n, sizeof json - (size_t)n, "\n}\n");
+    return export_write(x, "generation_config.json", json, (size_t)n);
 }
 
 /* 0: absent, 1: an empty directory, -1: anything else (error printed). */
@@ -247,7 +312,8 @@ static int out_dir_state(const char *out_dir) {
  * config.json. *n_files counts the safetensors files. */
 static keel_status write_export(export_ctx *x, const keel_model_layout *lay, keel_param_source read, void *ctx,
                                 int64_t max_shard_bytes, const char *tokenizer_model_path,
-                                const char *tokenizer_file, int bos, int eos, int *n_files) {
+                                const char *tokenizer_file, const char *gen, size_t gen_len, int bos, int eos,
+                                int *n_files) {
     safetensors_tensor *t = keel_xmalloc(sizeof *t * (size_t)lay->n_tensors, "tensor list");
     int *file_of = keel_xmalloc(sizeof(int) * (size_t)lay->n_tensors, "shard map");
     int64_t largest = 0;
@@ -275,14 +341,39 @@ static keel_status write_export(export_ctx *x, const keel_model_layout *lay, kee
     }
     if (st == KEEL_OK && tokenizer_model_path) st = copy_tokenizer(x, tokenizer_model_path, tokenizer_file, lay);
     if (st == KEEL_OK) st = write_config(x, lay, bos, eos);
+    if (st == KEEL_OK) st = write_generation_config(x, gen, gen_len, bos, eos);
     keel_free(buf);
     keel_free(file_of);
     keel_free(t);
     return st;
 }
 
+/* The tokenizer export copies: its Hugging Face file name and BOS/EOS (a
+ * tokenizer.json's -1, null, included), and a vocabulary that fits the
+ * model's V (smaller is a padded embedding: said once, exported). */
+static keel_status export_tokenizer(const char *path, int V, const char **file_name, int *bos, int *eos) {
+    keel_tokenizer *tok;
+    if (keel_tokenizer_load(path, &tok) != KEEL_OK) return KEEL_ERR_INPUT;
+    int tv = keel_tokenizer_vocab_size(tok);
+    *file_name = keel_tokenizer_file_name(tok); /* a string literal: outlives tok */
+    bool json = strcmp(*file_name, "tokenizer.json") == 0;
+    if (json || keel_tokenizer_bos_id(tok) >= 0) *bos = keel_tokenizer_bos_id(tok);
+    if (json || keel_tokenizer_eos_id(tok) >= 0) *eos = keel_tokenizer_eos_id(tok);
+    keel_tokenizer_free(tok);
+    if (tv > V) {
+        keel_errorf("%s: tokenizer has %d pieces but the model's vocab_size is %d; export with "
+                    "the tokenizer the model was trained with", path, tv, V);
+        return KEEL_ERR_INPUT;
+    }
+    if (tv < V)
+        keel_log_warn("%s: tokenizer has %d tokens, the model's vocab_size is %d: the embedding's last %d rows "
+                      "are padding no token uses", path, tv, V, V - tv);
+    return KEEL_OK;
+}
+
 keel_status keel_hf_export(const keel_model_config *cfg, keel_param_source read, void *ctx,
-                           const char *tokenizer_model_path, const char *out_dir, int64_t max_shard_bytes) {
+                           const char *tokenizer_model_path, const char *generation_config_path,
+                           const char *out_dir, int64_t max_shard_bytes) {
     if (max_shard_bytes < 0) {
         keel_errorf("%s: max shard size %lld must be >= 0 (0 = one file)", out_dir,
                     (long long)max_shard_bytes);
@@ -292,24 +383,25 @@ keel_status keel_hf_export(const keel_model_config *cfg, keel_param_source read,
     keel_model_layout_init(&lay, cfg);
     int bos = 1, eos = 2;
     const char *tokenizer_file = "tokenizer.model";
-    if (tokenizer_model_path) {
-        keel_tokenizer *tok;
-        if (keel_tokenizer_load(tokenizer_model_path, &tok) != KEEL_OK) {
-            keel_model_layout_free(&lay);
-            return KEEL_ERR_INPUT;
+    char *gen = NULL, why[160];
+    size_t gen_len = 0;
+    keel_status st = KEEL_OK;
+    if (generation_config_path) { /* read and checked before anything is written */
+        if (keel_read_regular(generation_config_path, MAX_GENERATION_CONFIG_BYTES, &gen, &gen_len, why,
+                              sizeof why) != KEEL_OK) {
+            keel_errorf("%s: cannot read the generation config: %s", generation_config_path, why);
+            st = KEEL_ERR_INPUT;
+        } else {
+            st = check_generation_config(gen, gen_len, generation_config_path, lay.V, &bos, &eos,
+                                         "export without it or fix it");
         }
-        int tv = keel_tokenizer_vocab_size(tok);
-        tokenizer_file = keel_tokenizer_file_name(tok); /* a string literal: outlives tok */
-        bool json = strcmp(tokenizer_file, "tokenizer.json") == 0; /* its BOS/EOS, -1 (null) included */
-        if (json || keel_tokenizer_bos_id(tok) >= 0) bos = keel_tokenizer_bos_id(tok);
-        if (json || keel_tokenizer_eos_id(tok) >= 0) eos = keel_tokenizer_eos_id(tok);
-        keel_tokenizer_free(tok);
-        if (tv != lay.V) {
-            keel_errorf("%s: tokenizer has %d pieces but the model's vocab_size is %d; export with "
-                        "the tokenizer the model was trained with", tokenizer_model_path, tv, lay.V);
-            keel_model_layout_free(&lay);
-            return KEEL_ERR_INPUT;
-        }
+    }
+    if (st == KEEL_OK && tokenizer_model_path)
+        st = export_tokenizer(tokenizer_model_path, lay.V, &tokenizer_file, &bos, &eos);
+    if (st != KEEL_OK) {
+        keel_free(gen);
+        keel_model_layout_free(&lay);
+        return st;
     }
 
     /* out_dir without trailing slashes, so out_dir.tmp.PID is its sibling. */
@@ -318,6 +410,7 @@ keel_status keel_hf_export(const keel_model_config *cfg, keel_param_source read,
     int state = out_dir_state(out);
     if (state < 0) {
         keel_free(out);
+        keel_free(gen);
         keel_model_layout_free(&lay);
         return KEEL_ERR_INPUT;
     }
@@ -332,6 +425,7 @@ keel_status keel_hf_export(const keel_model_config *cfg, keel_param_source read,
             keel_errorf("%s: cannot create export directory: %s", x.dir, strerror(e));
             keel_free(x.dir);
             keel_free(out);
+            keel_free(gen);
             keel_model_layout_free(&lay);
             return e == ENOENT || e == ENOTDIR ? KEEL_ERR_INPUT : KEEL_ERR_IO;
         }
@@ -340,8 +434,8 @@ keel_status keel_hf_export(const keel_model_config *cfg, keel_param_source read,
     }
 
     int n_files = 0;
-    keel_status st = write_export(&x, &lay, read, ctx, max_shard_bytes, tokenizer_model_path, tokenizer_file, bos, eos,
-                                  &n_files);
+    st = write_export(&x, &lay, read, ctx, max_shard_bytes, tokenizer_model_path, tokenizer_file, gen, gen_len, bos,
+                      eos, &n_files);
     /* Every file is durable in x.dir; a staged export then moves into place. */
     if (st == KEEL_OK) st = staged ? keel_commit_dir(x.dir, out) : keel_fsync_dir(x.dir);
     if (st != KEEL_OK) { /* leave nothing behind */
@@ -359,6 +453,7 @@ keel_status keel_hf_export(const keel_model_config *cfg, keel_param_source read,
     keel_free(x.files);
     keel_free(x.dir);
     keel_free(out);
+    keel_free(gen);
     keel_model_layout_free(&lay);
     return st;
 }
@@ -698,4 +793,97 @@ keel_status keel_hf_import(const char *hf_dir, keel_model_config *cfg_out, float
     }
     keel_hf_close(r);
     return st;
+}
+
+/* ---- import: the files carried beside the weights ---------------------------- */
+
+#define MAX_TOKENIZER_BYTES ((size_t)1 << 30) /* as the tokenizer loader's */
+
+/* hf_dir/name into the next slot of c, when it is there: 0 absent, 1 read, -1
+ * unreadable (one line naming it and the fix). */
+static int read_carried_file(const char *hf_dir, const char *name, size_t max_bytes, keel_hf_carried *c) {
+    char *path = keel_path_join(hf_dir, name), why[160];
+    int got = 0;
+    if (keel_path_exists(path)) {
+        keel_hf_file *f = &c->files[c->n_files];
+        if (keel_read_regular(path, max_bytes, &f->data, &f->bytes, why, sizeof why) != KEEL_OK) {
+            keel_errorf("%s: cannot read it: %s; fix it, or import a copy of %s without it", path, why, hf_dir);
+            got = -1;
+        } else {
+            f->name = name;
+            c->n_files++;
+            got = 1;
+        }
+    }
+    keel_free(path);
+    return got;
+}
+
+/* The tokenizer among c's files (file index t, its config at index cfg_i or
+ * -1) loads with keel's loader and has no id at or past V; *tokens gets its
+ * vocabulary size. */
+static keel_status check_carried_tokenizer(const char *hf_dir, const keel_hf_carried *c, int t, int cfg_i, int V,
+                                           int *tokens) {
+    char *path = keel_path_join(hf_dir, c->files[t].name);
+    char *config_path = cfg_i >= 0 ? keel_path_join(hf_dir, c->files[cfg_i].name) : NULL;
+    keel_tokenizer *tok;
+    keel_error_capture(true);
+    keel_status st = keel_tokenizer_load_buffers(c->files[t].data, c->files[t].bytes, path,
+                                                 cfg_i >= 0 ? c->files[cfg_i].data : NULL,
+                                                 cfg_i >= 0 ? c->files[cfg_i].bytes : 0, config_path, &tok);
+    keel_error_capture(false);
+    if (st != KEEL_OK) {
+        keel_errorf("%s; keel carries only a tokenizer it reads: fix it, or import a copy of %s without it",
+                    keel_last_error(), hf_dir);
+    } else {
+        *tokens = keel_tokenizer_vocab_size(tok);
+        keel_tokenizer_free(tok);
+        if (*tokens > V) {
+            keel_errorf("%s: the tokenizer has %d tokens but config.json's vocab_size is %d (ids past the "
+                        "embedding); import the tokenizer of this model, or a copy of %s without it",
+                        path, *tokens, V, hf_dir);
+            st = KEEL_ERR_INPUT;
+        }
+    }
+    keel_free(config_path);
+    keel_free(path);
+    return st;
+}
+
+keel_status keel_hf_read_carried(const char *hf_dir, const keel_model_config *cfg, keel_hf_carried *out) {
+    memset(out, 0, sizeof *out);
+    keel_hf_carried c = {0};
+    int t = -1, cfg_i = -1, got;
+    const char *kinds[2] = {"tokenizer.json", "tokenizer.model"}; /* the first there wins */
+    for (int k = 0; k < 2 && t < 0; k++) {
+        if ((got = read_carried_file(hf_dir, kinds[k], MAX_TOKENIZER_BYTES, &c)) < 0) goto fail;
+        if (got) t = c.n_files - 1;
+    }
+    if (t >= 0) {
+        if ((got = read_carried_file(hf_dir, "tokenizer_config.json", MAX_TOKENIZER_BYTES, &c)) < 0) goto fail;
+        if (got) cfg_i = c.n_files - 1;
+        if (check_carried_tokenizer(hf_dir, &c, t, cfg_i, cfg->vocab_size, &c.tokenizer_tokens) != KEEL_OK)
+            goto fail;
+        c.tokenizer = c.files[t].name;
+    }
+    if ((got = read_carried_file(hf_dir, "generation_config.json", MAX_GENERATION_CONFIG_BYTES, &c)) < 0) goto fail;
+    if (got) {
+        const keel_hf_file *g = &c.files[c.n_files - 1];
+        char *path = keel_path_join(hf_dir, g->name), fix[4200];
+        snprintf(fix, sizeof fix, "fix it, or import a copy of %s without it (export then writes one)", hf_dir);
+        int bos = -1, eos = -1;
+        keel_status st = check_generation_config(g->data, g->bytes, path, cfg->vocab_size, &bos, &eos, fix);
+        keel_free(path);
+        if (st != KEEL_OK) goto fail;
+    }
+    *out = c;
+    return KEEL_OK;
+fail:
+    keel_hf_carried_free(&c);
+    return KEEL_ERR_INPUT;
+}
+
+void keel_hf_carried_free(keel_hf_carried *c) {
+    for (int i = 0; i < c->n_files; i++) keel_free(c->files[i].data);
+    memset(c, 0, sizeof *c);
 }

@@ -185,7 +185,7 @@ static void test_export(const char *json) {
         snprintf(src, sizeof src, "%s/%s/tokenizer.json", tmp_dir, with_config ? "added" : "export_src");
         if (!with_config) write_file("export_src", "tokenizer.json", json);
         snprintf(out, sizeof out, "%s/export%d", tmp_dir, with_config);
-        EXPECT(keel_hf_export(&c.model, keel_params_from_buffer, params, src, out, 0) == KEEL_OK,
+        EXPECT(keel_hf_export(&c.model, keel_params_from_buffer, params, src, NULL, out, 0) == KEEL_OK,
                "export with a tokenizer.json (config beside it: %d)", with_config);
         snprintf(path, sizeof path, "%s/tokenizer.json", out);
         char *copy = slurp(path);

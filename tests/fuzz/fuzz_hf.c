@@ -53,7 +53,7 @@ static void import(const char *dir) {
     keel_status st = keel_hf_open(dir, &cfg.model, &hf);
     fuzz_expect_error_line(st, "keel_hf_open");
     if (st == KEEL_OK) {
-        st = keel_ckpt_write_model(out, &cfg, keel_hf_read, hf);
+        st = keel_ckpt_write_model(out, &cfg, keel_hf_read, hf, NULL, 0);
         fuzz_expect_error_line(st, "keel_ckpt_write_model");
         if (st != KEEL_OK && (keel_path_exists(out) || keel_path_exists(tmp))) {
             fprintf(stderr, "a failed import left %s behind\n", keel_path_exists(out) ? out : tmp);

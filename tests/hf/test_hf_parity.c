@@ -146,7 +146,7 @@ static void check(const char *src, const fixture *fx) {
         float *params2 = NULL;
         keel_model_layout lay;
         keel_model_layout_init(&lay, &cfg);
-        bool ok = keel_hf_export(&cfg, keel_params_from_buffer, (void *)params, NULL, out_dir, 0) == KEEL_OK &&
+        bool ok = keel_hf_export(&cfg, keel_params_from_buffer, (void *)params, NULL, NULL, out_dir, 0) == KEEL_OK &&
                   keel_hf_import(out_dir, &again, &params2) == KEEL_OK &&
                   again.dim == cfg.dim && again.n_layers == cfg.n_layers &&
                   again.n_heads == cfg.n_heads && again.n_kv_heads == cfg.n_kv_heads &&

@@ -274,9 +274,13 @@ static void test_roundtrip(const char *name, const keel_model_config *cfg) {
     char dname[64];
     snprintf(dname, sizeof dname, "%s_one", name);
     const char *one = new_dir(dname);
-    EXPECT(keel_hf_export(cfg, keel_params_from_buffer, (void *)params, NULL, one, 0) == KEEL_OK, "%s: export to a new directory", name);
-    EXPECT(count_entries(one, "") == 2 && count_entries(root, dname) == 1,
-           "%s: exactly config.json + model.safetensors, no staging directory left", name);
+    EXPECT(keel_hf_export(cfg, keel_params_from_buffer, (void *)params, NULL, NULL, one, 0) == KEEL_OK, "%s: export to a new directory", name);
+    EXPECT(count_entries(one, "") == 3 && count_entries(root, dname) == 1,
+           "%s: exactly config.json + model.safetensors + generation_config.json, no staging directory left", name);
+    char *gen = slurp(path_in(one, "generation_config.json"), NULL);
+    EXPECT(gen && !strcmp(gen, "{\n  \"_from_model_config\": true,\n  \"bos_token_id\": 1,\n  \"eos_token_id\": 2\n}\n"),
+           "%s: generation_config.json from config.json's BOS/EOS (1, 2): %s", name, gen ? gen : "(none)");
+    free(gen);
     expect_import_equal(name, one, cfg, params, n);
 
     /* The file as transformers reads it. */
@@ -346,7 +350,7 @@ static void test_roundtrip(const char *name, const keel_model_config *cfg) {
     for (int i = 0; i < lay.n_tensors; i++)
         if (lay.tensors[i].rows * lay.tensors[i].cols > biggest) biggest = lay.tensors[i].rows * lay.tensors[i].cols;
     int64_t max_shard = 4 * biggest + 8; /* many files; the embedding fits one by itself */
-    EXPECT(keel_hf_export(cfg, keel_params_from_buffer, (void *)params, NULL, split, max_shard) == KEEL_OK, "%s: split export (%lld bytes max)",
+    EXPECT(keel_hf_export(cfg, keel_params_from_buffer, (void *)params, NULL, NULL, split, max_shard) == KEEL_OK, "%s: split export (%lld bytes max)",
            name, (long long)max_shard);
     int shards = count_entries(split, "model-");
     char first[64];
@@ -370,7 +374,7 @@ static void test_roundtrip(const char *name, const keel_model_config *cfg) {
     /* A shard file gone; then a truncated shard. */
     snprintf(dname, sizeof dname, "%s_split2", name);
     const char *split2 = new_dir(dname);
-    keel_hf_export(cfg, keel_params_from_buffer, (void *)params, NULL, split2, max_shard);
+    keel_hf_export(cfg, keel_params_from_buffer, (void *)params, NULL, NULL, split2, max_shard);
     char second[64];
     snprintf(second, sizeof second, "model-00002-of-%05d.safetensors", shards);
     remove(path_in(split2, second));
@@ -627,7 +631,7 @@ static void test_tokenizer_and_dirs(const keel_model_config *cfg) {
     write_tokenizer(tok, cfg->vocab_size);
     const char *d = new_dir("with_tok");
     mkdir(d, 0755); /* an existing empty directory is fine */
-    EXPECT(keel_hf_export(cfg, keel_params_from_buffer, (void *)params, tok, d, 0) == KEEL_OK, "export with tokenizer into an empty directory");
+    EXPECT(keel_hf_export(cfg, keel_params_from_buffer, (void *)params, tok, NULL, d, 0) == KEEL_OK, "export with tokenizer into an empty directory");
     size_t a, b;
     char *orig = slurp(tok, &a), *copy = slurp(path_in(d, "tokenizer.model"), &b);
     EXPECT(copy && a == b && memcmp(orig, copy, a) == 0, "tokenizer.model copied byte for byte (%zu bytes)", a);
@@ -639,19 +643,59 @@ static void test_tokenizer_and_dirs(const keel_model_config *cfg) {
            "tokenizer_config.json: tokenizer_class LlamaTokenizer");
     cJSON_Delete(j);
     free(tc);
-    EXPECT(count_entries(d, "") == 4, "4 files: config.json, model.safetensors, tokenizer.model, "
-           "tokenizer_config.json (no tmp files)");
+    EXPECT(count_entries(d, "") == 5, "5 files: config.json, model.safetensors, tokenizer.model, "
+           "tokenizer_config.json, generation_config.json (no tmp files)");
     expect_import_equal("with tokenizer", d, cfg, params, n);
 
-    EXPECT_ERROR("export into a non-empty directory", keel_hf_export(cfg, keel_params_from_buffer, (void *)params, NULL, d, 0), d, "not empty");
+    EXPECT_ERROR("export into a non-empty directory", keel_hf_export(cfg, keel_params_from_buffer, (void *)params, NULL, NULL, d, 0), d, "not empty");
     const char *f = path_in(d, "config.json");
-    EXPECT_ERROR("export onto a file", keel_hf_export(cfg, keel_params_from_buffer, (void *)params, NULL, f, 0), f, "not a directory");
+    EXPECT_ERROR("export onto a file", keel_hf_export(cfg, keel_params_from_buffer, (void *)params, NULL, NULL, f, 0), f, "not a directory");
     const char *tok2 = new_dir("tok2.model");
     write_tokenizer(tok2, cfg->vocab_size + 1);
     const char *d2 = new_dir("tok_mismatch");
-    EXPECT_ERROR("tokenizer of another vocabulary", keel_hf_export(cfg, keel_params_from_buffer, (void *)params, tok2, d2, 0), tok2,
+    EXPECT_ERROR("tokenizer of another vocabulary", keel_hf_export(cfg, keel_params_from_buffer, (void *)params, tok2, NULL, d2, 0), tok2,
                  "vocab_size");
     EXPECT(count_entries(root, "tok_mismatch") == 0, "nothing created after a failed export");
+
+    /* A tokenizer smaller than the vocabulary is a padded embedding: exported. */
+    const char *tok3 = new_dir("tok3.model");
+    write_tokenizer(tok3, cfg->vocab_size - 2);
+    const char *d3 = new_dir("tok_padded");
+    capture_begin();
+    keel_status st = keel_hf_export(cfg, keel_params_from_buffer, (void *)params, tok3, NULL, d3, 0);
+    const char *warned = capture_end();
+    EXPECT(st == KEEL_OK && count_entries(d3, "tokenizer.model") == 1 && strstr(warned, "padding"),
+           "a tokenizer of vocab_size - 2 pieces: exported, with a warning: %s", warned);
+
+    /* generation_config.json given: copied byte for byte; without a tokenizer its ids go into config.json. */
+    const char *gen = new_dir("generation_config.json");
+    static const char gen_text[] = "{\n  \"bos_token_id\": 7,\n  \"eos_token_id\": [8, 9],\n  \"do_sample\": true,\n"
+                                   "  \"temperature\": 0.6\n}\n";
+    spill(gen, gen_text, sizeof gen_text - 1);
+    const char *d4 = new_dir("with_gen");
+    EXPECT(keel_hf_export(cfg, keel_params_from_buffer, (void *)params, NULL, gen, d4, 0) == KEEL_OK,
+           "export with a generation_config.json");
+    char *copy4 = slurp(path_in(d4, "generation_config.json"), NULL), *cfg4 = slurp(path_in(d4, "config.json"), NULL);
+    cJSON *j4 = cfg4 ? cJSON_Parse(cfg4) : NULL;
+    EXPECT(copy4 && !strcmp(copy4, gen_text), "generation_config.json copied byte for byte");
+    EXPECT(j4 && cJSON_GetObjectItem(j4, "bos_token_id")->valuedouble == 7 &&
+               cJSON_GetObjectItem(j4, "eos_token_id")->valuedouble == 2,
+           "config.json: its bos_token_id (7); its eos_token_id, a list, leaves the default (2)");
+    cJSON_Delete(j4);
+    free(copy4);
+    free(cfg4);
+    static const char *bad_gen[][2] = {{"{\"bos_token_id\": 1", "not a JSON object"},
+                                       {"[1, 2]", "not a JSON object"},
+                                       {"{\"eos_token_id\": 1000}", "token ids below vocab_size"},
+                                       {"{\"eos_token_id\": [1, -1]}", "token ids below vocab_size"},
+                                       {"{\"pad_token_id\": \"x\"}", "token ids below vocab_size"}};
+    for (size_t i = 0; i < sizeof bad_gen / sizeof bad_gen[0]; i++) {
+        spill(gen, bad_gen[i][0], strlen(bad_gen[i][0]));
+        const char *d5 = new_dir("bad_gen");
+        EXPECT_ERROR(bad_gen[i][0], keel_hf_export(cfg, keel_params_from_buffer, (void *)params, NULL, gen, d5, 0),
+                     gen, bad_gen[i][1]);
+        EXPECT(count_entries(root, "bad_gen") == 0, "nothing created after a refused generation_config.json");
+    }
     free(params);
 }
 
@@ -695,7 +739,7 @@ static void test_streaming(const keel_model_config *cfg, const char *dir) {
     failing_source src = {whole, t3 + 1};
     const char *out = path_in(root, "failing_export");
     capture_begin();
-    keel_status st = keel_hf_export(cfg, read_failing, &src, NULL, out, 0);
+    keel_status st = keel_hf_export(cfg, read_failing, &src, NULL, NULL, out, 0);
     const char *err = capture_end();
     EXPECT(st == KEEL_ERR_IO && count_lines(err) == 1 && strstr(err, "unreadable") && count_entries(root, "failing_export") == 0,
            "a source failing midway: one line (%s), nothing left behind", err);
