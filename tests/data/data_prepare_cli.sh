@@ -224,7 +224,9 @@ expect_usage_error "unknown subcommand" frobnicate
 for d in e1 e2 e3 e4 e5 e6 e7 e8 e9 e10 e11 e12 e13 e14; do
     [[ ! -e "$work/$d" ]] || [[ -z $(ls "$work/$d") ]] || fail "failed prepare left files in $d"
 done
+# the help read whole first: `grep -q` on the pipe would quit early and SIGPIPE keel (pipefail)
+"$KEEL_BIN" data prepare --help > "$work/help.txt" || fail "data prepare --help failed"
 for opt in --val-fraction --split-seed --threads; do
-    "$KEEL_BIN" data prepare --help | grep -q -- "$opt" || fail "--help lacks $opt"
+    grep -q -- "$opt" "$work/help.txt" || fail "--help lacks $opt"
 done
 echo "data_prepare_cli: ok"

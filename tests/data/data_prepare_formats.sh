@@ -275,7 +275,9 @@ cp blank.txt notes.md
 prepare md --input notes.md --val-fraction 0
 same blank_txt md
 pass "bad input: exit 2 with one line each, the dataset left as it was"
+# the help read whole first: `grep -q` on the pipe would quit early and SIGPIPE keel (pipefail)
+"$KEEL_BIN" data prepare --help > "$TMP/help.txt" || fail "data prepare --help failed"
 for opt in --text-key --max-tokens --strict-utf8 .jsonl .zst directories; do
-    "$KEEL_BIN" data prepare --help | grep -q -- "$opt" || fail "--help lacks $opt"
+    grep -q -- "$opt" "$TMP/help.txt" || fail "--help lacks $opt"
 done
 echo "data_prepare_formats: ok"

@@ -241,7 +241,9 @@ bad "strict UTF-8" 'latin\.parquet: row 3, column "text": invalid UTF-8 at byte 
 bad "empty --column" 'prepare: --column is empty' --input $f --column ''
 [ -z "$(ls -A prep/keep | grep -v '\.bin$')" ] || fail "a staging directory was left in --out: $(ls -A prep/keep)"
 pass "bad files: exit 2 with one line each, the dataset left as it was"
+# the help read whole first: `grep -q` on the pipe would quit early and SIGPIPE keel (pipefail)
+"$KEEL_BIN" data prepare --help > "$TMP/help.txt" || fail "data prepare --help failed"
 for opt in --column --strict-utf8 .parquet; do
-    "$KEEL_BIN" data prepare --help | grep -q -- "$opt" || fail "--help lacks $opt"
+    grep -q -- "$opt" "$TMP/help.txt" || fail "--help lacks $opt"
 done
 echo "data_prepare_parquet: ok"
