@@ -26,6 +26,19 @@ survivor_left() {
       fail "the surviving rank neither named its lost peer nor left at its stop deadline: $(grep -v '^step' "$2" | tail -5)"
   fi
 }
+# pinned_venv DIR PACKAGE VERSION: a Python venv at DIR holding PACKAGE==VERSION from PyPI
+# (the reference a test compares keel with), made once and remade when the installed
+# version differs; its python is DIR/bin/python. The package's module is named as it is.
+pinned_venv() {
+  local venv=$1 pkg=$2 version=$3 base=/usr/bin/python3
+  "$venv/bin/python" -c "import $pkg, sys; sys.exit($pkg.__version__ != '$version')" 2>/dev/null && return 0
+  [ -x "$base" ] || base=$(command -v python3)
+  rm -rf "$venv"
+  mkdir -p "$(dirname "$venv")"
+  "$base" -m venv "$venv" >"$TMP/venv.log" 2>&1 || fail "cannot make a venv at $venv: $(tail -n 2 "$TMP/venv.log")"
+  "$venv/bin/pip" install -q "$pkg==$version" >>"$TMP/venv.log" 2>&1 ||
+    fail "pip install $pkg==$version failed: $(tail -n 2 "$TMP/venv.log")"
+}
 # expect_input_error NAME PATTERN CMD...: CMD must exit 2 with exactly one
 # stderr line that matches PATTERN (extended regex).
 expect_input_error() {

@@ -27,15 +27,7 @@ t0=$SECONDS
 # ---- tokenizers, in the venv tokenizer_matches_hf.sh makes (once) --------------------------
 venv="${KEEL_CACHE:-$KEEL_SRC/.cache}/venv-hf"
 hf_python="$venv/bin/python"
-if ! "$hf_python" -c "import tokenizers, sys; sys.exit(tokenizers.__version__ != '$TOKENIZERS_VERSION')" 2>/dev/null; then
-    base=/usr/bin/python3
-    [ -x "$base" ] || base=$(command -v python3)
-    rm -rf "$venv"
-    mkdir -p "$(dirname "$venv")"
-    "$base" -m venv "$venv" > "$TMP/venv.log" 2>&1 || fail "cannot make a venv at $venv: $(tail -n 2 "$TMP/venv.log")"
-    "$venv/bin/pip" install -q "tokenizers==$TOKENIZERS_VERSION" >> "$TMP/venv.log" 2>&1 \
-        || fail "pip install tokenizers==$TOKENIZERS_VERSION failed: $(tail -n 2 "$TMP/venv.log")"
-fi
+pinned_venv "$venv" tokenizers "$TOKENIZERS_VERSION"
 ref() { "$hf_python" "$KEEL_SRC/tests/data/chat_reference.py" "$@"; }
 torch_python="${KEEL_TORCH_VENV:-/opt/keel-torch}/bin/python"
 

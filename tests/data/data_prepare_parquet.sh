@@ -26,16 +26,7 @@ done
 # ---- pyarrow, in a venv made once ------------------------------------------------------
 venv="${KEEL_CACHE:-$KEEL_SRC/.cache}/venv-parquet"
 python="$venv/bin/python"
-if ! "$python" -c "import pyarrow, sys; sys.exit(pyarrow.__version__ != '$PYARROW_VERSION')" 2>/dev/null; then
-    base=/usr/bin/python3
-    [ -x "$base" ] || base=$(command -v python3)
-    rm -rf "$venv"
-    mkdir -p "$(dirname "$venv")"
-    "$base" -m venv "$venv" > "$TMP/venv.log" 2>&1 \
-        || fail "cannot make a venv at $venv: $(tail -n 2 "$TMP/venv.log")"
-    "$venv/bin/pip" install -q "pyarrow==$PYARROW_VERSION" >> "$TMP/venv.log" 2>&1 \
-        || fail "pip install pyarrow==$PYARROW_VERSION failed: $(tail -n 2 "$TMP/venv.log")"
-fi
+pinned_venv "$venv" pyarrow "$PYARROW_VERSION"
 
 # ---- the corpus, written by pyarrow every way, and its rows as JSON Lines ---------------
 licenses=()
