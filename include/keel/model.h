@@ -169,9 +169,10 @@ typedef struct {
     keel_model_hook_fn before_forward, after_forward, before_backward, after_backward;
 } keel_model_hooks;
 void keel_model_set_hooks(keel_model *m, const keel_model_hooks *hooks);
-/* Called after every unit's forward and backward (recomputation included),
- * with "forward" or "backward": the trainer's heartbeat inside a step. NULL
- * turns it off. */
+/* Called after every unit's forward and backward (recomputation included)
+ * and after every matrix product inside them, with "forward" or "backward":
+ * the trainer's heartbeat inside a step, so the slowest wait between two
+ * beats is one product, not a 7B-width block's backward. NULL turns it off. */
 typedef void (*keel_model_progress_fn)(void *ctx, const char *doing);
 void keel_model_set_progress(keel_model *m, keel_model_progress_fn fn, void *ctx);
 

@@ -477,6 +477,7 @@ static void linear_forward(keel_model *m, float *out, const float *x, const keel
         m->be->gemm_bf16(out, x16, false, m->unit_params16[w.unit] + w.offset, true, N, O, I, accumulate);
     else
         m->be->matmul_forward(out, x, m->unit_params[w.unit] + w.offset, N, O, I, accumulate);
+    progress(m, "forward");
 }
 
 /* dx (N,I) = dy (N,O) · W (+ dx if accumulate_dx; skipped if dx is NULL) and
@@ -487,10 +488,11 @@ static void linear_backward(keel_model *m, float *dx, const float *dy, const kee
     float *dw = m->unit_grads[w.unit] + w.offset;
     if (!m->bf16) {
         m->be->matmul_backward(dx, dw, dy, x, m->unit_params[w.unit] + w.offset, N, O, I, accumulate_dx);
-        return;
+    } else {
+        if (dx) m->be->gemm_bf16(dx, dy16, false, m->unit_params16[w.unit] + w.offset, false, N, I, O, accumulate_dx);
+        m->be->gemm_bf16(dw, dy16, true, x16, false, O, I, N, true);
     }
-    if (dx) m->be->gemm_bf16(dx, dy16, false, m->unit_params16[w.unit] + w.offset, false, N, I, O, accumulate_dx);
-    m->be->gemm_bf16(dw, dy16, true, x16, false, O, I, N, true);
+    progress(m, "backward");
 }
 
 
