@@ -120,6 +120,8 @@ void keel_rope_table(float *cos_sin, int T, int HS, double theta, const keel_rop
  * transformers computes it. */
 float keel_rope_inv_freq(int i, int HS, double theta, const keel_rope_scaling *scaling);
 void keel_rope_forward(float *x, const float *cos_sin, int B, int T, int H, int HS);
+/* The same for N rows of H heads at any positions: row i by pos[i] (generation). */
+void keel_rope_at(float *x, const float *cos_sin, const int32_t *pos, int N, int H, int HS);
 /* The gradient of a rotation is the inverse rotation, in place on dx. */
 void keel_rope_backward(float *dx, const float *cos_sin, int B, int T, int H, int HS);
 void keel_ref_rope_forward(float *x, int B, int T, int H, int HS, double theta);
@@ -154,6 +156,15 @@ void keel_attention_backward_bf16(float *dq, float *dk, float *dv, const float *
                                   const float *out, const float *lse, const float *q, const float *k,
                                   const float *v, const int32_t *kv_start, int B, int T, int NH, int NKV,
                                   int HS);
+/* Attention for generation, against a KV cache: kcache and vcache are (S,
+ * T_max, NKV*HS), S sequences of up to T_max positions. Row i of N new rows
+ * is sequence seq[i]'s position pos[i]: its k and v rows (NKV*HS) are stored
+ * at that place first (every row's before any row attends), then its query
+ * heads (q row i, NH*HS) attend causally to the sequence's positions
+ * 0..pos[i], which must all be in the cache by then. out (N, NH*HS). fp32,
+ * an online softmax over tiles of keys: no scores are stored. */
+void keel_attention_cached(float *out, const float *q, const float *k, const float *v, float *kcache, float *vcache,
+                           const int32_t *seq, const int32_t *pos, int N, int NH, int NKV, int HS, int T_max);
 /* Bytes of scratch the attention keeps for `threads` pool threads: tiles
  * and one kv head's K and V, (T, HS) each, per thread. */
 int64_t keel_attention_workspace_bytes(int T, int HS, int threads, bool bf16);

@@ -188,4 +188,43 @@ double keel_model_forward(keel_model *m, const int32_t *tokens, const uint8_t *f
 /* Accumulate parameter gradients into the grads vector. */
 void keel_model_backward(keel_model *m);
 
+/* ---- generation: the forward against a KV cache (decode.c) ---------------
+ *
+ *     keel_decoder *d;
+ *     keel_decoder_build(&cfg, params, &(keel_decoder_options){.max_seqs = 8, .max_len = 2048,
+ *                                                            .max_rows = 512}, &d);
+ *     // a prompt of 5 tokens as sequence 0, then logits of its last row
+ *     keel_decoder_step(d, ids, (int32_t[]){0, 0, 0, 0, 0}, (int32_t[]){0, 1, 2, 3, 4}, 5,
+ *                       (int32_t[]){4}, 1, logits);
+ *
+ * A step runs N rows at once, row i being token tokens[i] of sequence seq[i]
+ * at position pos[i]; positions 0..pos[i]-1 of that sequence must have been
+ * run by earlier steps or earlier rows of this one (a prompt in chunks, then
+ * a token at a time, sequences in any mix). Running a sequence from position
+ * 0 again starts it afresh. fp32, or bf16 GEMMs (weights in bf16, each
+ * GEMM's input rounded to bf16, fp32 sums) as training's bf16; the cache and
+ * attention stay fp32. */
+typedef struct keel_decoder keel_decoder;
+typedef struct {
+    const keel_backend *backend; /* NULL: the CPU */
+    bool bf16;
+    int max_seqs; /* sequences the cache holds */
+    int max_len;  /* positions per sequence, at most the model's max_seq_len */
+    int max_rows; /* rows one step takes */
+} keel_decoder_options;
+/* params: the model's canonical fp32 vector (keel_xmalloc'd host memory),
+ * taken by the decoder (used in place on a host-memory backend in fp32, else
+ * copied and freed). A backend without generation kernels: one line,
+ * KEEL_ERR_INPUT. */
+keel_status keel_decoder_build(const keel_model_config *cfg, float *params, const keel_decoder_options *opt,
+                               keel_decoder **out);
+/* Bytes of the KV cache for these options (keys and values, fp32). */
+int64_t keel_decoder_cache_bytes(const keel_model_config *cfg, int max_seqs, int max_len);
+const keel_model_layout *keel_decoder_layout(const keel_decoder *d);
+/* Run n rows; logits (n_logits, V) on the host get the rows logit_rows
+ * (each < n) in that order, as fp32 (unnormalised). */
+void keel_decoder_step(keel_decoder *d, const int32_t *tokens, const int32_t *seq, const int32_t *pos, int n,
+                       const int32_t *logit_rows, int n_logits, float *logits);
+void keel_decoder_free(keel_decoder *d);
+
 #endif

@@ -41,6 +41,11 @@
       (dx, dw, dy, x, w, r, N, C))                                                                                     \
     X(rope_forward, (float *x, const float *cs, int B, int T, int H, int HS), (x, cs, B, T, H, HS))                    \
     X(rope_backward, (float *x, const float *cs, int B, int T, int H, int HS), (x, cs, B, T, H, HS))                   \
+    X(rope_at, (float *x, const float *cs, const int32_t *p, int N, int H, int HS), (x, cs, p, N, H, HS))             \
+    X(attention_cached,                                                                                                \
+      (float *o, const float *q, const float *k, const float *v, float *kc, float *vc, const int32_t *s,               \
+       const int32_t *p, int N, int NH, int NKV, int HS, int TM),                                                      \
+      (o, q, k, v, kc, vc, s, p, N, NH, NKV, HS, TM))                                                                  \
     X(swiglu_forward, (float *h, const float *g, const float *u, int64_t n), (h, g, u, n))                             \
     X(swiglu_backward, (float *dg, float *du, const float *dh, const float *g, const float *u, int64_t n),             \
       (dg, du, dh, g, u, n))                                                                                           \

@@ -107,7 +107,8 @@ const keel_backend *keel_backend_profiled(const keel_backend *of) {
     if (inner) return &table;
     inner = of;
     table = *of; /* memory, pinning, attach, stalls: as they are */
-#define SET(name, params, args) table.name = p_##name;
+/* a call the inner backend lacks (cuda's generation kernels) stays NULL */
+#define SET(name, params, args) table.name = of->name ? p_##name : NULL;
     KEEL_BACKEND_FLOP_CALLS(SET) KEEL_BACKEND_OTHER_CALLS(SET) KEEL_BACKEND_DOUBLE_CALLS(SET)
 #undef SET
     table.iallgather = p_iallgather, table.ireduce_scatter = p_ireduce_scatter, table.allreduce = p_allreduce;

@@ -36,6 +36,7 @@ void keel_rope_table(float *cos_sin, int T, int HS, double theta, const keel_rop
 typedef struct {
     float *x;
     const float *cs;
+    const int32_t *pos; /* each row's position; NULL: row % T */
     int T, H, HS;
     float sign; /* +1 forward, -1 backward (inverse rotation) */
 } rope_ctx;
@@ -45,7 +46,7 @@ static void rotate_rows(void *p, int64_t begin, int64_t end, int chunk) {
     rope_ctx *c = p;
     int half = c->HS / 2;
     for (int64_t row = begin; row < end; row++) { /* row = (b*T + t) */
-        int t = (int)(row % c->T);
+        int t = c->pos ? c->pos[row] : (int)(row % c->T);
         const float *cs = c->cs + (int64_t)t * half * 2;
         for (int h = 0; h < c->H; h++) {
             float *x = c->x + (row * c->H + h) * c->HS;
@@ -60,11 +61,16 @@ static void rotate_rows(void *p, int64_t begin, int64_t end, int chunk) {
 }
 
 void keel_rope_forward(float *x, const float *cos_sin, int B, int T, int H, int HS) {
-    rope_ctx c = {x, cos_sin, T, H, HS, 1.0f};
+    rope_ctx c = {x, cos_sin, NULL, T, H, HS, 1.0f};
     keel_pool_for((int64_t)B * T, 32, rotate_rows, &c);
 }
 
+void keel_rope_at(float *x, const float *cos_sin, const int32_t *pos, int N, int H, int HS) {
+    rope_ctx c = {x, cos_sin, pos, 1, H, HS, 1.0f};
+    keel_pool_for(N, 32, rotate_rows, &c);
+}
+
 void keel_rope_backward(float *dx, const float *cos_sin, int B, int T, int H, int HS) {
-    rope_ctx c = {dx, cos_sin, T, H, HS, -1.0f};
+    rope_ctx c = {dx, cos_sin, NULL, T, H, HS, -1.0f};
     keel_pool_for((int64_t)B * T, 32, rotate_rows, &c);
 }
