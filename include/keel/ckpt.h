@@ -218,6 +218,14 @@ keel_status keel_ckpt_write_model(const char *out, const keel_config *cfg, keel_
  * copy passes its checksum: a new path (keel_free), else NULL, quietly. What
  * export falls back on for a run started from an imported checkpoint. */
 char *keel_ckpt_init_from_carried(const char *init_from, const char *name);
+/* The file `name` that goes with the model of checkpoint ck (NULL: a run's
+ * final weights) and config cfg: ck's carried copy, else the one carried by
+ * cfg's init_from (keel_ckpt_init_from_carried). A new path, or NULL quietly. */
+char *keel_ckpt_find_carried(const keel_ckpt *ck, const keel_config *cfg, const char *name);
+/* The tokenizer of that model: the tokenizer.json or tokenizer.model ck
+ * carries (an import's), else cfg's data.tokenizer if it is readable here,
+ * else the one carried by init_from. A new path, or NULL quietly. */
+char *keel_ckpt_find_tokenizer(const keel_ckpt *ck, const keel_config *cfg);
 /* Bytes of one checkpoint of this model saved by world_size shard ranks. */
 int64_t keel_ckpt_bytes(const keel_model_config *model, int world_size);
 

@@ -112,6 +112,13 @@ typedef struct {
     int tokenizer_tokens;  /* its vocabulary size (<= vocab_size), 0 when there is none */
 } keel_hf_carried;
 keel_status keel_hf_read_carried(const char *hf_dir, const keel_model_config *cfg, keel_hf_carried *out);
+/* generation_config.json's text[0, len) (path names it in the one error
+ * line): a JSON object whose bos/eos/pad ids are below V (eos_token_id an id
+ * or a list of at most KEEL_HF_MAX_EOS). *bos its bos id (-1 when none),
+ * eos[0, *n_eos) its eos ids. The fuzz harness's entry (fuzz_hf.c, mode 5). */
+#define KEEL_HF_MAX_EOS 16
+keel_status keel_hf_generation_config(const char *text, size_t len, const char *path, int V, int *bos,
+                                      int32_t *eos, int *n_eos);
 void keel_hf_carried_free(keel_hf_carried *c);
 
 /* The whole model in memory (tests, small models): open, every tensor into a

@@ -212,11 +212,10 @@ typedef struct {
     int max_len;  /* positions per sequence, at most the model's max_seq_len */
     int max_rows; /* rows one step takes */
 } keel_decoder_options;
-/* params: the model's canonical fp32 vector (keel_xmalloc'd host memory),
- * taken by the decoder (used in place on a host-memory backend in fp32, else
- * copied and freed). A backend without generation kernels: one line,
- * KEEL_ERR_INPUT. */
-keel_status keel_decoder_build(const keel_model_config *cfg, float *params, const keel_decoder_options *opt,
+/* params: the model's canonical fp32 vector in host memory, read in place on
+ * a host-memory backend in fp32 (it must then outlive the decoder), else
+ * copied. A backend without generation kernels: one line, KEEL_ERR_INPUT. */
+keel_status keel_decoder_build(const keel_model_config *cfg, const float *params, const keel_decoder_options *opt,
                                keel_decoder **out);
 /* Bytes of the KV cache for these options (keys and values, fp32). */
 int64_t keel_decoder_cache_bytes(const keel_model_config *cfg, int max_seqs, int max_len);

@@ -260,3 +260,17 @@ char *keel_ckpt_init_from_carried(const char *init_from, const char *name) {
     keel_error_capture(false);
     return path;
 }
+
+char *keel_ckpt_find_carried(const keel_ckpt *ck, const keel_config *cfg, const char *name) {
+    char *path = ck ? keel_ckpt_carried_path(ck, name) : NULL;
+    return path ? path : keel_ckpt_init_from_carried(cfg->init_from, name);
+}
+
+char *keel_ckpt_find_tokenizer(const keel_ckpt *ck, const keel_config *cfg) {
+    const char *kinds[2] = {"tokenizer.json", "tokenizer.model"};
+    char *path = NULL;
+    for (int k = 0; k < 2 && !path && ck; k++) path = keel_ckpt_carried_path(ck, kinds[k]);
+    if (!path && cfg->data.tokenizer && access(cfg->data.tokenizer, R_OK) == 0) path = keel_xstrdup(cfg->data.tokenizer);
+    for (int k = 0; k < 2 && !path; k++) path = keel_ckpt_init_from_carried(cfg->init_from, kinds[k]);
+    return path;
+}

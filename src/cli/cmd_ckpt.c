@@ -119,19 +119,10 @@ static int verify(const char *path) {
     return bad ? 1 : 0;
 }
 
-/* The tokenizer an export copies when none is given (a new string, or NULL
- * after a warning): the one the checkpoint carries (an import's), else the
- * run's data.tokenizer if it is readable here, else the one carried by the
- * checkpoint the run started from (init_from). */
+/* The tokenizer an export copies when none is given (keel_ckpt_find_tokenizer;
+ * a warning when there is none). */
 static char *find_tokenizer(const keel_ckpt *ck, const keel_config *cfg) {
-    const char *kinds[2] = {"tokenizer.json", "tokenizer.model"};
-    char *path = NULL;
-    for (int k = 0; k < 2 && !path; k++) path = keel_ckpt_carried_path(ck, kinds[k]);
-    if (!path && cfg->data.tokenizer && access(cfg->data.tokenizer, R_OK) == 0) path = keel_xstrdup(cfg->data.tokenizer);
-    for (int k = 0; k < 2 && !path; k++) {
-        path = keel_ckpt_init_from_carried(cfg->init_from, kinds[k]);
-        if (path) keel_log_info("tokenizer: %s, carried by init_from %s", path, cfg->init_from);
-    }
+    char *path = keel_ckpt_find_tokenizer(ck, cfg);
     if (!path)
         keel_log_warn("no tokenizer exported (tokenizer.model or tokenizer.json): the checkpoint carries none and the "
                       "run's data.tokenizer (%s) is not readable here; pass --tokenizer FILE",
@@ -174,10 +165,8 @@ static int export_hf(int argc, char **argv) {
     if (st == KEEL_OK) keel_config_free(&cfg), st = keel_ckpt_load_config(&ck, &cfg);
     char *carried_tok = NULL, *gen = NULL;
     if (st == KEEL_OK && !tokenizer) tokenizer = carried_tok = find_tokenizer(&ck, &cfg);
-    if (st == KEEL_OK) { /* the checkpoint's, else its init_from's (an import's), else one from the ids */
-        gen = keel_ckpt_carried_path(&ck, "generation_config.json");
-        if (!gen) gen = keel_ckpt_init_from_carried(cfg.init_from, "generation_config.json");
-    }
+    /* the checkpoint's, else its init_from's (an import's), else one from the ids */
+    if (st == KEEL_OK) gen = keel_ckpt_find_carried(&ck, &cfg, "generation_config.json");
     if (st == KEEL_OK)
         st = keel_hf_export(&cfg.model, keel_ckpt_read_params, &ck, tokenizer, gen, out,
                             (int64_t)(max_mb * (1 << 20)));

@@ -229,41 +229,57 @@ static keel_status copy_tokenizer(export_ctx *x, const char *src, const char *fi
 
 /* One token id of generation_config.json (key): absent or null, an integer in
  * [0, V), or — eos_token_id — a list of them (Llama 3.x Instruct stops at
- * several). *id gets a single integer, else stays. */
-static bool generation_id_ok(const cJSON *root, const char *key, int V, int *id) {
+ * several). *id gets a single integer, else stays; ids/n (may be NULL) get
+ * every id, at most KEEL_HF_MAX_EOS. */
+static bool generation_id_ok(const cJSON *root, const char *key, int V, int *id, int32_t *ids, int *n) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
     int64_t x;
     if (!v || cJSON_IsNull(v)) return true;
     if (keel_json_int(v, 0, V - 1, &x)) {
         *id = (int)x;
+        if (ids) ids[(*n)++] = (int32_t)x;
         return true;
     }
-    if (!cJSON_IsArray(v) || strcmp(key, "eos_token_id") != 0 || cJSON_GetArraySize(v) < 1) return false;
+    if (!cJSON_IsArray(v) || strcmp(key, "eos_token_id") != 0 || cJSON_GetArraySize(v) < 1 ||
+        cJSON_GetArraySize(v) > KEEL_HF_MAX_EOS)
+        return false;
     const cJSON *e;
-    cJSON_ArrayForEach(e, v) if (!keel_json_int(e, 0, V - 1, &x)) return false;
+    cJSON_ArrayForEach(e, v) {
+        if (!keel_json_int(e, 0, V - 1, &x)) return false;
+        if (ids) ids[(*n)++] = (int32_t)x;
+    }
     return true;
 }
 
 /* generation_config.json's text[0, len) (path names it): a JSON object whose
  * bos_token_id, eos_token_id and pad_token_id are token ids below V. *bos and
- * *eos get its single ids (untouched when absent, null or a list). `fix` ends
- * the one error line. */
+ * *eos get its single ids (untouched when absent, null or a list), eos_ids
+ * (may be NULL) every eos id. `fix` ends the one error line. */
 static keel_status check_generation_config(const char *text, size_t len, const char *path, int V, int *bos,
-                                           int *eos, const char *fix) {
+                                           int *eos, int32_t *eos_ids, int *n_eos, const char *fix) {
     cJSON *root = cJSON_ParseWithLength(text, len);
     keel_status st = KEEL_ERR_INPUT;
     int pad = -1;
+    if (n_eos) *n_eos = 0;
     if (!cJSON_IsObject(root)) {
         keel_errorf("%s: not a JSON object (a generation config); %s", path, fix);
-    } else if (!generation_id_ok(root, "bos_token_id", V, bos) || !generation_id_ok(root, "eos_token_id", V, eos) ||
-               !generation_id_ok(root, "pad_token_id", V, &pad)) {
+    } else if (!generation_id_ok(root, "bos_token_id", V, bos, NULL, NULL) ||
+               !generation_id_ok(root, "eos_token_id", V, eos, eos_ids, n_eos) ||
+               !generation_id_ok(root, "pad_token_id", V, &pad, NULL, NULL)) {
         keel_errorf("%s: bos_token_id, eos_token_id and pad_token_id must be token ids below vocab_size %d "
-                    "(eos_token_id may be a list of them) or null; %s", path, V, fix);
+                    "(eos_token_id may be a list of up to %d of them) or null; %s", path, V, KEEL_HF_MAX_EOS, fix);
     } else {
         st = KEEL_OK;
     }
     cJSON_Delete(root);
     return st;
+}
+
+keel_status keel_hf_generation_config(const char *text, size_t len, const char *path, int V, int *bos,
+                                      int32_t *eos, int *n_eos) {
+    int one_eos = -1;
+    *bos = -1;
+    return check_generation_config(text, len, path, V, bos, &one_eos, eos, n_eos, "fix the file or leave it out");
 }
 
 /* generation_config.json: the one given (gen, carried through byte for byte)
@@ -392,7 +408,7 @@ keel_status keel_hf_export(const keel_model_config *cfg, keel_param_source read,
             keel_errorf("%s: cannot read the generation config: %s", generation_config_path, why);
             st = KEEL_ERR_INPUT;
         } else {
-            st = check_generation_config(gen, gen_len, generation_config_path, lay.V, &bos, &eos,
+            st = check_generation_config(gen, gen_len, generation_config_path, lay.V, &bos, &eos, NULL, NULL,
                                          "export without it or fix it");
         }
     }
@@ -872,7 +888,7 @@ keel_status keel_hf_read_carried(const char *hf_dir, const keel_model_config *cf
         char *path = keel_path_join(hf_dir, g->name), fix[4200];
         snprintf(fix, sizeof fix, "fix it, or import a copy of %s without it (export then writes one)", hf_dir);
         int bos = -1, eos = -1;
-        keel_status st = check_generation_config(g->data, g->bytes, path, cfg->vocab_size, &bos, &eos, fix);
+        keel_status st = check_generation_config(g->data, g->bytes, path, cfg->vocab_size, &bos, &eos, NULL, NULL, fix);
         keel_free(path);
         if (st != KEEL_OK) goto fail;
     }

@@ -39,14 +39,13 @@ int64_t keel_decoder_cache_bytes(const keel_model_config *cfg, int max_seqs, int
     return 2 * (int64_t)sizeof(float) * cfg->n_layers * max_seqs * max_len * kvd;
 }
 
-keel_status keel_decoder_build(const keel_model_config *cfg, float *params, const keel_decoder_options *opt,
+keel_status keel_decoder_build(const keel_model_config *cfg, const float *params, const keel_decoder_options *opt,
                                keel_decoder **out) {
     const keel_backend *be = opt->backend ? opt->backend : keel_backend_cpu();
     *out = NULL;
     if (!be->rope_at || !be->attention_cached) {
         keel_errorf("generation on the %s backend: its KV-cache kernels are not written yet; run it on the CPU "
                     "(model.backend cpu)", be->name);
-        keel_free(params);
         return KEEL_ERR_INPUT;
     }
     KEEL_CHECK(opt->max_seqs >= 1 && opt->max_rows >= 1 && opt->max_len >= 1 && opt->max_len <= cfg->max_seq_len,
@@ -58,11 +57,10 @@ keel_status keel_decoder_build(const keel_model_config *cfg, float *params, cons
     d->opt = *opt;
     d->opt.backend = be;
     size_t n = (size_t)lay->n_params;
-    if (be->host_memory && !opt->bf16) d->params = params; /* in place: no second copy of the model */
+    if (be->host_memory && !opt->bf16) d->params = (float *)params; /* borrowed: no second copy of the model */
     else {
         float *dev = be->alloc(sizeof(float) * n, "parameters");
         be->to_device(dev, params, sizeof(float) * n);
-        keel_free(params);
         if (opt->bf16) {
             d->params16 = be->alloc(2 * n, "bf16 parameters");
             be->f32_to_bf16(d->params16, dev, (int64_t)n);
@@ -95,8 +93,7 @@ keel_status keel_decoder_build(const keel_model_config *cfg, float *params, cons
 void keel_decoder_free(keel_decoder *d) {
     if (!d) return;
     const keel_backend *be = d->be;
-    if (be->host_memory && !d->opt.bf16) keel_free(d->params);
-    else be->free(d->params);
+    if (!be->host_memory || d->opt.bf16) be->free(d->params); /* else borrowed */
     void *bufs[] = {d->params16, d->kcache, d->vcache, d->x, d->xn, d->rstd, d->q, d->k, d->v, d->ao,
                     d->gate, d->up, d->h, d->sel, d->seln, d->logits, d->xb, d->normw, d->rope,
                     d->tokens, d->seq, d->pos};

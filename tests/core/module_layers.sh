@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(os.environ["KEEL_SRC"], "tests", "core"))
 from loops import loops
 root = sys.argv[1]
 FLOOR = {"core": 0, "kernels": 1, "cuda": 1, "comm": 1, "backend": 2, "model": 2, "data": 2,
-         "fsdp": 3, "optim": 3, "ckpt": 3, "hf": 3, "run": 4, "plan": 4,
+         "fsdp": 3, "optim": 3, "ckpt": 3, "hf": 3, "run": 4, "plan": 4, "infer": 4,
          "train": 5, "resil": 5, "monitor": 5, "cluster": 6, "cli": 6}
 OWNER = {"include/keel/tokenizer.h": "data"}  # a second public header of a module
 NEVER = {("train", "resil"), ("resil", "train")}

@@ -7,6 +7,8 @@
  *      as `keel ckpt import` does it (keel_hf_open, keel_ckpt_write_model)
  *   4  model.safetensors.index.json beside that config.json and the two
  *      split files of tests/fuzz/data/hf, imported so
+ *   5  generation_config.json (keel_hf_generation_config, what keel
+ *      generate reads its stop ids with)
  * Modes 3 and 4 run the shipped file readers over files in a scratch
  * directory; a failed import must leave no checkpoint and no .tmp behind. */
 #include <cjson/cJSON.h>
@@ -70,7 +72,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *body = data + 1;
     size_t n = size - 1;
     keel_status st;
-    switch (data[0] % 5) {
+    switch (data[0] % 6) {
     case 0: {
         keel_model_config cfg;
         st = keel_hf_parse_config((const char *)body, n, "config.json", &cfg);
@@ -98,6 +100,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fuzz_write(dir, "config.json", config_json, config_len);
         fuzz_write(dir, SAFETENSORS_SINGLE, body, n);
         import(dir);
+        break;
+    }
+    case 5: {
+        int bos, n_eos;
+        int32_t eos[KEEL_HF_MAX_EOS];
+        st = keel_hf_generation_config((const char *)body, n, "generation_config.json", 32000, &bos, eos, &n_eos);
+        fuzz_expect_error_line(st, "keel_hf_generation_config");
+        if (st == KEEL_OK && (n_eos < 0 || n_eos > KEEL_HF_MAX_EOS || bos >= 32000)) abort();
         break;
     }
     default: {

@@ -94,6 +94,7 @@ int main(void) {
                    "%s: two sequences in the same steps get their own logits (%.2g, %.2g)", what,
                    max_diff(both, whole, T * V), max_diff(both + T * V, other, T * V));
             keel_decoder_free(d);
+            keel_free(params);
             keel_model_free(m);
         }
     keel_kernels_shutdown();

@@ -1,0 +1,123 @@
+/* infer: using a trained model — a model from any path keel writes or reads
+ * (a run, a checkpoint, a Hugging Face directory) with its tokenizer and stop
+ * tokens, and generation: prompts batched on a KV cache (keel/model.h's
+ * keel_decoder), sampled by temperature, top-k and top-p from a seed, stopped
+ * by EOS, stop tokens, stop strings or a length.
+ *
+ *     keel_infer_model m;
+ *     if (keel_infer_load("runs/x", NULL, &m) != KEEL_OK) return 2;   // one line said why
+ *     keel_gen_params g = keel_gen_defaults();
+ *     keel_gen_prompt p = {.text = "Once upon a time"};
+ *     keel_infer_generate(&m, &p, 1, &g, on_text, ctx);              // streams through on_text
+ *     keel_infer_model_free(&m);
+ */
+#ifndef KEEL_INFER_H
+#define KEEL_INFER_H
+
+#include "keel/core.h"
+#include "keel/hf.h"
+#include "keel/tokenizer.h"
+
+typedef struct {
+    keel_config cfg;             /* the model's config (a run's or a checkpoint's; defaults around an HF model) */
+    float *params;               /* canonical fp32 parameters (keel_free) */
+    keel_tokenizer *tok;         /* NULL when none was found or given */
+    char *tokenizer_path;        /* where tok came from (keel_free), or NULL */
+    int bos;                     /* prepended to a prompt's ids; -1: none */
+    int32_t eos[KEEL_HF_MAX_EOS]; /* generation stops at these: generation_config.json's, else the tokenizer's */
+    int n_eos;
+    char what[4400];             /* "checkpoint runs/x/ckpt/step-00000100 (step 100)", for messages */
+} keel_infer_model;
+
+/* A model from path: a run directory's final weights (RUN/weights.bin), else
+ * a Hugging Face LlamaForCausalLM directory (config.json + safetensors),
+ * else a checkpoint or a run's newest good checkpoint (every file verified).
+ * The tokenizer: `tokenizer` when given, else the HF directory's
+ * tokenizer.json or tokenizer.model, else keel_ckpt_find_tokenizer's (the
+ * checkpoint's carried copy, data.tokenizer, init_from's); none found is not
+ * an error here (generate from token ids needs none). Its vocabulary must fit
+ * the model's. Stop ids: generation_config.json's eos_token_id (the HF
+ * directory's or the carried one), else the tokenizer's EOS. One line and
+ * KEEL_ERR_INPUT (or KEEL_ERR_IO) on any problem, *out then empty. */
+keel_status keel_infer_load(const char *path, const char *tokenizer, keel_infer_model *out);
+void keel_infer_model_free(keel_infer_model *m);
+
+/* How to generate. temperature 0 is greedy (the highest logit; the lowest
+ * id on a tie, as torch.argmax); above 0 the logits are divided by it, cut to
+ * the top_k largest (0: all) and then to the smallest set of the most likely
+ * whose probability reaches top_p (1: all), and one is drawn. Prompt i draws
+ * from its own generator seeded by (seed, i): the same seed and prompts give
+ * the same samples however prompts are batched, on any thread count. */
+typedef struct {
+    int max_new_tokens;     /* default 128 */
+    double temperature;     /* >= 0; default 0 (greedy) */
+    int top_k;              /* >= 0; default 0 (off) */
+    double top_p;           /* (0, 1]; default 1 (off) */
+    uint64_t seed;          /* default 0 */
+    const char *const *stop; /* generation stops before any of these strings (not printed) */
+    int n_stop;
+    const int32_t *stop_ids; /* and at these tokens, besides the model's EOS (not printed) */
+    int n_stop_ids;
+    bool ignore_eos;        /* generate max_new_tokens whatever comes */
+    bool bf16;              /* bf16 GEMMs (weights in bf16): half the weight bytes a token reads */
+    int batch;              /* prompts decoded together (KV cache slots); default 8 */
+    int prefill_rows;       /* prompt tokens a step takes; default 512 */
+    bool add_bos;           /* prepend the model's BOS to each prompt; default true */
+} keel_gen_params;
+keel_gen_params keel_gen_defaults(void);
+
+/* One prompt: text (encoded with the model's tokenizer, BOS prepended per
+ * add_bos), or ids[0, n_ids) as they are (no BOS added) when text is NULL. */
+typedef struct {
+    const char *text;
+    size_t text_len; /* 0: strlen(text) */
+    const int32_t *ids;
+    int n_ids;
+} keel_gen_prompt;
+
+/* What a prompt has generated so far: text (decoded, stop strings cut) and
+ * its ids; done with finish_reason "stop" (EOS, a stop token or string) or
+ * "length" (max_new_tokens, or the model's context). `ready` bytes of text
+ * are final (the rest could still become a stop string or the start of a
+ * character still being decoded). */
+typedef struct {
+    int prompt;
+    const char *text;
+    size_t len, ready;
+    const int32_t *ids;
+    int n_ids;
+    int prompt_tokens;
+    bool done;
+    const char *finish_reason;
+} keel_gen_update;
+typedef void (*keel_gen_fn)(void *ctx, const keel_gen_update *u);
+
+/* Totals of a generate call, for speed reports. */
+typedef struct {
+    int64_t prompt_tokens, new_tokens; /* prompts' tokens run, tokens generated */
+    int64_t decode_tokens;             /* of those, the ones decode steps made (not a prefill's first) */
+    double prefill_s, decode_s;        /* seconds in prefill steps and in decode steps */
+} keel_gen_stats;
+
+/* Generate for n prompts, calling fn after every token of a prompt and once
+ * more with done (in no fixed order across prompts). A prompt that does not
+ * fit the model's context with room for one token, text without a
+ * tokenizer, an id outside the vocabulary: one line naming the prompt,
+ * KEEL_ERR_INPUT, before anything is generated. params are checked the same
+ * way (keel_gen_check). */
+keel_status keel_infer_generate(keel_infer_model *m, const keel_gen_prompt *prompts, int n, const keel_gen_params *g,
+                                keel_gen_fn fn, void *ctx, keel_gen_stats *stats);
+/* The params' ranges, one line naming the first that is out (--temperature,
+ * --top-p, ...). */
+keel_status keel_gen_check(const keel_gen_params *g);
+
+/* A prompts file's text[0, len) (name stands for it in messages): JSON Lines,
+ * each non-blank line an object whose "prompt" is a string (text) or a list
+ * of token ids (used as they are: no BOS added). *prompts (n of them; free
+ * with keel_gen_prompts_free) on success; one line naming the file, line and
+ * what is wrong, KEEL_ERR_INPUT, otherwise. The fuzz harness's entry
+ * (tests/fuzz/fuzz_prompts.c). */
+keel_status keel_infer_parse_prompts(const char *text, size_t len, const char *name, keel_gen_prompt **prompts, int *n);
+void keel_gen_prompts_free(keel_gen_prompt *prompts, int n);
+
+#endif
