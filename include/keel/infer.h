@@ -111,6 +111,24 @@ keel_status keel_infer_generate(keel_infer_model *m, const keel_gen_prompt *prom
  * --top-p, ...). */
 keel_status keel_gen_check(const keel_gen_params *g);
 
+/* Scoring: the log-likelihood of every token of a sequence from `from` on,
+ * each given the tokens before it — what multiple-choice evaluation,
+ * perplexity and a server's echoed logprobs need. */
+typedef struct {
+    const int32_t *ids;   /* the whole sequence (context, then what is scored) */
+    int n;                /* 2 <= n <= model.max_seq_len + 1 */
+    int from;             /* 1 <= from < n: tokens from..n-1 are scored */
+    double *logprob;      /* (n - from) log p(ids[t] | ids[0..t-1]) */
+    int32_t *top_id;      /* (n - from) or NULL: the most likely token at t (lowest id on a tie) */
+    double *top_logprob;  /* (n - from) or NULL: its log-probability */
+} keel_score_request;
+/* Score n requests, batched on the decoder: up to g->batch sequences share a
+ * step of up to g->prefill_rows tokens; g->bf16 as for generation (the
+ * other params are not used). Log-softmax in double over fp32 logits. A
+ * request out of range (ids outside the vocabulary, longer than the
+ * context): one line naming it, KEEL_ERR_INPUT, before anything runs. */
+keel_status keel_infer_score(keel_infer_model *m, keel_score_request *r, int n, const keel_gen_params *g);
+
 /* A prompts file's text[0, len) (name stands for it in messages): JSON Lines,
  * each non-blank line an object whose "prompt" is a string (text) or a list
  * of token ids (used as they are: no BOS added). *prompts (n of them; free
