@@ -129,13 +129,69 @@ typedef struct {
  * context): one line naming it, KEEL_ERR_INPUT, before anything runs. */
 keel_status keel_infer_score(keel_infer_model *m, keel_score_request *r, int n, const keel_gen_params *g);
 
+/* ---- evaluation ------------------------------------------------------------ */
+
+/* A multiple-choice question: the context, its choices, the right one. */
+typedef struct {
+    char *context;
+    char **choices;
+    int n_choices;
+    int answer;
+} keel_task_item;
+/* A task file's text[0, len) (name stands for it): JSON Lines, each
+ * non-blank line {"context": string, "choices": [at least one string],
+ * "answer": index into choices}; other keys are ignored. One line naming the
+ * file, line and field on anything else, KEEL_ERR_INPUT. The fuzz harness's
+ * entry (tests/fuzz/fuzz_task.c). */
+keel_status keel_infer_parse_task(const char *text, size_t len, const char *name, keel_task_item **items, int *n);
+void keel_task_items_free(keel_task_item *items, int n);
+
+/* What a multiple-choice evaluation scores, as lm-evaluation-harness does:
+ * each choice's log-likelihood as the continuation of its context (the
+ * context's trailing whitespace moved onto the continuation, which is
+ * delimiter + choice; ids of the continuation = ids(context + continuation)
+ * past ids(context); BOS first when the model has one). acc: the highest
+ * log-likelihood is the answer; acc_norm: the highest log-likelihood per
+ * byte of the choice (UTF-8; lm-eval divides by characters, the same for
+ * ASCII). Standard errors of the mean, as lm-eval's. */
+typedef struct {
+    int n;
+    double acc, acc_stderr, acc_norm, acc_norm_stderr;
+} keel_task_result;
+/* One scored question, for a --samples file: per choice its log-likelihood
+ * and whether every continuation token was the most likely one. */
+typedef struct {
+    int item;
+    const double *loglik;
+    const bool *greedy;
+    int n_choices, pred, pred_norm;
+} keel_task_sample;
+typedef void (*keel_task_sample_fn)(void *ctx, const keel_task_sample *s);
+keel_status keel_infer_eval_task(keel_infer_model *m, const keel_task_item *items, int n, const char *delimiter,
+                                 const keel_gen_params *g, keel_task_result *res, keel_task_sample_fn fn,
+                                 void *ctx);
+
+/* Perplexity over documents, as lm-eval's loglikelihood_rolling: a
+ * document's ids after BOS (after its first id when the model has no BOS)
+ * are scored in windows of the context's length, every one once, each
+ * window given the context's length of ids before its last. */
+typedef struct {
+    int64_t docs, tokens, bytes, words; /* words: runs of non-space bytes */
+    double loglik;                      /* summed, natural log */
+    double token_perplexity, byte_perplexity, word_perplexity, bits_per_byte;
+} keel_ppl_result;
+keel_status keel_infer_eval_text(keel_infer_model *m, const char *const *docs, int n, const keel_gen_params *g,
+                                 keel_ppl_result *res);
+
 /* A prompts file's text[0, len) (name stands for it in messages): JSON Lines,
- * each non-blank line an object whose "prompt" is a string (text) or a list
- * of token ids (used as they are: no BOS added). *prompts (n of them; free
+ * each non-blank line an object whose `key` ("prompt"; "text" for eval's
+ * documents) is a string or a list of token ids (used as they are: no BOS
+ * added). *prompts (n of them; free
  * with keel_gen_prompts_free) on success; one line naming the file, line and
  * what is wrong, KEEL_ERR_INPUT, otherwise. The fuzz harness's entry
  * (tests/fuzz/fuzz_prompts.c). */
-keel_status keel_infer_parse_prompts(const char *text, size_t len, const char *name, keel_gen_prompt **prompts, int *n);
+keel_status keel_infer_parse_prompts(const char *text, size_t len, const char *name, const char *key,
+                                     keel_gen_prompt **prompts, int *n);
 void keel_gen_prompts_free(keel_gen_prompt *prompts, int n);
 
 #endif

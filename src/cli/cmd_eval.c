@@ -1,37 +1,214 @@
-/* cli/cmd_eval.c: `keel eval RUN_DIR --data PATH` prints {"loss": x, "tokens": n}. */
+/* cli/cmd_eval.c: `keel eval PATH` — the loss over token shards (--data),
+ * multiple-choice accuracy (--task FILE.jsonl), or perplexity and bits per
+ * byte over documents (--text FILE): a table, then one JSON line. */
+#include <cjson/cJSON.h>
 #include <getopt.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "cli/cli.h"
+#include "keel/infer.h"
+#include "keel/kernels.h"
 #include "keel/train.h"
+
+static const char USAGE[] =
+    "usage: keel eval PATH (--data DATA | --task FILE.jsonl | --text FILE) [options]\n"
+    "  PATH               a run directory (its final weights, else its newest good checkpoint), a checkpoint,\n"
+    "                     or (with --task and --text) a Hugging Face LlamaForCausalLM directory\n"
+    "  --data DATA        mean loss over token shards: a directory from `keel data prepare` (its val split if\n"
+    "                     present) or one shard file; prints {\"loss\", \"tokens\"}\n"
+    "  --task FILE.jsonl  multiple choice, one {\"context\", \"choices\": [...], \"answer\": i} per line, scored by\n"
+    "                     log-likelihood as lm-evaluation-harness does: acc and acc_norm (per byte of the choice)\n"
+    "  --text FILE        perplexity and bits per byte: FILE.jsonl holds one {\"text\"} document per line, any\n"
+    "                     other FILE is one document\n"
+    "  --delimiter S      between a context and each choice (\" \", as lm-eval's target_delimiter)\n"
+    "  --samples FILE     --task: each question's per-choice log-likelihoods as JSON Lines\n"
+    "  --json             the JSON line only\n"
+    "  --bf16             bf16 weights and GEMMs\n"
+    "  --batch N          sequences scored together (8)\n"
+    "  --threads N        threads (0: every core, the default)\n"
+    "  --tokenizer FILE   tokenizer.json or .model, instead of the model's own\n";
+
+static keel_status read_input(const char *flag, const char *path, char **text, size_t *len) {
+    char why[256];
+    if (keel_read_regular(path, (size_t)1 << 31, text, len, why, sizeof why) == KEEL_OK) return KEEL_OK;
+    keel_errorf("%s %s: %s", flag, path, why);
+    return KEEL_ERR_INPUT;
+}
+
+static bool ends_with(const char *s, const char *tail) {
+    size_t n = strlen(s), k = strlen(tail);
+    return n >= k && !strcmp(s + n - k, tail);
+}
+
+typedef struct {
+    FILE *out;
+    const keel_task_item *items;
+} samples_ctx;
+
+static void write_sample(void *ctx, const keel_task_sample *s) {
+    samples_ctx *c = ctx;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "item", s->item);
+    cJSON_AddNumberToObject(o, "answer", c->items[s->item].answer);
+    cJSON_AddNumberToObject(o, "pred", s->pred);
+    cJSON_AddNumberToObject(o, "pred_norm", s->pred_norm);
+    cJSON *ll = cJSON_AddArrayToObject(o, "loglik"), *gr = cJSON_AddArrayToObject(o, "greedy");
+    for (int i = 0; i < s->n_choices; i++) {
+        cJSON_AddItemToArray(ll, cJSON_CreateNumber(s->loglik[i]));
+        cJSON_AddItemToArray(gr, cJSON_CreateBool(s->greedy[i]));
+    }
+    char *line = cJSON_PrintUnformatted(o);
+    fprintf(c->out, "%s\n", line);
+    cJSON_free(line);
+    cJSON_Delete(o);
+}
+
+static keel_status eval_task(keel_infer_model *m, const char *path, const char *delimiter, const char *samples,
+                             const keel_gen_params *g, bool json) {
+    char *text;
+    size_t len;
+    keel_task_item *items;
+    int n;
+    keel_status st = read_input("--task", path, &text, &len);
+    if (st != KEEL_OK) return st;
+    st = keel_infer_parse_task(text, len, path, &items, &n);
+    keel_free(text);
+    if (st != KEEL_OK) return st;
+    samples_ctx sc = {NULL, items};
+    if (samples && !(sc.out = fopen(samples, "w"))) {
+        keel_errorf("--samples %s: cannot write it", samples);
+        keel_task_items_free(items, n);
+        return KEEL_ERR_INPUT;
+    }
+    keel_task_result r;
+    st = keel_infer_eval_task(m, items, n, delimiter, g, &r, sc.out ? write_sample : NULL, &sc);
+    if (sc.out && fclose(sc.out) != 0 && st == KEEL_OK) {
+        keel_errorf("--samples %s: writing failed", samples);
+        st = KEEL_ERR_IO;
+    }
+    keel_task_items_free(items, n);
+    if (st != KEEL_OK) return st;
+    if (!json)
+        printf("%-24s %8s %8s %8s %9s %8s\n%-24.24s %8d %8.4f %8.4f %9.4f %8.4f\n", "task", "samples", "acc", "stderr",
+               "acc_norm", "stderr", path, r.n, r.acc, r.acc_stderr, r.acc_norm, r.acc_norm_stderr);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "task", path);
+    cJSON_AddNumberToObject(o, "samples", r.n);
+    cJSON_AddNumberToObject(o, "acc", r.acc);
+    cJSON_AddNumberToObject(o, "acc_stderr", r.acc_stderr);
+    cJSON_AddNumberToObject(o, "acc_norm", r.acc_norm);
+    cJSON_AddNumberToObject(o, "acc_norm_stderr", r.acc_norm_stderr);
+    char *line = cJSON_PrintUnformatted(o);
+    printf("%s\n", line);
+    cJSON_free(line);
+    cJSON_Delete(o);
+    return KEEL_OK;
+}
+
+static keel_status eval_text(keel_infer_model *m, const char *path, const keel_gen_params *g, bool json) {
+    char *text;
+    size_t len;
+    keel_status st = read_input("--text", path, &text, &len);
+    if (st != KEEL_OK) return st;
+    keel_gen_prompt *docs = NULL;
+    int n = 0;
+    if (ends_with(path, ".jsonl") || ends_with(path, ".json")) st = keel_infer_parse_prompts(text, len, path, "text", &docs, &n);
+    else if (memchr(text, '\0', len)) {
+        keel_errorf("--text %s: holds a NUL byte; give text, or JSON Lines of {\"text\"} named .jsonl", path);
+        st = KEEL_ERR_INPUT;
+    } else {
+        docs = keel_xcalloc(sizeof *docs, "documents");
+        docs[0].text = text, n = 1, text = NULL;
+    }
+    keel_free(text);
+    const char **texts = keel_xcalloc(sizeof(char *) * (size_t)(n > 0 ? n : 1), "documents");
+    for (int i = 0; i < n && st == KEEL_OK; i++)
+        if (!(texts[i] = docs[i].text)) {
+            keel_errorf("--text %s: document %d is token ids; give text (bytes are what bits per byte count)", path, i + 1);
+            st = KEEL_ERR_INPUT;
+        }
+    keel_ppl_result r;
+    if (st == KEEL_OK) st = keel_infer_eval_text(m, texts, n, g, &r);
+    keel_free(texts);
+    keel_gen_prompts_free(docs, n);
+    if (st != KEEL_OK) return st;
+    if (!json)
+        printf("%-24s %6s %9s %10s %10s %10s %8s\n%-24.24s %6lld %9lld %10.4f %10.4f %10.4f %8.4f\n", "text", "docs",
+               "tokens", "token_ppl", "word_ppl", "byte_ppl", "bpb", path, (long long)r.docs, (long long)r.tokens,
+               r.token_perplexity, r.word_perplexity, r.byte_perplexity, r.bits_per_byte);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "text", path);
+    cJSON_AddNumberToObject(o, "documents", (double)r.docs);
+    cJSON_AddNumberToObject(o, "tokens", (double)r.tokens);
+    cJSON_AddNumberToObject(o, "bytes", (double)r.bytes);
+    cJSON_AddNumberToObject(o, "words", (double)r.words);
+    cJSON_AddNumberToObject(o, "loglikelihood", r.loglik);
+    cJSON_AddNumberToObject(o, "token_perplexity", r.token_perplexity);
+    cJSON_AddNumberToObject(o, "word_perplexity", r.word_perplexity);
+    cJSON_AddNumberToObject(o, "byte_perplexity", r.byte_perplexity);
+    cJSON_AddNumberToObject(o, "bits_per_byte", r.bits_per_byte);
+    char *line = cJSON_PrintUnformatted(o);
+    printf("%s\n", line);
+    cJSON_free(line);
+    cJSON_Delete(o);
+    return KEEL_OK;
+}
 
 int keel_cmd_eval(int argc, char **argv) {
     static const struct option options[] = {
-        {"data", required_argument, NULL, 'd'},
-        {"help", no_argument, NULL, 'h'},
-        {0, 0, 0, 0},
+        {"data", required_argument, NULL, 'd'}, {"task", required_argument, NULL, 'k'},
+        {"text", required_argument, NULL, 'x'}, {"delimiter", required_argument, NULL, 'D'},
+        {"samples", required_argument, NULL, 's'}, {"json", no_argument, NULL, 'j'},
+        {"bf16", no_argument, NULL, 'b'}, {"batch", required_argument, NULL, 'c'},
+        {"threads", required_argument, NULL, 'T'}, {"tokenizer", required_argument, NULL, 'z'},
+        {"help", no_argument, NULL, 'h'}, {0, 0, 0, 0},
     };
-    const char *data = NULL;
+    const char *data = NULL, *task = NULL, *text = NULL, *delimiter = " ", *samples = NULL, *tokenizer = NULL;
+    keel_gen_params g = keel_gen_defaults();
+    bool json = false;
+    long long x, threads = 0;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", options, NULL)) != -1) {
         switch (c) {
         case 'd': data = optarg; break;
-        case 'h':
-            printf("usage: keel eval RUN_DIR --data PATH\n"
-                   "  PATH: a directory from `keel data prepare` (its val split if present) or one shard file\n");
-            return 0;
+        case 'k': task = optarg; break;
+        case 'x': text = optarg; break;
+        case 'D': delimiter = optarg; break;
+        case 's': samples = optarg; break;
+        case 'j': json = true; break;
+        case 'b': g.bf16 = true; break;
+        case 'c':
+            if (!cli_parse_int("--batch", optarg, 1, 4096, &x)) return 2;
+            g.batch = (int)x;
+            break;
+        case 'T':
+            if (!cli_parse_int("--threads", optarg, 0, 4096, &threads)) return 2;
+            break;
+        case 'z': tokenizer = optarg; break;
+        case 'h': fputs(USAGE, stdout); return 0;
         default: return 2;
         }
     }
-    if (optind != argc - 1 || !data) {
-        keel_errorf("usage: keel eval RUN_DIR --data PATH (see keel eval --help)");
+    if (optind != argc - 1 || (!!data + !!task + !!text) != 1) {
+        keel_errorf("usage: keel eval PATH (--data DATA | --task FILE.jsonl | --text FILE) (see keel eval --help)");
         return 2;
     }
-    double loss;
-    uint64_t tokens;
-    keel_status st = keel_eval_run(argv[optind], data, &loss, &tokens);
+    if (data) {
+        double loss;
+        uint64_t tokens;
+        keel_status st = keel_eval_run(argv[optind], data, &loss, &tokens);
+        if (st != KEEL_OK) return keel_status_exit_code(st);
+        printf("{\"loss\": %.6f, \"tokens\": %llu}\n", loss, (unsigned long long)tokens);
+        return 0;
+    }
+    keel_infer_model m;
+    keel_status st = keel_infer_load(argv[optind], tokenizer, &m);
     if (st != KEEL_OK) return keel_status_exit_code(st);
-    printf("{\"loss\": %.6f, \"tokens\": %llu}\n", loss, (unsigned long long)tokens);
-    return 0;
+    keel_kernels_init((int)threads);
+    st = task ? eval_task(&m, task, delimiter, samples, &g, json) : eval_text(&m, text, &g, json);
+    keel_kernels_shutdown();
+    keel_infer_model_free(&m);
+    return keel_status_exit_code(st);
 }

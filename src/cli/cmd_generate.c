@@ -91,7 +91,7 @@ static keel_status read_prompts(const char *path, keel_gen_prompt **prompts, int
         keel_errorf("--prompts %s: %s", path, why);
         return KEEL_ERR_INPUT;
     }
-    keel_status st = keel_infer_parse_prompts(text, len, path, prompts, n);
+    keel_status st = keel_infer_parse_prompts(text, len, path, "prompt", prompts, n);
     keel_free(text);
     return st;
 }

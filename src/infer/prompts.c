@@ -1,6 +1,6 @@
 /* infer/prompts.c: a prompts file — JSON Lines of {"prompt": "..."} or
- * {"prompt": [ids]} — for keel generate --prompts (keel_infer_parse_prompts
- * in keel/infer.h). */
+ * {"prompt": [ids]} — for keel generate --prompts, and the same with "text"
+ * for keel eval --text (keel_infer_parse_prompts in keel/infer.h). */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <string.h>
@@ -9,7 +9,6 @@
 
 enum { MAX_PROMPT_IDS = 1 << 24 };
 
-static const char SHAPE[] = "each line must be one object like {\"prompt\": \"text\"} or {\"prompt\": [token ids]}";
 
 /* A list of token ids (checked against the vocabulary later, when the model is known). */
 static bool ids_of(const cJSON *list, keel_gen_prompt *p) {
@@ -30,24 +29,31 @@ static bool ids_of(const cJSON *list, keel_gen_prompt *p) {
     return true;
 }
 
-/* Each line one object: its "prompt" a string or ids; other keys are ignored. */
-static keel_status one_line(const char *line, size_t len, const char *name, int lineno, keel_gen_prompt *p,
-                            bool *got) {
+/* "each line must be one object like {"prompt": "text"} or {"prompt": [token ids]}" */
+static void shape(char *out, size_t n, const char *key) {
+    snprintf(out, n, "each line must be one object like {\"%s\": \"text\"} or {\"%s\": [token ids]}", key, key);
+}
+
+/* Each line one object: its `key` a string or ids; other keys are ignored. */
+static keel_status one_line(const char *line, size_t len, const char *name, const char *key, int lineno,
+                            keel_gen_prompt *p, bool *got) {
     *got = false;
     size_t i = 0;
     while (i < len && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r')) i++;
     if (i == len) return KEEL_OK; /* blank */
     cJSON *rec = cJSON_ParseWithLength(line, len);
-    const cJSON *v = cJSON_IsObject(rec) ? cJSON_GetObjectItemCaseSensitive(rec, "prompt") : NULL;
+    const cJSON *v = cJSON_IsObject(rec) ? cJSON_GetObjectItemCaseSensitive(rec, key) : NULL;
     keel_status st = KEEL_ERR_INPUT;
-    if (!rec) keel_errorf("%s:%d: not JSON; %s", name, lineno, SHAPE);
-    else if (!cJSON_IsObject(rec)) keel_errorf("%s:%d: not a JSON object; %s", name, lineno, SHAPE);
-    else if (!v) keel_errorf("%s:%d: no \"prompt\" key; %s", name, lineno, SHAPE);
+    char want[160];
+    shape(want, sizeof want, key);
+    if (!rec) keel_errorf("%s:%d: not JSON; %s", name, lineno, want);
+    else if (!cJSON_IsObject(rec)) keel_errorf("%s:%d: not a JSON object; %s", name, lineno, want);
+    else if (!v) keel_errorf("%s:%d: no \"%s\" key; %s", name, lineno, key, want);
     else if (cJSON_IsString(v)) {
         *p = (keel_gen_prompt){.text = keel_xstrdup(v->valuestring)};
         st = KEEL_OK;
     } else if (cJSON_IsArray(v) && ids_of(v, p)) st = KEEL_OK;
-    else keel_errorf("%s:%d: \"prompt\" must be a string or a non-empty list of token ids (integers >= 0)", name, lineno);
+    else keel_errorf("%s:%d: \"%s\" must be a string or a non-empty list of token ids (integers >= 0)", name, lineno, key);
     cJSON_Delete(rec);
     *got = st == KEEL_OK;
     return st;
@@ -58,7 +64,8 @@ void keel_gen_prompts_free(keel_gen_prompt *prompts, int n) {
     keel_free(prompts);
 }
 
-keel_status keel_infer_parse_prompts(const char *text, size_t len, const char *name, keel_gen_prompt **prompts, int *n) {
+keel_status keel_infer_parse_prompts(const char *text, size_t len, const char *name, const char *key,
+                                     keel_gen_prompt **prompts, int *n) {
     *prompts = NULL;
     *n = 0;
     int cap = 0, lineno = 0;
@@ -69,7 +76,7 @@ keel_status keel_infer_parse_prompts(const char *text, size_t len, const char *n
         keel_gen_prompt p = {0};
         bool got;
         lineno++;
-        st = one_line(text + at, end - at, name, lineno, &p, &got);
+        st = one_line(text + at, end - at, name, key, lineno, &p, &got);
         if (got) {
             if (*n == cap) {
                 cap = cap ? 2 * cap : 16;
@@ -80,7 +87,9 @@ keel_status keel_infer_parse_prompts(const char *text, size_t len, const char *n
         at = end + 1;
     }
     if (st == KEEL_OK && *n == 0) {
-        keel_errorf("%s: no prompts; %s", name, SHAPE);
+        char want[160];
+        shape(want, sizeof want, key);
+        keel_errorf("%s: nothing in it; %s", name, want);
         st = KEEL_ERR_INPUT;
     }
     if (st != KEEL_OK) {

@@ -14,7 +14,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memcpy(text, data, size);
     keel_gen_prompt *p;
     int n;
-    keel_status st = keel_infer_parse_prompts(text, size, "prompts.jsonl", &p, &n);
+    keel_status st = keel_infer_parse_prompts(text, size, "prompts.jsonl", "prompt", &p, &n);
     if (st == KEEL_OK) {
         if (n < 1 || !p) abort();
         for (int i = 0; i < n; i++) {
