@@ -459,6 +459,11 @@ typedef struct {
     int eval_every;       /* 0 = never */
     int eval_batches;
     int profile_steps;    /* 0 = off */
+    int sample_every;     /* 0 = off: text samples into RUN/samples.jsonl every N steps */
+    char **sample_prompts; /* NULL-terminated; NULL: one empty prompt (BOS alone) */
+    int sample_max_tokens;
+    double sample_temperature;
+    uint64_t sample_seed;
 } keel_train_config;
 
 /* A token's flags, one byte a token wherever tokens travel with them (data

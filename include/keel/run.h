@@ -27,6 +27,7 @@
 
 #define KEEL_RUN_CONFIG "config.json"
 #define KEEL_RUN_METRICS "metrics.jsonl"
+#define KEEL_RUN_SAMPLES "samples.jsonl"
 #define KEEL_RUN_SUMMARY "summary.json"
 #define KEEL_RUN_SUPERVISOR "supervisor.json"
 #define KEEL_RUN_WEIGHTS "weights.bin"

@@ -102,6 +102,16 @@ static const key_spec KEYS[] = {
      "validation loss every N steps when a val split exists (0 = never)", NULL},
     {"train.eval_batches", K_INT, OFF(train.eval_batches), 1, 1e6,
      "global batches (micro_batch_size x grad_accum_steps x ranks sequences) per validation pass", NULL},
+    {"train.sample_every", K_INT, OFF(train.sample_every), 0, 1e9,
+     "text samples from the model every N steps into RUN/samples.jsonl (0 = never; needs a tokenizer; the "
+     "training's numbers do not change)", NULL},
+    {"train.sample_prompts", K_STRING_LIST, OFF(train.sample_prompts), 0, 0,
+     "the prompts sampled from (none: one sample from the BOS alone)", NULL},
+    {"train.sample_max_tokens", K_INT, OFF(train.sample_max_tokens), 1, 1e5, "new tokens per sample at most", NULL},
+    {"train.sample_temperature", K_DOUBLE, OFF(train.sample_temperature), 0, 1e6,
+     "the samples' temperature (0 = greedy)", NULL},
+    {"train.sample_seed", K_U64, OFF(train.sample_seed), 0, BIG,
+     "prompt i of every sample draws from a generator seeded by (this, i)", NULL},
     {"train.profile_steps", K_INT, OFF(train.profile_steps), 0, 1e9,
      "time every backend call of this many steps after the launch's first: RUN/profile.json and a table "
      "(on a GPU each call is waited for, so those steps run slower; 0 = off)", NULL},
@@ -277,7 +287,7 @@ void keel_config_defaults(keel_config *cfg) {
                                      .decay_norms_and_embeddings = false, .beta1 = 0.9,
                                      .beta2 = 0.95, .adam_eps = 1e-8, .grad_clip = 1.0,
                                      .threads = 0, .eval_every = 0, .eval_batches = 8,
-                                     .profile_steps = 0};
+                                     .profile_steps = 0, .sample_max_tokens = 64, .sample_temperature = 0.8};
     cfg->data.synthetic_seed = 1;
     cfg->fsdp.strategy = KEEL_FSDP_FULL_SHARD;
     cfg->fsdp.prefetch = true;

@@ -25,6 +25,7 @@ static const char *const CAUSES[] = {"crash", "hang", "diverged", "preempted", "
 #define MAX_NODES 256
 #define MAX_RECOVERIES 1024
 #define MAX_RECENT 500
+#define MAX_SAMPLES 16
 
 typedef struct { /* one JSON-lines file, read from where the last scrape stopped */
     char path[4200];
@@ -35,7 +36,7 @@ struct keel_exporter {
     pthread_mutex_t lock;
     char run_dir[4096];
     double started_unix;
-    tail metrics, events;
+    tail metrics, events, samples_file;
     long metrics_before; /* metrics.jsonl's size when this process started: earlier steps are not its goodput */
     /* metrics.jsonl */
     bool have_step;
@@ -56,6 +57,7 @@ struct keel_exporter {
     keel_step_point *points;
     int64_t n_points, cap_points;
     cJSON *recent;         /* array of the newest events (at most MAX_RECENT) */
+    cJSON *samples;        /* array of the newest lines of samples.jsonl (at most MAX_SAMPLES) */
     /* this node's GPUs (opened at the first scrape; NULL without NVML) */
     bool gpus_tried;
     keel_gpus *gpus;
@@ -79,6 +81,7 @@ keel_exporter *keel_exporter_new(const char *run_dir) {
     x->started_unix = keel_unix_s();
     keel_run_path(x->metrics.path, sizeof x->metrics.path, run_dir, KEEL_RUN_METRICS);
     keel_run_path(x->events.path, sizeof x->events.path, run_dir, "events.jsonl");
+    keel_run_path(x->samples_file.path, sizeof x->samples_file.path, run_dir, KEEL_RUN_SAMPLES);
     FILE *f = open_run_file(x->metrics.path);
     if (f) {
         fseek(f, 0, SEEK_END);
@@ -92,6 +95,7 @@ void keel_exporter_free(keel_exporter *x) {
     if (!x) return;
     keel_free(x->points);
     cJSON_Delete(x->recent);
+    cJSON_Delete(x->samples);
     for (int i = 0; i < x->n_drained; i++) keel_free(x->drained[i]);
     keel_free(x->step_time);
     keel_gpus_close(x->gpus);
@@ -195,6 +199,14 @@ static void take_event(keel_exporter *x, const cJSON *o, long at) {
         for (int i = 0; i < x->n_drained; i++) seen |= !strcmp(x->drained[i], node->valuestring);
         if (!seen && x->n_drained < MAX_NODES) x->drained[x->n_drained++] = keel_xstrdup(node->valuestring);
     }
+}
+
+/* A line of samples.jsonl (train.sample_every): kept as it is, the newest MAX_SAMPLES. */
+static void take_sample(keel_exporter *x, const cJSON *o, long at) {
+    (void)at;
+    if (!x->samples) x->samples = cJSON_CreateArray();
+    if (cJSON_GetArraySize(x->samples) == MAX_SAMPLES) cJSON_DeleteItemFromArray(x->samples, 0);
+    cJSON_AddItemToArray(x->samples, cJSON_Duplicate(o, true));
 }
 
 /* ---- the text ------------------------------------------------------------------------ */
@@ -486,6 +498,8 @@ char *keel_exporter_json(keel_exporter *x) {
         }
     }
     cJSON_AddItemToObject(root, "events", x->recent ? cJSON_Duplicate(x->recent, true) : cJSON_CreateArray());
+    read_tail(x, &x->samples_file, take_sample);
+    cJSON_AddItemToObject(root, "samples", x->samples ? cJSON_Duplicate(x->samples, true) : cJSON_CreateArray());
     cJSON *fail = cJSON_AddObjectToObject(root, "failures");
     for (int c = 0; c < N_CAUSES; c++) cJSON_AddNumberToObject(fail, CAUSES[c], x->failures[c]);
     cJSON_AddNumberToObject(root, "restarts", x->restarts);

@@ -175,6 +175,20 @@ keel_status keel_run_status_print(const char *run_dir, FILE *out, bool json) {
         if (!isnan(es)) fprintf(out, " step %.0f:", es);
         fprintf(out, " %.160s\n", str(e, "detail"));
     }
+    /* train.sample_every: the newest step's samples, one line each */
+    const cJSON *samples = cJSON_GetObjectItemCaseSensitive(v, "samples");
+    int ns = cJSON_GetArraySize(samples);
+    double newest = ns ? num(cJSON_GetArrayItem(samples, ns - 1), "step") : NAN;
+    if (ns) fprintf(out, "\nsamples at step %.0f:\n", newest);
+    for (int i = 0; i < ns; i++) {
+        const cJSON *e = cJSON_GetArrayItem(samples, i);
+        if (num(e, "step") != newest) continue;
+        char line[200];
+        int k = snprintf(line, sizeof line, "[%s] %s", str(e, "prompt"), str(e, "completion"));
+        for (int j = 0; j < k && j < (int)sizeof line - 1; j++)
+            if (line[j] == '\n' || line[j] == '\r' || line[j] == '\t') line[j] = ' ';
+        fprintf(out, "  %.180s\n", line);
+    }
     cJSON_Delete(v);
     return KEEL_OK;
 }

@@ -22,9 +22,11 @@
 #include "keel/optim.h"
 #include "keel/run.h"
 #include "keel/train.h"
+#include "train/gather.h"
 #include "train/peers.h"
 #include "train/profile.h"
 #include "train/resume.h"
+#include "train/samples.h"
 #include "train/saving.h"
 #include "train/snapshots.h"
 #include "train/startup.h"
@@ -397,12 +399,18 @@ static keel_status open_inputs(trainer *t) {
                           cfg->data.path ? cfg->data.path : "data.sources");
     }
     if (st == KEEL_OK && cfg->data.document_mask) st = check_document_mask(t);
+    if (st == KEEL_OK) st = trainer_samples_init(t);
     return st;
 }
 
-/* RUN/weights.bin, streamed unit by unit: under FSDP every rank gathers each
- * unit (collective) and the leader appends it, so no process holds more than
- * its shard and one unit. *xxh3 (leader) gets the parameters' XXH3. */
+static keel_status append_weights(void *w, int64_t at, const float *values, int64_t n) {
+    (void)at;
+    return w ? keel_weights_append(w, values, n) : KEEL_OK; /* NULL: its begin failed, and said so */
+}
+
+/* RUN/weights.bin, streamed a piece at a time: under FSDP every rank gathers
+ * each unit (collective) and the leader appends it, so no process holds more
+ * than its shard and one unit. *xxh3 (leader) gets the parameters' XXH3. */
 static keel_status save_weights(trainer *t, char xxh3[17]) {
     const keel_model_layout *lay = keel_model_get_layout(t->model);
     keel_weights_writer *w = NULL;
@@ -410,29 +418,9 @@ static keel_status save_weights(trainer *t, char xxh3[17]) {
     char path[4096];
     keel_run_path(path, sizeof path, t->run_dir, KEEL_RUN_WEIGHTS);
     if (t->leader) st = keel_weights_begin(path, lay->n_params, &w);
-    const float *params = t->fsdp ? NULL : keel_model_params(t->model);
-    if (params && st == KEEL_OK && t->be->host_memory) st = keel_weights_append(w, params, lay->n_params);
-    else if (params && st == KEEL_OK) { /* through a host buffer, a piece at a time */
-        enum { CHUNK = 1 << 24 };
-        int64_t chunk = lay->n_params < CHUNK ? lay->n_params : CHUNK;
-        float *host = keel_xmalloc(sizeof(float) * (size_t)chunk, "weights");
-        for (int64_t at = 0; at < lay->n_params && st == KEEL_OK; at += chunk) {
-            int64_t len = lay->n_params - at < chunk ? lay->n_params - at : chunk;
-            t->be->to_host(host, params + at, sizeof(float) * (size_t)len);
-            st = keel_weights_append(w, host, len);
-        }
-        keel_free(host);
-    }
-    if (t->fsdp) {
-        const keel_fsdp_plan *plan = keel_fsdp_get_plan(t->fsdp);
-        for (int u = 0; u < plan->n_units; u++) { /* every rank gathers every unit, whatever the leader's state */
-            const float *unit;
-            keel_status gathered = keel_fsdp_gather_unit(t->fsdp, u, &unit);
-            if (t->leader && st == KEEL_OK)
-                st = gathered != KEEL_OK ? gathered : keel_weights_append(w, unit, plan->units[u].logical);
-        }
-    }
+    keel_status sent = trainer_each_param(t, false, append_weights, w); /* collective: even after a failed begin */
     if (!t->leader) return KEEL_OK;
+    if (st == KEEL_OK) st = sent;
     if (st == KEEL_OK) return keel_weights_commit(w, xxh3);
     keel_weights_abort(w);
     return st;
@@ -514,6 +502,7 @@ static keel_status train_loop(trainer *t) {
             uint64_t n;
             last_val = val_loss = evaluate(t, &n);
         }
+        trainer_samples_boundary(t, step + 1);
         /* every rank must stop at the same step: the boundary agrees on signals */
         bool stop = trainer_stop_requested(), last = step + 1 == cfg->train.steps;
         if (t->world) trainer_stop_grace_after(step_s); /* a stop's deadline */
@@ -671,6 +660,7 @@ static keel_status run(trainer *t) {
 
 static void free_trainer(trainer *t, keel_status st) {
     keel_jsonl_close(t->metrics);
+    trainer_samples_free(t);
     keel_data_close(t->train);
     keel_data_close(t->val);
     trainer_snap_free(t, st == KEEL_OK);

@@ -1,6 +1,7 @@
 /* train/trainer.h: the training loop's state, shared by train.c (the loop,
  * run directory, metrics) and the files it calls: packed.c (the state in a
- * checkpoint file's layout), saving.c, snapshots.c, resume.c, profile.c.
+ * checkpoint file's layout), saving.c, snapshots.c, resume.c, profile.c,
+ * gather.c, samples.c.
  * Internal to the train module. */
 #ifndef KEEL_TRAINER_H
 #define KEEL_TRAINER_H
@@ -16,6 +17,7 @@
 
 typedef struct trainer_saving trainer_saving;
 typedef struct trainer_snap trainer_snap;
+typedef struct trainer_sampler trainer_sampler;
 
 typedef struct {
     const keel_config *cfg;
@@ -47,6 +49,7 @@ typedef struct {
     trainer_packed packed;  /* the state as saves, snapshots and resumes copy it (packed.c) */
     trainer_saving *saving; /* checkpoint saves (saving.c) */
     trainer_snap *snap;     /* in-memory snapshots (snapshots.c) */
+    trainer_sampler *sampler; /* train.sample_every (samples.c); NULL when off */
     keel_heartbeat *heartbeat; /* RUN/heartbeats/rank-R for the supervisor (workers only) */
     keel_run_state state;   /* RUN/supervisor.json: the data windows to skip */
     struct {                /* train.profile_steps: steps [first, end) of this launch (0-based) */
