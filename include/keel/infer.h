@@ -14,6 +14,8 @@
 #ifndef KEEL_INFER_H
 #define KEEL_INFER_H
 
+#include <stdio.h>
+
 #include "keel/core.h"
 #include "keel/hf.h"
 #include "keel/tokenizer.h"
@@ -63,6 +65,10 @@ typedef struct {
     int batch;              /* prompts decoded together (KV cache slots); default 8 */
     int prefill_rows;       /* prompt tokens a step takes; default 512 */
     bool add_bos;           /* prepend the model's BOS to each prompt; default true */
+    /* prompt k of a call draws from the generator of prompt index_first +
+     * k * index_stride of the whole (updates still number it k): a process's
+     * share of an --nproc split samples what the whole would. Default 0, 1. */
+    int index_first, index_stride;
 } keel_gen_params;
 keel_gen_params keel_gen_defaults(void);
 
@@ -170,6 +176,11 @@ typedef void (*keel_task_sample_fn)(void *ctx, const keel_task_sample *s);
 keel_status keel_infer_eval_task(keel_infer_model *m, const keel_task_item *items, int n, const char *delimiter,
                                  const keel_gen_params *g, keel_task_result *res, keel_task_sample_fn fn,
                                  void *ctx);
+/* The result from each question's predictions (pred: by log-likelihood,
+ * pred_norm: per byte): what keel_infer_eval_task reports, for the shares of
+ * an --nproc split put back together. */
+void keel_task_summarize(const keel_task_item *items, int n, const int *pred, const int *pred_norm,
+                         keel_task_result *res);
 
 /* Perplexity over documents, as lm-eval's loglikelihood_rolling: a
  * document's ids after BOS (after its first id when the model has no BOS)
@@ -180,8 +191,26 @@ typedef struct {
     double loglik;                      /* summed, natural log */
     double token_perplexity, byte_perplexity, word_perplexity, bits_per_byte;
 } keel_ppl_result;
+/* Sets res's sums (docs, tokens, bytes, words, loglik); keel_ppl_finish
+ * then gives the rest. */
 keel_status keel_infer_eval_text(keel_infer_model *m, const char *const *docs, int n, const keel_gen_params *g,
                                  keel_ppl_result *res);
+/* The perplexities and bits per byte from res's sums (summed over the shares
+ * of an --nproc split); no tokens at all: one line, KEEL_ERR_INPUT. */
+keel_status keel_ppl_finish(keel_ppl_result *res);
+
+/* ---- work split over processes (--nproc) ------------------------------------ */
+
+/* One process's share: rank of nproc (it takes items rank, rank + nproc,
+ * ...), writing its results as JSON lines to out. */
+typedef keel_status (*keel_split_work)(void *ctx, int rank, int nproc, FILE *out);
+/* Run work in nproc processes on this machine, forked after the model is
+ * loaded (they share its memory), each with `threads` kernel threads (the
+ * caller must not have started its own); on_line gets every line any of
+ * them writes, in the parent, as it comes. KEEL_OK when every process exited
+ * 0; else the first failure (exit 2: KEEL_ERR_INPUT), having said why. */
+keel_status keel_infer_split(int nproc, int threads, keel_split_work work, void (*on_line)(void *ctx, const char *line),
+                             void *ctx);
 
 /* A prompts file's text[0, len) (name stands for it in messages): JSON Lines,
  * each non-blank line an object whose `key` ("prompt"; "text" for eval's

@@ -8,7 +8,6 @@
 
 #include "cli/cli.h"
 #include "keel/infer.h"
-#include "keel/kernels.h"
 #include "keel/train.h"
 
 static const char USAGE[] =
@@ -26,7 +25,8 @@ static const char USAGE[] =
     "  --json             the JSON line only\n"
     "  --bf16             bf16 weights and GEMMs\n"
     "  --batch N          sequences scored together (8)\n"
-    "  --threads N        threads (0: every core, the default)\n"
+    "  --threads N        threads (0: every core, the default; with --nproc, per process: the cores shared)\n"
+    "  --nproc N          --task, --text: N processes on this machine, each scoring every Nth question or document\n"
     "  --tokenizer FILE   tokenizer.json or .model, instead of the model's own\n";
 
 static keel_status read_input(const char *flag, const char *path, char **text, size_t *len) {
@@ -41,16 +41,33 @@ static bool ends_with(const char *s, const char *tail) {
     return n >= k && !strcmp(s + n - k, tail);
 }
 
-typedef struct {
-    FILE *out;
-    const keel_task_item *items;
-} samples_ctx;
+static void print_line(cJSON *o) {
+    char *line = cJSON_PrintUnformatted(o);
+    printf("%s\n", line);
+    cJSON_free(line);
+    cJSON_Delete(o);
+}
 
-static void write_sample(void *ctx, const keel_task_sample *s) {
-    samples_ctx *c = ctx;
+/* ---- --task: the questions split over processes, put back together ---------- */
+
+typedef struct {
+    keel_infer_model *m;
+    const keel_task_item *items;
+    int n;
+    const char *delimiter;
+    const keel_gen_params *g;
+    FILE *out;          /* a share's pipe */
+    const int *global;  /* a share's question k is question global[k] */
+    int *pred, *pred_norm, got; /* the parent's: every question's predictions */
+    char **lines;       /* the parent's: every question's --samples line, or NULL */
+} task_ctx;
+
+static void send_sample(void *ctx, const keel_task_sample *s) {
+    task_ctx *c = ctx;
+    int item = c->global[s->item];
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "item", s->item);
-    cJSON_AddNumberToObject(o, "answer", c->items[s->item].answer);
+    cJSON_AddNumberToObject(o, "item", item);
+    cJSON_AddNumberToObject(o, "answer", c->items[item].answer);
     cJSON_AddNumberToObject(o, "pred", s->pred);
     cJSON_AddNumberToObject(o, "pred_norm", s->pred_norm);
     cJSON *ll = cJSON_AddArrayToObject(o, "loglik"), *gr = cJSON_AddArrayToObject(o, "greedy");
@@ -64,8 +81,35 @@ static void write_sample(void *ctx, const keel_task_sample *s) {
     cJSON_Delete(o);
 }
 
+static keel_status task_share(void *ctx, int rank, int nproc, FILE *out) {
+    task_ctx *c = ctx;
+    int k = 0, *global = keel_xmalloc(sizeof(int) * (size_t)(c->n / nproc + 1), "share");
+    keel_task_item *mine = keel_xmalloc(sizeof *mine * (size_t)(c->n / nproc + 1), "share");
+    for (int i = rank; i < c->n; i += nproc) global[k] = i, mine[k++] = c->items[i];
+    c->out = out, c->global = global;
+    keel_task_result r;
+    keel_status st = k ? keel_infer_eval_task(c->m, mine, k, c->delimiter, c->g, &r, send_sample, c) : KEEL_OK;
+    keel_free(global);
+    keel_free(mine);
+    return st;
+}
+
+static void take_sample(void *ctx, const char *line) {
+    task_ctx *c = ctx;
+    cJSON *o = cJSON_Parse(line);
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(o, "item");
+    int i = cJSON_IsNumber(item) ? item->valueint : -1;
+    if (i >= 0 && i < c->n) {
+        c->pred[i] = cJSON_GetObjectItemCaseSensitive(o, "pred")->valueint;
+        c->pred_norm[i] = cJSON_GetObjectItemCaseSensitive(o, "pred_norm")->valueint;
+        c->got++;
+        if (c->lines) c->lines[i] = keel_xstrdup(line);
+    }
+    cJSON_Delete(o);
+}
+
 static keel_status eval_task(keel_infer_model *m, const char *path, const char *delimiter, const char *samples,
-                             const keel_gen_params *g, bool json) {
+                             const keel_gen_params *g, bool json, int nproc, int threads) {
     char *text;
     size_t len;
     keel_task_item *items;
@@ -75,18 +119,32 @@ static keel_status eval_task(keel_infer_model *m, const char *path, const char *
     st = keel_infer_parse_task(text, len, path, &items, &n);
     keel_free(text);
     if (st != KEEL_OK) return st;
-    samples_ctx sc = {NULL, items};
-    if (samples && !(sc.out = fopen(samples, "w"))) {
+    FILE *out = NULL;
+    if (samples && !(out = fopen(samples, "w"))) {
         keel_errorf("--samples %s: cannot write it", samples);
         keel_task_items_free(items, n);
         return KEEL_ERR_INPUT;
     }
+    task_ctx c = {.m = m, .items = items, .n = n, .delimiter = delimiter, .g = g};
+    c.pred = keel_xcalloc(sizeof(int) * (size_t)n * 2, "predictions"), c.pred_norm = c.pred + n;
+    if (out) c.lines = keel_xcalloc(sizeof(char *) * (size_t)n, "samples");
+    st = keel_infer_split(nproc, threads, task_share, take_sample, &c);
+    if (st == KEEL_OK && c.got != n) {
+        keel_errorf("--task %s: %d of %d questions came back from the processes", path, c.got, n);
+        st = KEEL_ERR_IO;
+    }
     keel_task_result r;
-    st = keel_infer_eval_task(m, items, n, delimiter, g, &r, sc.out ? write_sample : NULL, &sc);
-    if (sc.out && fclose(sc.out) != 0 && st == KEEL_OK) {
+    if (st == KEEL_OK) keel_task_summarize(items, n, c.pred, c.pred_norm, &r);
+    for (int i = 0; out && i < n; i++) {
+        if (st == KEEL_OK) fprintf(out, "%s\n", c.lines[i]);
+        keel_free(c.lines[i]);
+    }
+    if (out && fclose(out) != 0 && st == KEEL_OK) {
         keel_errorf("--samples %s: writing failed", samples);
         st = KEEL_ERR_IO;
     }
+    keel_free(c.lines);
+    keel_free(c.pred);
     keel_task_items_free(items, n);
     if (st != KEEL_OK) return st;
     if (!json)
@@ -99,14 +157,49 @@ static keel_status eval_task(keel_infer_model *m, const char *path, const char *
     cJSON_AddNumberToObject(o, "acc_stderr", r.acc_stderr);
     cJSON_AddNumberToObject(o, "acc_norm", r.acc_norm);
     cJSON_AddNumberToObject(o, "acc_norm_stderr", r.acc_norm_stderr);
-    char *line = cJSON_PrintUnformatted(o);
-    printf("%s\n", line);
-    cJSON_free(line);
-    cJSON_Delete(o);
+    print_line(o);
     return KEEL_OK;
 }
 
-static keel_status eval_text(keel_infer_model *m, const char *path, const keel_gen_params *g, bool json) {
+/* ---- --text: the documents split over processes, their sums added ---------- */
+
+typedef struct {
+    keel_infer_model *m;
+    const char *const *docs;
+    int n;
+    const keel_gen_params *g;
+    keel_ppl_result sum; /* the parent's */
+} text_ctx;
+
+static keel_status text_share(void *ctx, int rank, int nproc, FILE *out) {
+    text_ctx *c = ctx;
+    int k = 0;
+    const char **mine = keel_xmalloc(sizeof(char *) * (size_t)(c->n / nproc + 1), "share");
+    for (int i = rank; i < c->n; i += nproc) mine[k++] = c->docs[i];
+    keel_ppl_result r = {0};
+    keel_status st = k ? keel_infer_eval_text(c->m, mine, k, c->g, &r) : KEEL_OK;
+    if (st == KEEL_OK)
+        fprintf(out, "[%lld, %lld, %lld, %lld, %.17g]\n", (long long)r.docs, (long long)r.tokens, (long long)r.bytes,
+                (long long)r.words, r.loglik);
+    keel_free(mine);
+    return st;
+}
+
+static void take_sums(void *ctx, const char *line) {
+    text_ctx *c = ctx;
+    cJSON *a = cJSON_Parse(line);
+    if (cJSON_GetArraySize(a) == 5) {
+        c->sum.docs += (int64_t)cJSON_GetArrayItem(a, 0)->valuedouble;
+        c->sum.tokens += (int64_t)cJSON_GetArrayItem(a, 1)->valuedouble;
+        c->sum.bytes += (int64_t)cJSON_GetArrayItem(a, 2)->valuedouble;
+        c->sum.words += (int64_t)cJSON_GetArrayItem(a, 3)->valuedouble;
+        c->sum.loglik += cJSON_GetArrayItem(a, 4)->valuedouble;
+    }
+    cJSON_Delete(a);
+}
+
+static keel_status eval_text(keel_infer_model *m, const char *path, const keel_gen_params *g, bool json, int nproc,
+                             int threads) {
     char *text;
     size_t len;
     keel_status st = read_input("--text", path, &text, &len);
@@ -128,8 +221,14 @@ static keel_status eval_text(keel_infer_model *m, const char *path, const keel_g
             keel_errorf("--text %s: document %d is token ids; give text (bytes are what bits per byte count)", path, i + 1);
             st = KEEL_ERR_INPUT;
         }
-    keel_ppl_result r;
-    if (st == KEEL_OK) st = keel_infer_eval_text(m, texts, n, g, &r);
+    text_ctx c = {.m = m, .docs = texts, .n = n, .g = g};
+    if (st == KEEL_OK) st = keel_infer_split(nproc, threads, text_share, take_sums, &c);
+    if (st == KEEL_OK && c.sum.docs != n) {
+        keel_errorf("--text %s: %lld of %d documents came back from the processes", path, (long long)c.sum.docs, n);
+        st = KEEL_ERR_IO;
+    }
+    keel_ppl_result r = c.sum;
+    if (st == KEEL_OK) st = keel_ppl_finish(&r);
     keel_free(texts);
     keel_gen_prompts_free(docs, n);
     if (st != KEEL_OK) return st;
@@ -148,10 +247,7 @@ static keel_status eval_text(keel_infer_model *m, const char *path, const keel_g
     cJSON_AddNumberToObject(o, "word_perplexity", r.word_perplexity);
     cJSON_AddNumberToObject(o, "byte_perplexity", r.byte_perplexity);
     cJSON_AddNumberToObject(o, "bits_per_byte", r.bits_per_byte);
-    char *line = cJSON_PrintUnformatted(o);
-    printf("%s\n", line);
-    cJSON_free(line);
-    cJSON_Delete(o);
+    print_line(o);
     return KEEL_OK;
 }
 
@@ -162,12 +258,12 @@ int keel_cmd_eval(int argc, char **argv) {
         {"samples", required_argument, NULL, 's'}, {"json", no_argument, NULL, 'j'},
         {"bf16", no_argument, NULL, 'b'}, {"batch", required_argument, NULL, 'c'},
         {"threads", required_argument, NULL, 'T'}, {"tokenizer", required_argument, NULL, 'z'},
-        {"help", no_argument, NULL, 'h'}, {0, 0, 0, 0},
+        {"nproc", required_argument, NULL, 'N'}, {"help", no_argument, NULL, 'h'}, {0, 0, 0, 0},
     };
     const char *data = NULL, *task = NULL, *text = NULL, *delimiter = " ", *samples = NULL, *tokenizer = NULL;
     keel_gen_params g = keel_gen_defaults();
     bool json = false;
-    long long x, threads = 0;
+    long long x, threads = 0, nproc = 1;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", options, NULL)) != -1) {
@@ -187,6 +283,9 @@ int keel_cmd_eval(int argc, char **argv) {
             if (!cli_parse_int("--threads", optarg, 0, 4096, &threads)) return 2;
             break;
         case 'z': tokenizer = optarg; break;
+        case 'N':
+            if (!cli_parse_int("--nproc", optarg, 1, 256, &nproc)) return 2;
+            break;
         case 'h': fputs(USAGE, stdout); return 0;
         default: return 2;
         }
@@ -206,9 +305,11 @@ int keel_cmd_eval(int argc, char **argv) {
     keel_infer_model m;
     keel_status st = keel_infer_load(argv[optind], tokenizer, &m);
     if (st != KEEL_OK) return keel_status_exit_code(st);
-    keel_kernels_init((int)threads);
-    st = task ? eval_task(&m, task, delimiter, samples, &g, json) : eval_text(&m, text, &g, json);
-    keel_kernels_shutdown();
+    /* the processes share the cores: threads each, unless given */
+    int each = threads ? (int)threads : keel_cores_allowed() / (int)nproc > 1 ? keel_cores_allowed() / (int)nproc : 1;
+    if (nproc == 1) each = (int)threads; /* 0: every core */
+    st = task ? eval_task(&m, task, delimiter, samples, &g, json, (int)nproc, each)
+              : eval_text(&m, text, &g, json, (int)nproc, each);
     keel_infer_model_free(&m);
     return keel_status_exit_code(st);
 }

@@ -30,7 +30,8 @@ static const char USAGE[] =
     "  --json              one JSON line per prompt: completion, ids, tokens, finish_reason\n"
     "  --bf16              bf16 weights and GEMMs (half the bytes a token reads; fp32 sums)\n"
     "  --batch N           prompts decoded together (8)\n"
-    "  --threads N         threads (0: every core, the default)\n"
+    "  --threads N         threads (0: every core, the default; with --nproc, per process: the cores shared)\n"
+    "  --nproc N           N processes on this machine, each generating every Nth prompt\n"
     "  --tokenizer FILE    tokenizer.json or .model, instead of the model's own\n";
 
 /* Prompts printed in order: the one at `cur` streams, later ones wait. */
@@ -84,6 +85,93 @@ static void on_update(void *ctx, const keel_gen_update *u) {
     flush(p);
 }
 
+/* --nproc: one process's share (every nproc-th prompt), its updates as JSON lines */
+typedef struct {
+    keel_infer_model *m;
+    const keel_gen_prompt *prompts;
+    int n;
+    const keel_gen_params *g;
+    printer *p;
+    FILE *out;
+    const int *global; /* the share's prompt k is prompt global[k] of the whole */
+    keel_gen_stats stats;
+} split_ctx;
+
+static void send_update(void *ctx, const keel_gen_update *u) {
+    split_ctx *c = ctx;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "prompt", c->global[u->prompt]);
+    cJSON_AddStringToObject(o, "text", u->text);
+    cJSON_AddNumberToObject(o, "len", (double)u->len);
+    cJSON_AddNumberToObject(o, "ready", (double)u->ready);
+    cJSON *ids = cJSON_AddArrayToObject(o, "ids");
+    for (int j = 0; u->done && j < u->n_ids; j++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(u->ids[j]));
+    cJSON_AddNumberToObject(o, "n_ids", u->n_ids);
+    cJSON_AddNumberToObject(o, "prompt_tokens", u->prompt_tokens);
+    cJSON_AddBoolToObject(o, "done", u->done);
+    if (u->finish_reason) cJSON_AddStringToObject(o, "finish_reason", u->finish_reason);
+    char *line = cJSON_PrintUnformatted(o);
+    fprintf(c->out, "%s\n", line);
+    fflush(c->out);
+    cJSON_free(line);
+    cJSON_Delete(o);
+}
+
+static keel_status share(void *ctx, int rank, int nproc, FILE *out) {
+    split_ctx *c = ctx;
+    int k = 0, *global = keel_xmalloc(sizeof(int) * (size_t)(c->n / nproc + 1), "share");
+    keel_gen_prompt *mine = keel_xmalloc(sizeof *mine * (size_t)(c->n / nproc + 1), "share");
+    for (int i = rank; i < c->n; i += nproc) global[k] = i, mine[k++] = c->prompts[i];
+    keel_gen_params g = *c->g;
+    g.index_first = rank, g.index_stride = nproc;
+    c->out = out, c->global = global;
+    keel_status st = k ? keel_infer_generate(c->m, mine, k, &g, send_update, c, &c->stats) : KEEL_OK;
+    if (st == KEEL_OK)
+        fprintf(out, "{\"stats\": [%lld, %lld, %lld, %.9g, %.9g]}\n", (long long)c->stats.prompt_tokens,
+                (long long)c->stats.new_tokens, (long long)c->stats.decode_tokens, c->stats.prefill_s, c->stats.decode_s);
+    keel_free(global);
+    keel_free(mine);
+    return st;
+}
+
+/* A line from a share: an update for the printer, or the share's totals. */
+static void take_line(void *ctx, const char *line) {
+    split_ctx *c = ctx;
+    cJSON *o = cJSON_Parse(line);
+    const cJSON *stats = cJSON_GetObjectItemCaseSensitive(o, "stats");
+    if (cJSON_GetArraySize(stats) == 5) {
+        double v[5];
+        for (int i = 0; i < 5; i++) v[i] = cJSON_GetArrayItem(stats, i)->valuedouble;
+        c->stats.prompt_tokens += (int64_t)v[0], c->stats.new_tokens += (int64_t)v[1];
+        c->stats.decode_tokens += (int64_t)v[2];
+        /* the shares ran side by side: the slowest one's time is the call's */
+        c->stats.prefill_s = v[3] > c->stats.prefill_s ? v[3] : c->stats.prefill_s;
+        c->stats.decode_s = v[4] > c->stats.decode_s ? v[4] : c->stats.decode_s;
+    } else if (cJSON_IsObject(o)) {
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(o, "ids");
+        int n = cJSON_GetArraySize(ids);
+        int32_t *v = keel_xmalloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1), "ids");
+        for (int i = 0; i < n; i++) v[i] = (int32_t)cJSON_GetArrayItem(ids, i)->valuedouble;
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(o, "text");
+        const cJSON *reason = cJSON_GetObjectItemCaseSensitive(o, "finish_reason");
+        keel_gen_update u = {
+            .prompt = (int)cJSON_GetObjectItemCaseSensitive(o, "prompt")->valuedouble,
+            .text = text->valuestring,
+            .len = strlen(text->valuestring),
+            .ready = (size_t)cJSON_GetObjectItemCaseSensitive(o, "ready")->valuedouble,
+            .ids = v,
+            .n_ids = (int)cJSON_GetObjectItemCaseSensitive(o, "n_ids")->valuedouble,
+            .prompt_tokens = (int)cJSON_GetObjectItemCaseSensitive(o, "prompt_tokens")->valuedouble,
+            .done = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "done")),
+            .finish_reason = cJSON_IsString(reason) ? reason->valuestring : NULL,
+        };
+        if (u.ready > u.len) u.ready = u.len;
+        on_update(c->p, &u);
+        keel_free(v);
+    }
+    cJSON_Delete(o);
+}
+
 static keel_status read_prompts(const char *path, keel_gen_prompt **prompts, int *n) {
     char *text = NULL, why[256];
     size_t len = 0;
@@ -105,12 +193,13 @@ int keel_cmd_generate(int argc, char **argv) {
         {"stop-token", required_argument, NULL, 'T'}, {"ignore-eos", no_argument, NULL, 'e'},
         {"no-bos", no_argument, NULL, 'B'}, {"json", no_argument, NULL, 'j'}, {"bf16", no_argument, NULL, 'b'},
         {"batch", required_argument, NULL, 'c'}, {"threads", required_argument, NULL, 'h' + 256},
-        {"tokenizer", required_argument, NULL, 'z'}, {"help", no_argument, NULL, 'h'}, {0, 0, 0, 0},
+        {"tokenizer", required_argument, NULL, 'z'}, {"nproc", required_argument, NULL, 'N'},
+        {"help", no_argument, NULL, 'h'}, {0, 0, 0, 0},
     };
     keel_gen_params g = keel_gen_defaults();
     const char *prompt = NULL, *prompts_file = NULL, *tokenizer = NULL, *stops[MAX_STOPS], *stop_tokens[MAX_STOPS];
     int n_stops = 0, n_stop_tokens = 0;
-    long long x, threads = 0;
+    long long x, threads = 0, nproc = 1;
     bool json = false;
     int c;
     optind = 1;
@@ -157,6 +246,9 @@ int keel_cmd_generate(int argc, char **argv) {
             if (!cli_parse_int("--threads", optarg, 0, 4096, &threads)) return 2;
             break;
         case 'z': tokenizer = optarg; break;
+        case 'N':
+            if (!cli_parse_int("--nproc", optarg, 1, 256, &nproc)) return 2;
+            break;
         case 'h': fputs(USAGE, stdout); return 0;
         default: return 2;
         }
@@ -189,7 +281,8 @@ int keel_cmd_generate(int argc, char **argv) {
     }
     g.stop_ids = stop_ids, g.n_stop_ids = n_stop_tokens;
     if (st == KEEL_OK) {
-        int used = keel_kernels_init((int)threads);
+        int used = nproc > 1 ? (int)(threads ? threads : (keel_cores_allowed() / nproc > 1 ? keel_cores_allowed() / nproc : 1))
+                             : keel_kernels_init((int)threads);
         printer p = {.n = n, .json = json};
         p.text = keel_xcalloc(sizeof(char *) * (size_t)n, "printer");
         p.ready = keel_xcalloc(sizeof(size_t) * (size_t)n, "printer");
@@ -197,17 +290,23 @@ int keel_cmd_generate(int argc, char **argv) {
         p.done = keel_xcalloc(sizeof(bool) * (size_t)n, "printer");
         p.line = keel_xcalloc(sizeof(cJSON *) * (size_t)n, "printer");
         keel_gen_stats stats;
-        st = keel_infer_generate(&m, ps, n, &g, on_update, &p, &stats);
+        if (nproc > 1) {
+            split_ctx sc = {.m = &m, .prompts = ps, .n = n, .g = &g, .p = &p};
+            st = keel_infer_split((int)nproc, used, share, take_line, &sc);
+            stats = sc.stats;
+        } else
+            st = keel_infer_generate(&m, ps, n, &g, on_update, &p, &stats);
         if (st == KEEL_OK)
-            keel_log_info("%s (%s, %d thread(s)): %d prompt(s), %lld prompt tokens at %.1f tokens/s, %lld new "
-                          "tokens (decode %.1f tokens/s)", m.what, g.bf16 ? "bf16" : "fp32", used, n,
+            keel_log_info("%s (%s, %lld process(es) x %d thread(s)): %d prompt(s), %lld prompt tokens at %.1f "
+                          "tokens/s, %lld new tokens (decode %.1f tokens/s)", m.what, g.bf16 ? "bf16" : "fp32", nproc,
+                          used, n,
                           (long long)stats.prompt_tokens,
                           stats.prefill_s > 0 ? (double)stats.prompt_tokens / stats.prefill_s : 0.0,
                           (long long)stats.new_tokens,
                           stats.decode_s > 0 ? (double)stats.decode_tokens / stats.decode_s : 0.0);
         for (int i = 0; i < n; i++) keel_free(p.text[i]), cJSON_Delete(p.line[i]);
         keel_free(p.text), keel_free(p.ready), keel_free(p.printed), keel_free(p.done), keel_free(p.line);
-        keel_kernels_shutdown();
+        if (nproc == 1) keel_kernels_shutdown();
     }
     if (loaded) keel_infer_model_free(&m);
     keel_gen_prompts_free(ps, n);

@@ -50,6 +50,17 @@ static keel_status need_tokenizer(const keel_infer_model *m, const char *what) {
     return KEEL_ERR_INPUT;
 }
 
+void keel_task_summarize(const keel_task_item *items, int n, const int *pred, const int *pred_norm,
+                         keel_task_result *res) {
+    double acc = 0, acc_norm = 0;
+    for (int i = 0; i < n; i++) acc += pred[i] == items[i].answer, acc_norm += pred_norm[i] == items[i].answer;
+    res->n = n;
+    res->acc = n ? acc / n : 0, res->acc_norm = n ? acc_norm / n : 0;
+    /* lm-eval's mean_stderr: the sample standard deviation over sqrt(n) */
+    res->acc_stderr = n > 1 ? sqrt(res->acc * (1 - res->acc) / (n - 1)) : 0;
+    res->acc_norm_stderr = n > 1 ? sqrt(res->acc_norm * (1 - res->acc_norm) / (n - 1)) : 0;
+}
+
 keel_status keel_infer_eval_task(keel_infer_model *m, const keel_task_item *items, int n, const char *delimiter,
                                  const keel_gen_params *g, keel_task_result *res, keel_task_sample_fn fn,
                                  void *ctx) {
@@ -86,10 +97,10 @@ keel_status keel_infer_eval_task(keel_infer_model *m, const keel_task_item *item
     for (int64_t k = 0, at = 0; k < total && st == KEEL_OK; at += r[k].n - r[k].from, k++)
         r[k].logprob = lp + at, r[k].top_id = top + at, r[k].top_logprob = lp + scored + at;
     if (st == KEEL_OK) st = keel_infer_score(m, r, total, g);
-    double acc = 0, acc_norm = 0;
+    int *pred = keel_xmalloc(sizeof(int) * (size_t)(n > 0 ? n : 1) * 2, "predictions"), *pred_norm = pred + n;
     for (int i = 0, k = 0; i < n && st == KEEL_OK; k += items[i].n_choices, i++) {
-        int pred = 0, pred_norm = 0;
         double best = -INFINITY, best_norm = -INFINITY;
+        pred[i] = pred_norm[i] = 0;
         for (int c = 0; c < items[i].n_choices; c++) {
             const keel_score_request *q = &r[k + c];
             double ll = 0;
@@ -101,25 +112,30 @@ keel_status keel_infer_eval_task(keel_infer_model *m, const keel_task_item *item
             loglik[k + c] = ll, greedy[k + c] = all_top;
             size_t bytes = strlen(items[i].choices[c]);
             double norm = ll / (double)(bytes ? bytes : 1);
-            if (ll > best) best = ll, pred = c;
-            if (norm > best_norm) best_norm = norm, pred_norm = c;
+            if (ll > best) best = ll, pred[i] = c;
+            if (norm > best_norm) best_norm = norm, pred_norm[i] = c;
         }
-        acc += pred == items[i].answer;
-        acc_norm += pred_norm == items[i].answer;
         if (fn)
             fn(ctx, &(keel_task_sample){.item = i, .loglik = loglik + k, .greedy = greedy + k,
-                                        .n_choices = items[i].n_choices, .pred = pred, .pred_norm = pred_norm});
+                                        .n_choices = items[i].n_choices, .pred = pred[i], .pred_norm = pred_norm[i]});
     }
-    if (st == KEEL_OK) {
-        res->n = n;
-        res->acc = acc / n, res->acc_norm = acc_norm / n;
-        /* lm-eval's mean_stderr: sample standard deviation / sqrt(n) */
-        res->acc_stderr = n > 1 ? sqrt(res->acc * (1 - res->acc) * n / (n - 1) / n) : 0;
-        res->acc_norm_stderr = n > 1 ? sqrt(res->acc_norm * (1 - res->acc_norm) * n / (n - 1) / n) : 0;
-    }
+    if (st == KEEL_OK) keel_task_summarize(items, n, pred, pred_norm, res);
+    keel_free(pred);
     for (int k = 0; k < total; k++) keel_ids_free(&ids[k]);
     keel_free(ids), keel_free(r), keel_free(loglik), keel_free(greedy), keel_free(lp), keel_free(top);
     return st;
+}
+
+keel_status keel_ppl_finish(keel_ppl_result *res) {
+    if (res->tokens <= 0) {
+        keel_errorf("keel eval --text: the documents hold no token to score (each needs two ids, BOS included)");
+        return KEEL_ERR_INPUT;
+    }
+    res->token_perplexity = exp(-res->loglik / (double)res->tokens);
+    res->byte_perplexity = res->bytes ? exp(-res->loglik / (double)res->bytes) : NAN;
+    res->word_perplexity = res->words ? exp(-res->loglik / (double)res->words) : NAN;
+    res->bits_per_byte = res->bytes ? -res->loglik / (double)res->bytes / log(2) : NAN;
+    return KEEL_OK;
 }
 
 keel_status keel_infer_eval_text(keel_infer_model *m, const char *const *docs, int n, const keel_gen_params *g,
@@ -163,15 +179,6 @@ keel_status keel_infer_eval_text(keel_infer_model *m, const char *const *docs, i
     if (st == KEEL_OK) st = keel_infer_score(m, r, windows, g);
     for (int k = 0; k < windows && st == KEEL_OK; k++)
         for (int t = 0; t < r[k].n - r[k].from; t++) res->loglik += r[k].logprob[t];
-    if (st == KEEL_OK && res->tokens > 0) {
-        res->token_perplexity = exp(-res->loglik / (double)res->tokens);
-        res->byte_perplexity = res->bytes ? exp(-res->loglik / (double)res->bytes) : NAN;
-        res->word_perplexity = res->words ? exp(-res->loglik / (double)res->words) : NAN;
-        res->bits_per_byte = res->bytes ? -res->loglik / (double)res->bytes / log(2) : NAN;
-    } else if (st == KEEL_OK) {
-        keel_errorf("keel eval --text: the documents hold no token to score (each needs two ids, BOS included)");
-        st = KEEL_ERR_INPUT;
-    }
     for (int i = 0; i < n; i++) keel_ids_free(&ids[i]);
     keel_free(ids), keel_free(r), keel_free(lp);
     return st;

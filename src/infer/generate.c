@@ -19,7 +19,7 @@
 
 keel_gen_params keel_gen_defaults(void) {
     return (keel_gen_params){.max_new_tokens = 128, .temperature = 0, .top_k = 0, .top_p = 1, .seed = 0,
-                             .batch = 8, .prefill_rows = 512, .add_bos = true};
+                             .batch = 8, .prefill_rows = 512, .add_bos = true, .index_first = 0, .index_stride = 1};
 }
 
 keel_status keel_gen_check(const keel_gen_params *g) {
@@ -32,6 +32,8 @@ keel_status keel_gen_check(const keel_gen_params *g) {
     else if (g->top_k < 0) bad = "--top-k", snprintf(value, sizeof value, "%d: must be 0 (off) or more", g->top_k);
     else if (g->max_new_tokens < 1)
         bad = "--max-new-tokens", snprintf(value, sizeof value, "%d: must be 1 or more", g->max_new_tokens);
+    else if (g->index_first < 0 || g->index_stride < 1)
+        bad = "prompt numbering", snprintf(value, sizeof value, "%d + k x %d", g->index_first, g->index_stride);
     else if (g->batch < 1) bad = "--batch", snprintf(value, sizeof value, "%d: must be 1 or more", g->batch);
     else if (g->prefill_rows < 1)
         bad = "prefill rows", snprintf(value, sizeof value, "%d: must be 1 or more", g->prefill_rows);
@@ -249,7 +251,7 @@ keel_status keel_infer_generate(keel_infer_model *m, const keel_gen_prompt *prom
     seq_state *seqs = keel_xcalloc(sizeof *seqs * (size_t)(n > 0 ? n : 1), "prompts");
     int longest = 0;
     for (int i = 0; i < n && st == KEEL_OK; i++) {
-        seqs[i].rng = g->seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1));
+        seqs[i].rng = g->seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(g->index_first + (int64_t)i * g->index_stride + 1));
         st = prompt_ids(m, &prompts[i], i, g, &seqs[i]);
         if (seqs[i].n > longest) longest = seqs[i].n;
     }

@@ -7,7 +7,7 @@
 # rolling log-likelihood of four documents (one of 300 words: several windows of the 128-token
 # context) is transformers' within 1e-5 relative, with its token count. The reference runs live
 # where the venv of scripts/setup-torch.sh is, else its recorded output is read. The same
-# numbers from the imported checkpoint; with --batch 1. Bad input — a line without choices, an
+# numbers from the imported checkpoint, with --batch 1, and split over processes (--nproc). Bad input — a line without choices, an
 # answer out of range, malformed JSON, a model without a tokenizer — exits 2 with one line.
 source "$KEEL_SRC/tests/lib.sh"
 K=$KEEL_BIN
@@ -69,9 +69,18 @@ head -1 "$TMP/res" | grep -q "^task *samples *acc *stderr *acc_norm *stderr" || 
 "$K" eval "$TMP/l3" --task "$task" --samples "$TMP/samples1" --batch 1 --json >"$TMP/res1" 2>/dev/null || fail "--batch 1"
 [ "$(wc -l <"$TMP/res1")" = 1 ] || fail "--json printed more than the JSON line: $(cat "$TMP/res1")"
 check_task "$TMP/samples1" "$TMP/res1" >/dev/null || fail "keel eval --task --batch 1"
-pass "keel eval --task = $how: $got (from the directory, its checkpoint, and --batch 1)"
+"$K" eval "$TMP/l3" --task "$task" --samples "$TMP/samples3" --nproc 3 --json >"$TMP/res3" 2>/dev/null || fail "--nproc 3"
+check_task "$TMP/samples3" "$TMP/res3" >/dev/null || fail "keel eval --task --nproc 3"
+pass "keel eval --task = $how: $got (from the directory, its checkpoint, --batch 1 and --nproc 3)"
 
 "$K" eval "$TMP/l3" --text "$docs" --json >"$TMP/text" 2>"$TMP/err" || fail "keel eval --text: $(cat "$TMP/err")"
+"$K" eval "$TMP/l3" --text "$docs" --json --nproc 2 >"$TMP/text2" 2>"$TMP/err" || fail "keel eval --text --nproc 2: $(cat "$TMP/err")"
+python3 - "$TMP/text2" "$ref_text" <<'PY' || fail "keel eval --text --nproc 2 against $how"
+import json, sys
+got, ref = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert got["tokens"] == ref["tokens"] and got["documents"] == 4, (got, ref)
+assert abs(got["loglikelihood"] - ref["loglikelihood"]) <= 1e-5 * abs(ref["loglikelihood"]), (got, ref)
+PY
 python3 - "$TMP/text" "$ref_text" <<'PY' || fail "keel eval --text against $how"
 import json, math, sys
 got, ref = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))

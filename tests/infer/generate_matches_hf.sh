@@ -4,10 +4,11 @@
 # tied, a tokenizer.json) gives exactly the new tokens of transformers' greedy generate
 # (tests/reference/generate_reference.py), the stop at EOS included: read straight from the
 # directory with prompts batched on one KV cache, one prompt at a time, in bf16-free fp32, and
-# from the checkpoint `keel ckpt import` makes of it. The reference is run live where the venv of
+# on 2 processes (--nproc 2), and from the checkpoint `keel ckpt import` makes of it. The reference is run live where the venv of
 # scripts/setup-torch.sh is, else read from its recorded output (generate_greedy.jsonl). Then
 # what needs no reference: a text prompt is BOS + the tokenizer's ids; the streamed text is the
-# JSON completion; a sample is the same for one seed on 1 or 2 threads and batched or alone, and
+# JSON completion; a sample is the same for one seed on 1 or 2 threads, batched or alone, on 3
+# processes, and
 # another seed gives another; --stop cuts before the string; bf16 runs. Bad input — a prompt
 # longer than the context, temperature < 0, top-p outside (0, 1], an unknown stop token, a
 # prompts line without "prompt", an id outside the vocabulary — exits 2 with one line naming it.
@@ -51,11 +52,14 @@ for model in hf_tiny:12 hf_tiny_llama3:40; do
   "$K" generate "$dir" --prompts "$prompts" --max-new-tokens "$n" --json --batch 1 >"$TMP/$name.one" 2>"$TMP/err" ||
     fail "$name: keel generate --batch 1: $(cat "$TMP/err")"
   same_ids "$name one at a time" "$TMP/$name.one" "$ref" >/dev/null
+  "$K" generate "$dir" --prompts "$prompts" --max-new-tokens "$n" --json --nproc 2 >"$TMP/$name.np2" 2>"$TMP/err" ||
+    fail "$name: keel generate --nproc 2: $(cat "$TMP/err")"
+  same_ids "$name on 2 processes" "$TMP/$name.np2" "$ref" >/dev/null
   "$K" ckpt import --from-hf "$dir" --out "$TMP/$name.ckpt" >/dev/null 2>&1 || fail "$name: import"
   "$K" generate "$TMP/$name.ckpt" --prompts "$prompts" --max-new-tokens "$n" --json >"$TMP/$name.ck" 2>"$TMP/err" ||
     fail "$name: keel generate CKPT: $(cat "$TMP/err")"
   same_ids "$name from the checkpoint" "$TMP/$name.ck" "$ref" >/dev/null
-  pass "$name: greedy = $how ($got; batched, one at a time, and from its imported checkpoint)"
+  pass "$name: greedy = $how ($got; batched, one at a time, on 2 processes, and from its imported checkpoint)"
 done
 # the EOS stop is exercised: hf_tiny_llama3's first prompt ends early on token 2
 [ "$(head -1 "$TMP/hf_tiny_llama3.batched" | python3 -c 'import json,sys; print(json.load(sys.stdin)["finish_reason"])')" = stop ] ||
@@ -86,8 +90,10 @@ s=(--prompts "$FIX/hf_tiny_llama3/generate_prompts.jsonl" --max-new-tokens 24 --
 "$K" generate "$TMP/l3" "${s[@]}" --seed 5 --threads 2 --batch 1 >"$TMP/s2" 2>/dev/null || fail "sample, 2 threads"
 "$K" generate "$TMP/l3" "${s[@]}" --seed 6 >"$TMP/s3" 2>/dev/null || fail "sample, seed 6"
 cmp -s "$TMP/s1" "$TMP/s2" || fail "seed 5 sampled differently on 1 thread batched and 2 threads one at a time"
+"$K" generate "$TMP/l3" "${s[@]}" --seed 5 --nproc 3 >"$TMP/s4" 2>/dev/null || fail "sample, 3 processes"
+cmp -s "$TMP/s1" "$TMP/s4" || fail "seed 5 sampled differently on 3 processes"
 ! cmp -s "$TMP/s1" "$TMP/s3" || fail "seeds 5 and 6 sampled the same"
-pass "seed 5: the same samples on 1 thread batched and 2 threads alone; seed 6 others"
+pass "seed 5: the same samples on 1 thread batched, 2 threads alone and 3 processes; seed 6 others"
 
 # ---- --stop cuts before the string; bf16 runs -------------------------------------------------
 completion=$(json_line "$(head -1 "$TMP/text.json")" "j['completion']")
