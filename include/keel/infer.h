@@ -205,12 +205,16 @@ keel_status keel_ppl_finish(keel_ppl_result *res);
  * ...), writing its results as JSON lines to out. */
 typedef keel_status (*keel_split_work)(void *ctx, int rank, int nproc, FILE *out);
 /* Run work in nproc processes on this machine, forked after the model is
- * loaded (they share its memory), each with `threads` kernel threads (the
- * caller must not have started its own); on_line gets every line any of
- * them writes, in the parent, as it comes. KEEL_OK when every process exited
- * 0; else the first failure (exit 2: KEEL_ERR_INPUT), having said why. */
+ * loaded (they share its memory), each with keel_infer_split_threads(threads,
+ * nproc) kernel threads (the caller must not have started its own); on_line
+ * gets every line any of them writes, in the parent, as it comes. KEEL_OK
+ * when every process exited 0; else the first failure (exit 2:
+ * KEEL_ERR_INPUT), having said why. */
 keel_status keel_infer_split(int nproc, int threads, keel_split_work work, void (*on_line)(void *ctx, const char *line),
                              void *ctx);
+/* Kernel threads per process: threads when given (> 0), else the cores this
+ * process may use shared among nproc (at least 1; nproc 1: 0, every core). */
+int keel_infer_split_threads(int threads, int nproc);
 
 /* A prompts file's text[0, len) (name stands for it in messages): JSON Lines,
  * each non-blank line an object whose `key` ("prompt"; "text" for eval's

@@ -305,11 +305,8 @@ int keel_cmd_eval(int argc, char **argv) {
     keel_infer_model m;
     keel_status st = keel_infer_load(argv[optind], tokenizer, &m);
     if (st != KEEL_OK) return keel_status_exit_code(st);
-    /* the processes share the cores: threads each, unless given */
-    int each = threads ? (int)threads : keel_cores_allowed() / (int)nproc > 1 ? keel_cores_allowed() / (int)nproc : 1;
-    if (nproc == 1) each = (int)threads; /* 0: every core */
-    st = task ? eval_task(&m, task, delimiter, samples, &g, json, (int)nproc, each)
-              : eval_text(&m, text, &g, json, (int)nproc, each);
+    st = task ? eval_task(&m, task, delimiter, samples, &g, json, (int)nproc, (int)threads)
+              : eval_text(&m, text, &g, json, (int)nproc, (int)threads);
     keel_infer_model_free(&m);
     return keel_status_exit_code(st);
 }

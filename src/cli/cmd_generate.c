@@ -281,8 +281,7 @@ int keel_cmd_generate(int argc, char **argv) {
     }
     g.stop_ids = stop_ids, g.n_stop_ids = n_stop_tokens;
     if (st == KEEL_OK) {
-        int used = nproc > 1 ? (int)(threads ? threads : (keel_cores_allowed() / nproc > 1 ? keel_cores_allowed() / nproc : 1))
-                             : keel_kernels_init((int)threads);
+        int used = nproc > 1 ? keel_infer_split_threads((int)threads, (int)nproc) : keel_kernels_init((int)threads);
         printer p = {.n = n, .json = json};
         p.text = keel_xcalloc(sizeof(char *) * (size_t)n, "printer");
         p.ready = keel_xcalloc(sizeof(size_t) * (size_t)n, "printer");

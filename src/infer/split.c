@@ -40,8 +40,15 @@ static bool drain(reader *r, void (*on_line)(void *ctx, const char *line), void 
     return true;
 }
 
+int keel_infer_split_threads(int threads, int nproc) {
+    if (threads > 0 || nproc == 1) return threads;
+    int each = keel_cores_allowed() / nproc;
+    return each > 1 ? each : 1;
+}
+
 keel_status keel_infer_split(int nproc, int threads, keel_split_work work, void (*on_line)(void *ctx, const char *line),
                              void *ctx) {
+    threads = keel_infer_split_threads(threads, nproc);
     pid_t *pids = keel_xcalloc(sizeof(pid_t) * (size_t)nproc, "children");
     reader *rd = keel_xcalloc(sizeof(reader) * (size_t)nproc, "pipes");
     keel_status st = KEEL_OK;
