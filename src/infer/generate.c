@@ -149,9 +149,9 @@ static void update_text(const keel_infer_model *m, const keel_gen_params *g, seq
         return; /* ids below the tokenizer's size are checked on load; a padded id decodes to nothing */
     keel_free(s->text);
     s->text = text, s->len = len;
-    for (int i = 0; i < g->n_stop; i++) {
+    for (int i = 0; i < g->n_stop; i++) { /* the earliest stop string cuts */
         const char *at = memmem(text, len, g->stop[i], strlen(g->stop[i]));
-        if (at) {
+        if (at && (size_t)(at - text) < s->len) {
             s->len = (size_t)(at - text);
             s->done = true, s->finish = "stop";
         }
@@ -258,16 +258,14 @@ keel_status keel_infer_generate(keel_infer_model *m, const keel_gen_prompt *prom
     keel_decoder *d = NULL;
     int slots = n < g->batch ? n : g->batch;
     int max_len = longest + g->max_new_tokens < T ? longest + g->max_new_tokens : T;
-    if (st == KEEL_OK && n > 0) {
-        int rows = g->prefill_rows > slots ? g->prefill_rows : slots;
+    int rows_max = g->prefill_rows > slots ? g->prefill_rows : slots; /* a prefill chunk, or a decode step */
+    if (st == KEEL_OK && n > 0)
         st = keel_decoder_build(&m->cfg.model, m->params,
                                 &(keel_decoder_options){.bf16 = g->bf16, .max_seqs = slots, .max_len = max_len,
-                                                        .max_rows = rows},
+                                                        .max_rows = rows_max},
                                 &d);
-    }
     if (st != KEEL_OK || n == 0) goto done;
     {
-        int rows_max = g->prefill_rows > slots ? g->prefill_rows : slots;
         int32_t *seq = keel_xmalloc(sizeof(int32_t) * (size_t)rows_max * 3, "step rows");
         int32_t *pos = seq + rows_max, *want = pos + rows_max;
         float *logits = keel_xmalloc(sizeof(float) * (size_t)slots * V, "logits");

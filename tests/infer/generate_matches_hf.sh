@@ -97,15 +97,16 @@ pass "seed 5: the same samples on 1 thread batched, 2 threads alone and 3 proces
 
 # ---- --stop cuts before the string; bf16 runs -------------------------------------------------
 completion=$(json_line "$(head -1 "$TMP/text.json")" "j['completion']")
-stop=${completion:8:3}
-[ -n "$stop" ] || fail "the greedy completion is too short to stop in: '$completion'"
-"$K" generate "$TMP/l3" --prompt "$text" --max-new-tokens 30 --stop "$stop" --json >"$TMP/stop.json" 2>/dev/null ||
-  fail "--stop"
-python3 - "$TMP/stop.json" "$completion" "$stop" <<'PY' || fail "--stop '$stop'"
+stop=${completion:8:3} later=${completion:14:3}
+[ -n "$later" ] || fail "the greedy completion is too short to stop in: '$completion'"
+# two stop strings: the one that comes first in the text cuts, whichever is listed first
+"$K" generate "$TMP/l3" --prompt "$text" --max-new-tokens 30 --stop "$stop" --stop "$later" --json >"$TMP/stop.json" \
+  2>/dev/null || fail "--stop"
+python3 - "$TMP/stop.json" "$completion" "$stop" "$later" <<'PY' || fail "--stop '$stop' --stop '$later'"
 import json, sys
 j = json.loads(open(sys.argv[1]).readline())
-full, stop = sys.argv[2], sys.argv[3]
-assert j["finish_reason"] == "stop" and j["completion"] == full[:full.index(stop)], (j, full, stop)
+full, a, b = sys.argv[2:5]
+assert j["finish_reason"] == "stop" and j["completion"] == full[:min(full.index(a), full.index(b))], (j, full, a, b)
 PY
 "$K" generate "$TMP/l3" --prompt "$text" --max-new-tokens 30 --stop "$stop" >"$TMP/stop.out" 2>/dev/null
 [ "$(cat "$TMP/stop.out")" = "${completion%%"$stop"*}" ] || fail "streamed --stop: '$(cat "$TMP/stop.out")'"
@@ -113,7 +114,7 @@ PY
   --ignore-eos >"$TMP/bf16" 2>/dev/null || fail "--bf16"
 [ "$(python3 -c 'import json,sys; print(sum(json.loads(l)["completion_tokens"] for l in open(sys.argv[1])))' "$TMP/bf16")" = 80 ] ||
   fail "--bf16 --ignore-eos: not 16 tokens a prompt: $(cat "$TMP/bf16")"
-pass "--stop '$stop' cuts the completion before it (JSON and streamed); --bf16 --ignore-eos gives 5 x 16 tokens"
+pass "--stop '$stop' --stop '$later' cut before the earlier (JSON), --stop '$stop' streamed; --bf16 --ignore-eos gives 5 x 16 tokens"
 
 # ---- bad input ---------------------------------------------------------------------------------
 python3 -c 'import json; print(json.dumps({"prompt": [1] + [5] * 140}))' >"$TMP/long.jsonl"
