@@ -63,16 +63,27 @@ typedef struct {
     int batch;              /* prompts decoded together (KV cache slots); default 8 */
     int prefill_rows;       /* prompt tokens a step takes; default 512 */
     bool add_bos;           /* prepend the model's BOS to each prompt; default true */
+    bool logprobs;          /* each new token's log-probability in keel_gen_update (off by default) */
+    int top_logprobs;       /* and the log-probabilities of this many most likely tokens, 0 to KEEL_MAX_TOP_LOGPROBS */
 } keel_gen_params;
+/* The most alternatives a token's log-probability comes with (generation's
+ * top_logprobs, scoring's n_top). */
+#define KEEL_MAX_TOP_LOGPROBS 20
 keel_gen_params keel_gen_defaults(void);
 
 /* One prompt: text (encoded with the model's tokenizer, BOS prepended per
- * add_bos), or ids[0, n_ids) as they are (no BOS added) when text is NULL. */
+ * add_bos), or ids[0, n_ids) as they are (no BOS added) when text is NULL.
+ * It samples from a generator seeded by (g->seed, its index in the call),
+ * or with `seeded` by (seed, seed_index): a server that batches the prompts
+ * of requests with seeds of their own gives each its request's. */
 typedef struct {
     const char *text;
     size_t text_len; /* 0: strlen(text) */
     const int32_t *ids;
     int n_ids;
+    bool seeded;
+    uint64_t seed;
+    int seed_index;
 } keel_gen_prompt;
 
 /* What a prompt has generated so far: text (decoded, stop strings cut) and
@@ -89,6 +100,16 @@ typedef struct {
     int prompt_tokens;
     bool done;
     const char *finish_reason;
+    int32_t stop_id;             /* the token that stopped it (EOS or a stop id: not in ids), else -1 */
+    /* With g->logprobs: each new token's log-probability under the model
+     * (the log-softmax of its logits, before temperature, top-k and top-p),
+     * n_ids of them and one more for stop_id when there is one; with k =
+     * g->top_logprobs, top_ids[t * k + j] and top_logprobs[t * k + j] are
+     * the j-th most likely token at new token t and its log-probability (the
+     * lowest id first on a tie). NULL without g->logprobs. */
+    const double *logprobs;
+    const int32_t *top_ids;
+    const double *top_logprobs;
 } keel_gen_update;
 typedef void (*keel_gen_fn)(void *ctx, const keel_gen_update *u);
 
@@ -119,8 +140,9 @@ typedef struct {
     int n;                /* 2 <= n <= model.max_seq_len + 1 */
     int from;             /* 1 <= from < n: tokens from..n-1 are scored */
     double *logprob;      /* (n - from) log p(ids[t] | ids[0..t-1]) */
-    int32_t *top_id;      /* (n - from) or NULL: the most likely token at t (lowest id on a tie) */
-    double *top_logprob;  /* (n - from) or NULL: its log-probability */
+    int32_t *top_id;      /* (n - from) × k or NULL: the k most likely tokens at t, most likely first (lowest id on a tie) */
+    double *top_logprob;  /* (n - from) × k or NULL: their log-probabilities */
+    int n_top;            /* k, 0 to KEEL_MAX_TOP_LOGPROBS (0 counts as 1); above 1 both arrays are needed */
 } keel_score_request;
 /* Score n requests, batched on the decoder: up to g->batch sequences share a
  * step of up to g->prefill_rows tokens; g->bf16 as for generation (the
