@@ -216,4 +216,33 @@ keel_status keel_infer_parse_prompts(const char *text, size_t len, const char *n
                                      keel_gen_prompt **prompts, int *n);
 void keel_gen_prompts_free(keel_gen_prompt *prompts, int n);
 
+/* ---- serving ------------------------------------------------------------------ */
+
+/* keel serve: the OpenAI completions API over HTTP for one model — POST
+ * /v1/completions (the subset lm-evaluation-harness's local-completions
+ * uses: prompts as text or token ids, max_tokens, temperature, top_p, seed,
+ * stop, logprobs, echo), GET /v1/models, GET /health. Requests wait in a
+ * bounded queue; one worker thread runs those that decode alike together
+ * (docs/inference.md, "keel serve"). */
+typedef struct {
+    const char *host;       /* a numeric IP address to bind; NULL: 127.0.0.1 */
+    int port;               /* 0: a free one */
+    int batch;              /* prompts run together (KV-cache slots) */
+    int queue;              /* requests that may wait beyond the batch running; more are answered 503 */
+    bool bf16;              /* as keel_gen_params.bf16 */
+    const char *model_name; /* what /v1/models and the answers call the model */
+} keel_serve_options;
+typedef struct keel_server keel_server;
+/* Serve m (which must have a tokenizer, and outlives the server) on its own
+ * threads: the HTTP one and the worker, with keel_kernels_init done. One
+ * line and KEEL_ERR_INPUT when the address cannot be bound or the model has
+ * no tokenizer. Stop with keel_serve_stop. */
+keel_status keel_serve_start(keel_infer_model *m, const keel_serve_options *o, keel_server **out);
+/* "http://127.0.0.1:PORT/v1": the base URL an OpenAI client takes (the port bound). */
+const char *keel_serve_url(const keel_server *s);
+/* Stop taking requests (503), answer those still queued 503, finish the
+ * batch running and deliver its answers (5 s at most), then close: every
+ * thread joined, everything freed. */
+void keel_serve_stop(keel_server *s);
+
 #endif
