@@ -377,7 +377,10 @@ char *infer_completion_answer(const completion_request *req, const completion_ch
     cJSON_AddStringToObject(o, "id", id);
     cJSON_AddStringToObject(o, "object", "text_completion");
     cJSON_AddNumberToObject(o, "created", (double)created);
-    cJSON_AddStringToObject(o, "model", req->model ? req->model : model);
+    const char *name = req->model ? req->model : model; /* a client's bytes: any */
+    char *clean = utf8_clean(name, strlen(name));
+    cJSON_AddStringToObject(o, "model", clean);
+    keel_free(clean);
     cJSON *list = cJSON_AddArrayToObject(o, "choices");
     long long prompt_tokens = 0, completion_tokens = 0;
     for (int i = 0; i < req->n_prompts; i++) {

@@ -358,8 +358,9 @@ static enum MHD_Result take_completion(keel_server *s, struct MHD_Connection *c,
         job_free(j);
         if (stopping) return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "server_busy", NULL, "keel serve is stopping");
         return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "server_busy", NULL,
-                           "the queue is full: %d requests wait for the model (keel serve --queue %d); try again "
-                           "later, or start the server with a larger --queue", queued, s->o.queue);
+                           "the queue is full: %d request%s wait for the model (keel serve --queue %d); try again "
+                           "later, or start the server with a larger --queue", queued, queued == 1 ? "" : "s",
+                           s->o.queue);
     }
     connection *e = entry_of(c);
     if (e) e->waiting = true;
