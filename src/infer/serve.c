@@ -340,7 +340,6 @@ static enum MHD_Result take_completion(keel_server *s, struct MHD_Connection *c,
     }
     pthread_mutex_lock(&s->mu);
     bool full = s->queued >= s->o.queue, stopping = s->stopping;
-    int queued = s->queued;
     if (!full && !stopping) {
         j->c = c;
         if (s->tail) s->tail->next = j;
@@ -358,9 +357,8 @@ static enum MHD_Result take_completion(keel_server *s, struct MHD_Connection *c,
         job_free(j);
         if (stopping) return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "server_busy", NULL, "keel serve is stopping");
         return reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, "server_busy", NULL,
-                           "the queue is full: %d request%s wait for the model (keel serve --queue %d); try again "
-                           "later, or start the server with a larger --queue", queued, queued == 1 ? "" : "s",
-                           s->o.queue);
+                           "the queue is full (keel serve --queue %d: that many requests wait for the model "
+                           "already); try again later, or start the server with a larger --queue", s->o.queue);
     }
     connection *e = entry_of(c);
     if (e) e->waiting = true;

@@ -10,6 +10,8 @@
 #     as lm-eval's own Hugging Face backend does for Llama (its tokenizer adds BOS), while
 #     local-completions encodes without special tokens unless told (docs/inference.md, "keel serve");
 #   - greedy completions are `keel generate`'s; a seeded sample is the same twice; stop strings cut;
+#     8 requests that decode alike, waiting behind a long one, run 4 to a batch (--batch 4; the
+#     batch is read from their ids) and answer what each answers alone (logprobs within 1e-5);
 #   - bad input is a 400 naming the field and the server keeps serving: malformed JSON, temperature
 #     -1, top_p 0 and 1.5, a prompt past the model's context (129 ids; 128 with a token to generate),
 #     stream and n; a body over 4 MiB is a 413; a full queue is a 503 naming --queue (provoked by a
@@ -156,6 +158,46 @@ stop = text[1:2] or "x"
 want = text[:text.index(stop)] if stop in text else text
 assert cut["text"] == want and cut["finish_reason"] == ("stop" if stop in text else "length"), (text, stop, cut)
 print(f"ok   stop {stop!r} cuts {text!r} to {want!r} ({cut['finish_reason']})")
+PY
+
+# ---- requests batched: 8 that decode alike wait behind a long one, and run 4 to a batch (--batch 4) ----
+python3 - "$URL" <<'PY' || fail "batched requests"
+import json, sys, threading, time, urllib.request
+url = sys.argv[1]
+def call(method, path, body=None):
+    req = urllib.request.Request((url[:-len("/v1")] if path == "/health" else url) + path, data=json.dumps(body).encode() if body else None, method=method)
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())
+health = lambda: call("GET", "/health")
+prompts = ["every keel", "the", "writes text", "reads", "keel rank", "with every", "travels and", "shards"]
+ask = lambda p: {"prompt": p, "max_tokens": 6, "temperature": 0, "logprobs": 2, "echo": True}
+solo = [call("POST", "/completions", ask(p)) for p in prompts]
+for n in (16, 64, 256, 1024):  # the long request: made longer until the 8 are seen waiting behind it
+    slow = threading.Thread(target=call, args=("POST", "/completions", {"prompt": ["a"] * n, "max_tokens": 100,
+                                                                       "temperature": 1, "ignore_eos": True}))
+    slow.start()
+    while slow.is_alive() and health()["running"] == 0: time.sleep(0.01)
+    got = [None] * len(prompts)
+    def one(i): got[i] = call("POST", "/completions", ask(prompts[i]))
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads: t.start()
+    waiting = False
+    while slow.is_alive() and not waiting: waiting = health()["queued"] == len(prompts); time.sleep(0.005)
+    waiting = waiting and slow.is_alive()
+    for t in threads + [slow]: t.join()
+    if waiting: break
+assert waiting, "no request ran long enough for 8 to wait behind it"
+batches = {}
+for a in got: batches.setdefault(a["id"].rsplit("-", 1)[0], []).append(a)  # cmpl-START-BATCH-i
+assert sorted(len(b) for b in batches.values()) == [4, 4], [a["id"] for a in got]
+worst = 0
+for a, b in zip(got, solo):
+    x, y = a["choices"][0], b["choices"][0]
+    assert x["text"] == y["text"] and x["logprobs"]["tokens"] == y["logprobs"]["tokens"], (x, y)
+    for p, q in zip(x["logprobs"]["token_logprobs"][1:], y["logprobs"]["token_logprobs"][1:]):
+        worst = max(worst, abs(p - q))
+assert worst < 1e-5, worst
+print(f"ok   8 requests that waited ran 4 to a batch: the same texts and tokens as alone, logprobs within {worst:.1e}")
 PY
 
 # ---- lm-evaluation-harness against it ----
