@@ -17,7 +17,8 @@
 #     stream and n; a body over 4 MiB is a 413; a full queue is a 503 naming --queue (provoked by a
 #     long request running and another waiting, with --batch 1 --queue 1, made longer until /health
 #     shows both still there after the refused one);
-#   - stdout holds the URL alone; SIGTERM stops it with exit 0.
+#   - stdout holds the URL alone; SIGTERM stops it with exit 0; no PATH, a --host that is not an
+#     IP address, a model without a tokenizer and a port in use exit 2 with one line.
 # Why this venv: lm-eval[api] and transformers (for the tokenizer local-completions loads) from
 # PyPI, cached in $KEEL_CACHE/venv-lm-eval — the whole install, not a --no-deps subset, so that
 # the lm_eval that runs is the one users get; transformers does not need torch to tokenize, and
@@ -80,7 +81,14 @@ PY
   pass "$name: $code $(json_line "${got#* }" "j['error']['message']")"
 }
 
+expect_input_error "no PATH" "usage: keel serve PATH" "$K" serve
+expect_input_error "a host that is not an IP address" 'host "localhost:80" is not a numeric IP address' \
+  "$K" serve "$TMP/l3" --host localhost:80 --port 0
+mkdir "$TMP/notok" && cp "$FIX"/hf_tiny_llama3/{config.json,model.safetensors} "$TMP/notok/"
+expect_input_error "a model without a tokenizer" "keel serve needs the model's tokenizer" "$K" serve "$TMP/notok" --port 0
 start main --batch 4
+port=${URL##*:} port=${port%/v1}
+expect_input_error "a port in use" "127.0.0.1:$port: cannot listen: Address already in use" "$K" serve "$TMP/l3" --port "$port"
 out=$(http GET "$URL/models")
 [ "$(json_line "${out#* }" "j['data'][0]['id']")" = "$TMP/l3" ] || fail "GET /v1/models: $out"
 [ "$(json_line "$(http GET "${URL%/v1}/health" | cut -d' ' -f2-)" "j['status']")" = ok ] || fail "GET /health"
