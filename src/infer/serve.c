@@ -266,8 +266,9 @@ static void wake_http(keel_server *s) {
 
 /* ---- answers ------------------------------------------------------------------ */
 
-/* Queue body (owned: freed by libmicrohttpd) as the answer, JSON. */
-static enum MHD_Result reply(struct MHD_Connection *c, unsigned code, char *body) {
+/* Queue body (owned: freed by libmicrohttpd) as the answer, JSON; allow: the
+ * Allow header of a 405. */
+static enum MHD_Result reply_allow(struct MHD_Connection *c, unsigned code, char *body, const char *allow) {
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         free(body);
@@ -275,12 +276,16 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned code, char *body
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
     if (code == MHD_HTTP_SERVICE_UNAVAILABLE) MHD_add_response_header(r, "Retry-After", "1");
-    if (code == MHD_HTTP_METHOD_NOT_ALLOWED) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, POST");
+    if (allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
     connection *e = entry_of(c);
     if (e) e->answering = true, e->deadline_s = keel_now_s() + ANSWER_DEADLINE_S;
     enum MHD_Result ok = MHD_queue_response(c, code, r);
     MHD_destroy_response(r);
     return ok;
+}
+
+static enum MHD_Result reply(struct MHD_Connection *c, unsigned code, char *body) {
+    return reply_allow(c, code, body, NULL);
 }
 
 static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned code, const char *type, const char *param,
@@ -380,9 +385,13 @@ static enum MHD_Result first_call(keel_server *s, struct MHD_Connection *c, cons
     if (!known)
         return reply_error(c, MHD_HTTP_NOT_FOUND, "invalid_request_error", NULL,
                            "keel serve has POST /v1/completions, GET /v1/models and GET /health");
-    if (!strcmp(url, "/v1/completions") ? !post : !get)
-        return reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "invalid_request_error", NULL, "%s takes %s", url,
-                           post || !get ? "GET" : "POST");
+    bool completions = !strcmp(url, "/v1/completions");
+    if (completions ? !post : !get)
+        return reply_allow(c, MHD_HTTP_METHOD_NOT_ALLOWED,
+                           infer_completion_error(completions ? "/v1/completions takes POST only"
+                                                              : "this path takes GET only",
+                                                  "invalid_request_error", NULL),
+                           completions ? "POST" : "GET, HEAD");
     if (!strcmp(url, "/v1/models")) return reply_models(s, c);
     if (!strcmp(url, "/health")) return reply_health(s, c);
     const char *length = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);

@@ -92,6 +92,22 @@ expect_input_error "a port in use" "127.0.0.1:$port: cannot listen: Address alre
 out=$(http GET "$URL/models")
 [ "$(json_line "${out#* }" "j['data'][0]['id']")" = "$TMP/l3" ] || fail "GET /v1/models: $out"
 [ "$(json_line "$(http GET "${URL%/v1}/health" | cut -d' ' -f2-)" "j['status']")" = ok ] || fail "GET /health"
+python3 - "$URL" <<'PY' || fail "methods, paths and the Host check"
+import sys, urllib.request, urllib.error
+url = sys.argv[1]
+def code(method, path, host=None):
+    req = urllib.request.Request(url + path, method=method, data=b"{}" if method == "POST" else None)
+    if host: req.add_header("Host", host)
+    try:
+        return urllib.request.urlopen(req, timeout=60).status
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Allow")
+assert code("DELETE", "/completions") == (405, "POST"), code("DELETE", "/completions")
+assert code("POST", "/models") == (405, "GET, HEAD"), code("POST", "/models")
+assert code("GET", "/nothing")[0] == 404 and code("GET", "/models", "localhost:1") == 200
+assert code("GET", "/models", "evil.example")[0] == 421, "a Host that is not loopback (DNS rebinding)"
+print("ok   405 naming the method a path takes, 404 elsewhere, 421 for a Host that is not loopback")
+PY
 
 # ---- bad input: 400 naming the field, and the server goes on ----
 expect_error "malformed JSON" 400 "" "not valid JSON \(at byte" '{"prompt": "every keel", "max_tokens": 4,'
