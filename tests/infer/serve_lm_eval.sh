@@ -229,7 +229,9 @@ venv="${KEEL_CACHE:-$KEEL_SRC/.cache}/venv-lm-eval"
 if ! "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('lm_eval') != '$LM_EVAL_VERSION' or m.version('transformers') != '$TRANSFORMERS_VERSION')" 2>/dev/null; then
   rm -rf "$venv"
   mkdir -p "$(dirname "$venv")"
-  python3 -m venv "$venv" >"$TMP/venv.log" 2>&1 || fail "cannot make a venv at $venv: $(tail -n 2 "$TMP/venv.log")"
+  base=/usr/bin/python3
+  [ -x "$base" ] || base=$(command -v python3)
+  "$base" -m venv "$venv" >"$TMP/venv.log" 2>&1 || fail "cannot make a venv at $venv: $(tail -n 2 "$TMP/venv.log")"
   "$venv/bin/pip" install -q "lm_eval[api]==$LM_EVAL_VERSION" "transformers==$TRANSFORMERS_VERSION" >>"$TMP/venv.log" 2>&1 ||
     fail "pip install lm_eval[api]==$LM_EVAL_VERSION transformers==$TRANSFORMERS_VERSION failed: $(tail -n 2 "$TMP/venv.log")"
 fi
