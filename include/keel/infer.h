@@ -2,7 +2,8 @@
  * (a run, a checkpoint, a Hugging Face directory) with its tokenizer and stop
  * tokens, and generation: prompts batched on a KV cache (keel/model.h's
  * keel_decoder), sampled by temperature, top-k and top-p from a seed, stopped
- * by EOS, stop tokens, stop strings or a length.
+ * by EOS, stop tokens, stop strings or a length; scoring and evaluation
+ * (keel eval); and serving it over the OpenAI completions API (keel serve).
  *
  *     keel_infer_model m;
  *     if (keel_infer_load("runs/x", NULL, &m) != KEEL_OK) return 2;   // one line said why
