@@ -2,7 +2,8 @@
  * (a run, a checkpoint, a Hugging Face directory) with its tokenizer and stop
  * tokens, and generation: prompts batched on a KV cache (keel/model.h's
  * keel_decoder), sampled by temperature, top-k and top-p from a seed, stopped
- * by EOS, stop tokens, stop strings or a length.
+ * by EOS, stop tokens, stop strings or a length; scoring and evaluation
+ * (keel eval); and serving it over the OpenAI completions API (keel serve).
  *
  *     keel_infer_model m;
  *     if (keel_infer_load("runs/x", NULL, &m) != KEEL_OK) return 2;   // one line said why
@@ -65,20 +66,27 @@ typedef struct {
     int batch;              /* prompts decoded together (KV cache slots); default 8 */
     int prefill_rows;       /* prompt tokens a step takes; default 512 */
     bool add_bos;           /* prepend the model's BOS to each prompt; default true */
-    /* prompt k of a call draws from the generator of prompt index_first +
-     * k * index_stride of the whole (updates still number it k): a process's
-     * share of an --nproc split samples what the whole would. Default 0, 1. */
-    int index_first, index_stride;
+    bool logprobs;          /* each new token's log-probability in keel_gen_update (off by default) */
+    int top_logprobs;       /* and the log-probabilities of this many most likely tokens, 0 to KEEL_MAX_TOP_LOGPROBS */
 } keel_gen_params;
+/* The most alternatives a token's log-probability comes with (generation's
+ * top_logprobs, scoring's n_top). */
+#define KEEL_MAX_TOP_LOGPROBS 20
 keel_gen_params keel_gen_defaults(void);
 
 /* One prompt: text (encoded with the model's tokenizer, BOS prepended per
- * add_bos), or ids[0, n_ids) as they are (no BOS added) when text is NULL. */
+ * add_bos), or ids[0, n_ids) as they are (no BOS added) when text is NULL.
+ * It samples from a generator seeded by (g->seed, its index in the call),
+ * or with `seeded` by (seed, seed_index): a server that batches the prompts
+ * of requests with seeds of their own gives each its request's. */
 typedef struct {
     const char *text;
     size_t text_len; /* 0: strlen(text) */
     const int32_t *ids;
     int n_ids;
+    bool seeded;
+    uint64_t seed;
+    int seed_index;
 } keel_gen_prompt;
 
 /* What a prompt has generated so far: text (decoded, stop strings cut) and
@@ -95,6 +103,16 @@ typedef struct {
     int prompt_tokens;
     bool done;
     const char *finish_reason;
+    int32_t stop_id;             /* the token that stopped it (EOS or a stop id: not in ids), else -1 */
+    /* With g->logprobs: each new token's log-probability under the model
+     * (the log-softmax of its logits, before temperature, top-k and top-p),
+     * n_ids of them and one more for stop_id when there is one; with k =
+     * g->top_logprobs, top_ids[t * k + j] and top_logprobs[t * k + j] are
+     * the j-th most likely token at new token t and its log-probability (the
+     * lowest id first on a tie). NULL without g->logprobs. */
+    const double *logprobs;
+    const int32_t *top_ids;
+    const double *top_logprobs;
 } keel_gen_update;
 typedef void (*keel_gen_fn)(void *ctx, const keel_gen_update *u);
 
@@ -125,8 +143,9 @@ typedef struct {
     int n;                /* 2 <= n <= model.max_seq_len + 1 */
     int from;             /* 1 <= from < n: tokens from..n-1 are scored */
     double *logprob;      /* (n - from) log p(ids[t] | ids[0..t-1]) */
-    int32_t *top_id;      /* (n - from) or NULL: the most likely token at t (lowest id on a tie) */
-    double *top_logprob;  /* (n - from) or NULL: its log-probability */
+    int32_t *top_id;      /* (n - from) × k or NULL: the k most likely tokens at t, most likely first (lowest id on a tie) */
+    double *top_logprob;  /* (n - from) × k or NULL: their log-probabilities */
+    int n_top;            /* k, 0 to KEEL_MAX_TOP_LOGPROBS (0 counts as 1); above 1 both arrays are needed */
 } keel_score_request;
 /* Score n requests, batched on the decoder: up to g->batch sequences share a
  * step of up to g->prefill_rows tokens; g->bf16 as for generation (the
@@ -226,5 +245,34 @@ int keel_infer_split_threads(int threads, int nproc);
 keel_status keel_infer_parse_prompts(const char *text, size_t len, const char *name, const char *key,
                                      keel_gen_prompt **prompts, int *n);
 void keel_gen_prompts_free(keel_gen_prompt *prompts, int n);
+
+/* ---- serving ------------------------------------------------------------------ */
+
+/* keel serve: the OpenAI completions API over HTTP for one model — POST
+ * /v1/completions (the subset lm-evaluation-harness's local-completions
+ * uses: prompts as text or token ids, max_tokens, temperature, top_p, seed,
+ * stop, logprobs, echo), GET /v1/models, GET /health. Requests wait in a
+ * bounded queue; one worker thread runs those that decode alike together
+ * (docs/inference.md, "keel serve"). */
+typedef struct {
+    const char *host;       /* a numeric IP address to bind; NULL: 127.0.0.1 */
+    int port;               /* 0: a free one */
+    int batch;              /* prompts run together (KV-cache slots) */
+    int queue;              /* requests that may wait beyond the batch running; more are answered 503 */
+    bool bf16;              /* as keel_gen_params.bf16 */
+    const char *model_name; /* what /v1/models and the answers call the model */
+} keel_serve_options;
+typedef struct keel_server keel_server;
+/* Serve m (which must have a tokenizer, and outlives the server) on its own
+ * threads: the HTTP one and the worker, with keel_kernels_init done. One
+ * line and KEEL_ERR_INPUT when the address cannot be bound or the model has
+ * no tokenizer. Stop with keel_serve_stop. */
+keel_status keel_serve_start(keel_infer_model *m, const keel_serve_options *o, keel_server **out);
+/* "http://127.0.0.1:PORT/v1": the base URL an OpenAI client takes (the port bound). */
+const char *keel_serve_url(const keel_server *s);
+/* Stop taking requests (503), answer those still queued 503, finish the
+ * batch running and deliver its answers (5 s at most), then close: every
+ * thread joined, everything freed. */
+void keel_serve_stop(keel_server *s);
 
 #endif

@@ -9,6 +9,7 @@
 int keel_cmd_train(int argc, char **argv);
 int keel_cmd_eval(int argc, char **argv);
 int keel_cmd_generate(int argc, char **argv);
+int keel_cmd_serve(int argc, char **argv);
 int keel_cmd_tokenize(int argc, char **argv);
 int keel_cmd_data(int argc, char **argv);
 int keel_cmd_config(int argc, char **argv);

@@ -121,11 +121,13 @@ static keel_status share(void *ctx, int rank, int nproc, FILE *out) {
     split_ctx *c = ctx;
     int k = 0, *global = keel_xmalloc(sizeof(int) * (size_t)(c->n / nproc + 1), "share");
     keel_gen_prompt *mine = keel_xmalloc(sizeof *mine * (size_t)(c->n / nproc + 1), "share");
-    for (int i = rank; i < c->n; i += nproc) global[k] = i, mine[k++] = c->prompts[i];
-    keel_gen_params g = *c->g;
-    g.index_first = rank, g.index_stride = nproc;
+    /* each prompt keeps the generator it has in the whole: (seed, its index there) */
+    for (int i = rank; i < c->n; i += nproc, k++) {
+        global[k] = i, mine[k] = c->prompts[i];
+        mine[k].seeded = true, mine[k].seed = c->g->seed, mine[k].seed_index = i;
+    }
     c->out = out, c->global = global;
-    keel_status st = k ? keel_infer_generate(c->m, mine, k, &g, send_update, c, &c->stats) : KEEL_OK;
+    keel_status st = k ? keel_infer_generate(c->m, mine, k, c->g, send_update, c, &c->stats) : KEEL_OK;
     if (st == KEEL_OK)
         fprintf(out, "{\"stats\": [%lld, %lld, %lld, %.9g, %.9g]}\n", (long long)c->stats.prompt_tokens,
                 (long long)c->stats.new_tokens, (long long)c->stats.decode_tokens, c->stats.prefill_s, c->stats.decode_s);

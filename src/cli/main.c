@@ -14,6 +14,7 @@ typedef struct {
 static const command COMMANDS[] = {
     {"train", keel_cmd_train, "train a model: keel train CONFIG.json [--set key=value ...] [--run-dir DIR]"},
     {"generate", keel_cmd_generate, "text from a model: keel generate PATH --prompt TEXT [--max-new-tokens N] [--temperature X]"},
+    {"serve", keel_cmd_serve, "the OpenAI completions API for a model: keel serve PATH [--host ADDR] [--port N]"},
     {"eval", keel_cmd_eval, "loss of a run's weights: keel eval RUN_DIR --data PATH"},
     {"data", keel_cmd_data, "prepare token shards: keel data prepare --model M --input F... --out DIR"},
     {"tokenize", keel_cmd_tokenize, "text <-> ids with a SentencePiece model: keel tokenize --model M [--decode]"},

@@ -13,13 +13,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "infer/logprobs.h"
 #include "keel/infer.h"
 #include "keel/kernels.h"
 #include "keel/model.h"
 
 keel_gen_params keel_gen_defaults(void) {
     return (keel_gen_params){.max_new_tokens = 128, .temperature = 0, .top_k = 0, .top_p = 1, .seed = 0,
-                             .batch = 8, .prefill_rows = 512, .add_bos = true, .index_first = 0, .index_stride = 1};
+                             .batch = 8, .prefill_rows = 512, .add_bos = true};
 }
 
 keel_status keel_gen_check(const keel_gen_params *g) {
@@ -32,11 +33,12 @@ keel_status keel_gen_check(const keel_gen_params *g) {
     else if (g->top_k < 0) bad = "--top-k", snprintf(value, sizeof value, "%d: must be 0 (off) or more", g->top_k);
     else if (g->max_new_tokens < 1)
         bad = "--max-new-tokens", snprintf(value, sizeof value, "%d: must be 1 or more", g->max_new_tokens);
-    else if (g->index_first < 0 || g->index_stride < 1)
-        bad = "prompt numbering", snprintf(value, sizeof value, "%d + k x %d", g->index_first, g->index_stride);
     else if (g->batch < 1) bad = "--batch", snprintf(value, sizeof value, "%d: must be 1 or more", g->batch);
     else if (g->prefill_rows < 1)
         bad = "prefill rows", snprintf(value, sizeof value, "%d: must be 1 or more", g->prefill_rows);
+    else if (g->top_logprobs < 0 || g->top_logprobs > KEEL_MAX_TOP_LOGPROBS)
+        bad = "top logprobs", snprintf(value, sizeof value, "%d: must be 0 to %d", g->top_logprobs,
+                                       KEEL_MAX_TOP_LOGPROBS);
     if (!bad) {
         for (int i = 0; i < g->n_stop; i++)
             if (!g->stop[i][0]) {
@@ -120,6 +122,11 @@ typedef struct {
     size_t len, ready;
     bool done;
     const char *finish;
+    int32_t stop_id;     /* the stop token that ended it, or -1 */
+    double *lp;          /* with g->logprobs: each new token's log-probability (the stop token's too) */
+    int32_t *top_id;     /* and its top_logprobs most likely tokens */
+    double *top_lp;
+    int n_lp, lp_cap;
 } seq_state;
 
 static void push(seq_state *s, int32_t id) {
@@ -172,11 +179,32 @@ static void update_text(const keel_infer_model *m, const keel_gen_params *g, seq
     s->ready = s->len - hold;
 }
 
-static void report(keel_gen_fn fn, void *ctx, int i, const seq_state *s) {
+/* The new token's log-probability and the top_logprobs most likely tokens' from its logits z (V). */
+static void record_logprobs(seq_state *s, const keel_gen_params *g, const float *z, int V, int32_t id) {
+    if (!g->logprobs) return;
+    size_t k = (size_t)g->top_logprobs;
+    if (s->n_lp == s->lp_cap) {
+        s->lp_cap = s->lp_cap ? 2 * s->lp_cap : 64;
+        s->lp = keel_xrealloc(s->lp, sizeof(double) * (size_t)s->lp_cap, "logprobs");
+        if (k) {
+            s->top_id = keel_xrealloc(s->top_id, sizeof(int32_t) * (size_t)s->lp_cap * k, "top logprobs");
+            s->top_lp = keel_xrealloc(s->top_lp, sizeof(double) * (size_t)s->lp_cap * k, "top logprobs");
+        }
+    }
+    double lse = infer_logsumexp(z, V, NULL);
+    s->lp[s->n_lp] = (double)z[id] - lse;
+    if (k) infer_top_tokens(z, V, lse, (int)k, s->top_id + (size_t)s->n_lp * k, s->top_lp + (size_t)s->n_lp * k);
+    s->n_lp++;
+}
+
+static void report(keel_gen_fn fn, void *ctx, int i, const seq_state *s, const keel_gen_params *g) {
     if (!fn) return;
     keel_gen_update u = {.prompt = i, .text = s->text ? s->text : "", .len = s->len, .ready = s->ready,
                          .ids = s->ids + s->n_prompt, .n_ids = s->n - s->n_prompt, .prompt_tokens = s->n_prompt,
-                         .done = s->done, .finish_reason = s->finish};
+                         .done = s->done, .finish_reason = s->finish, .stop_id = s->stop_id,
+                         .logprobs = g->logprobs ? s->lp : NULL,
+                         .top_ids = g->logprobs && g->top_logprobs ? s->top_id : NULL,
+                         .top_logprobs = g->logprobs && g->top_logprobs ? s->top_lp : NULL};
     fn(ctx, &u);
 }
 
@@ -184,7 +212,8 @@ static void report(keel_gen_fn fn, void *ctx, int i, const seq_state *s) {
 static void advance(const keel_infer_model *m, const keel_gen_params *g, seq_state *s, int i, const float *z,
                     candidate *cand, int max_len, keel_gen_fn fn, void *ctx, keel_gen_stats *stats) {
     int32_t id = sample(z, m->cfg.model.vocab_size, g, &s->rng, cand);
-    if (stops_at(m, g, id)) s->done = true, s->finish = "stop";
+    record_logprobs(s, g, z, m->cfg.model.vocab_size, id);
+    if (stops_at(m, g, id)) s->done = true, s->finish = "stop", s->stop_id = id;
     else {
         push(s, id);
         update_text(m, g, s);
@@ -192,7 +221,7 @@ static void advance(const keel_infer_model *m, const keel_gen_params *g, seq_sta
             s->done = true, s->finish = "length";
     }
     if (s->done) s->ready = s->len;
-    report(fn, ctx, i, s);
+    report(fn, ctx, i, s, g);
     if (s->done && stats) stats->new_tokens += s->n - s->n_prompt;
 }
 
@@ -251,7 +280,10 @@ keel_status keel_infer_generate(keel_infer_model *m, const keel_gen_prompt *prom
     seq_state *seqs = keel_xcalloc(sizeof *seqs * (size_t)(n > 0 ? n : 1), "prompts");
     int longest = 0;
     for (int i = 0; i < n && st == KEEL_OK; i++) {
-        seqs[i].rng = g->seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(g->index_first + (int64_t)i * g->index_stride + 1));
+        const keel_gen_prompt *p = &prompts[i];
+        seqs[i].rng = p->seeded ? p->seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(p->seed_index + 1))
+                                : g->seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1));
+        seqs[i].stop_id = -1;
         st = prompt_ids(m, &prompts[i], i, g, &seqs[i]);
         if (seqs[i].n > longest) longest = seqs[i].n;
     }
@@ -319,7 +351,9 @@ keel_status keel_infer_generate(keel_infer_model *m, const keel_gen_prompt *prom
     }
 done:
     keel_decoder_free(d);
-    for (int i = 0; i < n; i++) keel_free(seqs[i].ids), keel_free(seqs[i].text);
+    for (int i = 0; i < n; i++)
+        keel_free(seqs[i].ids), keel_free(seqs[i].text), keel_free(seqs[i].lp), keel_free(seqs[i].top_id),
+            keel_free(seqs[i].top_lp);
     keel_free(seqs);
     return st;
 }

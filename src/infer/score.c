@@ -6,11 +6,17 @@
 #include <math.h>
 #include <string.h>
 
+#include "infer/logprobs.h"
 #include "keel/infer.h"
 #include "keel/model.h"
 
 static keel_status check(const keel_infer_model *m, const keel_score_request *r, int i) {
     int V = m->cfg.model.vocab_size, T = m->cfg.model.max_seq_len;
+    if (r->n_top < 0 || r->n_top > KEEL_MAX_TOP_LOGPROBS || (r->n_top > 1 && (!r->top_id || !r->top_logprob))) {
+        keel_errorf("request %d: %d top tokens asked: 0 to %d, with both top_id and top_logprob for more than 1",
+                    i + 1, r->n_top, KEEL_MAX_TOP_LOGPROBS);
+        return KEEL_ERR_INPUT;
+    }
     if (r->n < 2 || r->n > T + 1 || r->from < 1 || r->from >= r->n) {
         keel_errorf("request %d: %d tokens scored from %d: needs 2 to %d tokens (the context %d, model.max_seq_len, "
                     "plus the last) and something to score", i + 1, r->n, r->from, T + 1, T);
@@ -24,17 +30,17 @@ static keel_status check(const keel_infer_model *m, const keel_score_request *r,
     return KEEL_OK;
 }
 
-/* log softmax(z)[target], and the most likely token with its log-probability */
-static void score_row(const float *z, int V, int32_t target, double *lp, int32_t *top, double *top_lp) {
-    int32_t best = 0;
-    for (int j = 1; j < V; j++)
-        if (z[j] > z[best]) best = j;
-    double mx = z[best], sum = 0;
-    for (int j = 0; j < V; j++) sum += exp((double)z[j] - mx);
-    double lse = mx + log(sum);
+/* log softmax(z)[target], and the k most likely tokens with their log-probabilities */
+static void score_row(const float *z, int V, int32_t target, double *lp, int k, int32_t *top, double *top_lp) {
+    int32_t best;
+    double lse = infer_logsumexp(z, V, &best);
     *lp = (double)z[target] - lse;
-    if (top) *top = best;
-    if (top_lp) *top_lp = mx - lse;
+    if (k == 1) {
+        if (top) *top = best;
+        if (top_lp) *top_lp = (double)z[best] - lse;
+    } else if (top && top_lp) {
+        infer_top_tokens(z, V, lse, k, top, top_lp);
+    }
 }
 
 keel_status keel_infer_score(keel_infer_model *m, keel_score_request *r, int n, const keel_gen_params *g) {
@@ -69,8 +75,10 @@ keel_status keel_infer_score(keel_infer_model *m, keel_score_request *r, int n, 
                     for (int j = 0; j < w; j++) {
                         const keel_score_request *q = &r[req_of[want[j]]];
                         int at = pos[want[j]] + 1 - q->from; /* scoring token pos + 1 */
-                        score_row(logits + (size_t)j * V, V, q->ids[pos[want[j]] + 1], &q->logprob[at],
-                                  q->top_id ? &q->top_id[at] : NULL, q->top_logprob ? &q->top_logprob[at] : NULL);
+                        int k = q->n_top > 1 ? q->n_top : 1;
+                        score_row(logits + (size_t)j * V, V, q->ids[pos[want[j]] + 1], &q->logprob[at], k,
+                                  q->top_id ? &q->top_id[(size_t)at * k] : NULL,
+                                  q->top_logprob ? &q->top_logprob[(size_t)at * k] : NULL);
                     }
                     k = w = 0;
                 }
