@@ -16,6 +16,8 @@
 
 /* rows of logits computed at a time: (HEAD_ROWS, V) is the largest buffer a step keeps */
 enum { HEAD_ROWS = 64 };
+/* steps of at most this many rows use the few-row GEMMs (bench/generate.sh: measured faster than sgemm up to here) */
+enum { FEW_ROWS = 16 };
 
 struct keel_decoder {
     keel_model_layout lay;
@@ -112,15 +114,22 @@ static const float *norm_weight(keel_decoder *d, int tensor) {
     return d->normw;
 }
 
-/* out (N, O) (+= when accumulate) = x (N, I) · Wᵀ, W (O, I) tensor `tensor`. */
+/* out (N, O) (+= when accumulate) = x (N, I) · Wᵀ, W (O, I) tensor `tensor`.
+ * Up to FEW_ROWS rows (decode steps) stream each weight once
+ * (matmul_few_rows), where sgemm would copy it first; more (prefill) run as
+ * GEMMs. */
 static void linear(keel_decoder *d, float *out, const float *x, int tensor, int N, int O, int I, bool accumulate) {
+    const keel_backend *be = d->be;
     int64_t at = d->lay.tensors[tensor].offset;
+    bool few = N <= FEW_ROWS && be->matmul_few_rows && be->matmul_few_rows_bf16;
     if (!d->opt.bf16) {
-        d->be->matmul_forward(out, x, d->params + at, N, O, I, accumulate);
+        if (few) be->matmul_few_rows(out, x, d->params + at, N, O, I, accumulate);
+        else be->matmul_forward(out, x, d->params + at, N, O, I, accumulate);
         return;
     }
-    d->be->f32_to_bf16(d->xb, x, (int64_t)N * I);
-    d->be->gemm_bf16(out, d->xb, false, d->params16 + at, true, N, O, I, accumulate);
+    be->f32_to_bf16(d->xb, x, (int64_t)N * I);
+    if (few) be->matmul_few_rows_bf16(out, d->xb, d->params16 + at, N, O, I, accumulate);
+    else be->gemm_bf16(out, d->xb, false, d->params16 + at, true, N, O, I, accumulate);
 }
 
 static void block(keel_decoder *d, int l, int N) {
