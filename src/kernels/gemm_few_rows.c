@@ -61,6 +61,7 @@ static inline float hsum(__m256 v) { /* lanes (0+4, 1+5, 2+6, 3+7), then pairs: 
         for (int m = 0; m < nx; m++) xv[m] = _mm256_loadu_ps(x + (size_t)m * K + k);                               \
         for (int r = 0; r < nw; r++) {                                                                             \
             __m256 wv = LOAD(w + (size_t)r * K + k);                                                               \
+            __asm__("" : "+x"(wv)); /* one load for the TILE_X uses: GCC would fold one into each FMA */           \
             for (int m = 0; m < nx; m++) acc[m][r] = _mm256_fmadd_ps(wv, xv[m], acc[m][r]);                        \
         }                                                                                                          \
     }                                                                                                              \
