@@ -12,33 +12,56 @@
  * baseline, so the same code runs on AVX-512 and AMX CPUs; wider vectors
  * would not read memory faster. Sums are fp32, eight lanes per dot product
  * added in a fixed order: results depend on K alone, not on M, the thread
- * count or where a row falls in a tile. Training never calls these. */
+ * count or where a row falls in a tile. Training never calls these.
+ *
+ * bf16 weights are widened as they are read, 16 at a time by interleaving
+ * with zeros (vpunpck{l,h}wd: one instruction per 8 values, where a zero
+ * extension and a shift took two, and made bf16 decode no faster than
+ * fp32). Interleaving keeps each 128-bit half's order, so a 16-block comes
+ * out as elements (0-3, 8-11) then (4-7, 12-15): the input rows are widened
+ * into the same order once per call ("paired" order, widen_paired), and so
+ * are weight tiles widened ahead for many input rows. */
 #include <immintrin.h>
 
 #include "keel/kernels.h"
 
 enum { TILE_W = 4, TILE_X = 2 };
 
-/* The bf16 form's scratch: its input rows widened to fp32, (M, K), once per
- * call; and per pool chunk, a tile's weight rows widened, (TILE_W, K), when
- * more than TILE_X input rows pass over them (each pass would widen them
- * again: batch-8 bf16 decode ran slower than fp32 that way). */
+/* The bf16 form's scratch: its input rows widened to fp32 in paired order,
+ * (M, K), once per call; and per pool chunk, a tile's weight rows widened the
+ * same way, (TILE_W, K), when more than TILE_X input rows pass over them
+ * (each pass would widen them again: batch-8 bf16 decode ran slower than fp32
+ * that way). */
 static struct {
     float *mem;
     size_t floats;
 } widened;
 
-static inline __m256 load_w(const float *w) { return _mm256_loadu_ps(w); }
-static inline __m256 load_w16(const keel_bf16 *w) { /* bf16 -> fp32: the 16 bits on top, exact */
+static inline __m256 load_w16(const keel_bf16 *w) { /* 8 bf16 -> fp32, in order: the 16 bits on top, exact */
     __m128i h = _mm_loadu_si128((const __m128i *)w);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+/* 16 bf16 -> fp32 in paired order: *lo = elements 0-3, 8-11; *hi = 4-7, 12-15 */
+static inline void load_w16_paired(const keel_bf16 *w, __m256 *lo, __m256 *hi) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)w), zero = _mm256_setzero_si256();
+    *lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v));
+    *hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v));
+}
 
-/* bf16 -> fp32 on this thread (keel_bf16_to_f32 would start the pool from inside it) */
-static void widen_rows(float *dst, const keel_bf16 *src, int64_t n) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load_w16(src + i));
-    for (; i < n; i++) dst[i] = keel_bf16_to_float(src[i]);
+/* Rows of K bf16 -> fp32 on this thread: each 16-block in paired order, then
+ * one 8-block and the tail (K % 8) in order, as tile_bf16 reads them. */
+static void widen_paired(float *dst, const keel_bf16 *src, int rows, int K) {
+    for (int r = 0; r < rows; r++, dst += K, src += K) {
+        int k = 0;
+        for (; k + 16 <= K; k += 16) {
+            __m256 lo, hi;
+            load_w16_paired(src + k, &lo, &hi);
+            _mm256_storeu_ps(dst + k, lo);
+            _mm256_storeu_ps(dst + k + 8, hi);
+        }
+        if (k + 8 <= K) _mm256_storeu_ps(dst + k, load_w16(src + k)), k += 8;
+        for (; k < K; k++) dst[k] = keel_bf16_to_float(src[k]);
+    }
 }
 
 static inline float hsum(__m256 v) { /* lanes (0+4, 1+5, 2+6, 3+7), then pairs: a fixed order */
@@ -48,23 +71,8 @@ static inline float hsum(__m256 v) { /* lanes (0+4, 1+5, 2+6, 3+7), then pairs: 
     return _mm_cvtss_f32(s);
 }
 
-/* out[m][r] (+)= x row m · w row r for nw <= TILE_W weight rows and nx <=
- * TILE_X input rows; nw and nx are constants where it is inlined, so the
- * accumulators stay in registers. The K % 8 tail is added after the lanes. */
-#define TILE_BODY(LOAD)                                                                                            \
-    __m256 acc[TILE_X][TILE_W];                                                                                    \
-    for (int m = 0; m < nx; m++)                                                                                   \
-        for (int r = 0; r < nw; r++) acc[m][r] = _mm256_setzero_ps();                                              \
-    int k = 0;                                                                                                     \
-    for (; k + 8 <= K; k += 8) {                                                                                   \
-        __m256 xv[TILE_X];                                                                                         \
-        for (int m = 0; m < nx; m++) xv[m] = _mm256_loadu_ps(x + (size_t)m * K + k);                               \
-        for (int r = 0; r < nw; r++) {                                                                             \
-            __m256 wv = LOAD(w + (size_t)r * K + k);                                                               \
-            __asm__("" : "+x"(wv)); /* one load for the TILE_X uses: GCC would fold one into each FMA */           \
-            for (int m = 0; m < nx; m++) acc[m][r] = _mm256_fmadd_ps(wv, xv[m], acc[m][r]);                        \
-        }                                                                                                          \
-    }                                                                                                              \
+/* out[m][r] (+)= the lanes of acc[m][r], then the K % 8 tail in order. */
+#define TILE_STORE(WIDEN)                                                                                          \
     for (int m = 0; m < nx; m++)                                                                                   \
         for (int r = 0; r < nw; r++) {                                                                             \
             float s = hsum(acc[m][r]);                                                                             \
@@ -72,19 +80,61 @@ static inline float hsum(__m256 v) { /* lanes (0+4, 1+5, 2+6, 3+7), then pairs: 
             float *o = out + (size_t)m * N + r;                                                                    \
             *o = accumulate ? *o + s : s;                                                                          \
         }
+#define AS_IS(v) (v)
 
-#define WIDEN(v) (v)
-static inline __attribute__((always_inline)) void tile(float *out, const float *x, const float *w, int nx, int nw,
-                                                       int N, int K, bool accumulate) {
-    TILE_BODY(load_w)
+/* out[m][r] (+)= x row m · w row r for nw <= TILE_W weight rows and nx <=
+ * TILE_X input rows; nw and nx are constants where it is inlined, so the
+ * accumulators stay in registers. */
+static inline __attribute__((always_inline)) void tile_f32(float *out, const float *x, const float *w, int nx, int nw,
+                                                           int N, int K, bool accumulate) {
+    __m256 acc[TILE_X][TILE_W];
+    for (int m = 0; m < nx; m++)
+        for (int r = 0; r < nw; r++) acc[m][r] = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 xv[TILE_X];
+        for (int m = 0; m < nx; m++) xv[m] = _mm256_loadu_ps(x + (size_t)m * K + k);
+        for (int r = 0; r < nw; r++) {
+            __m256 wv = _mm256_loadu_ps(w + (size_t)r * K + k);
+            __asm__("" : "+x"(wv)); /* one load for the TILE_X uses: GCC would fold one into each FMA */
+            for (int m = 0; m < nx; m++) acc[m][r] = _mm256_fmadd_ps(wv, xv[m], acc[m][r]);
+        }
+    }
+    TILE_STORE(AS_IS)
 }
-#undef WIDEN
-#define WIDEN(v) keel_bf16_to_float(v)
-static inline __attribute__((always_inline)) void tile16(float *out, const float *x, const keel_bf16 *w, int nx,
-                                                         int nw, int N, int K, bool accumulate) {
-    TILE_BODY(load_w16)
+
+/* The same for bf16 weights, widened as read, against input rows in paired
+ * order: the same products in the same order as tile_f32 on widen_paired's
+ * weights, so a result does not depend on which of the two ran. */
+static inline __attribute__((always_inline)) void tile_bf16(float *out, const float *x, const keel_bf16 *w, int nx,
+                                                            int nw, int N, int K, bool accumulate) {
+    __m256 acc[TILE_X][TILE_W];
+    for (int m = 0; m < nx; m++)
+        for (int r = 0; r < nw; r++) acc[m][r] = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m256 xlo[TILE_X], xhi[TILE_X];
+        for (int m = 0; m < nx; m++) {
+            xlo[m] = _mm256_loadu_ps(x + (size_t)m * K + k);
+            xhi[m] = _mm256_loadu_ps(x + (size_t)m * K + k + 8);
+        }
+        for (int r = 0; r < nw; r++) {
+            __m256 lo, hi;
+            load_w16_paired(w + (size_t)r * K + k, &lo, &hi);
+            for (int m = 0; m < nx; m++) acc[m][r] = _mm256_fmadd_ps(lo, xlo[m], acc[m][r]);
+            for (int m = 0; m < nx; m++) acc[m][r] = _mm256_fmadd_ps(hi, xhi[m], acc[m][r]);
+        }
+    }
+    if (k + 8 <= K) {
+        for (int r = 0; r < nw; r++) {
+            __m256 wv = load_w16(w + (size_t)r * K + k);
+            for (int m = 0; m < nx; m++)
+                acc[m][r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + (size_t)m * K + k), acc[m][r]);
+        }
+        k += 8;
+    }
+    TILE_STORE(keel_bf16_to_float)
 }
-#undef WIDEN
 
 typedef struct {
     float *out;
@@ -105,7 +155,7 @@ static void rows_range(void *p, int64_t begin, int64_t end, int chunk) {
         const float *wide = NULL; /* the tile's rows in fp32, when widened once for every pass */
         if (c->bf16 && M > TILE_X) {
             float *t = c->w_tiles + (size_t)chunk * TILE_W * K;
-            widen_rows(t, (const keel_bf16 *)c->w + (size_t)r0 * K, (int64_t)nw * K);
+            widen_paired(t, (const keel_bf16 *)c->w + (size_t)r0 * K, nw, K);
             wide = t;
         }
         for (int m0 = 0; m0 < M;) {
@@ -114,16 +164,16 @@ static void rows_range(void *p, int64_t begin, int64_t end, int chunk) {
             const float *x = c->x + (size_t)m0 * K;
             if (c->bf16 && !wide) {
                 const keel_bf16 *w = (const keel_bf16 *)c->w + (size_t)r0 * K;
-                if (nw == TILE_W && nx == TILE_X) tile16(o, x, w, TILE_X, TILE_W, N, K, c->accumulate);
-                else if (nw == TILE_W) tile16(o, x, w, 1, TILE_W, N, K, c->accumulate);
-                else if (nx == TILE_X) tile16(o, x, w, TILE_X, 1, N, K, c->accumulate);
-                else tile16(o, x, w, 1, 1, N, K, c->accumulate);
+                if (nw == TILE_W && nx == TILE_X) tile_bf16(o, x, w, TILE_X, TILE_W, N, K, c->accumulate);
+                else if (nw == TILE_W) tile_bf16(o, x, w, 1, TILE_W, N, K, c->accumulate);
+                else if (nx == TILE_X) tile_bf16(o, x, w, TILE_X, 1, N, K, c->accumulate);
+                else tile_bf16(o, x, w, 1, 1, N, K, c->accumulate);
             } else {
                 const float *w = wide ? wide : (const float *)c->w + (size_t)r0 * K;
-                if (nw == TILE_W && nx == TILE_X) tile(o, x, w, TILE_X, TILE_W, N, K, c->accumulate);
-                else if (nw == TILE_W) tile(o, x, w, 1, TILE_W, N, K, c->accumulate);
-                else if (nx == TILE_X) tile(o, x, w, TILE_X, 1, N, K, c->accumulate);
-                else tile(o, x, w, 1, 1, N, K, c->accumulate);
+                if (nw == TILE_W && nx == TILE_X) tile_f32(o, x, w, TILE_X, TILE_W, N, K, c->accumulate);
+                else if (nw == TILE_W) tile_f32(o, x, w, 1, TILE_W, N, K, c->accumulate);
+                else if (nx == TILE_X) tile_f32(o, x, w, TILE_X, 1, N, K, c->accumulate);
+                else tile_f32(o, x, w, 1, 1, N, K, c->accumulate);
             }
             m0 += nx;
         }
@@ -147,7 +197,7 @@ void keel_matmul_few_rows_bf16(float *out, const keel_bf16 *in, const keel_bf16 
         widened.mem = keel_xmalloc(sizeof(float) * (n + tiles), "few-row GEMM scratch");
         widened.floats = n + tiles;
     }
-    widen_rows(widened.mem, in, (int64_t)n);
+    widen_paired(widened.mem, in, M, K);
     few_ctx c = {out, widened.mem, w, M, N, K, accumulate, true, widened.mem + n};
     run(&c);
 }

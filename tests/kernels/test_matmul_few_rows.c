@@ -86,7 +86,7 @@ static void test_shape(int M, int N, int K, bool accumulate) {
 int main(void) {
     for (int threads = 1; threads <= 2; threads++) {
         keel_kernels_init(threads);
-        int Ms[] = {1, 2, 3, 5, 8, 9, 17}, Ns[] = {1, 3, 4, 67, 300}, Ks[] = {1, 7, 8, 33, 768};
+        int Ms[] = {1, 2, 3, 5, 8, 9, 17}, Ns[] = {1, 3, 4, 67, 300}, Ks[] = {1, 7, 8, 24, 33, 45, 768};
         for (size_t m = 0; m < sizeof Ms / sizeof *Ms; m++)
             for (size_t n = 0; n < sizeof Ns / sizeof *Ns; n++)
                 for (size_t k = 0; k < sizeof Ks / sizeof *Ks; k++) test_shape(Ms[m], Ns[n], Ks[k], (m + n + k) & 1);
