@@ -59,8 +59,8 @@ cache="$root/.cache/bench-generate"
 model="$cache/$(basename "$config" .json)"
 mkdir -p "$cache"
 "$torch_python" "$root/bench/torch_generate.py" make "$config" "$model" 2>/dev/null
-"$torch_python" "$root/bench/torch_generate.py" prompts "$model" "$prompt_len" 8 "$tmp/prompts8.jsonl"
-for b in $batches; do head -n "$b" "$tmp/prompts8.jsonl" >"$tmp/prompts$b.jsonl"; done
+"$torch_python" "$root/bench/torch_generate.py" prompts "$model" "$prompt_len" 8 "$tmp/prompts_all.jsonl"
+for b in $batches; do head -n "$b" "$tmp/prompts_all.jsonl" >"$tmp/prompts$b.jsonl"; done
 
 echo "machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(grep -o -m1 -w 'avx512f\|avx2' /proc/cpuinfo | tail -1); load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "keel: $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD || echo '+changes'); $("$torch_python" -c 'import torch, transformers; print(f"torch {torch.__version__}, transformers {transformers.__version__}")')"
