@@ -11,6 +11,7 @@
  * batch-8 generation (perf), the most of it in prefill. */
 #include <immintrin.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "keel/kernels.h"
@@ -24,6 +25,8 @@ typedef struct {
     const float *kc, *vc;
     const int32_t *seq, *pos;
     int NH, NKV, HS, T_max;
+    int64_t tasks;
+    _Atomic int64_t next; /* the first task no thread has taken */
 } cached_ctx;
 
 /* a · b over n floats, in eight partial sums the compiler vectorizes */
@@ -68,12 +71,14 @@ static void exps(float *w, const float *score, int n, float max) {
     }
 }
 
+/* Tasks are taken one at a time, not in fixed shares: a thread that loses its
+ * core to other work for a while then takes fewer. */
 static void attend(void *p, int64_t begin, int64_t end, int chunk) {
-    (void)chunk;
-    const cached_ctx *c = p;
+    (void)begin, (void)end, (void)chunk;
+    cached_ctx *c = p;
     int HS = c->HS, KVD = c->NKV * HS, group = c->NH / c->NKV;
     float scale = 1.0f / sqrtf((float)HS), score[KEY_TILE], weight[KEY_TILE];
-    for (int64_t task = begin; task < end; task++) {
+    for (int64_t task; (task = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed)) < c->tasks;) {
         int64_t i = task / c->NH;
         int h = (int)(task % c->NH), kvh = h / group, last = c->pos[i];
         const float *q = c->q + (i * c->NH + h) * HS;
@@ -116,6 +121,6 @@ void keel_attention_cached(float *out, const float *q, const float *k, const flo
         memcpy(kcache + at, k + (size_t)i * KVD, sizeof(float) * KVD);
         memcpy(vcache + at, v + (size_t)i * KVD, sizeof(float) * KVD);
     }
-    cached_ctx c = {out, q, kcache, vcache, seq, pos, NH, NKV, HS, T_max};
-    keel_pool_for((int64_t)N * NH, 1, attend, &c);
+    cached_ctx c = {out, q, kcache, vcache, seq, pos, NH, NKV, HS, T_max, (int64_t)N * NH, 0};
+    keel_pool_for(c.tasks < keel_pool_threads() ? c.tasks : keel_pool_threads(), 1, attend, &c);
 }

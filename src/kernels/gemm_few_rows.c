@@ -6,7 +6,7 @@
  * the physical limit is reading each weight once. OpenBLAS's sgemm first
  * packs (copies) the whole weight matrix, which at M = 1 triples the traffic
  * (perf of a decode step: sgemm_incopy 48%, its kernel 32%). Here each pool
- * thread takes a contiguous range of weight rows and streams it once: a tile
+ * thread takes blocks of contiguous weight rows and streams them once: a tile
  * of 4 weight rows meets 2 input rows at a time in 8 AVX2 accumulators, the
  * tile staying in L1/L2 while the other input rows pass. AVX2 + FMA is keel's
  * baseline, so the same code runs on AVX-512 and AMX CPUs; wider vectors
@@ -22,6 +22,7 @@
  * into the same order once per call ("paired" order, widen_paired), and so
  * are weight tiles widened ahead for many input rows. */
 #include <immintrin.h>
+#include <stdatomic.h>
 
 #include "keel/kernels.h"
 
@@ -142,13 +143,13 @@ typedef struct {
     const void *w; /* float or keel_bf16 */
     int M, N, K;
     bool accumulate, bf16;
-    float *w_tiles; /* bf16 with M > TILE_X: (threads, TILE_W, K) */
+    float *w_tiles;      /* bf16 with M > TILE_X: (threads, TILE_W, K) */
+    _Atomic int64_t next; /* the first weight row no thread has taken */
 } few_ctx;
 
 /* Weight rows [begin, end): tiles of TILE_W rows (then single rows) against
  * every input row, TILE_X at a time (then a single one). */
-static void rows_range(void *p, int64_t begin, int64_t end, int chunk) {
-    const few_ctx *c = p;
+static void rows_range(const few_ctx *c, int64_t begin, int64_t end, int chunk) {
     int M = c->M, N = c->N, K = c->K;
     for (int64_t r0 = begin; r0 < end;) {
         int nw = end - r0 >= TILE_W ? TILE_W : 1;
@@ -181,11 +182,31 @@ static void rows_range(void *p, int64_t begin, int64_t end, int chunk) {
     }
 }
 
-/* Chunks of at least 64 weight rows: a few pool wake-ups per matrix. */
-static void run(few_ctx *c) { keel_pool_for(c->N, 64, rows_range, c); }
+/* Each pool thread takes blocks of BLOCK_ROWS weight rows until none are
+ * left, rather than a fixed half: on a machine shared with other work a
+ * thread that loses its core for a while takes fewer blocks, where with fixed
+ * shares every matrix waited for it (a decode step runs ~100 matrices). Which
+ * thread computes a row does not change its result. */
+enum { BLOCK_ROWS = 64 };
+static void take_blocks(void *p, int64_t begin, int64_t end, int chunk) {
+    (void)begin, (void)end;
+    few_ctx *c = p;
+    for (;;) {
+        int64_t r0 = atomic_fetch_add_explicit(&c->next, BLOCK_ROWS, memory_order_relaxed);
+        if (r0 >= c->N) return;
+        rows_range(c, r0, r0 + BLOCK_ROWS < c->N ? r0 + BLOCK_ROWS : c->N, chunk);
+    }
+}
+
+static void run(few_ctx *c) {
+    atomic_init(&c->next, 0);
+    int threads = keel_pool_threads();
+    if (c->N < 2 * BLOCK_ROWS || threads == 1) rows_range(c, 0, c->N, 0);
+    else keel_pool_for(threads, 1, take_blocks, c);
+}
 
 void keel_matmul_few_rows(float *out, const float *in, const float *w, int M, int N, int K, bool accumulate) {
-    few_ctx c = {out, in, w, M, N, K, accumulate, false, NULL};
+    few_ctx c = {out, in, w, M, N, K, accumulate, false, NULL, 0};
     run(&c);
 }
 
@@ -198,7 +219,7 @@ void keel_matmul_few_rows_bf16(float *out, const keel_bf16 *in, const keel_bf16 
         widened.floats = n + tiles;
     }
     widen_paired(widened.mem, in, M, K);
-    few_ctx c = {out, widened.mem, w, M, N, K, accumulate, true, widened.mem + n};
+    few_ctx c = {out, widened.mem, w, M, N, K, accumulate, true, widened.mem + n, 0};
     run(&c);
 }
 
