@@ -27,6 +27,11 @@
 #include "keel/kernels.h"
 
 enum { TILE_W = 4, TILE_X = 2 };
+/* bf16 weight rows are prefetched this many bytes ahead of their loads (past
+ * a row's end: the rows after it, which come next). The hardware's prefetch
+ * alone left them (more work per byte than fp32) at 14 GB/s, 18 with this, on
+ * this VM's 2 cores; fp32 rows stream at 22 either way (5% less with it). */
+enum { PREFETCH_BYTES = 4096 };
 
 /* The bf16 form's scratch: its input rows widened to fp32 in paired order,
  * (M, K), once per call; and per pool chunk, a tile's weight rows widened the
@@ -56,6 +61,7 @@ static void widen_paired(float *dst, const keel_bf16 *src, int rows, int K) {
         int k = 0;
         for (; k + 16 <= K; k += 16) {
             __m256 lo, hi;
+            _mm_prefetch((const char *)(src + k) + PREFETCH_BYTES, _MM_HINT_T0);
             load_w16_paired(src + k, &lo, &hi);
             _mm256_storeu_ps(dst + k, lo);
             _mm256_storeu_ps(dst + k + 8, hi);
@@ -121,6 +127,7 @@ static inline __attribute__((always_inline)) void tile_bf16(float *out, const fl
         }
         for (int r = 0; r < nw; r++) {
             __m256 lo, hi;
+            _mm_prefetch((const char *)(w + (size_t)r * K + k) + PREFETCH_BYTES, _MM_HINT_T0);
             load_w16_paired(w + (size_t)r * K + k, &lo, &hi);
             for (int m = 0; m < nx; m++) acc[m][r] = _mm256_fmadd_ps(lo, xlo[m], acc[m][r]);
             for (int m = 0; m < nx; m++) acc[m][r] = _mm256_fmadd_ps(hi, xhi[m], acc[m][r]);
