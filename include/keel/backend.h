@@ -95,6 +95,12 @@ typedef struct keel_backend {
                             int N, int K, bool accumulate_in);
     void (*gemm_bf16)(float *out, const keel_bf16 *a, bool a_t, const keel_bf16 *b, bool b_t, int M, int N, int K,
                       bool accumulate);
+    /* Generation's decode steps (keel_matmul_few_rows, _bf16: a few rows, weights
+     * streamed once); NULL where the backend has none (cuda): the decoder then
+     * calls matmul_forward and gemm_bf16. */
+    void (*matmul_few_rows)(float *out, const float *in, const float *w, int M, int N, int K, bool accumulate);
+    void (*matmul_few_rows_bf16)(float *out, const keel_bf16 *in, const keel_bf16 *w, int M, int N, int K,
+                                 bool accumulate);
     void (*f32_to_bf16)(keel_bf16 *dst, const float *src, int64_t n);
     void (*bf16_to_f32)(float *dst, const keel_bf16 *src, int64_t n);
 

@@ -74,6 +74,22 @@ void keel_matmul_forward(float *out, const float *in, const float *w, int M, int
 void keel_matmul_backward(float *d_in, float *d_w, const float *d_out, const float *in,
                           const float *w, int M, int N, int K, bool accumulate_in);
 
+/* ---- GEMMs of a few rows (generation's decode steps; gemm_few_rows.c) -----
+ * out (M,N) = in (M,K) · w (N,K)ᵀ, plus out if accumulate — keel_matmul_forward's
+ * contract, for a small M (one row per sequence of a decode step): each pool
+ * thread streams its share of w's rows from memory once, for all M rows,
+ * where sgemm would first copy (pack) all of w. Any M is correct; sgemm is
+ * faster from a few tens of rows on. fp32 sums whose order depends on K only:
+ * a row's result is the same whatever M, the thread count or the rows beside
+ * it. The _bf16 form: in and w in bf16, products exact and summed in fp32 (as
+ * keel_gemm_bf16(out, in, false, w, true, ...), up to the order of the sums).
+ * Training uses keel_matmul_forward and keel_gemm_bf16, never these. */
+void keel_matmul_few_rows(float *out, const float *in, const float *w, int M, int N, int K, bool accumulate);
+void keel_matmul_few_rows_bf16(float *out, const keel_bf16 *in, const keel_bf16 *w, int M, int N, int K,
+                               bool accumulate);
+/* Free the bf16 form's widened input (keel_kernels_shutdown). */
+void keel_matmul_few_rows_release(void);
+
 /* ---- bf16 GEMM ------------------------------------------------------------
  * bf16 inputs, fp32 accumulation and output: the GEMMs of fsdp.mixed_precision
  * "bf16". Runs on keel's pool like the fp32 GEMMs: oneDNN's matmul where the

@@ -23,6 +23,10 @@
       (di, dw, dy, i, w, M, N, K, acc))                                                                                \
     X(gemm_bf16, (float *o, const keel_bf16 *a, bool at, const keel_bf16 *b, bool bt, int M, int N, int K, bool acc),  \
       (o, a, at, b, bt, M, N, K, acc))                                                                                 \
+    X(matmul_few_rows, (float *o, const float *i, const float *w, int M, int N, int K, bool acc),                      \
+      (o, i, w, M, N, K, acc))                                                                                         \
+    X(matmul_few_rows_bf16, (float *o, const keel_bf16 *i, const keel_bf16 *w, int M, int N, int K, bool acc),         \
+      (o, i, w, M, N, K, acc))                                                                                         \
     X(attention_forward, KEEL_ATT_FWD_PARAMS, (o, l, q, k, v, ks, B, T, NH, NKV, HS))                                 \
     X(attention_forward_bf16, KEEL_ATT_FWD_PARAMS, (o, l, q, k, v, ks, B, T, NH, NKV, HS))                            \
     X(attention_backward, KEEL_ATT_BWD_PARAMS, (dq, dk, dv, dy, o, l, q, k, v, ks, B, T, NH, NKV, HS))                \

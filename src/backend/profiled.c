@@ -60,6 +60,8 @@ static double attention_flops(int products, int B, int T, int NH, int HS) {
 #define FLOPS_matmul_forward(o, i, w, M, N, K, acc) (2.0 * (M) * (N) * (K))
 #define FLOPS_matmul_backward(di, dw, dy, i, w, M, N, K, acc) (((di) ? 4.0 : 2.0) * (M) * (N) * (K))
 #define FLOPS_gemm_bf16(o, a, at, b, bt, M, N, K, acc) (2.0 * (M) * (N) * (K))
+#define FLOPS_matmul_few_rows FLOPS_matmul_forward
+#define FLOPS_matmul_few_rows_bf16 FLOPS_matmul_forward
 #define FLOPS_attention_forward(o, l, q, k, v, ks, B, T, NH, NKV, HS) attention_flops(2, B, T, NH, HS)
 #define FLOPS_attention_forward_bf16 FLOPS_attention_forward
 #define FLOPS_attention_backward(dq, dk, dv, dy, o, l, q, k, v, ks, B, T, NH, NKV, HS) \

@@ -21,6 +21,7 @@ int keel_kernels_init(int threads) {
 
 void keel_kernels_shutdown(void) {
     keel_gemm_bf16_release();
+    keel_matmul_few_rows_release();
     keel_attention_release();
     keel_pool_shutdown();
 }

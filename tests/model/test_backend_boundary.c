@@ -18,14 +18,20 @@
 #include "keel/model.h"
 #include "../testlib.h"
 
-/* Every field of the table is set: a new backend call the wrapper forgot would be NULL. */
+/* Every field of the table is set: a new backend call the wrapper forgot would be NULL.
+ * Generation's calls may be NULL where the backend has none (keel/backend.h: cuda). */
 static void check_table_complete(const keel_backend *be) {
     const char *p = (const char *)be;
     size_t first = offsetof(keel_backend, alloc), n = (sizeof *be - first) / sizeof(void (*)(void));
+    const size_t optional[] = {offsetof(keel_backend, rope_at), offsetof(keel_backend, attention_cached),
+                               offsetof(keel_backend, matmul_few_rows), offsetof(keel_backend, matmul_few_rows_bf16)};
     int missing = 0;
     for (size_t i = 0; i < n; i++) {
         void (*fn)(void);
         memcpy(&fn, p + first + i * sizeof fn, sizeof fn);
+        bool may_lack = be->kind == KEEL_BACKEND_CUDA;
+        for (size_t j = 0; j < sizeof optional / sizeof *optional && may_lack; j++)
+            if (first + i * sizeof fn == optional[j]) fn = (void (*)(void))1; /* counted as set */
         missing += fn == NULL;
     }
     EXPECT(missing == 0, "%s backend: every one of its %zu calls set (%d missing)", be->name, n, missing);

@@ -1,0 +1,92 @@
+/* keel_attention_cached (generation's attention against a KV cache) against a
+ * plain softmax in double: head sizes that are and are not a multiple of the
+ * 8-key score groups, contexts past one 64-key tile, grouped-query heads,
+ * rows of several sequences at different positions in one call (a prefill
+ * chunk and decode rows), 1 and 2 threads; and the cache holds each new row's
+ * key and value where it belongs. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "keel/kernels.h"
+
+#define TESTLIB_QUIET
+#include "../testlib.h"
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static float frand(void) {
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (float)((double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+/* S sequences with T_max positions; sequence s already holds filled[s]
+ * positions; the call adds rows: a chunk of `chunk` rows of sequence 0 after
+ * its filled ones, then one row of every other sequence. */
+static void test_case(int NH, int NKV, int HS, int T_max, const int *filled, int S, int chunk, float qscale) {
+    int KVD = NKV * HS, N = chunk + S - 1;
+    size_t cache_n = (size_t)S * T_max * KVD;
+    float *kc = calloc(cache_n, 4), *vc = calloc(cache_n, 4);
+    float *q = malloc(4 * (size_t)N * NH * HS), *k = malloc(4 * (size_t)N * KVD), *v = malloc(4 * (size_t)N * KVD);
+    float *out = malloc(4 * (size_t)N * NH * HS);
+    int32_t *seq = malloc(4 * (size_t)N), *pos = malloc(4 * (size_t)N);
+    for (int s = 0; s < S; s++)
+        for (int t = 0; t < filled[s]; t++)
+            for (int d = 0; d < KVD; d++) {
+                kc[((size_t)s * T_max + t) * KVD + d] = frand();
+                vc[((size_t)s * T_max + t) * KVD + d] = frand();
+            }
+    for (int i = 0; i < N; i++) {
+        seq[i] = i < chunk ? 0 : i - chunk + 1;
+        pos[i] = i < chunk ? filled[0] + i : filled[seq[i]];
+        for (int d = 0; d < NH * HS; d++) q[(size_t)i * NH * HS + d] = qscale * frand();
+        for (int d = 0; d < KVD; d++) k[(size_t)i * KVD + d] = frand(), v[(size_t)i * KVD + d] = frand();
+    }
+    keel_attention_cached(out, q, k, v, kc, vc, seq, pos, N, NH, NKV, HS, T_max);
+    bool stored = true;
+    for (int i = 0; i < N; i++) {
+        size_t at = ((size_t)seq[i] * T_max + pos[i]) * KVD;
+        stored &= !memcmp(kc + at, k + (size_t)i * KVD, 4 * (size_t)KVD) &&
+                  !memcmp(vc + at, v + (size_t)i * KVD, 4 * (size_t)KVD);
+    }
+    EXPECT(stored, "NH=%d NKV=%d HS=%d: every new row's key and value in the cache", NH, NKV, HS);
+    double worst = 0, *p = malloc(sizeof(double) * (size_t)T_max);
+    for (int i = 0; i < N; i++)
+        for (int h = 0; h < NH; h++) {
+            const float *qi = q + ((size_t)i * NH + h) * HS;
+            const float *kb = kc + (size_t)seq[i] * T_max * KVD + (size_t)(h / (NH / NKV)) * HS;
+            const float *vb = vc + (size_t)seq[i] * T_max * KVD + (size_t)(h / (NH / NKV)) * HS;
+            double max = -INFINITY, sum = 0;
+            for (int t = 0; t <= pos[i]; t++) {
+                double s = 0;
+                for (int d = 0; d < HS; d++) s += (double)qi[d] * kb[(size_t)t * KVD + d];
+                p[t] = s / sqrt((double)HS);
+                max = p[t] > max ? p[t] : max;
+            }
+            for (int t = 0; t <= pos[i]; t++) sum += p[t] = exp(p[t] - max);
+            for (int d = 0; d < HS; d++) {
+                double want = 0;
+                for (int t = 0; t <= pos[i]; t++) want += p[t] / sum * vb[(size_t)t * KVD + d];
+                worst = testlib_worst(worst, fabs(out[((size_t)i * NH + h) * HS + d] - want));
+            }
+        }
+    EXPECT(worst <= 2e-5, "NH=%d NKV=%d HS=%d chunk=%d, %d sequences, q x%.0f, threads=%d: |out - softmax(qk)v| %.1e",
+           NH, NKV, HS, chunk, S, qscale, keel_pool_threads(), worst);
+    free(kc); free(vc); free(q); free(k); free(v); free(out); free(seq); free(pos); free(p);
+}
+
+int main(void) {
+    for (int threads = 1; threads <= 2; threads++) {
+        keel_kernels_init(threads);
+        int filled[] = {100, 0, 7, 63, 64, 140};
+        int shapes[][3] = {{4, 4, 64}, {4, 2, 16}, {6, 3, 8}, {2, 1, 12}, {3, 3, 5}}; /* NH, NKV, HS */
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            test_case(shapes[s][0], shapes[s][1], shapes[s][2], 160, filled, 6, 9, 1.0f);
+            test_case(shapes[s][0], shapes[s][1], shapes[s][2], 160, filled, 6, 1, 8.0f); /* peaked softmax */
+            int empty[] = {0};
+            test_case(shapes[s][0], shapes[s][1], shapes[s][2], 150, empty, 1, 150, 1.0f); /* a whole prefill */
+        }
+        keel_kernels_shutdown();
+    }
+    return test_summary("test_attention_cached");
+}
