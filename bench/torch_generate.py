@@ -18,13 +18,13 @@ decode as the rest of a generate of N new tokens (min_new_tokens = N, so EOS can
 B * (N - 1) tokens in time(N) - time(1), as keel counts them (its first token comes from
 the prefill's logits).
 """
+import argparse
 import json
 import os
 import random
 import statistics
 import sys
 import time
-import argparse
 
 # Spinning OpenMP workers steal the second core from the BLAS threads (shared/notes/cpu.md).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
