@@ -245,6 +245,11 @@ int keel_infer_split_threads(int threads, int nproc);
 keel_status keel_infer_parse_prompts(const char *text, size_t len, const char *name, const char *key,
                                      keel_gen_prompt **prompts, int *n);
 void keel_gen_prompts_free(keel_gen_prompt *prompts, int n);
+/* A JSON list of token ids as a prompt's ids (each an integer in [0,
+ * INT32_MAX], at least one, at most 2^24; the vocabulary is checked later,
+ * against the model): what the prompts file and keel serve's requests take.
+ * false, and *p untouched, otherwise. */
+bool keel_gen_prompt_ids(const struct cJSON *list, keel_gen_prompt *p);
 
 /* ---- serving ------------------------------------------------------------------ */
 

@@ -22,25 +22,6 @@ void infer_completion_free(completion_request *req) {
 
 /* ---- the prompt ---------------------------------------------------------------- */
 
-/* A list of token ids >= 0 (the vocabulary is checked later, against the model). */
-static bool ids_of(const cJSON *list, keel_gen_prompt *p) {
-    int n = cJSON_GetArraySize(list);
-    if (n < 1) return false;
-    int32_t *ids = keel_xmalloc(sizeof(int32_t) * (size_t)n, "prompt ids");
-    int k = 0;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, list) {
-        int64_t x;
-        if (!keel_json_int(e, 0, INT32_MAX, &x)) {
-            keel_free(ids);
-            return false;
-        }
-        ids[k++] = (int32_t)x;
-    }
-    p->ids = ids, p->n_ids = n;
-    return true;
-}
-
 static void text_of(const cJSON *s, keel_gen_prompt *p) {
     p->text = keel_xstrdup(s->valuestring);
     p->text_len = strlen(p->text);
@@ -67,7 +48,7 @@ static keel_status parse_prompt(const cJSON *v, completion_request *req) {
     if (cJSON_IsNumber(first)) { /* one prompt of ids */
         req->prompts = keel_xcalloc(sizeof *req->prompts, "prompts");
         req->n_prompts = 1;
-        if (ids_of(v, &req->prompts[0])) return KEEL_OK;
+        if (keel_gen_prompt_ids(v, &req->prompts[0])) return KEEL_OK;
         keel_errorf("\"prompt\": a list of token ids holds only whole numbers from 0 to %d", INT32_MAX);
         return KEEL_ERR_INPUT;
     }
@@ -81,7 +62,7 @@ static keel_status parse_prompt(const cJSON *v, completion_request *req) {
     cJSON_ArrayForEach(e, v) {
         keel_gen_prompt *p = &req->prompts[req->n_prompts];
         if (strings && cJSON_IsString(e)) text_of(e, p);
-        else if (!strings && cJSON_IsArray(e) && ids_of(e, p)) {
+        else if (!strings && cJSON_IsArray(e) && keel_gen_prompt_ids(e, p)) {
         } else {
             keel_errorf("\"prompt\" item %d: %s; a list of prompts holds %s", req->n_prompts + 1,
                         strings ? "not a string" : "not a non-empty list of token ids (whole numbers >= 0)",

@@ -10,8 +10,7 @@
 enum { MAX_PROMPT_IDS = 1 << 24 };
 
 
-/* A list of token ids (checked against the vocabulary later, when the model is known). */
-static bool ids_of(const cJSON *list, keel_gen_prompt *p) {
+bool keel_gen_prompt_ids(const struct cJSON *list, keel_gen_prompt *p) {
     int n = cJSON_GetArraySize(list);
     if (n < 1 || n > MAX_PROMPT_IDS) return false;
     int32_t *ids = keel_xmalloc(sizeof(int32_t) * (size_t)n, "prompt ids");
@@ -52,7 +51,7 @@ static keel_status one_line(const char *line, size_t len, const char *name, cons
     else if (cJSON_IsString(v)) {
         *p = (keel_gen_prompt){.text = keel_xstrdup(v->valuestring)};
         st = KEEL_OK;
-    } else if (cJSON_IsArray(v) && ids_of(v, p)) st = KEEL_OK;
+    } else if (cJSON_IsArray(v) && keel_gen_prompt_ids(v, p)) st = KEEL_OK;
     else keel_errorf("%s:%d: \"%s\" must be a string or a non-empty list of token ids (integers >= 0)", name, lineno, key);
     cJSON_Delete(rec);
     *got = st == KEEL_OK;
