@@ -173,7 +173,10 @@ void keel_attention_backward_bf16(float *dq, float *dk, float *dv, const float *
                                   const float *v, const int32_t *kv_start, int B, int T, int NH, int NKV,
                                   int HS);
 /* Attention for generation, against a KV cache: kcache and vcache are (S,
- * T_max, NKV*HS), S sequences of up to T_max positions. Row i of N new rows
+ * NKV, T_max, HS), S sequences of up to T_max positions, each kv head's
+ * positions one after another (a decode row reads them as one stream, where
+ * rows of NKV*HS put a 4 KiB page between every position or two of a head:
+ * attention was 11% of a bf16 decode token that way). Row i of N new rows
  * is sequence seq[i]'s position pos[i]: its k and v rows (NKV*HS) are stored
  * at that place first (every row's before any row attends), then its query
  * heads (q row i, NH*HS) attend causally to the sequence's positions

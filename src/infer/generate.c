@@ -2,12 +2,14 @@
  * each sampled from its own seeded generator, stopped by EOS, stop tokens,
  * stop strings or length (keel_infer_generate in keel/infer.h).
  *
- * The schedule: up to `batch` prompts hold a cache slot each. A prompt that
- * takes a free slot is run whole first (prefill, in steps of prefill_rows
- * tokens; the logits of its last token give its first new token); then every
- * prompt in a slot advances one token per decode step, all in one step of the
- * decoder, so a step reads the weights once for the whole batch. A prompt
- * that finishes frees its slot for the next one waiting. */
+ * The schedule: up to `batch` prompts hold a cache slot each. The prompts
+ * that take free slots are run whole first, together (prefill: their tokens
+ * packed into steps of up to prefill_rows rows, so the GEMMs of 8 short
+ * prompts are as large as those of one long one; the logits of a prompt's
+ * last token give its first new token); then every prompt in a slot advances
+ * one token per decode step, all in one step of the decoder, so a step reads
+ * the weights once for the whole batch. A prompt that finishes frees its slot
+ * for the next one waiting. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -298,31 +300,42 @@ keel_status keel_infer_generate(keel_infer_model *m, const keel_gen_prompt *prom
                                 &d);
     if (st != KEEL_OK || n == 0) goto done;
     {
-        int32_t *seq = keel_xmalloc(sizeof(int32_t) * (size_t)rows_max * 3, "step rows");
-        int32_t *pos = seq + rows_max, *want = pos + rows_max;
+        int32_t *rows = keel_xmalloc(sizeof(int32_t) * (size_t)rows_max * 4, "step rows");
+        int32_t *ids = rows, *seq = ids + rows_max, *pos = seq + rows_max, *want = pos + rows_max;
         float *logits = keel_xmalloc(sizeof(float) * (size_t)slots * V, "logits");
         candidate *cand = keel_xmalloc(sizeof(candidate) * (size_t)V, "sampling scratch");
-        int *slot_of = keel_xmalloc(sizeof(int) * (size_t)slots, "slots"), next = 0, active = 0;
-        int32_t *tokens = keel_xmalloc(sizeof(int32_t) * (size_t)slots, "step tokens");
+        int *slot_of = keel_xmalloc(sizeof(int) * (size_t)slots * 2, "slots"), *fresh = slot_of + slots;
+        int next = 0, active = 0;
         for (int k = 0; k < slots; k++) slot_of[k] = -1;
         for (;;) {
-            /* fill free slots: prefill each new prompt whole, its last logits give its first token */
-            for (int k = 0; k < slots && next < n; k++) {
-                if (slot_of[k] >= 0) continue;
-                int i = slot_of[k] = next++;
-                seq_state *s = &seqs[i];
+            /* free slots take the next prompts, prefilled together: their rows
+             * packed into steps of up to prefill_rows (a prompt's in order);
+             * the logits of each one's last row give its first new token */
+            int n_fresh = 0;
+            for (int k = 0; k < slots && next < n; k++)
+                if (slot_of[k] < 0) slot_of[k] = next++, fresh[n_fresh++] = k;
+            if (n_fresh > 0) {
                 double t0 = keel_now_s();
-                for (int t0r = 0; t0r < s->n_prompt; t0r += g->prefill_rows) {
-                    int r = s->n_prompt - t0r < g->prefill_rows ? s->n_prompt - t0r : g->prefill_rows;
-                    for (int j = 0; j < r; j++) seq[j] = k, pos[j] = t0r + j;
-                    bool last = t0r + r == s->n_prompt;
-                    want[0] = r - 1;
-                    keel_decoder_step(d, s->ids + t0r, seq, pos, r, want, last ? 1 : 0, logits);
+                for (int f = 0, t = 0, r = 0, w = 0, got = 0; f < n_fresh;) {
+                    const seq_state *s = &seqs[slot_of[fresh[f]]];
+                    ids[r] = s->ids[t], seq[r] = fresh[f], pos[r] = t;
+                    if (t == s->n_prompt - 1) want[w++] = r;
+                    if (++t == s->n_prompt) f++, t = 0;
+                    if (++r == g->prefill_rows || f == n_fresh) {
+                        keel_decoder_step(d, ids, seq, pos, r, want, w, logits + (size_t)got * V);
+                        got += w, r = w = 0;
+                    }
                 }
-                if (stats) stats->prompt_tokens += s->n_prompt, stats->prefill_s += keel_now_s() - t0;
-                advance(m, g, s, i, logits, cand, max_len, fn, ctx, stats);
-                active++;
-                if (s->done) slot_of[k] = -1, active--, k--; /* the slot is free again at once */
+                if (stats) stats->prefill_s += keel_now_s() - t0;
+                for (int f = 0; f < n_fresh; f++) {
+                    int k = fresh[f], i = slot_of[k];
+                    seq_state *s = &seqs[i];
+                    if (stats) stats->prompt_tokens += s->n_prompt;
+                    advance(m, g, s, i, logits + (size_t)f * V, cand, max_len, fn, ctx, stats);
+                    active++;
+                    if (s->done) slot_of[k] = -1, active--;
+                }
+                continue; /* a prompt done at its first token has left its slot to the next */
             }
             if (active == 0) break;
             /* one decode step for every prompt in a slot */
@@ -330,11 +343,11 @@ keel_status keel_infer_generate(keel_infer_model *m, const keel_gen_prompt *prom
             for (int k = 0; k < slots; k++)
                 if (slot_of[k] >= 0) {
                     seq_state *s = &seqs[slot_of[k]];
-                    tokens[r] = s->ids[s->n - 1], seq[r] = k, pos[r] = s->n - 1, want[r] = r;
+                    ids[r] = s->ids[s->n - 1], seq[r] = k, pos[r] = s->n - 1, want[r] = r;
                     r++;
                 }
             double t0 = keel_now_s();
-            keel_decoder_step(d, tokens, seq, pos, r, want, r, logits);
+            keel_decoder_step(d, ids, seq, pos, r, want, r, logits);
             if (stats) stats->decode_s += keel_now_s() - t0, stats->decode_tokens += r;
             for (int k = 0, row = 0; k < slots; k++) {
                 if (slot_of[k] < 0) continue;
@@ -343,11 +356,10 @@ keel_status keel_infer_generate(keel_infer_model *m, const keel_gen_prompt *prom
                 if (s->done) slot_of[k] = -1, active--;
             }
         }
-        keel_free(seq);
+        keel_free(rows);
         keel_free(logits);
         keel_free(cand);
         keel_free(slot_of);
-        keel_free(tokens);
     }
 done:
     keel_decoder_free(d);

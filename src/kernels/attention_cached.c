@@ -76,22 +76,22 @@ static void exps(float *w, const float *score, int n, float max) {
 static void attend(void *p, int64_t begin, int64_t end, int chunk) {
     (void)begin, (void)end, (void)chunk;
     cached_ctx *c = p;
-    int HS = c->HS, KVD = c->NKV * HS, group = c->NH / c->NKV;
+    int HS = c->HS, group = c->NH / c->NKV;
     float scale = 1.0f / sqrtf((float)HS), score[KEY_TILE], weight[KEY_TILE];
     for (int64_t task; (task = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed)) < c->tasks;) {
         int64_t i = task / c->NH;
         int h = (int)(task % c->NH), kvh = h / group, last = c->pos[i];
         const float *q = c->q + (i * c->NH + h) * HS;
-        int64_t base = (int64_t)c->seq[i] * c->T_max * KVD + (int64_t)kvh * HS;
+        int64_t base = ((int64_t)c->seq[i] * c->NKV + kvh) * c->T_max * HS; /* the head's keys, one after another */
         float *o = c->out + (i * c->NH + h) * HS;
         memset(o, 0, sizeof(float) * (size_t)HS);
         float run_max = -INFINITY, run_sum = 0;
         for (int j0 = 0; j0 <= last; j0 += KEY_TILE) {
             int n = last + 1 - j0 < KEY_TILE ? last + 1 - j0 : KEY_TILE, j = 0;
-            const float *k = c->kc + base + (int64_t)j0 * KVD;
+            const float *k = c->kc + base + (int64_t)j0 * HS;
             if (HS % 8 == 0)
-                for (; j + 8 <= n; j += 8) scores8(score + j, q, k + (int64_t)j * KVD, KVD, HS, scale);
-            for (; j < n; j++) score[j] = scale * dot(q, k + (int64_t)j * KVD, HS);
+                for (; j + 8 <= n; j += 8) scores8(score + j, q, k + (int64_t)j * HS, HS, HS, scale);
+            for (; j < n; j++) score[j] = scale * dot(q, k + (int64_t)j * HS, HS);
             float tile_max = -INFINITY;
             for (j = 0; j < n; j++) tile_max = fmaxf(tile_max, score[j]);
             float new_max = fmaxf(run_max, tile_max), rescale = expf(run_max - new_max);
@@ -103,7 +103,7 @@ static void attend(void *p, int64_t begin, int64_t end, int chunk) {
             for (j = 0; j < n; j++) {
                 float w = weight[j];
                 run_sum += w;
-                const float *v = c->vc + base + (int64_t)(j0 + j) * KVD;
+                const float *v = c->vc + base + (int64_t)(j0 + j) * HS;
                 for (int d = 0; d < HS; d++) o[d] += w * v[d];
             }
             run_max = new_max;
@@ -115,12 +115,12 @@ static void attend(void *p, int64_t begin, int64_t end, int chunk) {
 
 void keel_attention_cached(float *out, const float *q, const float *k, const float *v, float *kcache, float *vcache,
                            const int32_t *seq, const int32_t *pos, int N, int NH, int NKV, int HS, int T_max) {
-    size_t KVD = (size_t)NKV * HS;
-    for (int i = 0; i < N; i++) { /* every row's key and value first: a later row may read an earlier one's */
-        size_t at = ((size_t)seq[i] * (size_t)T_max + (size_t)pos[i]) * KVD;
-        memcpy(kcache + at, k + (size_t)i * KVD, sizeof(float) * KVD);
-        memcpy(vcache + at, v + (size_t)i * KVD, sizeof(float) * KVD);
-    }
+    for (int i = 0; i < N; i++) /* every row's key and value first: a later row may read an earlier one's */
+        for (int h = 0; h < NKV; h++) {
+            size_t at = (((size_t)seq[i] * NKV + h) * T_max + (size_t)pos[i]) * HS, from = ((size_t)i * NKV + h) * HS;
+            memcpy(kcache + at, k + from, sizeof(float) * HS);
+            memcpy(vcache + at, v + from, sizeof(float) * HS);
+        }
     cached_ctx c = {out, q, kcache, vcache, seq, pos, NH, NKV, HS, T_max, (int64_t)N * NH, 0};
     keel_pool_for(c.tasks < keel_pool_threads() ? c.tasks : keel_pool_threads(), 1, attend, &c);
 }

@@ -30,12 +30,11 @@ static void test_case(int NH, int NKV, int HS, int T_max, const int *filled, int
     float *q = malloc(4 * (size_t)N * NH * HS), *k = malloc(4 * (size_t)N * KVD), *v = malloc(4 * (size_t)N * KVD);
     float *out = malloc(4 * (size_t)N * NH * HS);
     int32_t *seq = malloc(4 * (size_t)N), *pos = malloc(4 * (size_t)N);
+#define AT(s, h, t) ((((size_t)(s) * NKV + (h)) * T_max + (t)) * HS) /* the cache's (S, NKV, T_max, HS) */
     for (int s = 0; s < S; s++)
         for (int t = 0; t < filled[s]; t++)
-            for (int d = 0; d < KVD; d++) {
-                kc[((size_t)s * T_max + t) * KVD + d] = frand();
-                vc[((size_t)s * T_max + t) * KVD + d] = frand();
-            }
+            for (int h = 0; h < NKV; h++)
+                for (int d = 0; d < HS; d++) kc[AT(s, h, t) + d] = frand(), vc[AT(s, h, t) + d] = frand();
     for (int i = 0; i < N; i++) {
         seq[i] = i < chunk ? 0 : i - chunk + 1;
         pos[i] = i < chunk ? filled[0] + i : filled[seq[i]];
@@ -44,29 +43,27 @@ static void test_case(int NH, int NKV, int HS, int T_max, const int *filled, int
     }
     keel_attention_cached(out, q, k, v, kc, vc, seq, pos, N, NH, NKV, HS, T_max);
     bool stored = true;
-    for (int i = 0; i < N; i++) {
-        size_t at = ((size_t)seq[i] * T_max + pos[i]) * KVD;
-        stored &= !memcmp(kc + at, k + (size_t)i * KVD, 4 * (size_t)KVD) &&
-                  !memcmp(vc + at, v + (size_t)i * KVD, 4 * (size_t)KVD);
-    }
+    for (int i = 0; i < N; i++)
+        for (int h = 0; h < NKV; h++)
+            stored &= !memcmp(kc + AT(seq[i], h, pos[i]), k + ((size_t)i * NKV + h) * HS, 4 * (size_t)HS) &&
+                      !memcmp(vc + AT(seq[i], h, pos[i]), v + ((size_t)i * NKV + h) * HS, 4 * (size_t)HS);
     EXPECT(stored, "NH=%d NKV=%d HS=%d: every new row's key and value in the cache", NH, NKV, HS);
     double worst = 0, *p = malloc(sizeof(double) * (size_t)T_max);
     for (int i = 0; i < N; i++)
         for (int h = 0; h < NH; h++) {
             const float *qi = q + ((size_t)i * NH + h) * HS;
-            const float *kb = kc + (size_t)seq[i] * T_max * KVD + (size_t)(h / (NH / NKV)) * HS;
-            const float *vb = vc + (size_t)seq[i] * T_max * KVD + (size_t)(h / (NH / NKV)) * HS;
+            const float *kb = kc + AT(seq[i], h / (NH / NKV), 0), *vb = vc + AT(seq[i], h / (NH / NKV), 0);
             double max = -INFINITY, sum = 0;
             for (int t = 0; t <= pos[i]; t++) {
                 double s = 0;
-                for (int d = 0; d < HS; d++) s += (double)qi[d] * kb[(size_t)t * KVD + d];
+                for (int d = 0; d < HS; d++) s += (double)qi[d] * kb[(size_t)t * HS + d];
                 p[t] = s / sqrt((double)HS);
                 max = p[t] > max ? p[t] : max;
             }
             for (int t = 0; t <= pos[i]; t++) sum += p[t] = exp(p[t] - max);
             for (int d = 0; d < HS; d++) {
                 double want = 0;
-                for (int t = 0; t <= pos[i]; t++) want += p[t] / sum * vb[(size_t)t * KVD + d];
+                for (int t = 0; t <= pos[i]; t++) want += p[t] / sum * vb[(size_t)t * HS + d];
                 worst = testlib_worst(worst, fabs(out[((size_t)i * NH + h) * HS + d] - want));
             }
         }
