@@ -29,7 +29,7 @@ static int manifest(int argc, char **argv) {
     optind = 1;
     opterr = 0;
     int c;
-    while ((c = getopt_long(argc, argv, "+:", options, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":", options, NULL)) != -1) {
         if (c == 'o') out = optarg;
         else if (c == 'f') force = true;
         else if (c == 'h') return usage(stdout), 0;
