@@ -17,7 +17,7 @@ static const char *quoted(const char *c) {
         if (*c == '\\') {
             c++;
             if (*c == 'x') {
-                if (!strchr("0123456789abcdef", c[1]) || !strchr("0123456789abcdef", c[2]) || !c[1] || !c[2])
+                if (!c[1] || !strchr("0123456789abcdef", c[1]) || !c[2] || !strchr("0123456789abcdef", c[2]))
                     abort();
                 c += 2;
             } else if (*c != '"' && *c != '\\') abort();
