@@ -32,11 +32,13 @@ char **keel_launch_argv(const char *keel_path, const keel_launch_spec *spec, con
 void keel_launch_argv_free(char **argv);
 /* This executable's path (/proc/self/exe). */
 keel_status keel_self_path(char *out, size_t n);
-/* Environment for launched ranks: loopback-only OpenMPI, KEEL_TTY. */
+/* Environment for launched ranks: KEEL_TTY, and OpenMPI on loopback only
+ * unless the ranks span hosts (a Slurm allocation, or mpirun's default
+ * hostfile set as an MPIJob's launcher has it). */
 void keel_launch_env(void);
 /* OpenMPI's shared-memory files of the local ranks (btl vader) go to a
  * directory of this supervisor's, /dev/shm/keel-mpi-<pid> (unless the user set
- * OMPI_MCA_btl_vader_backing_directory): ranks killed by a failure never
+ * OMPI_MCA_btl_vader_backing_directory, or ranks span hosts): ranks killed by a failure never
  * remove theirs, the supervisor does after each launch. dir[0] = 0: not ours. */
 void keel_launch_shm_begin(char *dir, size_t n);
 /* Remove the files in dir (every rank of the launch is gone); and dir itself if `last`. */

@@ -20,6 +20,7 @@ int keel_cmd_plan(int argc, char **argv);
 int keel_cmd_status(int argc, char **argv);
 int keel_cmd_plot(int argc, char **argv);
 int keel_cmd_cluster(int argc, char **argv);
+int keel_cmd_k8s(int argc, char **argv);
 
 /* Strict numeric options: the whole text is a number in [min, max], or one
  * error line names the flag, the text and the range, and false comes back. */

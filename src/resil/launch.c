@@ -61,12 +61,19 @@ keel_status keel_self_path(char *out, size_t n) {
     return KEEL_OK;
 }
 
+/* mpirun given a default hostfile spans the hosts it lists: the Kubeflow MPIJob operator sets
+ * OMPI_MCA_orte_default_hostfile=/etc/mpi/hostfile in the launcher pod (PRRTE's name in OpenMPI 5). */
+static bool hostfile_given(void) {
+    return getenv("OMPI_MCA_orte_default_hostfile") || getenv("PRTE_MCA_prte_default_hostfile");
+}
+
 void keel_launch_env(void) {
     /* One machine: OpenMPI over loopback only (it would also try eth0
      * otherwise), and shared memory through ob1 (probing for UCX costs every
-     * MPI_Init 0.2 s, a fifth of a recovery). A Slurm allocation spans hosts:
-     * OpenMPI picks their interfaces and transport. A setting of the user's stays. */
-    if (!keel_launch_in_slurm()) {
+     * MPI_Init 0.2 s, a fifth of a recovery). A Slurm allocation or a hostfile
+     * spans hosts: OpenMPI picks their interfaces and transport. A setting of
+     * the user's stays. */
+    if (!keel_launch_in_slurm() && !hostfile_given()) {
         setenv("OMPI_MCA_btl_tcp_if_include", "lo", 0);
         setenv("OMPI_MCA_oob_tcp_if_include", "lo", 0);
         setenv("OMPI_MCA_pml", "ob1", 0);
@@ -95,7 +102,8 @@ static void remove_orphaned_shm(void) {
 
 void keel_launch_shm_begin(char *dir, size_t n) {
     dir[0] = 0;
-    if (keel_launch_in_slurm() || getenv("OMPI_MCA_btl_vader_backing_directory")) return;
+    /* over a hostfile the other hosts have no such directory */
+    if (keel_launch_in_slurm() || hostfile_given() || getenv("OMPI_MCA_btl_vader_backing_directory")) return;
     remove_orphaned_shm();
     snprintf(dir, n, "/dev/shm/keel-mpi-%d", (int)getpid());
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) {

@@ -3,7 +3,7 @@
 # and include/ (.c, .h, .cu, .cuh, .cpp): a file includes headers of its own
 # module, of a module on its floor one way (never in a loop), or of a module
 # below it (core -> kernels/cuda/comm -> backend/model/data ->
-# fsdp/optim/ckpt/hf -> run/plan -> train/resil/monitor -> cli/cluster); train
+# fsdp/optim/ckpt/hf -> run/plan -> train/resil/monitor -> cli/cluster/k8s); train
 # and resil — the workers and the supervisor — never include each other (they
 # meet only in run); and no two files include each other's headers in a loop.
 # An include counts however it is written: "keel/x.h" or <keel/x.h>, "x.h"
@@ -18,7 +18,7 @@ from loops import loops
 root = sys.argv[1]
 FLOOR = {"core": 0, "kernels": 1, "cuda": 1, "comm": 1, "backend": 2, "model": 2, "data": 2,
          "fsdp": 3, "optim": 3, "ckpt": 3, "hf": 3, "run": 4, "plan": 4, "infer": 4,
-         "train": 5, "resil": 5, "monitor": 5, "cluster": 6, "cli": 6}
+         "train": 5, "resil": 5, "monitor": 5, "cluster": 6, "k8s": 6, "cli": 6}
 OWNER = {"include/keel/tokenizer.h": "data"}  # a second public header of a module
 NEVER = {("train", "resil"), ("resil", "train")}
 INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"]+)[>"]', re.M)

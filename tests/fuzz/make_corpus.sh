@@ -13,7 +13,7 @@ cd "$WORK"
 DATA=$HERE/data CORPUS=$HERE/corpus
 KEEL_SRC_FIXTURE=$HERE/../reference/fixtures/hf_tiny KEEL_SRC_CONFIGS=$HERE/../../configs
 rm -rf "$DATA" "$CORPUS"
-mkdir -p "$DATA/hf" "$CORPUS"/{tokenizer_model,tokenizer_text,hf,ckpt,token_shard,config,node_config,cluster_spec,chat_record}
+mkdir -p "$DATA/hf" "$CORPUS"/{tokenizer_model,tokenizer_text,hf,ckpt,token_shard,config,node_config,cluster_spec,k8s_spec,chat_record}
 
 # --- tokenizer models: BPE, byte fallback, user symbols, custom (de)normalization rules
 head -c 20000 /usr/share/common-licenses/GPL-3 > text.txt
@@ -169,6 +169,13 @@ cat > "$CORPUS/cluster_spec/quoting.json" <<'EOF'
  {"InstanceGroupName": "w", "Role": "worker", "InstanceCount": 1}],
  "StateDir": "/var/lib/keel/$(id)", "SharedDir": "relative//dir/./x", "Subnet": "10.1.0.0/28"}
 EOF
+# --- keel k8s manifest specs: the two examples, a Master with every optional key, one that must be refused
+cp "$HERE/../../examples/k8s-pytorchjob.json" "$CORPUS/k8s_spec/elastic.json"
+cp "$HERE/../../examples/k8s-mpijob.json" "$CORPUS/k8s_spec/mpijob.json"
+printf '{"name": "job", "namespace": "ml", "image": "keel@sha256:00ff", "nodes": 3, "master": true, "nprocPerNode": 2, "checkpointClaim": "a.b-c", "config": "/etc/keel/c.json", "runId": "job-1", "etcdImage": "etcd:3"}' \
+  > "$CORPUS/k8s_spec/master.json"
+printf '{"name": "Job\\n", "image": "k\\"\\n---", "nodes": 1e300, "elastic": {"minNodes": 3, "maxNodes": 2}, "checkpointClaim": "x"}' \
+  > "$CORPUS/k8s_spec/refused.json"
 printf '#hosts\n# name address group\nhead 192.168.1.10 ctl\ngpu-a 192.168.1.21 gpu\ngpu-b node-b.example gpu  # rack 2\n' \
   > "$CORPUS/cluster_spec/hosts"
 # --- keel data prepare: JSON Lines records (first byte: the key, 0 "text" 1 "content") and the

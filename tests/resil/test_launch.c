@@ -20,6 +20,9 @@ static void clear(void) {
     unsetenv("OMPI_MCA_btl_tcp_if_include");
     unsetenv("OMPI_MCA_oob_tcp_if_include");
     unsetenv("OMPI_MCA_pml");
+    unsetenv("OMPI_MCA_orte_default_hostfile");
+    unsetenv("PRTE_MCA_prte_default_hostfile");
+    unsetenv("OMPI_MCA_btl_vader_backing_directory");
 }
 
 static bool has(char **argv, const char *arg) {
@@ -66,5 +69,22 @@ int main(void) {
     keel_launch_env();
     EXPECT(!strcmp(env("OMPI_MCA_btl_tcp_if_include"), "eth1"), "one machine, the user's interface stays: %s",
            env("OMPI_MCA_btl_tcp_if_include"));
+
+    /* a Kubeflow MPIJob's launcher: mpirun over the operator's hostfile spans the worker pods */
+    const char *hostfiles[] = {"OMPI_MCA_orte_default_hostfile", "PRTE_MCA_prte_default_hostfile"};
+    for (int i = 0; i < 2; i++) {
+        clear();
+        setenv(hostfiles[i], "/etc/mpi/hostfile", 1);
+        keel_launch_env();
+        EXPECT(!getenv("OMPI_MCA_btl_tcp_if_include") && !getenv("OMPI_MCA_oob_tcp_if_include") &&
+                   !getenv("OMPI_MCA_pml"),
+               "%s set: no loopback pinning (btl %s, oob %s, pml %s)", hostfiles[i],
+               env("OMPI_MCA_btl_tcp_if_include"), env("OMPI_MCA_oob_tcp_if_include"), env("OMPI_MCA_pml"));
+        char dir[128];
+        keel_launch_shm_begin(dir, sizeof dir);
+        EXPECT(!dir[0] && !getenv("OMPI_MCA_btl_vader_backing_directory"),
+               "%s set: no shared-memory directory of this host's named to the others", hostfiles[i]);
+    }
+    clear();
     return test_summary("test_launch");
 }

@@ -1,0 +1,83 @@
+/* k8s: `keel k8s manifest` — the Kubernetes objects that run keel under the
+ * Kubeflow operators, rendered from a small JSON spec (docs/kubernetes.md):
+ * a kubeflow.org/v1 PyTorchJob (one Master and Workers, or elastic Workers
+ * only) with the etcd Deployment and Service its rendezvous uses, or a
+ * kubeflow.org/v2beta1 MPIJob whose launcher runs `keel train --nproc N` over
+ * the operator's hostfile. A spec is data, never code: every value is held to
+ * a grammar when parsed and double-quoted when written, so no spec value can
+ * add a key or a document to the YAML.
+ *
+ *     keel_k8s_spec s;
+ *     if (keel_k8s_spec_load("examples/k8s-pytorchjob.json", &s) != KEEL_OK) return 2;
+ *     char *yaml = keel_k8s_render(&s);    // every document, "---" between them
+ *     fputs(yaml, stdout);
+ *     keel_free(yaml);
+ *     keel_k8s_spec_free(&s);
+ */
+#ifndef KEEL_K8S_H
+#define KEEL_K8S_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "keel/core.h"
+
+typedef enum { KEEL_K8S_PYTORCHJOB, KEEL_K8S_MPIJOB } keel_k8s_kind;
+
+#define KEEL_K8S_NAME_MAX 63  /* a DNS label */
+#define KEEL_K8S_CLAIM_MAX 253 /* a DNS subdomain */
+
+typedef struct {
+    char *path;                           /* the spec file, for errors */
+    keel_k8s_kind kind;                   /* kind: "PyTorchJob" (default) or "MPIJob" */
+    char name[KEEL_K8S_NAME_MAX + 1];     /* name: the job's, a DNS-1035 label */
+    char ns[KEEL_K8S_NAME_MAX + 1];       /* namespace: a DNS-1123 label; "" = kubectl's current one */
+    char *image;                          /* image: keel's container image */
+    int nodes;                            /* nodes: pods that run ranks (Master included) */
+    bool master;                          /* master: a Master pod (PyTorchJob, not elastic) */
+    bool elastic;                         /* elastic: {...} given (PyTorchJob: Workers only) */
+    int min_nodes, max_nodes;             /* elastic.minNodes, elastic.maxNodes */
+    int max_restarts;                     /* elastic.maxRestarts */
+    int nproc_per_node;                   /* nprocPerNode: ranks per pod */
+    int gpus_per_node;                    /* gpusPerNode: nvidia.com/gpu per pod (0 or nprocPerNode) */
+    int efa_per_node;                     /* efaPerNode: vpc.amazonaws.com/efa per pod */
+    int shm_gib;                          /* shmSizeGiB: /dev/shm, memory-backed */
+    char claim[KEEL_K8S_CLAIM_MAX + 1];   /* checkpointClaim: the shared volume's PVC */
+    char *checkpoint_mount;               /* checkpointMountPath: where pods see it */
+    char *config;                         /* config: keel's config path inside the container */
+    char run_id[KEEL_K8S_NAME_MAX + 1];   /* runId: the rendezvous' job-unique id (PyTorchJob) */
+    char *etcd_image;                     /* etcdImage (PyTorchJob) */
+} keel_k8s_spec;
+
+/* Read and check a spec file: every error is one line naming the file, the
+ * key, the value and the fix (KEEL_ERR_INPUT). A spec without runId gets
+ * "<name>-<UTC time of rendering>" so that two jobs of one name never share
+ * a rendezvous. *s is the caller's to free (on success). */
+keel_status keel_k8s_spec_load(const char *path, keel_k8s_spec *s);
+/* The same on len bytes of spec text (no NUL needed; a NUL byte is refused);
+ * path only names the spec in messages; default_run_id is what a spec
+ * without runId gets (NULL: "<name>-run"). On error *s is freed and zeroed. */
+keel_status keel_k8s_spec_parse(const char *text, size_t len, const char *path, const char *default_run_id,
+                                keel_k8s_spec *s);
+void keel_k8s_spec_free(keel_k8s_spec *s);
+
+/* The manifests: one file's worth each (its name, e.g. "pytorchjob.yaml",
+ * and its YAML, one or more documents). */
+#define KEEL_K8S_MAX_FILES 2
+typedef struct {
+    const char *name;
+    char *yaml; /* malloc'd */
+} keel_k8s_file;
+/* Fill files[] in apply order (etcd first); returns how many. Free each yaml with keel_free. */
+int keel_k8s_render_files(const keel_k8s_spec *s, keel_k8s_file files[KEEL_K8S_MAX_FILES]);
+/* Every document in one text, "---" lines between them (malloc'd). */
+char *keel_k8s_render(const keel_k8s_spec *s);
+/* Write the files into dir (made if missing), each atomically; refuses
+ * before writing any when one exists and !replace. */
+keel_status keel_k8s_write(const keel_k8s_spec *s, const char *dir, bool replace);
+
+/* Append v to b as a YAML double-quoted scalar: '"' and '\\' escaped, every
+ * byte below 0x20 and 0x7f as \xNN, so the value stays one scalar on one line. */
+void keel_k8s_yaml_quote(keel_strbuf *b, const char *v);
+
+#endif
