@@ -123,13 +123,16 @@ typedef struct keel_backend {
     void (*attention_backward_bf16)(float *dq, float *dk, float *dv, const float *dout, const float *out,
                                     const float *lse, const float *q, const float *k, const float *v,
                                     const int32_t *kv_start, int B, int T, int NH, int NKV, int HS);
-    /* Generation (keel/kernels.h's keel_rope_at, keel_attention_cached), on
+    /* Generation (keel/kernels.h's keel_rope_at, keel_attention_cached(_bf16)), on
      * positions and caches in backend memory; NULL where the backend has no
      * such kernels yet (cuda): keel generate then says so. */
     void (*rope_at)(float *x, const float *cos_sin, const int32_t *pos, int N, int H, int HS);
     void (*attention_cached)(float *out, const float *q, const float *k, const float *v, float *kcache,
                              float *vcache, const int32_t *seq, const int32_t *pos, int N, int NH, int NKV, int HS,
                              int T_max);
+    void (*attention_cached_bf16)(float *out, const float *q, const float *k, const float *v, keel_bf16 *kcache,
+                                  keel_bf16 *vcache, const int32_t *seq, const int32_t *pos, int N, int NH, int NKV,
+                                  int HS, int T_max);
     void (*swiglu_forward)(float *h, const float *gate, const float *up, int64_t n);
     void (*swiglu_backward)(float *dgate, float *dup, const float *dh, const float *gate, const float *up,
                             int64_t n);

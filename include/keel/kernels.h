@@ -184,6 +184,11 @@ void keel_attention_backward_bf16(float *dq, float *dk, float *dv, const float *
  * an online softmax over tiles of keys: no scores are stored. */
 void keel_attention_cached(float *out, const float *q, const float *k, const float *v, float *kcache, float *vcache,
                            const int32_t *seq, const int32_t *pos, int N, int NH, int NKV, int HS, int T_max);
+/* The same with the cache in bf16: k and v rounded to bf16 as they are
+ * stored; scores and sums fp32. */
+void keel_attention_cached_bf16(float *out, const float *q, const float *k, const float *v, keel_bf16 *kcache,
+                                keel_bf16 *vcache, const int32_t *seq, const int32_t *pos, int N, int NH, int NKV,
+                                int HS, int T_max);
 /* Bytes of scratch the attention keeps for `threads` pool threads: tiles
  * and one kv head's K and V, (T, HS) each, per thread. */
 int64_t keel_attention_workspace_bytes(int T, int HS, int threads, bool bf16);

@@ -202,8 +202,9 @@ void keel_model_backward(keel_model *m);
  * run by earlier steps or earlier rows of this one (a prompt in chunks, then
  * a token at a time, sequences in any mix). Running a sequence from position
  * 0 again starts it afresh. fp32, or bf16 GEMMs (weights in bf16, each
- * GEMM's input rounded to bf16, fp32 sums) as training's bf16; the cache and
- * attention stay fp32. */
+ * GEMM's input rounded to bf16, fp32 sums) as training's bf16, and the KV
+ * cache in bf16 (keys and values rounded as training's bf16 attention rounds
+ * them; scores, softmax and sums fp32). */
 typedef struct keel_decoder keel_decoder;
 typedef struct {
     const keel_backend *backend; /* NULL: the CPU */
@@ -217,8 +218,6 @@ typedef struct {
  * copied. A backend without generation kernels: one line, KEEL_ERR_INPUT. */
 keel_status keel_decoder_build(const keel_model_config *cfg, const float *params, const keel_decoder_options *opt,
                                keel_decoder **out);
-/* Bytes of the KV cache for these options (keys and values, fp32). */
-int64_t keel_decoder_cache_bytes(const keel_model_config *cfg, int max_seqs, int max_len);
 const keel_model_layout *keel_decoder_layout(const keel_decoder *d);
 /* Run n rows; logits (n_logits, V) on the host get the rows logit_rows
  * (each < n) in that order, as fp32 (unnormalised). */

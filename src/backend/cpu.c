@@ -78,6 +78,7 @@ static const keel_backend CPU = {
     .rope_forward = keel_rope_forward,
     .rope_at = keel_rope_at,
     .attention_cached = keel_attention_cached,
+    .attention_cached_bf16 = keel_attention_cached_bf16,
     .rope_backward = keel_rope_backward,
     .attention_forward = keel_attention_forward,
     .attention_backward = keel_attention_backward,

@@ -50,6 +50,10 @@
       (float *o, const float *q, const float *k, const float *v, float *kc, float *vc, const int32_t *s,               \
        const int32_t *p, int N, int NH, int NKV, int HS, int TM),                                                      \
       (o, q, k, v, kc, vc, s, p, N, NH, NKV, HS, TM))                                                                  \
+    X(attention_cached_bf16,                                                                                           \
+      (float *o, const float *q, const float *k, const float *v, keel_bf16 *kc, keel_bf16 *vc, const int32_t *s,       \
+       const int32_t *p, int N, int NH, int NKV, int HS, int TM),                                                      \
+      (o, q, k, v, kc, vc, s, p, N, NH, NKV, HS, TM))                                                                  \
     X(swiglu_forward, (float *h, const float *g, const float *u, int64_t n), (h, g, u, n))                             \
     X(swiglu_backward, (float *dg, float *du, const float *dh, const float *g, const float *u, int64_t n),             \
       (dg, du, dh, g, u, n))                                                                                           \

@@ -8,7 +8,10 @@
  * value once per head group: memory, not arithmetic, sets its time. Scores
  * come eight keys at a time and their exponentials eight lanes at a time
  * (keel_expf8): one dot product and one libm expf per key were 8% of a
- * batch-8 generation (perf), the most of it in prefill. */
+ * batch-8 generation (perf), the most of it in prefill. The bf16 form keeps
+ * keys and values in bf16 (rounded as stored, widened exactly as read): half
+ * the bytes a decode row reads, and what training's bf16 attention rounds
+ * them to as product inputs. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -22,33 +25,45 @@ enum { KEY_TILE = 64 };
 typedef struct {
     float *out;
     const float *q;
-    const float *kc, *vc;
+    const void *kc, *vc; /* float, or keel_bf16 with bf16 */
+    bool bf16;
     const int32_t *seq, *pos;
     int NH, NKV, HS, T_max;
     int64_t tasks;
     _Atomic int64_t next; /* the first task no thread has taken */
 } cached_ctx;
 
-/* a · b over n floats, in eight partial sums the compiler vectorizes */
-static float dot(const float *a, const float *b, int n) {
+/* The cache's element i (float, or bf16 widened: exact) */
+static inline __attribute__((always_inline)) float cache_at(const void *c, int64_t i, bool bf16) {
+    return bf16 ? keel_bf16_to_float(((const keel_bf16 *)c)[i]) : ((const float *)c)[i];
+}
+static inline __attribute__((always_inline)) __m256 cache8(const void *c, int64_t i, bool bf16) {
+    if (!bf16) return _mm256_loadu_ps((const float *)c + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const keel_bf16 *)c + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* a · the cache's n elements from b, in eight partial sums the compiler vectorizes */
+static inline __attribute__((always_inline)) float dot(const float *a, const void *c, int64_t b, int n, bool bf16) {
     float s[8] = {0};
     int i = 0;
     for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) s[j] += a[i + j] * b[i + j];
+        for (int j = 0; j < 8; j++) s[j] += a[i + j] * cache_at(c, b + i + j, bf16);
     float t = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-    for (; i < n; i++) t += a[i] * b[i];
+    for (; i < n; i++) t += a[i] * cache_at(c, b + i, bf16);
     return t;
 }
 
-/* score[j] = scale * q · k_j for 8 keys k_j = k + j*stride, HS % 8 == 0: one
+/* score[j] = scale * q · k_j for 8 keys k_j at c[k + j*stride], HS % 8 == 0: one
  * accumulator per key, the eight reduced together (hadd), so a key costs its
  * HS/8 FMAs and an eighth of a reduction, not a reduction of its own. */
-static void scores8(float *score, const float *q, const float *k, int64_t stride, int HS, float scale) {
+static inline __attribute__((always_inline)) void scores8(float *score, const float *q, const void *c, int64_t k,
+                                                          int64_t stride, int HS, float scale, bool bf16) {
     __m256 acc[8];
     for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
     for (int d = 0; d < HS; d += 8) {
         __m256 qv = _mm256_loadu_ps(q + d);
-        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + j * stride + d), acc[j]);
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, cache8(c, k + j * stride + d, bf16), acc[j]);
     }
     __m256 s01 = _mm256_hadd_ps(acc[0], acc[1]), s23 = _mm256_hadd_ps(acc[2], acc[3]);
     __m256 s45 = _mm256_hadd_ps(acc[4], acc[5]), s67 = _mm256_hadd_ps(acc[6], acc[7]);
@@ -73,9 +88,7 @@ static void exps(float *w, const float *score, int n, float max) {
 
 /* Tasks are taken one at a time, not in fixed shares: a thread that loses its
  * core to other work for a while then takes fewer. */
-static void attend(void *p, int64_t begin, int64_t end, int chunk) {
-    (void)begin, (void)end, (void)chunk;
-    cached_ctx *c = p;
+static inline __attribute__((always_inline)) void attend_as(cached_ctx *c, bool bf16) {
     int HS = c->HS, group = c->NH / c->NKV;
     float scale = 1.0f / sqrtf((float)HS), score[KEY_TILE], weight[KEY_TILE];
     for (int64_t task; (task = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed)) < c->tasks;) {
@@ -88,10 +101,10 @@ static void attend(void *p, int64_t begin, int64_t end, int chunk) {
         float run_max = -INFINITY, run_sum = 0;
         for (int j0 = 0; j0 <= last; j0 += KEY_TILE) {
             int n = last + 1 - j0 < KEY_TILE ? last + 1 - j0 : KEY_TILE, j = 0;
-            const float *k = c->kc + base + (int64_t)j0 * HS;
+            int64_t k = base + (int64_t)j0 * HS;
             if (HS % 8 == 0)
-                for (; j + 8 <= n; j += 8) scores8(score + j, q, k + (int64_t)j * HS, HS, HS, scale);
-            for (; j < n; j++) score[j] = scale * dot(q, k + (int64_t)j * HS, HS);
+                for (; j + 8 <= n; j += 8) scores8(score + j, q, c->kc, k + (int64_t)j * HS, HS, HS, scale, bf16);
+            for (; j < n; j++) score[j] = scale * dot(q, c->kc, k + (int64_t)j * HS, HS, bf16);
             float tile_max = -INFINITY;
             for (j = 0; j < n; j++) tile_max = fmaxf(tile_max, score[j]);
             float new_max = fmaxf(run_max, tile_max), rescale = expf(run_max - new_max);
@@ -103,14 +116,26 @@ static void attend(void *p, int64_t begin, int64_t end, int chunk) {
             for (j = 0; j < n; j++) {
                 float w = weight[j];
                 run_sum += w;
-                const float *v = c->vc + base + (int64_t)(j0 + j) * HS;
-                for (int d = 0; d < HS; d++) o[d] += w * v[d];
+                int64_t v = base + (int64_t)(j0 + j) * HS;
+                for (int d = 0; d < HS; d++) o[d] += w * cache_at(c->vc, v + d, bf16);
             }
             run_max = new_max;
         }
         float inv = 1.0f / run_sum;
         for (int d = 0; d < HS; d++) o[d] *= inv;
     }
+}
+
+static void attend(void *p, int64_t begin, int64_t end, int chunk) {
+    (void)begin, (void)end, (void)chunk;
+    cached_ctx *c = p;
+    if (c->bf16) attend_as(c, true);
+    else attend_as(c, false);
+}
+
+static void run(cached_ctx *c) {
+    atomic_init(&c->next, 0);
+    keel_pool_for(c->tasks < keel_pool_threads() ? c->tasks : keel_pool_threads(), 1, attend, c);
 }
 
 void keel_attention_cached(float *out, const float *q, const float *k, const float *v, float *kcache, float *vcache,
@@ -121,6 +146,19 @@ void keel_attention_cached(float *out, const float *q, const float *k, const flo
             memcpy(kcache + at, k + from, sizeof(float) * HS);
             memcpy(vcache + at, v + from, sizeof(float) * HS);
         }
-    cached_ctx c = {out, q, kcache, vcache, seq, pos, NH, NKV, HS, T_max, (int64_t)N * NH, 0};
-    keel_pool_for(c.tasks < keel_pool_threads() ? c.tasks : keel_pool_threads(), 1, attend, &c);
+    cached_ctx c = {out, q, kcache, vcache, false, seq, pos, NH, NKV, HS, T_max, (int64_t)N * NH, 0};
+    run(&c);
+}
+
+void keel_attention_cached_bf16(float *out, const float *q, const float *k, const float *v, keel_bf16 *kcache,
+                                keel_bf16 *vcache, const int32_t *seq, const int32_t *pos, int N, int NH, int NKV,
+                                int HS, int T_max) {
+    for (int i = 0; i < N; i++)
+        for (int h = 0; h < NKV; h++) {
+            size_t at = (((size_t)seq[i] * NKV + h) * T_max + (size_t)pos[i]) * HS, from = ((size_t)i * NKV + h) * HS;
+            for (int d = 0; d < HS; d++)
+                kcache[at + d] = keel_bf16_from_float(k[from + d]), vcache[at + d] = keel_bf16_from_float(v[from + d]);
+        }
+    cached_ctx c = {out, q, kcache, vcache, true, seq, pos, NH, NKV, HS, T_max, (int64_t)N * NH, 0};
+    run(&c);
 }

@@ -27,7 +27,7 @@ struct keel_decoder {
     keel_decoder_options opt;
     float *params;            /* (n_params) fp32; NULL once converted to bf16 */
     keel_bf16 *params16;      /* (n_params) with bf16 */
-    float *kcache, *vcache;   /* (L, max_seqs, NKV, max_len, HS) */
+    void *kcache, *vcache;    /* (L, max_seqs, NKV, max_len, HS): fp32, or bf16 with bf16 */
     float *x, *xn, *rstd;     /* (rows, C), (rows, C), (rows) */
     float *q, *k, *v, *ao;    /* (rows, QD), (rows, KVD) x 2, (rows, QD) */
     float *gate, *up, *h;     /* (rows, F) */
@@ -39,16 +39,11 @@ struct keel_decoder {
     int32_t *tokens, *seq, *pos; /* (rows) */
 };
 
-int64_t keel_decoder_cache_bytes(const keel_model_config *cfg, int max_seqs, int max_len) {
-    int64_t kvd = (int64_t)cfg->n_kv_heads * (cfg->dim / cfg->n_heads);
-    return 2 * (int64_t)sizeof(float) * cfg->n_layers * max_seqs * max_len * kvd;
-}
-
 keel_status keel_decoder_build(const keel_model_config *cfg, const float *params, const keel_decoder_options *opt,
                                keel_decoder **out) {
     const keel_backend *be = opt->backend ? opt->backend : keel_backend_cpu();
     *out = NULL;
-    if (!be->rope_at || !be->attention_cached) {
+    if (!be->rope_at || !be->attention_cached || !be->attention_cached_bf16) {
         keel_errorf("generation on the %s backend: its KV-cache kernels are not written yet; run it on the CPU "
                     "(model.backend cpu)", be->name);
         return KEEL_ERR_INPUT;
@@ -84,9 +79,9 @@ keel_status keel_decoder_build(const keel_model_config *cfg, const float *params
     }
     size_t R = (size_t)opt->max_rows, C = (size_t)lay->C, F = (size_t)lay->F, V = (size_t)lay->V;
     size_t QD = (size_t)lay->NH * lay->HS, KVD = (size_t)lay->NKV * lay->HS;
-    size_t cache = (size_t)lay->L * opt->max_seqs * opt->max_len * KVD;
-    d->kcache = be->alloc(sizeof(float) * cache, "the KV cache");
-    d->vcache = be->alloc(sizeof(float) * cache, "the KV cache");
+    size_t cache = (size_t)lay->L * opt->max_seqs * opt->max_len * KVD * (opt->bf16 ? 2 : sizeof(float));
+    d->kcache = be->alloc(cache, "the KV cache");
+    d->vcache = be->alloc(cache, "the KV cache");
 #define BUF(p, count) (p) = be->alloc(sizeof *(p) * (count), "generation buffers")
     BUF(d->x, R * C); BUF(d->xn, R * C); BUF(d->rstd, R);
     BUF(d->q, R * QD); BUF(d->k, R * KVD); BUF(d->v, R * KVD); BUF(d->ao, R * QD);
@@ -174,8 +169,13 @@ static void block(keel_decoder *d, int l, int N) {
     }
     be->rope_at(d->q, d->rope, d->pos, N, lay->NH, lay->HS);
     be->rope_at(d->k, d->rope, d->pos, N, lay->NKV, lay->HS);
-    be->attention_cached(d->ao, d->q, d->k, d->v, d->kcache + layer, d->vcache + layer, d->seq, d->pos, N, lay->NH,
-                         lay->NKV, lay->HS, d->opt.max_len);
+    if (d->opt.bf16)
+        be->attention_cached_bf16(d->ao, d->q, d->k, d->v, (keel_bf16 *)d->kcache + layer,
+                                  (keel_bf16 *)d->vcache + layer, d->seq, d->pos, N, lay->NH, lay->NKV, lay->HS,
+                                  d->opt.max_len);
+    else
+        be->attention_cached(d->ao, d->q, d->k, d->v, (float *)d->kcache + layer, (float *)d->vcache + layer, d->seq,
+                             d->pos, N, lay->NH, lay->NKV, lay->HS, d->opt.max_len);
     linear(d, d->x, d->ao, t + 4, N, C, QD, true);
     be->rmsnorm_forward(d->xn, d->rstd, d->x, norm_weight(d, t + 5), N, C, eps);
     if (few_rows(d, N)) { /* w_gate, w_up: one pass over (2F, C) */

@@ -24,6 +24,7 @@ static void check_table_complete(const keel_backend *be) {
     const char *p = (const char *)be;
     size_t first = offsetof(keel_backend, alloc), n = (sizeof *be - first) / sizeof(void (*)(void));
     const size_t optional[] = {offsetof(keel_backend, rope_at), offsetof(keel_backend, attention_cached),
+                               offsetof(keel_backend, attention_cached_bf16),
                                offsetof(keel_backend, matmul_few_rows), offsetof(keel_backend, matmul_few_rows_bf16)};
     int missing = 0;
     for (size_t i = 0; i < n; i++) {
