@@ -113,7 +113,7 @@ void keel_free(void *p);
  * it). 64-byte aligned like keel_xmalloc; free with keel_free. */
 void *keel_try_malloc(size_t bytes);
 
-/* ---- JSON numbers (json.c) ------------------------------------------------ */
+/* ---- JSON numbers and text (json.c) --------------------------------------- */
 
 /* A JSON value (cJSON) as an integer in [lo, hi]: false unless it is a number
  * with no fraction, at most 2^53 in magnitude (beyond that a double no longer
@@ -122,6 +122,10 @@ void *keel_try_malloc(size_t bytes);
  * of range (1e19, 1e300, inf are refused, not converted). */
 struct cJSON;
 bool keel_json_int(const struct cJSON *v, int64_t lo, int64_t hi, int64_t *out);
+/* Whether JSON text of n bytes holds a "\u0000" escape: cJSON ends its string
+ * there, so a value would read shorter than the file shows (a check on the
+ * prefix alone). Spec parsers refuse such text. */
+bool keel_json_escaped_nul(const char *text, size_t n);
 
 /* ---- this process and machine (host.c) ----------------------------------- */
 

@@ -229,17 +229,6 @@ static const char *duplicate_key(const cJSON *x, bool *too_many) {
     return NULL;
 }
 
-/* A "\u0000" escape in the text: cJSON would end its string there and keel
- * would read a shorter value than the spec shows. */
-static bool escaped_nul(const char *t, size_t n) {
-    for (size_t i = 0; i + 1 < n; i++) {
-        if (t[i] != '\\') continue;
-        if (i + 5 < n && !memcmp(t + i + 1, "u0000", 5)) return true;
-        i++; /* the escaped character (a "\\" is one) */
-    }
-    return false;
-}
-
 static bool int_in(const cJSON *x, int lo, int hi, int *out) {
     /* range first: converting a double out of int's range is undefined */
     if (!cJSON_IsNumber(x) || !(x->valuedouble >= lo && x->valuedouble <= hi) ||
@@ -593,7 +582,7 @@ keel_status keel_cluster_spec_parse(const char *text, size_t len, const char *pa
         keel_errorf("%s: %zu bytes; a spec is a small JSON file (at most %d bytes)", shown.s, len, MAX_SPEC_BYTES);
         return KEEL_ERR_INPUT;
     }
-    if (escaped_nul(text, len)) {
+    if (keel_json_escaped_nul(text, len)) {
         keel_errorf("%s: a string holds \\u0000 (NUL), which would cut its value short; no name or path has one",
                     shown.s);
         return KEEL_ERR_INPUT;

@@ -1,6 +1,8 @@
-/* core/json.c: JSON numbers as integers — every parser's one range-checked conversion. */
+/* core/json.c: JSON numbers as integers — every parser's one range-checked
+ * conversion — and the text check for a \u0000 escape. */
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <string.h>
 
 #include "keel/core.h"
 
@@ -17,4 +19,13 @@ bool keel_json_int(const struct cJSON *v, int64_t lo, int64_t hi, int64_t *out) 
     if (i < lo || i > hi) return false;
     *out = i;
     return true;
+}
+
+bool keel_json_escaped_nul(const char *text, size_t n) {
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (text[i] != '\\') continue;
+        if (i + 5 < n && !memcmp(text + i + 1, "u0000", 5)) return true;
+        i++; /* the escaped character (a "\\" is one) */
+    }
+    return false;
 }

@@ -80,17 +80,6 @@ static bool path_ok(const char *v) {
     return true;
 }
 
-/* A "\u0000" escape: cJSON would end its string there, and keel would read a shorter value than the
- * spec shows (a grammar checked on the prefix alone). */
-static bool escaped_nul(const char *t, size_t n) {
-    for (size_t i = 0; i + 1 < n; i++) {
-        if (t[i] != '\\') continue;
-        if (i + 5 < n && !memcmp(t + i + 1, "u0000", 5)) return true;
-        i++; /* the escaped character (a "\\" is one) */
-    }
-    return false;
-}
-
 static bool under(const char *path, const char *dir) {
     size_t n = strlen(dir);
     return !strncmp(path, dir, n) && (path[n] == '/' || !path[n]);
@@ -349,7 +338,7 @@ keel_status keel_k8s_spec_parse(const char *text, size_t len, const char *path, 
     if (nul) SPEC_ERR("%s: a NUL byte at offset %zu; a spec is JSON text", path, (size_t)(nul - text));
     if (len > MAX_SPEC_BYTES)
         SPEC_ERR("%s: %zu bytes; a spec is a small JSON file (at most %d bytes)", path, len, MAX_SPEC_BYTES);
-    if (escaped_nul(text, len))
+    if (keel_json_escaped_nul(text, len))
         SPEC_ERR("%s: a string holds \\u0000 (NUL), which would cut its value short; no spec value has one", path);
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, false);
