@@ -133,32 +133,34 @@ static void attend(void *p, int64_t begin, int64_t end, int chunk) {
     else attend_as(c, false);
 }
 
-static void run(cached_ctx *c) {
-    atomic_init(&c->next, 0);
-    keel_pool_for(c->tasks < keel_pool_threads() ? c->tasks : keel_pool_threads(), 1, attend, c);
+/* Every row's key and value into the cache first (a later row may read an
+ * earlier one's), rounded to bf16 in a bf16 cache; then the rows attend. */
+static void store_and_attend(float *out, const float *q, const float *k, const float *v, void *kcache, void *vcache,
+                             bool bf16, const int32_t *seq, const int32_t *pos, int N, int NH, int NKV, int HS,
+                             int T_max) {
+    for (int i = 0; i < N; i++)
+        for (int h = 0; h < NKV; h++) {
+            size_t at = (((size_t)seq[i] * NKV + h) * T_max + (size_t)pos[i]) * HS, from = ((size_t)i * NKV + h) * HS;
+            if (!bf16) {
+                memcpy((float *)kcache + at, k + from, sizeof(float) * HS);
+                memcpy((float *)vcache + at, v + from, sizeof(float) * HS);
+            } else
+                for (int d = 0; d < HS; d++) {
+                    ((keel_bf16 *)kcache)[at + d] = keel_bf16_from_float(k[from + d]);
+                    ((keel_bf16 *)vcache)[at + d] = keel_bf16_from_float(v[from + d]);
+                }
+        }
+    cached_ctx c = {out, q, kcache, vcache, bf16, seq, pos, NH, NKV, HS, T_max, (int64_t)N * NH, 0};
+    keel_pool_for(c.tasks < keel_pool_threads() ? c.tasks : keel_pool_threads(), 1, attend, &c);
 }
 
 void keel_attention_cached(float *out, const float *q, const float *k, const float *v, float *kcache, float *vcache,
                            const int32_t *seq, const int32_t *pos, int N, int NH, int NKV, int HS, int T_max) {
-    for (int i = 0; i < N; i++) /* every row's key and value first: a later row may read an earlier one's */
-        for (int h = 0; h < NKV; h++) {
-            size_t at = (((size_t)seq[i] * NKV + h) * T_max + (size_t)pos[i]) * HS, from = ((size_t)i * NKV + h) * HS;
-            memcpy(kcache + at, k + from, sizeof(float) * HS);
-            memcpy(vcache + at, v + from, sizeof(float) * HS);
-        }
-    cached_ctx c = {out, q, kcache, vcache, false, seq, pos, NH, NKV, HS, T_max, (int64_t)N * NH, 0};
-    run(&c);
+    store_and_attend(out, q, k, v, kcache, vcache, false, seq, pos, N, NH, NKV, HS, T_max);
 }
 
 void keel_attention_cached_bf16(float *out, const float *q, const float *k, const float *v, keel_bf16 *kcache,
                                 keel_bf16 *vcache, const int32_t *seq, const int32_t *pos, int N, int NH, int NKV,
                                 int HS, int T_max) {
-    for (int i = 0; i < N; i++)
-        for (int h = 0; h < NKV; h++) {
-            size_t at = (((size_t)seq[i] * NKV + h) * T_max + (size_t)pos[i]) * HS, from = ((size_t)i * NKV + h) * HS;
-            for (int d = 0; d < HS; d++)
-                kcache[at + d] = keel_bf16_from_float(k[from + d]), vcache[at + d] = keel_bf16_from_float(v[from + d]);
-        }
-    cached_ctx c = {out, q, kcache, vcache, true, seq, pos, NH, NKV, HS, T_max, (int64_t)N * NH, 0};
-    run(&c);
+    store_and_attend(out, q, k, v, kcache, vcache, true, seq, pos, N, NH, NKV, HS, T_max);
 }
