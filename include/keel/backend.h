@@ -151,6 +151,8 @@ typedef struct keel_backend {
     /* dst[i] += src[i]: a reduce-scatter's result added into a gradient shard */
     void (*accumulate)(float *dst, const float *src, int64_t n);
     void (*accumulate_bf16)(float *dst, const keel_bf16 *src, int64_t n);
+    /* LoRA's scale and dropout mask (keel_scale_masked) */
+    void (*scale_masked)(float *out, const float *x, int64_t n, float mult, float p, uint64_t key, bool accumulate);
 
     /* ---- collectives: FSDP's, over keel/comm.h's groups, on this backend's memory
      * keel/comm.h's semantics (counts per rank, in-place forms, every rank

@@ -198,6 +198,10 @@ keel_status keel_ckpt_open_any(const char *path, keel_ckpt *out);
  * verify` need before they read. cfg needs keel_config_free afterwards, also
  * on failure. */
 keel_status keel_ckpt_load_config(const keel_ckpt *c, keel_config *cfg);
+/* KEEL_OK when the checkpoint of cfg (its load_config) holds a whole model;
+ * one that holds LoRA adapters (train.lora) is an input error saying what to
+ * use instead. Export and loading a model ask it. */
+keel_status keel_ckpt_need_model(const keel_ckpt *c, const keel_config *cfg);
 /* A model from path (as keel_ckpt_open_any): *cfg its config (keel_config_free
  * afterwards, also on failure), *params its canonical fp32 parameters
  * (keel_free; NULL on failure), *step (may be NULL) the step it was saved at. */

@@ -367,6 +367,15 @@ void keel_pool_for(int64_t n, int64_t min_chunk, keel_pool_fn fn, void *ctx);
 typedef uint16_t keel_bf16;
 
 /* Round to nearest even; NaNs stay NaNs (quietened). */
+/* splitmix64's finalizer: a bijective, well-mixed 64-bit hash — keel's
+ * counter-based random numbers (initialisation, dropout masks, the data
+ * order, sampling) are this of a seeded counter. */
+static inline uint64_t keel_hash64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
 static inline keel_bf16 keel_bf16_from_float(float x) {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
@@ -447,6 +456,22 @@ typedef struct {
     bool tie_embeddings;
 } keel_model_config;
 
+/* train.lora: low-rank adapters (LoRA) on a frozen base (docs/lora.md). The
+ * targets are a block's matrices by their Hugging Face names, in the block's
+ * order (keel/model.h). */
+typedef enum {
+    KEEL_LORA_Q, KEEL_LORA_K, KEEL_LORA_V, KEEL_LORA_O, KEEL_LORA_GATE, KEEL_LORA_UP, KEEL_LORA_DOWN,
+    KEEL_LORA_TARGETS
+} keel_lora_target;
+const char *keel_lora_target_name(keel_lora_target t); /* "q_proj", ... */
+typedef struct {
+    bool on;              /* false: every parameter is trained (the section absent or false) */
+    int rank;             /* r */
+    double alpha;         /* an adapter's output is scaled by alpha / r */
+    double dropout;       /* on an adapter's input, in training */
+    unsigned targets;     /* mask of (1u << keel_lora_target) */
+} keel_lora_config;
+
 typedef struct {
     int steps;
     uint64_t seed;
@@ -468,6 +493,7 @@ typedef struct {
     int sample_max_tokens;
     double sample_temperature;
     uint64_t sample_seed;
+    keel_lora_config lora;
 } keel_train_config;
 
 /* A token's flags, one byte a token wherever tokens travel with them (data

@@ -115,6 +115,8 @@ double keel_cuda_sum(const float *x, int64_t n);
  * exactly), one fp32 add each: bit-identical to the CPU's */
 void keel_cuda_accumulate(float *dst, const float *src, int64_t n);
 void keel_cuda_accumulate_bf16(float *dst, const keel_bf16 *src, int64_t n);
+/* keel_scale_masked: the same mask, bit for bit (keel_mask_keeps) */
+void keel_cuda_scale_masked(float *out, const float *x, int64_t n, float mult, float p, uint64_t key, bool accumulate);
 #endif
 
 #endif

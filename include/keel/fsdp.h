@@ -118,6 +118,9 @@ void keel_fsdp_memory_items(const keel_fsdp_memory *m,
  * with their reduce-scatter results (and bf16 copies with bf16_reduce). */
 int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy,
                                   bool bf16_params, bool bf16_reduce);
+/* The same for a frozen set (a LoRA base): the slots, and one unit-sized
+ * fp32 buffer that gathers a unit for the final weights; no gradients. */
+int64_t keel_fsdp_frozen_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy, bool bf16_params);
 
 
 /* ---- runtime ---------------------------------------------------------------
@@ -145,12 +148,26 @@ int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy
 
 typedef struct keel_fsdp keel_fsdp;
 
+/* The parameter set a runtime shards. With LoRA (keel_model_options.lora) a
+ * model has two: its frozen base — gathered as a model's are, never given a
+ * gradient, never reduce-scattered, no gradient shard — and its adapters
+ * (keel_model_lora_layout), sharded the same way, always fp32, with their
+ * gradients and optimizer. The adapters' runtime is chained to its base's
+ * (keel_fsdp_chain_adapters), whose model hooks run it unit by unit. */
+typedef enum { KEEL_FSDP_SET_MODEL, KEEL_FSDP_SET_FROZEN_BASE, KEEL_FSDP_SET_ADAPTERS } keel_fsdp_set;
+
 /* Shard `model` over world with a strategy (shard_group_size: HYBRID_SHARD's
  * K, keel_parallel_dims_resolve). The shard plan is over the shard group:
  * all ranks (FULL_SHARD, SHARD_GRAD_OP), one (NO_SHARD) or K (HYBRID). A
  * group size that does not divide the world is an input error. */
 keel_status keel_fsdp_build(keel_model *model, keel_comm *world, keel_fsdp_strategy strategy,
                             int shard_group_size, keel_fsdp **out);
+/* The same for one set of a LoRA model (keel_fsdp_build is the model's set). */
+keel_status keel_fsdp_build_set(keel_model *model, keel_comm *world, keel_fsdp_strategy strategy,
+                                int shard_group_size, keel_fsdp_set set, keel_fsdp **out);
+/* The base's hooks run the adapters' after its own, unit by unit (free the
+ * adapters' runtime first). */
+void keel_fsdp_chain_adapters(keel_fsdp *base, keel_fsdp *adapters);
 void keel_fsdp_free(keel_fsdp *f);
 /* This rank's index in its shard group: the slice of the plan it holds. */
 int keel_fsdp_shard_rank(const keel_fsdp *f);

@@ -70,7 +70,8 @@ double keel_peak_library_flops(bool bf16);
 void keel_matmul_forward(float *out, const float *in, const float *w, int M, int N, int K,
                          bool accumulate);
 /* d_in (M,K) = d_out (M,N) · w (N,K) (plus d_in if accumulate_in; skipped if
- * d_in is NULL); d_w (N,K) += d_outᵀ · in (always accumulates). */
+ * d_in is NULL); d_w (N,K) += d_outᵀ · in (always accumulates; skipped if d_w
+ * is NULL: a frozen weight). */
 void keel_matmul_backward(float *d_in, float *d_w, const float *d_out, const float *in,
                           const float *w, int M, int N, int K, bool accumulate_in);
 
@@ -115,7 +116,7 @@ void keel_bf16_to_f32(float *dst, const keel_bf16 *src, int64_t n);
 /* ---- RMSNorm: out = x / sqrt(mean(x²) + eps) * w ------------------------- */
 void keel_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N, int C,
                           float eps);
-/* dx (N,C) += ..., dw (C) += ... */
+/* dx (N,C) += ..., dw (C) += ... (dw NULL: a frozen weight, skipped) */
 void keel_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x,
                            const float *w, const float *rstd, int N, int C);
 void keel_ref_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N,
@@ -249,5 +250,18 @@ double keel_sumsq(const float *x, int64_t n);
  * gives the same bits. */
 void keel_accumulate(float *dst, const float *src, int64_t n);
 void keel_accumulate_bf16(float *dst, const keel_bf16 *src, int64_t n);
+
+/* ---- LoRA's scale and dropout (scale_masked.c) ------------------------------
+ * out[i] = keep(i) ? mult · x[i] : 0, plus out[i]'s old value when
+ * accumulate; out may be x. keep(i) is false with probability p: element i's
+ * 53-bit draw, splitmix64 of (key, i), below p · 2^53 drops it — the same
+ * mask for any slice, thread count or device; p = 0 keeps every element. */
+void keel_scale_masked(float *out, const float *x, int64_t n, float mult, float p, uint64_t key, bool accumulate);
+static inline uint64_t keel_mask_threshold(float p) {
+    return p <= 0 ? 0 : (uint64_t)((double)p * 9007199254740992.0);
+}
+static inline bool keel_mask_keeps(uint64_t key, int64_t i, uint64_t drop_below) {
+    return keel_hash64(key + 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1)) >> 11 >= drop_below;
+}
 
 #endif

@@ -48,6 +48,10 @@ typedef struct keel_model_layout {
     int64_t *unit_offset;  /* (n_units) */
     int64_t *unit_size;    /* (n_units) parameters in each unit */
     int64_t n_params;
+    /* on: this is an adapter set's layout (keel_lora_layout_init), not a model's */
+    keel_lora_config lora;
+    int *lora_a; /* (L * KEEL_LORA_TARGETS) in an adapter layout: the tensor index of block l's
+                    target t's A (its B is the next), or -1 */
 } keel_model_layout;
 
 /* Where a parameter set comes from, range by range: writes canonical
@@ -60,6 +64,31 @@ keel_status keel_params_from_buffer(void *params, int64_t begin, int64_t len, fl
 
 /* Llama 2's SwiGLU hidden size for this config. */
 int keel_model_ffn_hidden(const keel_model_config *cfg);
+/* ---- LoRA adapters (train.lora; docs/lora.md) -----------------------------
+ * A targeted matrix W (out, in) of a block computes x Wᵀ + (alpha / r) ·
+ * dropout(x) Aᵀ Bᵀ, with A (r, in) and B (out, r) trained and W frozen. The
+ * adapters are a parameter set of their own with a layout like a model's:
+ * tensors, offsets and units, unit u holding the adapters of the matrices in
+ * the base's unit u (the embedding's and head's units are empty). Block l's
+ * come in the block's order, A then B of each target, named as PEFT names
+ * them without its "base_model.model." prefix:
+ * "model.layers.l.self_attn.q_proj.lora_A.weight". */
+/* The adapter layout of `base` for cfg (on). A rank above the smaller side of
+ * a target is KEEL_ERR_INPUT with `why` naming the key, the target and the
+ * largest rank that fits; nothing is printed. */
+keel_status keel_lora_layout_init(keel_model_layout *lora, const keel_model_layout *base, const keel_lora_config *cfg,
+                                  char *why, size_t why_n);
+/* PEFT's initialisation of adapters [begin, begin + len): every A uniform in
+ * ±1/sqrt(in) (kaiming_uniform_ with a = sqrt(5)), every B zero (a new
+ * adapter changes nothing). Counter-based like keel_model_init_range: any
+ * slice on its own, the same for any world size. */
+void keel_lora_init_range(const keel_model_layout *lora, uint64_t seed, int64_t begin, int64_t len, float *out);
+/* Merge unit u's adapters into the base: W += (alpha / r) · B · A for each
+ * target in the unit. base_unit is the base's unit u (its canonical
+ * parameters from unit_offset[u]), lora_unit the adapters' unit u; both in
+ * host memory (the CPU's kernels do the products). */
+void keel_lora_merge_unit(const keel_model_layout *base, const keel_model_layout *lora, int u, float *base_unit,
+                          const float *lora_unit);
 /* Build the layout of cfg (finalized config). Free with keel_model_layout_free. */
 void keel_model_layout_init(keel_model_layout *lay, const keel_model_config *cfg);
 /* The same with a unit granularity: blocks (keel_model_layout_init) or
@@ -110,6 +139,13 @@ typedef struct {
      * KEEL_TOKEN_DOC_START at or before it in the row); positions keep their
      * row's RoPE positions. Needs a backend with document_masking. */
     bool document_mask;
+    /* LoRA adapters on a frozen base (NULL or .on false: none). The base
+     * gets no gradients: a model with its own parameters allocates none for
+     * it, and a unit given no gradient buffer is frozen. The adapters are
+     * keel_model_lora_layout's set (keel_model_lora_params, or
+     * keel_model_set_unit_lora), fp32 in a bf16 model too. A rank that does
+     * not fit a target makes keel_model_build_with KEEL_ERR_INPUT (printed). */
+    const keel_lora_config *lora;
 } keel_model_options;
 /* Activation bytes (and bf16 GEMM scratch; one chunk of logits) for a micro-batch of B sequences:
  * exactly what keel_model_build_with allocates for them. Attention keeps its
@@ -129,7 +165,7 @@ const keel_backend *keel_model_backend(const keel_model *m);
 /* (n_params) in the backend's memory (host memory on the CPU backend), NULL
  * without own parameters. */
 float *keel_model_params(keel_model *m);
-float *keel_model_grads(keel_model *m);
+float *keel_model_grads(keel_model *m); /* NULL with LoRA: the base is frozen */
 /* N(0, 0.02) matrices, ones for norms; each tensor from its own stream of
  * `seed`, so any slice can be regenerated independently. */
 void keel_model_init_weights(keel_model *m, uint64_t seed);
@@ -140,6 +176,7 @@ void keel_model_init_params(const keel_model_layout *lay, uint64_t seed, float *
  * counter-based generator keyed by (seed, tensor, element), so a rank fills
  * only its shard and gets the same values for any world size. */
 void keel_model_init_range(const keel_model_layout *lay, uint64_t seed, int64_t begin, int64_t len, float *out);
+/* Zero the trained set's gradients: the model's, or with LoRA the adapters'. */
 void keel_model_zero_grads(keel_model *m);
 
 /* Where unit u's parameters are read and its gradients written during
@@ -150,6 +187,19 @@ void keel_model_set_unit_buffers(keel_model *m, int unit, float *params, float *
 /* The same for a bf16 model: parameters in bf16 (same layout), fp32 gradients. */
 void keel_model_set_unit_bf16(keel_model *m, int unit, keel_bf16 *params, float *grads);
 bool keel_model_is_bf16(const keel_model *m);
+/* With LoRA: the adapters' layout, their parameters and gradients (own
+ * parameters; NULL otherwise), where unit u's adapters are read and their
+ * gradients written (like keel_model_set_unit_buffers; a NULL grads while a
+ * forward alone runs), and the dropout keys of the next training forward's
+ * sequences, one per sequence (n = 0: none; needed when dropout > 0: the
+ * trainer derives them from the seed, the step and the sequence's place in the
+ * data, so a resumed or resharded run draws the same masks). Without LoRA
+ * the layout is NULL. */
+const keel_model_layout *keel_model_lora_layout(const keel_model *m);
+float *keel_model_lora_params(keel_model *m);
+float *keel_model_lora_grads(keel_model *m);
+void keel_model_set_unit_lora(keel_model *m, int unit, float *params, float *grads);
+void keel_model_set_dropout_keys(keel_model *m, const uint64_t *keys, int n);
 /* A bf16 model with its own parameters: they changed (an optimizer step), so
  * the next forward refreshes their bf16 copy. */
 void keel_model_params_changed(keel_model *m);

@@ -95,6 +95,7 @@ static const keel_backend CPU = {
     .sumsq = keel_sumsq,
     .accumulate = keel_accumulate,
     .accumulate_bf16 = keel_accumulate_bf16,
+    .scale_masked = keel_scale_masked,
     .attach = cpu_attach,
     .iallgather = cpu_iallgather,
     .ireduce_scatter = cpu_ireduce_scatter,

@@ -207,6 +207,7 @@ static const keel_backend CUDA = {
     .sumsq = keel_cuda_sumsq,
     .accumulate = keel_cuda_accumulate,
     .accumulate_bf16 = keel_cuda_accumulate_bf16,
+    .scale_masked = keel_cuda_scale_masked,
     .attach = keel_backend_cuda_attach,
     .iallgather = keel_backend_cuda_iallgather,
     .ireduce_scatter = keel_backend_cuda_ireduce_scatter,

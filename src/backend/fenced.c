@@ -148,7 +148,8 @@ static const keel_backend FENCED_BACKEND = {
     .swiglu_backward = f_swiglu_backward, .xent_forward_backward = f_xent_forward_backward,
     .embedding_forward = f_embedding_forward, .embedding_forward_bf16 = f_embedding_forward_bf16,
     .embedding_backward = f_embedding_backward, .adamw_update = f_adamw_update, .sumsq = f_sumsq,
-    .accumulate = f_accumulate, .accumulate_bf16 = f_accumulate_bf16, .attach = f_attach, .iallgather = f_iallgather,
+    .accumulate = f_accumulate, .accumulate_bf16 = f_accumulate_bf16,
+    .scale_masked = f_scale_masked, .attach = f_attach, .iallgather = f_iallgather,
     .ireduce_scatter = f_ireduce_scatter, .allreduce = f_allreduce, .wait = f_wait, .release_group = f_release_group,
     .comm_stall_s = f_comm_stall_s,
 };

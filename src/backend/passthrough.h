@@ -63,7 +63,9 @@
     X(adamw_update, (float *p, const float *g, float *m, float *v, int64_t n, const keel_adamw_step *s),               \
       (p, g, m, v, n, s))                                                                                              \
     X(accumulate, (float *d, const float *s, int64_t n), (d, s, n))                                                    \
-    X(accumulate_bf16, (float *d, const keel_bf16 *s, int64_t n), (d, s, n))
+    X(accumulate_bf16, (float *d, const keel_bf16 *s, int64_t n), (d, s, n))                                          \
+    X(scale_masked, (float *o, const float *x, int64_t n, float m, float p, uint64_t k, bool acc),                     \
+      (o, x, n, m, p, k, acc))
 #define KEEL_BACKEND_DOUBLE_CALLS(X)                                                                                   \
     X(xent_forward_backward, (float *logits, const int32_t *targets, int N, int V, float dscale),                      \
       (logits, targets, N, V, dscale))                                                                                 \

@@ -373,7 +373,8 @@ static bool get_int(const cJSON *o, const char *key, int64_t lo, int64_t hi, int
 /* Units must tile the canonical vector (offset = the logical sizes before)
  * and each rank's shard buffer (shard_offset = the shards before), with
  * padded = shard x shard ranks >= logical: then every read lands inside
- * the file the manifest sizes. */
+ * the file the manifest sizes. A unit may be empty (LoRA adapters have none
+ * for the embedding and head): no read lands in it. */
 static keel_status parse_units(const cJSON *units, const char *path, keel_ckpt *c) {
     c->plan = keel_xcalloc(sizeof *c->plan, "checkpoint plan");
     c->plan->n_units = cJSON_GetArraySize(units);
@@ -388,9 +389,9 @@ static keel_status parse_units(const cJSON *units, const char *path, keel_ckpt *
         snprintf(where, sizeof where, "unit %d: ", i++);
         if (!cJSON_IsObject(u)) return bad_manifest(path, "%snot an object", where);
         if (!get_int(u, "offset", 0, MAX_FLOATS, &x->offset, path, where) ||
-            !get_int(u, "logical", 1, MAX_FLOATS, &x->logical, path, where) ||
-            !get_int(u, "padded", 1, MAX_FLOATS, &x->padded, path, where) ||
-            !get_int(u, "shard", 1, MAX_FLOATS, &x->shard, path, where) ||
+            !get_int(u, "logical", 0, MAX_FLOATS, &x->logical, path, where) || /* 0: an adapter set's empty unit */
+            !get_int(u, "padded", 0, MAX_FLOATS, &x->padded, path, where) ||
+            !get_int(u, "shard", 0, MAX_FLOATS, &x->shard, path, where) ||
             !get_int(u, "shard_offset", 0, MAX_FLOATS, &x->shard_offset, path, where))
             return KEEL_ERR_INPUT;
         int64_t padded;

@@ -67,13 +67,24 @@ keel_status keel_ckpt_load_config(const keel_ckpt *c, keel_config *cfg) {
     keel_status st = keel_config_load_string(cfg, json, origin);
     free(json);
     if (st == KEEL_OK) st = keel_config_finalize(cfg);
-    if (st == KEEL_OK) { /* the files hold that model: a read never falls outside them */
-        keel_model_layout lay;
+    if (st == KEEL_OK) { /* the files hold that model, or its adapters: a read never falls outside them */
+        keel_model_layout lay, adapters;
         keel_model_layout_init(&lay, &cfg->model);
-        st = keel_ckpt_check_layout(c, &lay);
+        char why[256];
+        if (!cfg->train.lora.on) st = keel_ckpt_check_layout(c, &lay);
+        else if ((st = keel_lora_layout_init(&adapters, &lay, &cfg->train.lora, why, sizeof why)) != KEEL_OK)
+            keel_errorf("%s: %s", origin, why);
+        else st = keel_ckpt_check_layout(c, &adapters), keel_model_layout_free(&adapters);
         keel_model_layout_free(&lay);
     }
     return st;
+}
+
+keel_status keel_ckpt_need_model(const keel_ckpt *c, const keel_config *cfg) {
+    if (!cfg->train.lora.on) return KEEL_OK;
+    keel_errorf("%s holds LoRA adapters (train.lora), not a whole model; use its run's weights.bin (the base "
+                "with the adapters merged) instead", c->dir);
+    return KEEL_ERR_INPUT;
 }
 
 keel_status keel_ckpt_load_model(const char *path, keel_config *cfg, float **params, int64_t *step) {
@@ -84,6 +95,7 @@ keel_status keel_ckpt_load_model(const char *path, keel_config *cfg, float **par
     if (st != KEEL_OK) return st;
     keel_config_free(cfg);
     st = keel_ckpt_load_config(&ck, cfg);
+    if (st == KEEL_OK) st = keel_ckpt_need_model(&ck, cfg);
     if (st == KEEL_OK) {
         keel_model_layout lay;
         keel_model_layout_init(&lay, &cfg->model);

@@ -163,6 +163,7 @@ static int export_hf(int argc, char **argv) {
     bool opened = st == KEEL_OK;
     if (st == KEEL_OK) st = keel_ckpt_verify_all(&ck);
     if (st == KEEL_OK) keel_config_free(&cfg), st = keel_ckpt_load_config(&ck, &cfg);
+    if (st == KEEL_OK) st = keel_ckpt_need_model(&ck, &cfg);
     char *carried_tok = NULL, *gen = NULL;
     if (st == KEEL_OK && !tokenizer) tokenizer = carried_tok = find_tokenizer(&ck, &cfg);
     /* the checkpoint's, else its init_from's (an import's), else one from the ids */

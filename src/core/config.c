@@ -37,12 +37,17 @@ static const char *const STRAGGLER_ACTION_NAMES[] = {"report", "drain", NULL};
 static const char *const CHECK_NAMES[] = {"gemm", "memory", "checkpoint_dir", "mpi", "gpu", NULL};
 static const char *const DEVICE_NAMES[] = {"cpu", "cuda", NULL};
 static const char *const ROPE_SCALING_NAMES[] = {"llama3", NULL};
+static const char *const LORA_TARGET_NAMES[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                "down_proj", NULL};
+_Static_assert(sizeof LORA_TARGET_NAMES / sizeof *LORA_TARGET_NAMES == KEEL_LORA_TARGETS + 1,
+               "one name per keel_lora_target");
 
 const char *keel_strategy_name(keel_fsdp_strategy s) { return STRATEGY_NAMES[s]; }
 const char *keel_dtype_name(keel_dtype d) { return DTYPE_NAMES[d]; }
 const char *keel_unit_kind_name(keel_unit_kind k) { return UNIT_NAMES[k]; }
 const char *keel_health_check_name(keel_health_check c) { return CHECK_NAMES[c]; }
 const char *keel_backend_kind_name(keel_backend_kind b) { return DEVICE_NAMES[b]; }
+const char *keel_lora_target_name(keel_lora_target t) { return LORA_TARGET_NAMES[t]; }
 
 #define OFF(field) offsetof(keel_config, field)
 #define BIG 1e18
@@ -115,6 +120,18 @@ static const key_spec KEYS[] = {
     {"train.profile_steps", K_INT, OFF(train.profile_steps), 0, 1e9,
      "time every backend call of this many steps after the launch's first: RUN/profile.json and a table "
      "(on a GPU each call is waited for, so those steps run slower; 0 = off)", NULL},
+    {"train.lora", K_FLAG_SECTION, OFF(train.lora.on), 0, 0,
+     "low-rank adapters (LoRA) trained on a frozen base: the base's weights get no gradients and no optimizer "
+     "state; needs init_from, the base (object, or false = every weight trained; docs/lora.md)", NULL},
+    {"train.lora.rank", K_INT, OFF(train.lora.rank), 1, 1 << 16,
+     "r: each adapter is B (out, r) · A (r, in); at most the smaller side of every target", NULL},
+    {"train.lora.alpha", K_DOUBLE, OFF(train.lora.alpha), 0, 1e6,
+     "an adapter's output is scaled by alpha / rank (PEFT's lora_alpha)", NULL},
+    {"train.lora.dropout", K_DOUBLE, OFF(train.lora.dropout), 0, 0.99,
+     "dropout on an adapter's input while training, its mask drawn from train.seed, the step and the "
+     "sequence (PEFT's lora_dropout)", NULL},
+    {"train.lora.targets", K_ENUM_SET, OFF(train.lora.targets), 0, 0,
+     "the matrices of every block that get adapters (Hugging Face module names)", LORA_TARGET_NAMES},
 
     {"data", K_SECTION, 0, 0, 0, "training data", NULL},
     {"data.path", K_STRING, OFF(data.path), 0, 0,
@@ -288,6 +305,9 @@ void keel_config_defaults(keel_config *cfg) {
                                      .beta2 = 0.95, .adam_eps = 1e-8, .grad_clip = 1.0,
                                      .threads = 0, .eval_every = 0, .eval_batches = 8,
                                      .profile_steps = 0, .sample_max_tokens = 64, .sample_temperature = 0.8};
+    /* PEFT's LoraConfig defaults, and its default targets for Llama */
+    cfg->train.lora = (keel_lora_config){.on = false, .rank = 8, .alpha = 8, .dropout = 0,
+                                         .targets = 1u << KEEL_LORA_Q | 1u << KEEL_LORA_V};
     cfg->data.synthetic_seed = 1;
     cfg->fsdp.strategy = KEEL_FSDP_FULL_SHARD;
     cfg->fsdp.prefetch = true;
@@ -679,8 +699,12 @@ keel_status keel_config_set(keel_config *cfg, const char *assignment) {
         return KEEL_ERR_INPUT;
     }
     keel_status st = store(cfg, k, v, "--set", KEEL_FROM_SET);
-    /* Setting a key inside data.synthetic turns the synthetic source on. */
-    if (st == KEEL_OK && strncmp(key, "data.synthetic.", 15) == 0) cfg->data.synthetic = true;
+    /* Setting a key inside a section that can be off (data.synthetic, train.lora) turns it on. */
+    for (int i = 0; st == KEEL_OK && i < N_KEYS; i++) {
+        size_t n = strlen(KEYS[i].key);
+        if (KEYS[i].type == K_FLAG_SECTION && strncmp(key, KEYS[i].key, n) == 0 && key[n] == '.')
+            *(bool *)((char *)cfg + KEYS[i].offset) = true;
+    }
     cJSON_Delete(v);
     return st;
 }
@@ -737,6 +761,12 @@ keel_status keel_config_finalize(keel_config *cfg) {
     if (ac > m->n_layers) {
         keel_errorf("%s: fsdp.activation_checkpointing %d is more than model.n_layers %d; use true to "
                     "checkpoint every block", src, ac, m->n_layers);
+        return KEEL_ERR_INPUT;
+    }
+    const keel_lora_config *lora = &cfg->train.lora;
+    if (lora->on && !lora->targets) {
+        keel_errorf("%s: train.lora.targets is empty; name the matrices to adapt, e.g. [\"q_proj\", \"v_proj\"], "
+                    "or set train.lora to false", src);
         return KEEL_ERR_INPUT;
     }
     if (cfg->train.min_lr > cfg->train.lr) {

@@ -287,7 +287,8 @@ extern "C" void keel_cuda_matmul_backward(float *d_in, float *d_w, const float *
     if (d_in)
         lt_matmul("matmul_backward d_in", CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, w, K, d_out, N, CUDA_R_32F, d_in, K,
                   accumulate_in ? 1.0f : 0.0f);
-    lt_matmul("matmul_backward d_w", CUBLAS_OP_N, CUBLAS_OP_T, K, N, M, in, K, d_out, N, CUDA_R_32F, d_w, K, 1.0f);
+    if (d_w) // NULL: a frozen weight
+        lt_matmul("matmul_backward d_w", CUBLAS_OP_N, CUBLAS_OP_T, K, N, M, in, K, d_out, N, CUDA_R_32F, d_w, K, 1.0f);
 }
 
 extern "C" void keel_cuda_gemm_bf16(float *out, const keel_bf16 *a, bool a_t, const keel_bf16 *b, bool b_t, int M,

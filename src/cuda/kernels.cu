@@ -114,7 +114,7 @@ __global__ static void rmsnorm_backward(float *dx, float *dw, const float *dout,
     s = block_sum(s);
     for (int j = threadIdx.x; j < C; j += THREADS) {
         dx[base + j] += r * w[j] * dout[base + j] - x[base + j] * r * r * r * s / C;
-        atomicAdd(&dw[j], dout[base + j] * x[base + j] * r);
+        if (dw) atomicAdd(&dw[j], dout[base + j] * x[base + j] * r); // NULL: a frozen weight
     }
 }
 
@@ -296,6 +296,27 @@ extern "C" void keel_cuda_accumulate_bf16(float *dst, const keel_bf16 *src, int6
     if (n <= 0) return;
     accumulate_bf16<<<blocks_for(n), THREADS>>>(dst, src, n);
     note("accumulate_bf16");
+}
+
+// ---- LoRA's scale and dropout: keel_scale_masked's mask, bit for bit ----
+
+__global__ static void scale_masked(float *out, const float *x, int64_t n, float mult, uint64_t drop_below,
+                                    uint64_t key, bool accumulate) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint64_t z = key + 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        float v = ((z ^ (z >> 31)) >> 11) >= drop_below ? mult * x[i] : 0.0f;
+        out[i] = accumulate ? out[i] + v : v;
+    }
+}
+
+extern "C" void keel_cuda_scale_masked(float *out, const float *x, int64_t n, float mult, float p, uint64_t key,
+                                       bool accumulate) {
+    if (n <= 0) return;
+    uint64_t drop_below = p <= 0 ? 0 : (uint64_t)((double)p * 9007199254740992.0);
+    scale_masked<<<blocks_for(n), THREADS>>>(out, x, n, mult, drop_below, key, accumulate);
+    note("scale_masked");
 }
 
 // ---- token embedding -------------------------------------------------------

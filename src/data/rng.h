@@ -6,13 +6,10 @@
 
 #include <stdint.h>
 
-/* splitmix64's finaliser: a bijective 64-bit mixer. */
-static inline uint64_t mix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
+#include "keel/core.h"
+
+/* splitmix64 of x: a bijective 64-bit mixer. */
+static inline uint64_t mix64(uint64_t x) { return keel_hash64(x + 0x9E3779B97F4A7C15ull); }
 
 static inline uint64_t hash2(uint64_t a, uint64_t b) { return mix64(mix64(a) ^ b); }
 static inline uint64_t hash3(uint64_t a, uint64_t b, uint64_t c) { return mix64(hash2(a, b) ^ c); }

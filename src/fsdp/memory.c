@@ -41,10 +41,24 @@ static int64_t cuda_attention_scratch(const keel_model_layout *lay, int B, bool 
     return bytes;
 }
 
-/* One process: the whole model, no FSDP. */
-static void one_process(const keel_model_layout *lay, bool bf16, keel_fsdp_memory *m) {
+/* The largest unit's floats: with LoRA the final weights merge the adapters
+ * into a host copy of one unit at a time (train/gather.c). */
+static int64_t largest_unit(const keel_model_layout *lay) {
+    int64_t most = 0;
+    for (int u = 0; u < lay->n_units; u++) most = lay->unit_size[u] > most ? lay->unit_size[u] : most;
+    return most;
+}
+
+/* One process: the whole model, no FSDP; with LoRA (lora set) a frozen base
+ * without gradients, and the adapters with theirs. */
+static void one_process(const keel_model_layout *lay, const keel_model_layout *lora, bool bf16, keel_fsdp_memory *m) {
     m->params = m->grads = 4 * lay->n_params;
     m->gathered = bf16 ? 2 * lay->n_params : 0; /* the bf16 copy */
+    if (lora) {
+        m->params += 4 * lora->n_params;
+        m->grads = 4 * lora->n_params;
+        m->gathered += 4 * largest_unit(lay);
+    }
     m->runtime = RUNTIME_PROCESS_BYTES;
 }
 
@@ -52,8 +66,8 @@ static void one_process(const keel_model_layout *lay, bool bf16, keel_fsdp_memor
  * buffers (the final weights are gathered through one of them, train.c) and
  * NO_SHARD/HYBRID's bf16 copy of the gradient shard for its all-reduce across
  * replicas (runtime.c, keel_fsdp_finish_grads). Returns the shard's floats. */
-static int64_t one_rank(const keel_config *cfg, const keel_model_layout *lay, int world_size, bool bf16,
-                        keel_fsdp_memory *m) {
+static int64_t one_rank(const keel_config *cfg, const keel_model_layout *lay, const keel_model_layout *lora,
+                        int world_size, bool bf16, keel_fsdp_memory *m) {
     keel_fsdp_strategy strategy = cfg->fsdp.strategy;
     keel_parallel_dims dims;
     char why[256];
@@ -65,10 +79,24 @@ static int64_t one_rank(const keel_config *cfg, const keel_model_layout *lay, in
     bool bf16_reduce = cfg->fsdp.reduce_dtype == KEEL_DTYPE_BF16;
     keel_fsdp_plan plan;
     keel_fsdp_plan_init(&plan, lay, shard_ranks);
+    m->runtime = RUNTIME_RANK_BYTES;
+    if (lora) { /* the frozen base: its shard and compute copies; the adapters: a trained set in fp32 */
+        keel_fsdp_plan ap;
+        keel_fsdp_plan_init(&ap, lora, shard_ranks);
+        ap.tied = false;
+        m->params = 4 * (plan.shard_total + ap.shard_total);
+        m->grads = 4 * ap.shard_total;
+        m->gathered = keel_fsdp_frozen_transient_bytes(&plan, strategy, bf16) +
+                      keel_fsdp_transient_bytes(&ap, strategy, false, bf16_reduce) + 4 * largest_unit(lay);
+        if (world_size > shard_ranks && bf16_reduce) m->workspaces += 2 * ap.shard_total;
+        int64_t shard = ap.shard_total;
+        keel_fsdp_plan_free(&ap);
+        keel_fsdp_plan_free(&plan);
+        return shard;
+    }
     m->params = m->grads = 4 * plan.shard_total;
     m->gathered = keel_fsdp_transient_bytes(&plan, strategy, bf16, bf16_reduce);
     if (world_size > shard_ranks && bf16_reduce) m->workspaces += 2 * plan.shard_total;
-    m->runtime = RUNTIME_RANK_BYTES;
     int64_t shard = plan.shard_total;
     keel_fsdp_plan_free(&plan);
     return shard;
@@ -80,14 +108,19 @@ void keel_fsdp_memory_plan_run(const keel_config *cfg, int world_size, bool dist
     keel_model_layout_init_units(&lay, &cfg->model, cfg->fsdp.unit);
     bool bf16 = cfg->fsdp.mixed_precision == KEEL_DTYPE_BF16;
     int B = cfg->train.micro_batch_size;
-    keel_model_options opts = {.checkpoint_blocks = keel_config_checkpoint_blocks(cfg), .bf16 = bf16};
+    /* train.lora: the adapters' layout (a rank that does not fit is refused before any run: planned without) */
+    keel_model_layout lora;
+    char why[256];
+    bool lora_on = cfg->train.lora.on && keel_lora_layout_init(&lora, &lay, &cfg->train.lora, why, sizeof why) == KEEL_OK;
+    keel_model_options opts = {.checkpoint_blocks = keel_config_checkpoint_blocks(cfg), .bf16 = bf16,
+                               .lora = lora_on ? &cfg->train.lora : NULL};
     keel_fsdp_memory m = {.activations = keel_model_activation_bytes(&lay, B, &opts)};
     m.workspaces = 4 * (int64_t)B * (lay.T + 1); /* the micro-batch's tokens (train.c) */
     if (cfg->device == KEEL_BACKEND_CUDA) m.workspaces += cuda_attention_scratch(&lay, B, bf16);
-    int64_t shard = lay.n_params;
-    if (distributed) shard = one_rank(cfg, &lay, world_size, bf16, &m);
-    else one_process(&lay, bf16, &m);
-    m.optimizer = 2 * m.params; /* AdamW m and v */
+    int64_t shard = lora_on ? lora.n_params : lay.n_params; /* the trained set's floats on this rank */
+    if (distributed) shard = one_rank(cfg, &lay, lora_on ? &lora : NULL, world_size, bf16, &m);
+    else one_process(&lay, lora_on ? &lora : NULL, bf16, &m);
+    m.optimizer = 2 * 4 * shard; /* AdamW m and v of the trained set */
     m.checkpoint_buffer = checkpoint_buffer_bytes(cfg, distributed, shard);
     /* a rank's in-memory snapshot (train/snapshots.c): two slots of
      * parameters, m and v in node shared memory, mapped and written by the
@@ -97,6 +130,7 @@ void keel_fsdp_memory_plan_run(const keel_config *cfg, int world_size, bool dist
      * reduce-scatters into the gradient shard (keel_fsdp_zero_grads), and one
      * process adds into its full gradient, which it holds anyway. */
     m.accumulation = 0;
+    if (lora_on) keel_model_layout_free(&lora);
     keel_model_layout_free(&lay);
     *out = m;
 }

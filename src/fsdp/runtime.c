@@ -27,6 +27,10 @@ typedef struct {
 struct keel_fsdp {
     keel_model *model;
     const keel_backend *be;     /* the model's: where every array below lives */
+    /* The parameter set sharded: the model's; or with LoRA its frozen base
+     * (gathered, no gradients) and, chained to it, the adapters (fp32). */
+    keel_fsdp_set set;
+    keel_fsdp *adapters;        /* the frozen base's: the adapters' runtime, its hooks called after the base's */
     keel_fsdp_strategy strategy;
     keel_comm *group;           /* shard group: gathers and reduce-scatters */
     keel_comm *replicas;        /* ranks holding the same shard, or NULL */
@@ -70,8 +74,10 @@ static int64_t max_shard(const keel_fsdp_plan *plan) {
     return m;
 }
 
+static bool frozen(const keel_fsdp *f) { return f->set == KEEL_FSDP_SET_FROZEN_BASE; }
+
 static void start_gather(keel_fsdp *f, int u) {
-    if (f->unit_slot[u] >= 0) return;
+    if (f->unit_slot[u] >= 0 || f->plan.units[u].padded == 0) return; /* gathered, or empty (an adapter set's) */
     int s = 0;
     if (f->strategy == KEEL_FSDP_SHARD_GRAD_OP) s = u; /* each unit has its own */
     else
@@ -90,6 +96,7 @@ static void start_gather(keel_fsdp *f, int u) {
 }
 
 static void *ready(keel_fsdp *f, int u) {
+    if (f->plan.units[u].padded == 0) return NULL;
     start_gather(f, u);
     if (f->gather_req[u]) {
         double t0 = keel_now_s();
@@ -139,8 +146,10 @@ static int claim_slot(keel_fsdp *f, int u) {
     return b;
 }
 
-/* Where unit u's backward writes its gradient: a zeroed unit buffer. */
+/* Where unit u's backward writes its gradient: a zeroed unit buffer (none
+ * for a frozen set or an empty unit). */
 static float *grad_buffer_for(keel_fsdp *f, int u) {
+    if (frozen(f) || f->plan.units[u].padded == 0) return NULL;
     size_t bytes = sizeof(float) * (size_t)f->plan.units[u].padded;
     int b = claim_slot(f, u);
     f->be->zero(f->gbuf[b], bytes);
@@ -159,6 +168,7 @@ static void reduce_scatter(keel_fsdp *f, int u, int b) {
 }
 
 static void start_reduce_scatter(keel_fsdp *f, int u) {
+    if (frozen(f) || f->plan.units[u].padded == 0) return;
     for (int b = 0; b < GRAD_BUFFERS; b++)
         if (f->gstate[b].unit == u && !f->gstate[b].req) {
             reduce_scatter(f, u, b);
@@ -169,7 +179,8 @@ static void start_reduce_scatter(keel_fsdp *f, int u) {
 
 /* Point the model at unit u's gathered parameters (and gradient buffer). */
 static void set_unit(keel_fsdp *f, int u, void *params, float *grads) {
-    if (f->bf16) keel_model_set_unit_bf16(f->model, u, params, grads);
+    if (f->set == KEEL_FSDP_SET_ADAPTERS) keel_model_set_unit_lora(f->model, u, params, grads);
+    else if (f->bf16) keel_model_set_unit_bf16(f->model, u, params, grads);
     else keel_model_set_unit_buffers(f->model, u, params, grads);
 }
 
@@ -199,6 +210,7 @@ static void before_forward(void *p, int u, int next) {
     if (f->plan.tied && u == f->plan.n_units - 1) /* the head reads the embedding */
         set_unit(f, 0, ready(f, 0), NULL);
     prefetch(f, next);
+    if (f->adapters) before_forward(f->adapters, u, next);
 }
 
 static void after_forward(void *p, int u, int next) {
@@ -206,6 +218,7 @@ static void after_forward(void *p, int u, int next) {
     /* SHARD_GRAD_OP keeps every unit until its backward; a unit whose
      * backward follows at once (the head, a recomputed block's last) stays. */
     if (f->strategy != KEEL_FSDP_SHARD_GRAD_OP && next != u) release(f, u);
+    if (f->adapters) after_forward(f->adapters, u, next);
 }
 
 static void before_backward(void *p, int u, int next) {
@@ -216,6 +229,7 @@ static void before_backward(void *p, int u, int next) {
     float *grads = u != pinned_unit(f) ? grad_buffer_for(f, u) : f->gbuf[GRAD_BUFFERS - 1];
     set_unit(f, u, params, grads);
     prefetch(f, next);
+    if (f->adapters) before_backward(f->adapters, u, next);
 }
 
 static void after_backward(void *p, int u, int next) {
@@ -223,6 +237,7 @@ static void after_backward(void *p, int u, int next) {
     (void)next;
     start_reduce_scatter(f, u);
     release(f, u);
+    if (f->adapters) after_backward(f->adapters, u, next);
 }
 
 /* The shard group and the replica group of this rank for a strategy. */
@@ -256,8 +271,16 @@ static keel_status make_groups(keel_fsdp *f, keel_comm *world, int shard_group_s
 
 keel_status keel_fsdp_build(keel_model *model, keel_comm *world, keel_fsdp_strategy strategy,
                             int shard_group_size, keel_fsdp **out) {
+    return keel_fsdp_build_set(model, world, strategy, shard_group_size, KEEL_FSDP_SET_MODEL, out);
+}
+
+keel_status keel_fsdp_build_set(keel_model *model, keel_comm *world, keel_fsdp_strategy strategy,
+                                int shard_group_size, keel_fsdp_set set, keel_fsdp **out) {
+    KEEL_CHECK((set == KEEL_FSDP_SET_MODEL) == !keel_model_lora_layout(model),
+               "the model's set for a model without adapters, the base and adapters for one with them");
     keel_fsdp *f = keel_xcalloc(sizeof *f, "fsdp");
     f->model = model;
+    f->set = set;
     f->be = keel_model_backend(model);
     f->strategy = strategy;
     keel_status st = make_groups(f, world, shard_group_size);
@@ -265,13 +288,14 @@ keel_status keel_fsdp_build(keel_model *model, keel_comm *world, keel_fsdp_strat
         keel_free(f);
         return st;
     }
-    f->lay = keel_model_get_layout(model);
+    f->lay = set == KEEL_FSDP_SET_ADAPTERS ? keel_model_lora_layout(model) : keel_model_get_layout(model);
     f->rank = keel_comm_rank(f->group);
     keel_fsdp_plan_init(&f->plan, f->lay, keel_comm_size(f->group));
+    if (set == KEEL_FSDP_SET_ADAPTERS) f->plan.tied = false; /* the embedding's unit holds no adapter */
     const keel_backend *be = f->be;
     f->master = be->alloc(sizeof(float) * (size_t)f->plan.shard_total, "fsdp master shard");
-    f->grads = be->alloc(sizeof(float) * (size_t)f->plan.shard_total, "fsdp grad shard");
-    f->bf16 = keel_model_is_bf16(model);
+    if (!frozen(f)) f->grads = be->alloc(sizeof(float) * (size_t)f->plan.shard_total, "fsdp grad shard");
+    f->bf16 = keel_model_is_bf16(model) && set != KEEL_FSDP_SET_ADAPTERS; /* adapters compute in fp32 */
     f->elem = f->bf16 ? sizeof(keel_bf16) : sizeof(float);
     f->n_slots = strategy == KEEL_FSDP_SHARD_GRAD_OP ? f->plan.n_units : buffers_needed(f->plan.tied);
     f->slots = keel_xcalloc(sizeof(void *) * (size_t)f->n_slots, "fsdp slots");
@@ -280,7 +304,7 @@ keel_status keel_fsdp_build(keel_model *model, keel_comm *world, keel_fsdp_strat
     for (int s = 0; s < f->n_slots; s++) {
         bool own = strategy == KEEL_FSDP_SHARD_GRAD_OP; /* slot s holds unit s */
         int64_t floats = own ? f->plan.units[s].padded : f->plan.max_padded;
-        f->slots[s] = be->alloc(f->elem * (size_t)floats, "fsdp unit slot");
+        f->slots[s] = floats ? be->alloc(f->elem * (size_t)floats, "fsdp unit slot") : NULL; /* empty: an adapter set's */
         if (f->bf16)
             f->send16[s] = be->alloc(sizeof(keel_bf16) * (size_t)(own ? f->plan.units[s].shard : max_shard(&f->plan)),
                                      "fsdp bf16 send buffer");
@@ -288,24 +312,34 @@ keel_status keel_fsdp_build(keel_model *model, keel_comm *world, keel_fsdp_strat
     }
     for (int b = 0; b < GRAD_BUFFERS; b++) {
         f->gstate[b].unit = -1;
-        if (b >= buffers_needed(f->plan.tied)) continue; /* the pinned unit's, only when tied */
+        if (b >= buffers_needed(f->plan.tied) || frozen(f)) continue; /* the pinned unit's, only when tied */
         f->gbuf[b] = be->alloc(sizeof(float) * (size_t)f->plan.max_padded, "fsdp unit grads");
     }
     f->unit_slot = keel_xmalloc(sizeof(int) * (size_t)f->plan.n_units, "fsdp unit slots");
     for (int u = 0; u < f->plan.n_units; u++) f->unit_slot[u] = -1;
     f->gather_req = keel_xcalloc(sizeof(keel_backend_req *) * (size_t)f->plan.n_units, "fsdp reqs");
     f->prefetch = true;
-    keel_model_hooks hooks = {f, before_forward, after_forward, before_backward, after_backward};
-    keel_model_set_hooks(model, &hooks);
+    if (set != KEEL_FSDP_SET_ADAPTERS) { /* the adapters' hooks run from their base's */
+        keel_model_hooks hooks = {f, before_forward, after_forward, before_backward, after_backward};
+        keel_model_set_hooks(model, &hooks);
+    }
     *out = f;
     return KEEL_OK;
+}
+
+void keel_fsdp_chain_adapters(keel_fsdp *base, keel_fsdp *adapters) {
+    KEEL_CHECK(base->set == KEEL_FSDP_SET_FROZEN_BASE && adapters->set == KEEL_FSDP_SET_ADAPTERS &&
+                   base->model == adapters->model && base->plan.n_units == adapters->plan.n_units,
+               "adapters chained to their model's frozen base");
+    base->adapters = adapters;
+    adapters->prefetch = base->prefetch;
 }
 
 void keel_fsdp_free(keel_fsdp *f) {
     if (!f) return;
     keel_fsdp_finish_grads(f);
     keel_fsdp_invalidate(f);
-    keel_model_set_hooks(f->model, NULL);
+    if (f->set != KEEL_FSDP_SET_ADAPTERS) keel_model_set_hooks(f->model, NULL);
     const keel_backend *be = f->be;
     for (int s = 0; s < f->n_slots; s++) be->free(f->slots[s]), be->free(f->send16[s]);
     keel_free(f->send16);
@@ -332,7 +366,10 @@ void keel_fsdp_free(keel_fsdp *f) {
 
 int keel_fsdp_shard_rank(const keel_fsdp *f) { return f->rank; }
 
-void keel_fsdp_set_prefetch(keel_fsdp *f, bool prefetch) { f->prefetch = prefetch; }
+void keel_fsdp_set_prefetch(keel_fsdp *f, bool prefetch) {
+    f->prefetch = prefetch;
+    if (f->adapters) f->adapters->prefetch = prefetch;
+}
 
 void keel_fsdp_set_reduce_bf16(keel_fsdp *f, bool bf16) {
     keel_fsdp_finish_grads(f);
@@ -383,9 +420,13 @@ keel_status keel_fsdp_gather_unit(keel_fsdp *f, int u, const float **out) {
         drain(f, b);
     }
     const keel_fsdp_unit *x = &f->plan.units[u];
-    keel_backend_req *req;
-    f->be->iallgather(f->group, f->master + x->shard_offset, f->gbuf[0], (size_t)x->shard, KEEL_COMM_F32, &req);
-    f->be->wait(req);
+    /* a frozen set has no gradient buffers: one unit buffer, made the first time */
+    if (!f->gbuf[0]) f->gbuf[0] = f->be->alloc(sizeof(float) * (size_t)f->plan.max_padded, "fsdp unit gather");
+    keel_backend_req *req = NULL;
+    if (x->padded > 0) {
+        f->be->iallgather(f->group, f->master + x->shard_offset, f->gbuf[0], (size_t)x->shard, KEEL_COMM_F32, &req);
+        f->be->wait(req);
+    }
     *out = f->gbuf[0];
     if (f->be->host_memory) return KEEL_OK;
     if (!f->host_unit) f->host_unit = keel_xmalloc(sizeof(float) * (size_t)f->plan.max_padded, "fsdp unit on the host");
@@ -394,12 +435,14 @@ keel_status keel_fsdp_gather_unit(keel_fsdp *f, int u, const float **out) {
     return KEEL_OK;
 }
 
-void keel_fsdp_zero_grads(keel_fsdp *f) { f->be->zero(f->grads, sizeof(float) * (size_t)f->plan.shard_total); }
+void keel_fsdp_zero_grads(keel_fsdp *f) {
+    if (f->grads) f->be->zero(f->grads, sizeof(float) * (size_t)f->plan.shard_total);
+}
 
 keel_status keel_fsdp_finish_grads(keel_fsdp *f) {
     for (int b = 0; b < GRAD_BUFFERS; b++) drain(f, b);
     /* Replicas hold the same shard: sum their gradients (NO_SHARD, HYBRID_SHARD). */
-    if (!f->replicas || keel_comm_size(f->replicas) == 1) return KEEL_OK;
+    if (frozen(f) || !f->replicas || keel_comm_size(f->replicas) == 1) return KEEL_OK;
     const keel_backend *be = f->be;
     size_t n = (size_t)f->plan.shard_total;
     if (!f->reduce_bf16) {
@@ -423,8 +466,9 @@ keel_status keel_fsdp_grad_sumsq(keel_fsdp *f, double *sumsq) {
     return keel_comm_allreduce_scalar(f->group, sumsq, KEEL_COMM_SUM);
 }
 
-/* Bytes of the gathered-parameter slots (with their bf16 send buffers) and of the unit gradient buffers with their reduce-scatter results. */
-static void transient_parts(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy,
+/* Bytes of the gathered-parameter slots (with their bf16 send buffers) and of the unit gradient buffers with
+ * their reduce-scatter results; a frozen set has one unit buffer instead, for gather_unit. */
+static void transient_parts(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy, bool frozen,
                             bool bf16_params, bool bf16_reduce, int64_t *gathered,
                             int64_t *unit_grads) {
     int n = buffers_needed(plan->tied);
@@ -435,14 +479,20 @@ static void transient_parts(const keel_fsdp_plan *plan, keel_fsdp_strategy strat
         sends = plan->shard_total;
     }
     *gathered = bf16_params ? 2 * (slots + sends) : 4 * slots;
-    *unit_grads = (bf16_reduce ? 6 : 4) * n * plan->max_padded; /* results in place */
+    *unit_grads = frozen ? 4 * plan->max_padded : (bf16_reduce ? 6 : 4) * n * plan->max_padded; /* results in place */
 }
 
 int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy,
                                   bool bf16_params, bool bf16_reduce) {
     int64_t gathered, unit_grads;
-    transient_parts(plan, strategy, bf16_params, bf16_reduce, &gathered, &unit_grads);
+    transient_parts(plan, strategy, false, bf16_params, bf16_reduce, &gathered, &unit_grads);
     return gathered + unit_grads;
+}
+
+int64_t keel_fsdp_frozen_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy, bool bf16_params) {
+    int64_t gathered, unit_buffer;
+    transient_parts(plan, strategy, true, bf16_params, false, &gathered, &unit_buffer);
+    return gathered + unit_buffer;
 }
 
 void keel_fsdp_get_stats(keel_fsdp *f, keel_fsdp_stats *out) {
@@ -450,10 +500,10 @@ void keel_fsdp_get_stats(keel_fsdp *f, keel_fsdp_stats *out) {
     *out = (keel_fsdp_stats){
         .device_wait_s = f->device_wait_s,
         .master_bytes = 4 * f->plan.shard_total,
-        .grad_bytes = 4 * f->plan.shard_total,
+        .grad_bytes = frozen(f) ? 0 : 4 * f->plan.shard_total,
         .gather_wait_s = f->gather_wait_s,
         .reduce_wait_s = f->reduce_wait_s,
     };
-    transient_parts(&f->plan, f->strategy, f->bf16, f->reduce_bf16, &out->gathered_bytes,
+    transient_parts(&f->plan, f->strategy, frozen(f), f->bf16, f->reduce_bf16, &out->gathered_bytes,
                     &out->unit_grad_bytes);
 }

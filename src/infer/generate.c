@@ -56,12 +56,7 @@ keel_status keel_gen_check(const keel_gen_params *g) {
 /* ---- sampling ------------------------------------------------------------- */
 
 /* splitmix64: prompt i's generator starts from (seed, i) */
-static uint64_t next_u64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+static uint64_t next_u64(uint64_t *s) { return keel_hash64(*s += 0x9E3779B97F4A7C15ull); }
 
 static double uniform(uint64_t *s) { return (double)(next_u64(s) >> 11) / 9007199254740992.0; } /* [0, 1) */
 

@@ -79,6 +79,7 @@ static keel_status load_checkpoint(const char *path, keel_infer_model *m, char *
     if (st != KEEL_OK) return st;
     keel_config_free(&m->cfg);
     st = keel_ckpt_load_config(&ck, &m->cfg);
+    if (st == KEEL_OK) st = keel_ckpt_need_model(&ck, &m->cfg);
     if (st == KEEL_OK) {
         keel_model_layout lay;
         keel_model_layout_init(&lay, &m->cfg.model);

@@ -72,6 +72,7 @@ void keel_matmul_backward(float *d_in, float *d_w, const float *d_out, const flo
         gemm_ctx c = {BACKWARD_INPUT, d_in, d_out, w, M, N, K, accumulate_in ? 1.0f : 0.0f};
         run(&c, K);
     }
+    if (!d_w) return; /* a frozen weight */
     gemm_ctx c = {BACKWARD_WEIGHT, d_w, d_out, in, M, N, K, 1.0f};
     run(&c, N);
 }

@@ -70,5 +70,5 @@ void keel_rmsnorm_backward(float *dx, float *dw, const float *dout, const float 
                            const float *w, const float *rstd, int N, int C) {
     norm_ctx c = {.dx = dx, .dw = dw, .x = x, .w = w, .dout = dout, .rstd_in = rstd, .N = N, .C = C};
     keel_pool_for(N, 64, backward_rows, &c);
-    keel_pool_for(C, 64, backward_cols, &c);
+    if (dw) keel_pool_for(C, 64, backward_cols, &c);
 }

@@ -1,7 +1,9 @@
 /* model/layout.c: where each Llama 2 tensor lives in the flat parameter vector. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "keel/kernels.h"
 #include "keel/model.h"
 
 keel_status keel_params_from_buffer(void *params, int64_t begin, int64_t len, float *dst) {
@@ -84,6 +86,7 @@ void keel_model_layout_free(keel_model_layout *lay) {
     keel_free(lay->tensors);
     keel_free(lay->unit_offset);
     keel_free(lay->unit_size);
+    keel_free(lay->lora_a);
     memset(lay, 0, sizeof *lay);
 }
 
@@ -94,4 +97,90 @@ double keel_model_flops_per_token(const keel_model_layout *lay) {
             matmul_params += (double)(lay->tensors[i].rows * lay->tensors[i].cols);
     if (lay->cfg.tie_embeddings) matmul_params += (double)lay->V * lay->C;
     return 6.0 * matmul_params + 12.0 * lay->L * lay->C * lay->T;
+}
+
+/* The block tensor (BLOCK_TENSORS' index) each LoRA target adapts. */
+static const int TARGET_TENSOR[KEEL_LORA_TARGETS] = {1, 2, 3, 4, 6, 7, 8};
+
+keel_status keel_lora_layout_init(keel_model_layout *lora, const keel_model_layout *base, const keel_lora_config *cfg,
+                                  char *why, size_t why_n) {
+    memset(lora, 0, sizeof *lora);
+    int C = base->C, F = base->F, QD = base->NH * base->HS, KVD = base->NKV * base->HS;
+    int64_t rows[KEEL_BLOCK_TENSORS] = {C, QD, KVD, KVD, C, C, F, F, C};
+    int64_t cols[KEEL_BLOCK_TENSORS] = {1, C, C, C, QD, 1, C, C, F};
+    for (int t = 0; t < KEEL_LORA_TARGETS; t++) {
+        int k = TARGET_TENSOR[t];
+        int64_t side = rows[k] < cols[k] ? rows[k] : cols[k];
+        if (cfg->targets & (1u << t) && cfg->rank > side) {
+            snprintf(why, why_n, "train.lora.rank %d is more than %s's smaller side %lld: use a rank of at most %lld",
+                     cfg->rank, keel_lora_target_name((keel_lora_target)t), (long long)side, (long long)side);
+            return KEEL_ERR_INPUT;
+        }
+    }
+    *lora = *base;
+    lora->lora = *cfg;
+    lora->n_tensors = 0;
+    lora->n_params = 0;
+    lora->tensors = keel_xcalloc(sizeof(keel_tensor_info) * (size_t)(2 * base->L * KEEL_LORA_TARGETS + 1),
+                                 "adapter table");
+    lora->unit_offset = keel_xcalloc(sizeof(int64_t) * (size_t)base->n_units, "unit offsets");
+    lora->unit_size = keel_xcalloc(sizeof(int64_t) * (size_t)base->n_units, "unit sizes");
+    lora->lora_a = keel_xmalloc(sizeof(int) * (size_t)base->L * KEEL_LORA_TARGETS, "adapter index");
+    for (int i = 0; i < base->L * KEEL_LORA_TARGETS; i++) lora->lora_a[i] = -1;
+    for (int u = 0; u < base->n_units; u++) { /* units in order; a unit's offset is where its first adapter goes */
+        lora->unit_offset[u] = lora->n_params;
+        for (int l = 0; l < base->L; l++)
+            for (int t = 0; t < KEEL_LORA_TARGETS; t++) {
+                const keel_tensor_info *w = &base->tensors[1 + l * KEEL_BLOCK_TENSORS + TARGET_TENSOR[t]];
+                if (!(cfg->targets & (1u << t)) || w->unit != u) continue;
+                lora->lora_a[l * KEEL_LORA_TARGETS + t] = lora->n_tensors;
+                char name[64];
+                int dot = (int)(strrchr(w->name, '.') - w->name); /* "...q_proj" of "...q_proj.weight" */
+                snprintf(name, sizeof name, "%.*s.lora_A.weight", dot, w->name);
+                add(lora, u, name, cfg->rank, w->cols, false);
+                snprintf(name, sizeof name, "%.*s.lora_B.weight", dot, w->name);
+                add(lora, u, name, w->rows, cfg->rank, false);
+            }
+    }
+    return KEEL_OK;
+}
+
+void keel_lora_init_range(const keel_model_layout *lora, uint64_t seed, int64_t begin, int64_t len, float *out) {
+    int64_t end = begin + len;
+    for (int i = 0; i < lora->n_tensors; i++) {
+        const keel_tensor_info *t = &lora->tensors[i];
+        int64_t lo = t->offset > begin ? t->offset : begin, hi = t->offset + t->rows * t->cols;
+        if (hi > end) hi = end;
+        bool is_a = strstr(t->name, ".lora_A.") != NULL;
+        double bound = 1.0 / sqrt((double)t->cols); /* A (r, in): fan_in = in */
+        uint64_t key = keel_hash64(seed ^ 0x4C6F5241ull /* "LoRA" */) + 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1);
+        for (int64_t j = lo; j < hi; j++) {
+            double u = (double)(keel_hash64(key + 0x9E3779B97F4A7C15ull * (uint64_t)(j - t->offset)) >> 11) /
+                       9007199254740992.0; /* [0, 1) */
+            out[j - begin] = is_a ? (float)((2 * u - 1) * bound) : 0.0f;
+        }
+    }
+}
+
+void keel_lora_merge_unit(const keel_model_layout *base, const keel_model_layout *lora, int u, float *base_unit,
+                          const float *lora_unit) {
+    int r = lora->lora.rank;
+    float s = (float)(lora->lora.alpha / r);
+    for (int l = 0; l < base->L; l++)
+        for (int t = 0; t < KEEL_LORA_TARGETS; t++) {
+            int ia = lora->lora_a[l * KEEL_LORA_TARGETS + t];
+            const keel_tensor_info *W = &base->tensors[1 + l * KEEL_BLOCK_TENSORS + TARGET_TENSOR[t]];
+            if (ia < 0 || W->unit != u) continue;
+            const float *A = lora_unit + (lora->tensors[ia].offset - lora->unit_offset[u]);
+            const float *Bm = lora_unit + (lora->tensors[ia + 1].offset - lora->unit_offset[u]);
+            int64_t O = W->rows, I = W->cols;
+            /* W (O, I) += (s B) (O, r) · (Aᵀ)ᵀ: keel_matmul_forward's out += in · wᵀ with w = Aᵀ (I, r) */
+            float *sb = keel_xmalloc(sizeof(float) * (size_t)(O * r), "merge"), *at = keel_xmalloc(sizeof(float) * (size_t)(I * r), "merge");
+            for (int64_t i = 0; i < O * r; i++) sb[i] = s * Bm[i];
+            for (int k = 0; k < r; k++)
+                for (int64_t i = 0; i < I; i++) at[i * r + k] = A[(int64_t)k * I + i];
+            keel_matmul_forward(base_unit + (W->offset - base->unit_offset[u]), sb, at, (int)O, (int)I, r, true);
+            keel_free(sb);
+            keel_free(at);
+        }
 }

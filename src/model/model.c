@@ -9,10 +9,13 @@
 #include "keel/kernels.h"
 #include "keel/model.h"
 
-/* A weight: its unit and where it starts within the unit. */
+/* A weight: its unit and where it starts within the unit; with LoRA, where
+ * its adapter's A starts in the unit's adapters (B follows it), or -1. */
 typedef struct {
     int unit;
     int64_t offset;
+    int64_t lora;
+    int lora_stream; /* l * KEEL_LORA_TARGETS + target: the adapter's dropout masks */
 } weight_at;
 
 /* One block's tensors, in the order of layout.c. */
@@ -86,6 +89,20 @@ struct keel_model {
     int head_rows;        /* rows of logits at a time: the whole (N, V) never exists */
     int checkpoint_blocks; /* the first ones share one set of activations (0..L) */
     int recomputed_blocks; /* the first ones backward recomputes: checkpoint_blocks - 1 */
+    /* LoRA (options.lora): the adapters' layout, where each unit's adapters and
+     * their gradients are (fp32 whatever the base's precision), where block
+     * l's target t starts in its unit's adapters (-1: none), the sequences'
+     * dropout keys and scratch: z (N, r) and its gradient, and with dropout
+     * the masked input (N, max in) and its gradient. */
+    bool lora;
+    keel_model_layout lora_lay;
+    float **unit_lora, **unit_lora_grads; /* (n_units) */
+    float *lora_params, *lora_grads;      /* (lora_lay.n_params), own parameters */
+    int64_t *lora_at;                     /* (L * KEEL_LORA_TARGETS) */
+    float lora_scale;                     /* alpha / r */
+    uint64_t *seq_keys;                   /* (B_max) this micro-batch's sequences' dropout keys */
+    bool have_keys;
+    float *lz, *ldz, *lx, *ldx;
 };
 
 /* The activation table: every buffer with its size in floats, so one
@@ -147,6 +164,12 @@ static int act_table(keel_model *m, const keel_model_layout *lay, int B,
     ACT(mm->dv, N * KVD); ACT(mm->dao, N * QD);
     ACT(mm->dgate, N * F); ACT(mm->dup, N * F); ACT(mm->dh, N * F);
     ACT(mm->rope, (int64_t)lay->T * lay->HS);
+    if (opts->lora && opts->lora->on) { /* LoRA's scratch */
+        int64_t r = opts->lora->rank, in = C > QD ? C : QD;
+        in = in > F ? in : F;
+        ACT(mm->lz, N * r); ACT(mm->ldz, N * r);
+        if (opts->lora->dropout > 0) { ACT(mm->lx, N * in); ACT(mm->ldx, N * in); }
+    }
     if (opts->bf16) { /* bf16 scratch, counted in floats (two per float) */
         int64_t in = C > QD ? C : QD;
         in = in > F ? in : F;
@@ -158,7 +181,7 @@ static int act_table(keel_model *m, const keel_model_layout *lay, int B,
     return n;
 }
 
-static int act_table_len(const keel_model_layout *lay) { return lay->L * 14 + 24; }
+static int act_table_len(const keel_model_layout *lay) { return lay->L * 14 + 28; }
 
 int64_t keel_model_activation_bytes(const keel_model_layout *lay, int B,
                                     const keel_model_options *opts) {
@@ -182,10 +205,31 @@ keel_status keel_model_build_with(const keel_model_config *cfg, int B,
     m->recomputed_blocks = keel_model_recomputed_blocks(&m->lay, m->checkpoint_blocks);
     m->bf16 = opts->bf16;
     KEEL_CHECK(!opts->document_mask || be->document_masking, "document masking on the %s backend", be->name);
-    if (own_params) {
+    if (opts->lora && opts->lora->on) {
+        char why[256];
+        if (keel_lora_layout_init(&m->lora_lay, &m->lay, opts->lora, why, sizeof why) != KEEL_OK) {
+            keel_errorf("%s", why);
+            keel_model_free(m);
+            return KEEL_ERR_INPUT;
+        }
+        m->lora = true;
+        m->lora_scale = (float)(opts->lora->alpha / opts->lora->rank);
+        m->unit_lora = keel_xcalloc(sizeof(float *) * (size_t)m->lay.n_units, "unit pointers");
+        m->unit_lora_grads = keel_xcalloc(sizeof(float *) * (size_t)m->lay.n_units, "unit pointers");
+        m->seq_keys = keel_xcalloc(sizeof(uint64_t) * (size_t)B, "dropout keys");
+    }
+    if (own_params) { /* with LoRA the base is frozen: no gradients */
         m->params = be->alloc(sizeof(float) * (size_t)m->lay.n_params, "parameters");
-        m->grads = be->alloc(sizeof(float) * (size_t)m->lay.n_params, "gradients");
+        if (!m->lora) m->grads = be->alloc(sizeof(float) * (size_t)m->lay.n_params, "gradients");
         if (m->bf16) m->params16 = be->alloc(2 * (size_t)m->lay.n_params, "bf16 parameters");
+    }
+    if (own_params && m->lora) {
+        int64_t n = m->lora_lay.n_params;
+        m->lora_params = be->alloc(sizeof(float) * (size_t)n, "adapters");
+        m->lora_grads = be->alloc(sizeof(float) * (size_t)n, "adapter gradients");
+        for (int u = 0; u < m->lay.n_units; u++)
+            keel_model_set_unit_lora(m, u, m->lora_params + m->lora_lay.unit_offset[u],
+                                     m->lora_grads + m->lora_lay.unit_offset[u]);
     }
     m->acts = keel_xcalloc(sizeof(block_acts) * (size_t)m->lay.L, "activation table");
     m->unit_params = keel_xcalloc(sizeof(float *) * (size_t)m->lay.n_units, "unit pointers");
@@ -193,8 +237,9 @@ keel_status keel_model_build_with(const keel_model_config *cfg, int B,
     m->unit_params16 = keel_xcalloc(sizeof(keel_bf16 *) * (size_t)m->lay.n_units, "unit pointers");
     for (int u = 0; own_params && u < m->lay.n_units; u++) {
         int64_t off = m->lay.unit_offset[u];
-        if (m->bf16) keel_model_set_unit_bf16(m, u, m->params16 + off, m->grads + off);
-        else keel_model_set_unit_buffers(m, u, m->params + off, m->grads + off);
+        float *grads = m->grads ? m->grads + off : NULL;
+        if (m->bf16) keel_model_set_unit_bf16(m, u, m->params16 + off, grads);
+        else keel_model_set_unit_buffers(m, u, m->params + off, grads);
     }
     m->params16_stale = true;
 
@@ -235,6 +280,12 @@ void keel_model_free(keel_model *m) {
     m->be->free(m->params);
     m->be->free(m->grads);
     m->be->free(m->params16);
+    m->be->free(m->lora_params);
+    m->be->free(m->lora_grads);
+    keel_free(m->unit_lora);
+    keel_free(m->unit_lora_grads);
+    keel_free(m->seq_keys);
+    keel_model_layout_free(&m->lora_lay);
     m->be->free(m->acts_mem);
     keel_free(m->tokens_host);
     keel_free(m->unit_params16);
@@ -265,6 +316,23 @@ void keel_model_set_unit_bf16(keel_model *m, int unit, keel_bf16 *params, float 
 }
 
 bool keel_model_is_bf16(const keel_model *m) { return m->bf16; }
+
+const keel_model_layout *keel_model_lora_layout(const keel_model *m) { return m->lora ? &m->lora_lay : NULL; }
+float *keel_model_lora_params(keel_model *m) { return m->lora_params; }
+float *keel_model_lora_grads(keel_model *m) { return m->lora_grads; }
+
+void keel_model_set_unit_lora(keel_model *m, int unit, float *params, float *grads) {
+    KEEL_CHECK(m->lora && unit >= 0 && unit < m->lay.n_units, "adapters of unit %d of a model %s", unit,
+               m->lora ? "with them" : "without adapters");
+    m->unit_lora[unit] = params;
+    m->unit_lora_grads[unit] = grads;
+}
+
+void keel_model_set_dropout_keys(keel_model *m, const uint64_t *keys, int n) {
+    KEEL_CHECK(m->lora && n >= 0 && n <= m->B_max, "%d dropout keys", n);
+    if (n) memcpy(m->seq_keys, keys, sizeof(uint64_t) * (size_t)n);
+    m->have_keys = n > 0;
+}
 
 void keel_model_params_changed(keel_model *m) { m->params16_stale = true; }
 
@@ -347,15 +415,9 @@ static void use_backward(const keel_model *m, int *cur, int u) {
 }
 
 void keel_model_zero_grads(keel_model *m) {
-    KEEL_CHECK(m->grads, "keel_model_zero_grads on a model without its own gradients");
-    m->be->zero(m->grads, sizeof(float) * (size_t)m->lay.n_params);
-}
-
-/* splitmix64's finalizer: a well-mixed 64-bit hash of a counter. */
-static uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    KEEL_CHECK(m->grads || m->lora_grads, "keel_model_zero_grads on a model without its own gradients");
+    if (m->lora) m->be->zero(m->lora_grads, sizeof(float) * (size_t)m->lora_lay.n_params);
+    else m->be->zero(m->grads, sizeof(float) * (size_t)m->lay.n_params);
 }
 
 #define GOLDEN 0x9E3779B97F4A7C15ull
@@ -390,10 +452,10 @@ static void init_tensor_slice(const keel_tensor_info *t, int i, uint64_t seed, i
         for (int64_t j = first; j < end; j++) out[j - first] = 1.0f;
         return;
     }
-    uint64_t key = mix64(seed + GOLDEN * (uint64_t)(i + 1));
+    uint64_t key = keel_hash64(seed + GOLDEN * (uint64_t)(i + 1));
     for (int64_t p = first / 2; 2 * p < end; p++) {
-        double u1 = uniform01(mix64(key + GOLDEN * (uint64_t)(2 * p + 1)));
-        double u2 = uniform01(mix64(key + GOLDEN * (uint64_t)(2 * p + 2)));
+        double u1 = uniform01(keel_hash64(key + GOLDEN * (uint64_t)(2 * p + 1)));
+        double u2 = uniform01(keel_hash64(key + GOLDEN * (uint64_t)(2 * p + 2)));
         double r = 0.02 * sqrt(-2.0 * log(u1));
         if (2 * p >= first) out[2 * p - first] = (float)(r * cos(2.0 * M_PI * u2));
         if (2 * p + 1 >= first && 2 * p + 1 < end) out[2 * p + 1 - first] = (float)(r * sin(2.0 * M_PI * u2));
@@ -432,20 +494,33 @@ void keel_model_init_params(const keel_model_layout *lay, uint64_t seed, float *
 
 static weight_at weight(const keel_model_layout *lay, int tensor) {
     const keel_tensor_info *t = &lay->tensors[tensor];
-    return (weight_at){t->unit, t->offset - lay->unit_offset[t->unit]};
+    return (weight_at){t->unit, t->offset - lay->unit_offset[t->unit], -1, 0};
 }
 
-static block_weights block_at(const keel_model_layout *lay, int l) {
-    int t = 1 + l * KEEL_BLOCK_TENSORS; /* after the embedding */
-    return (block_weights){weight(lay, t), weight(lay, t + 1), weight(lay, t + 2),
-                           weight(lay, t + 3), weight(lay, t + 4), weight(lay, t + 5),
-                           weight(lay, t + 6), weight(lay, t + 7), weight(lay, t + 8)};
+/* Block l's tensor k (0..8), with its adapter when it has one. */
+static weight_at block_weight(const keel_model *m, int l, int k) {
+    static const int TARGET[KEEL_BLOCK_TENSORS] = {-1, KEEL_LORA_Q, KEEL_LORA_K, KEEL_LORA_V, KEEL_LORA_O,
+                                                   -1, KEEL_LORA_GATE, KEEL_LORA_UP, KEEL_LORA_DOWN};
+    weight_at w = weight(&m->lay, 1 + l * KEEL_BLOCK_TENSORS + k); /* after the embedding */
+    int stream = l * KEEL_LORA_TARGETS + TARGET[k];
+    if (m->lora && TARGET[k] >= 0 && m->lora_lay.lora_a[stream] >= 0) {
+        const keel_tensor_info *a = &m->lora_lay.tensors[m->lora_lay.lora_a[stream]];
+        w.lora = a->offset - m->lora_lay.unit_offset[a->unit];
+        w.lora_stream = stream;
+    }
+    return w;
+}
+
+static block_weights block_at(const keel_model *m, int l) {
+    return (block_weights){block_weight(m, l, 0), block_weight(m, l, 1), block_weight(m, l, 2),
+                           block_weight(m, l, 3), block_weight(m, l, 4), block_weight(m, l, 5),
+                           block_weight(m, l, 6), block_weight(m, l, 7), block_weight(m, l, 8)};
 }
 
 /* The output head: lm_head after the final norm in the head unit, or the
  * embedding when tied. */
 static weight_at head_matrix(const keel_model_layout *lay) {
-    return lay->cfg.tie_embeddings ? (weight_at){0, 0} : (weight_at){head_unit(lay), lay->C};
+    return lay->cfg.tie_embeddings ? (weight_at){0, 0, -1, 0} : (weight_at){head_unit(lay), lay->C, -1, 0};
 }
 
 /* A norm weight (C) in fp32: in place, or converted from bf16. */
@@ -469,29 +544,95 @@ static const keel_bf16 *grad_bf16(keel_model *m, const float *dy, int64_t n) {
     return m->dyb;
 }
 
-/* out (N,O) = x (N,I) · Wᵀ (+ out if accumulate), W (O,I) at w; x16 is x in
- * bf16 (input_bf16) for a bf16 model. */
+/* ---- LoRA: out += (alpha / r) · dropout(x) Aᵀ Bᵀ ----------------------------
+ * In fp32 whatever the base's precision (r is small next to the matrix). The
+ * scale is applied to z = dropout(x) Aᵀ (N, r), the smallest tensor. Dropout
+ * (training forwards only, with the sequences' keys) masks each sequence's
+ * rows with a stream of its key, the layer and the target, so a recomputed
+ * forward and the backward draw the same mask. */
+
+static bool lora_dropping(const keel_model *m) {
+    return m->lora_lay.lora.dropout > 0 && m->have_dlogits;
+}
+
+/* The adapter's input: x itself, or x with this forward's dropout in m->lx. */
+static const float *lora_input(keel_model *m, const float *x, weight_at w, int N, int I) {
+    if (!lora_dropping(m)) return x;
+    KEEL_CHECK(m->have_keys, "LoRA dropout in a training forward without the sequences' keys");
+    float p = (float)m->lora_lay.lora.dropout;
+    int T = m->lay.T;
+    for (int b = 0; b < N / T; b++) {
+        int64_t at = (int64_t)b * T * I;
+        m->be->scale_masked(m->lx + at, x + at, (int64_t)T * I, 1.0f / (1.0f - p), p,
+                            m->seq_keys[b] + 0x9E3779B97F4A7C15ull * (uint64_t)(w.lora_stream + 1), false);
+    }
+    return m->lx;
+}
+
+/* z (N, r) = scale · xin Aᵀ into m->lz. */
+static void lora_z(keel_model *m, const float *xin, const float *A, int N, int I) {
+    int r = m->lora_lay.lora.rank;
+    m->be->matmul_forward(m->lz, xin, A, N, r, I, false);
+    m->be->scale_masked(m->lz, m->lz, (int64_t)N * r, m->lora_scale, 0, 0, false);
+}
+
+static void lora_forward(keel_model *m, float *out, const float *x, weight_at w, int N, int O, int I) {
+    const float *A = m->unit_lora[w.unit] + w.lora, *Bw = A + (int64_t)m->lora_lay.lora.rank * I;
+    lora_z(m, lora_input(m, x, w, N, I), A, N, I);
+    m->be->matmul_forward(out, m->lz, Bw, N, O, m->lora_lay.lora.rank, true);
+}
+
+/* dx += the adapter's input gradient; dA, dB += theirs. z is recomputed. */
+static void lora_backward(keel_model *m, float *dx, const float *dy, const float *x, weight_at w, int N, int O,
+                          int I) {
+    int r = m->lora_lay.lora.rank;
+    const float *A = m->unit_lora[w.unit] + w.lora, *Bw = A + (int64_t)r * I;
+    float *dA = m->unit_lora_grads[w.unit] + w.lora, *dB = dA + (int64_t)r * I;
+    const float *xin = lora_input(m, x, w, N, I);
+    lora_z(m, xin, A, N, I);
+    /* dz = dy B; dB += dyᵀ z; then dz times the scale: dA += dzᵀ xin, dxin = dz A */
+    m->be->matmul_backward(m->ldz, dB, dy, m->lz, Bw, N, O, r, false);
+    m->be->scale_masked(m->ldz, m->ldz, (int64_t)N * r, m->lora_scale, 0, 0, false);
+    if (!lora_dropping(m)) {
+        m->be->matmul_backward(dx, dA, m->ldz, xin, A, N, r, I, true);
+        return;
+    }
+    m->be->matmul_backward(dx ? m->ldx : NULL, dA, m->ldz, xin, A, N, r, I, false);
+    float p = (float)m->lora_lay.lora.dropout;
+    int T = m->lay.T;
+    for (int b = 0; dx && b < N / T; b++) { /* the same mask as the forward's */
+        int64_t at = (int64_t)b * T * I;
+        m->be->scale_masked(dx + at, m->ldx + at, (int64_t)T * I, 1.0f / (1.0f - p), p,
+                            m->seq_keys[b] + 0x9E3779B97F4A7C15ull * (uint64_t)(w.lora_stream + 1), true);
+    }
+}
+
+/* out (N,O) = x (N,I) · Wᵀ (+ out if accumulate), W (O,I) at w, plus its
+ * adapter's term; x16 is x in bf16 (input_bf16) for a bf16 model. */
 static void linear_forward(keel_model *m, float *out, const float *x, const keel_bf16 *x16,
                            weight_at w, int N, int O, int I, bool accumulate) {
     if (m->bf16)
         m->be->gemm_bf16(out, x16, false, m->unit_params16[w.unit] + w.offset, true, N, O, I, accumulate);
     else
         m->be->matmul_forward(out, x, m->unit_params[w.unit] + w.offset, N, O, I, accumulate);
+    if (w.lora >= 0) lora_forward(m, out, x, w, N, O, I);
     progress(m, "forward");
 }
 
 /* dx (N,I) = dy (N,O) · W (+ dx if accumulate_dx; skipped if dx is NULL) and
- * dW += dyᵀ · x, with W's gradient at the same place in unit_grads. */
+ * dW += dyᵀ · x, with W's gradient at the same place in unit_grads — none
+ * when the unit has no gradient buffer (a frozen base) — plus the adapter's. */
 static void linear_backward(keel_model *m, float *dx, const float *dy, const keel_bf16 *dy16,
                             const float *x, const keel_bf16 *x16, weight_at w, int N, int O, int I,
                             bool accumulate_dx) {
-    float *dw = m->unit_grads[w.unit] + w.offset;
+    float *dw = m->unit_grads[w.unit] ? m->unit_grads[w.unit] + w.offset : NULL;
     if (!m->bf16) {
         m->be->matmul_backward(dx, dw, dy, x, m->unit_params[w.unit] + w.offset, N, O, I, accumulate_dx);
     } else {
         if (dx) m->be->gemm_bf16(dx, dy16, false, m->unit_params16[w.unit] + w.offset, false, N, I, O, accumulate_dx);
-        m->be->gemm_bf16(dw, dy16, true, x16, false, O, I, N, true);
+        if (dw) m->be->gemm_bf16(dw, dy16, true, x16, false, O, I, N, true);
     }
+    if (w.lora >= 0) lora_backward(m, dx, dy, x, w, N, O, I);
     progress(m, "backward");
 }
 
@@ -500,7 +641,7 @@ static void block_forward(keel_model *m, int l, float *out, bool recompute) {
     const keel_model_layout *lay = &m->lay;
     int B = m->B, T = lay->T, N = B * T, C = lay->C, F = lay->F;
     int QD = lay->NH * lay->HS, KVD = lay->NKV * lay->HS, cur = -1;
-    block_weights o = block_at(lay, l);
+    block_weights o = block_at(m, l);
     block_acts *a = &m->acts[l];
     const keel_backend *be = m->be;
     float eps = (float)lay->cfg.norm_eps;
@@ -582,7 +723,7 @@ double keel_model_forward(keel_model *m, const int32_t *tokens, const uint8_t *f
     for (int l = 0; l < lay->L; l++) block_forward(m, l, l + 1 < lay->L ? m->acts[l + 1].res : m->res_final, false);
     int head = head_unit(lay);
     begin_forward(m, head, false);
-    be->rmsnorm_forward(m->nf, m->rstdf, m->res_final, norm_weight(m, (weight_at){head, 0}), N, C,
+    be->rmsnorm_forward(m->nf, m->rstdf, m->res_final, norm_weight(m, (weight_at){head, 0, -1, 0}), N, C,
                          (float)lay->cfg.norm_eps);
     /* the logits a chunk at a time; the last chunk keeps its gradient for backward */
     m->grad_scale = grad_scale;
@@ -600,12 +741,12 @@ static void block_backward(keel_model *m, int l) {
     const keel_model_layout *lay = &m->lay;
     int B = m->B, T = lay->T, N = B * T, C = lay->C, F = lay->F;
     int QD = lay->NH * lay->HS, KVD = lay->NKV * lay->HS, cur = -1;
-    block_weights o = block_at(lay, l);
+    block_weights o = block_at(m, l);
     block_acts *a = &m->acts[l];
     const keel_backend *be = m->be;
     const keel_bf16 *x16, *dy16;
 #define USE(w) (use_backward(m, &cur, o.w.unit), o.w)
-#define GRAD(w) (m->unit_grads[o.w.unit] + o.w.offset)
+#define GRAD(w) (m->unit_grads[o.w.unit] ? m->unit_grads[o.w.unit] + o.w.offset : NULL)
 
     /* out = mid + h W_downᵀ */
     linear_backward(m, m->dh, m->dres, grad_bf16(m, m->dres, (int64_t)N * C), a->h,
@@ -661,7 +802,7 @@ void keel_model_backward(keel_model *m) {
     }
     m->be->zero(m->dres, sizeof(float) * (size_t)N * C);
     m->be->rmsnorm_backward(m->dres, m->unit_grads[head], m->dn, m->res_final,
-                          norm_weight(m, (weight_at){head, 0}), m->rstdf, N, C);
+                          norm_weight(m, (weight_at){head, 0, -1, 0}), m->rstdf, N, C);
     end_backward(m, head);
     for (int l = lay->L - 1; l >= 0; l--) {
         /* Recompute the block's activations from its saved input; the output
@@ -671,7 +812,7 @@ void keel_model_backward(keel_model *m) {
     }
 
     begin_backward(m, 0);
-    m->be->embedding_backward(m->unit_grads[0], m->dres, m->inputs, N, C);
+    if (m->unit_grads[0]) m->be->embedding_backward(m->unit_grads[0], m->dres, m->inputs, N, C); /* else frozen */
     end_backward(m, 0);
     m->have_dlogits = false;
 }

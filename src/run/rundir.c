@@ -274,12 +274,31 @@ keel_status keel_run_check_memory(const keel_config *cfg, int world_size, int ra
 }
 
 keel_status keel_run_check_init_from(const keel_config *cfg) {
+    const char *src = cfg->source ? cfg->source : "config";
+    if (cfg->train.lora.on && !cfg->init_from) {
+        keel_errorf("%s: train.lora trains adapters on a frozen base, and init_from names none; set init_from to "
+                    "the base's checkpoint (e.g. from `keel ckpt import --from-hf`), or train.lora to false", src);
+        return KEEL_ERR_INPUT;
+    }
     if (!cfg->init_from) return KEEL_OK;
+    keel_model_layout lay, adapters;
+    keel_model_layout_init(&lay, &cfg->model);
+    if (cfg->train.lora.on) { /* the rank fits every target */
+        char why[256];
+        keel_status st = keel_lora_layout_init(&adapters, &lay, &cfg->train.lora, why, sizeof why);
+        if (st != KEEL_OK) {
+            keel_errorf("%s: %s", src, why);
+            keel_model_layout_free(&lay);
+            return st;
+        }
+        keel_model_layout_free(&adapters);
+    }
     keel_ckpt ck;
     keel_status st = keel_ckpt_open_any(cfg->init_from, &ck);
-    if (st != KEEL_OK) return st;
-    keel_model_layout lay;
-    keel_model_layout_init(&lay, &cfg->model);
+    if (st != KEEL_OK) {
+        keel_model_layout_free(&lay);
+        return st;
+    }
     st = keel_ckpt_check_layout(&ck, &lay);
     keel_model_layout_free(&lay);
     keel_ckpt_close(&ck);

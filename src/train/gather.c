@@ -1,35 +1,70 @@
 /* train/gather.c: the whole model's parameters on the host, a piece at a
  * time — from the model itself in a single process (through a host buffer
  * where the backend's memory is not the host's), or unit by unit through
- * FSDP's gathers — for the final weights and for samples. */
+ * FSDP's gathers — for the final weights and for samples. With train.lora
+ * each unit is its frozen base with the adapters merged in: the model as it
+ * computes. */
+#include <string.h>
+
 #include "train/gather.h"
+
+/* Unit u's parameters on the host, in *out (valid until the next call):
+ * gathered under FSDP, else copied; with LoRA the adapters merged in
+ * (scratch: a host buffer of the largest unit). Collective under FSDP. */
+static keel_status unit_on_host(trainer *t, int u, float *scratch, const float **out) {
+    const keel_model_layout *lay = keel_model_get_layout(t->model), *lora = keel_model_lora_layout(t->model);
+    int64_t n = lay->unit_size[u];
+    const float *base = NULL, *adapters = NULL;
+    keel_status st = KEEL_OK;
+    if (t->fsdp) {
+        st = keel_fsdp_gather_unit(t->base ? t->base : t->fsdp, u, &base);
+        if (lora) {
+            keel_status ast = keel_fsdp_gather_unit(t->fsdp, u, &adapters);
+            if (st == KEEL_OK) st = ast;
+        }
+    } else {
+        t->be->to_host(scratch, keel_model_params(t->model) + lay->unit_offset[u], sizeof(float) * (size_t)n);
+        base = scratch;
+        if (lora) adapters = keel_model_lora_params(t->model) + lora->unit_offset[u]; /* host memory: checked below */
+    }
+    if (st != KEEL_OK || !lora) {
+        *out = base;
+        return st;
+    }
+    if (base != scratch) memcpy(scratch, base, sizeof(float) * (size_t)n);
+    keel_lora_merge_unit(lay, lora, u, scratch, adapters);
+    *out = scratch;
+    return KEEL_OK;
+}
 
 keel_status trainer_each_param(trainer *t, bool every_rank, trainer_piece_fn fn, void *ctx) {
     const keel_model_layout *lay = keel_model_get_layout(t->model);
     bool mine = every_rank || t->leader;
     keel_status st = KEEL_OK;
-    if (t->fsdp) {
-        const keel_fsdp_plan *plan = keel_fsdp_get_plan(t->fsdp);
-        int64_t at = 0;
-        for (int u = 0; u < plan->n_units; u++) { /* every rank gathers every unit, whatever fn said */
-            const float *unit;
-            keel_status gathered = keel_fsdp_gather_unit(t->fsdp, u, &unit);
-            if (mine && st == KEEL_OK) st = gathered != KEEL_OK ? gathered : fn(ctx, at, unit, plan->units[u].logical);
-            at += plan->units[u].logical;
+    if (!t->fsdp && !mine) return KEEL_OK;
+    if (!t->fsdp && !keel_model_lora_layout(t->model)) { /* the model's own parameters */
+        const float *params = keel_model_params(t->model);
+        if (t->be->host_memory) return fn(ctx, 0, params, lay->n_params);
+        enum { CHUNK = 1 << 24 }; /* through a host buffer, a piece at a time */
+        int64_t chunk = lay->n_params < CHUNK ? lay->n_params : CHUNK;
+        float *host = keel_xmalloc(sizeof(float) * (size_t)chunk, "parameters on the host");
+        for (int64_t at = 0; at < lay->n_params && st == KEEL_OK; at += chunk) {
+            int64_t len = lay->n_params - at < chunk ? lay->n_params - at : chunk;
+            t->be->to_host(host, params + at, sizeof(float) * (size_t)len);
+            st = fn(ctx, at, host, len);
         }
+        keel_free(host);
         return st;
     }
-    if (!mine) return KEEL_OK;
-    const float *params = keel_model_params(t->model);
-    if (t->be->host_memory) return fn(ctx, 0, params, lay->n_params);
-    enum { CHUNK = 1 << 24 }; /* through a host buffer, a piece at a time */
-    int64_t chunk = lay->n_params < CHUNK ? lay->n_params : CHUNK;
-    float *host = keel_xmalloc(sizeof(float) * (size_t)chunk, "parameters on the host");
-    for (int64_t at = 0; at < lay->n_params && st == KEEL_OK; at += chunk) {
-        int64_t len = lay->n_params - at < chunk ? lay->n_params - at : chunk;
-        t->be->to_host(host, params + at, sizeof(float) * (size_t)len);
-        st = fn(ctx, at, host, len);
+    KEEL_CHECK(t->fsdp || t->be->host_memory, "LoRA's merged weights from a single process on a device");
+    int64_t most = 0;
+    for (int u = 0; u < lay->n_units; u++) most = lay->unit_size[u] > most ? lay->unit_size[u] : most;
+    float *scratch = keel_xmalloc(sizeof(float) * (size_t)most, "a unit on the host");
+    for (int u = 0; u < lay->n_units; u++) { /* under FSDP every rank gathers every unit, whatever fn said */
+        const float *unit;
+        keel_status got = unit_on_host(t, u, scratch, &unit);
+        if (mine && st == KEEL_OK) st = got != KEEL_OK ? got : fn(ctx, lay->unit_offset[u], unit, lay->unit_size[u]);
     }
-    keel_free(host);
+    keel_free(scratch);
     return st;
 }

@@ -4,7 +4,8 @@
 
 void trainer_packed_init(trainer_packed *p, keel_model *model, keel_optim *opt, keel_fsdp *fsdp) {
     *p = (trainer_packed){0};
-    const keel_model_layout *lay = keel_model_get_layout(model);
+    const keel_model_layout *lay = keel_model_lora_layout(model) ? keel_model_lora_layout(model)
+                                                                 : keel_model_get_layout(model);
     p->be = keel_optim_backend(opt);
     p->arrays[1] = keel_optim_m(opt);
     p->arrays[2] = keel_optim_v(opt);
@@ -15,10 +16,11 @@ void trainer_packed_init(trainer_packed *p, keel_model *model, keel_optim *opt, 
     } else {
         keel_fsdp_plan_init(&p->own_plan, lay, 1);
         p->plan = &p->own_plan;
-        p->arrays[0] = keel_model_params(model);
+        p->arrays[0] = keel_model_lora_layout(model) ? keel_model_lora_params(model) : keel_model_params(model);
         p->ranges = keel_xmalloc(sizeof(keel_param_range) * (size_t)lay->n_units, "ranges");
-        for (int u = 0; u < lay->n_units; u++)
-            p->ranges[p->n_ranges++] = (keel_param_range){lay->unit_offset[u], lay->unit_size[u], lay->unit_offset[u]};
+        for (int u = 0; u < lay->n_units; u++) /* an adapter set's empty units hold nothing */
+            if (lay->unit_size[u] > 0)
+                p->ranges[p->n_ranges++] = (keel_param_range){lay->unit_offset[u], lay->unit_size[u], lay->unit_offset[u]};
     }
 }
 

@@ -15,7 +15,7 @@ static keel_status load_checkpoint(trainer *t, const char *dir) {
     keel_ckpt ck;
     keel_status st = keel_ckpt_open(dir, &ck);
     if (st != KEEL_OK) return st;
-    st = keel_ckpt_check_layout(&ck, keel_model_get_layout(t->model));
+    st = keel_ckpt_check_layout(&ck, trainer_layout(t));
     if (st == KEEL_OK && ck.global_batch != trainer_global_batch(t)) {
         keel_errorf("%s: saved with a global batch of %lld sequences, this run has %lld (train."
                     "micro_batch_size x grad_accum_steps x ranks)", dir, (long long)ck.global_batch,

@@ -427,7 +427,7 @@ static bool reshard_step(trainer *t, keel_snap *const *seg, int n, int64_t step,
     trainer_snap *s = t->snap;
     int W = t->world_size;
     const keel_fsdp_plan *plan = keel_fsdp_get_plan(t->fsdp);
-    const keel_model_layout *lay = keel_model_get_layout(t->model);
+    const keel_model_layout *lay = trainer_layout(t);
     const float **src = keel_xcalloc(sizeof(float *) * (size_t)so, "reshard");
     keel_snap **here = keel_xcalloc(sizeof(keel_snap *) * (size_t)so, "reshard");
     double *have = keel_xcalloc(sizeof(double) * (size_t)so, "reshard");

@@ -90,6 +90,19 @@ static double comm_wait_s(const trainer *t) {
     return st.gather_wait_s + st.reduce_wait_s + st.device_wait_s;
 }
 
+/* train.lora.dropout's masks: sequence `first + b` of the step's global
+ * batch draws from a key of (seed, step, its place in the batch), so the
+ * masks do not depend on the ranks or micro-batches it is split into, and a
+ * resumed run draws the same ones. */
+static void set_dropout_keys(trainer *t, int step, uint64_t first, int B) {
+    if (!t->cfg->train.lora.on || t->cfg->train.lora.dropout <= 0) return;
+    uint64_t keys[B];
+    for (int b = 0; b < B; b++)
+        keys[b] = keel_hash64(keel_hash64(keel_hash64(t->cfg->train.seed ^ 0x6C6F7261ull /* "lora" */) + (uint64_t)step) +
+                              first + (uint64_t)b);
+    keel_model_set_dropout_keys(t->model, keys, B);
+}
+
 /* One optimizer step: accumulate over micro-batches, clip, AdamW. Returns the mean loss
  * over the step's targets trained on (all G*T of them, or those a loss mask keeps). */
 static double train_step(trainer *t, int step, double *grad_norm_out) {
@@ -110,6 +123,7 @@ static double train_step(trainer *t, int step, double *grad_norm_out) {
     for (int micro = 0; micro < accum; micro++) {
         uint64_t first = (uint64_t)t->rank * B * accum + (uint64_t)micro * B;
         keel_data_fetch(t->train, window, (uint64_t)G, first, B, t->tokens, t->flags);
+        set_dropout_keys(t, step, first, B);
         loss_sum += keel_model_forward(t->model, t->tokens, t->flags, B, grad_scale);
         keel_model_backward(t->model);
         keel_heartbeat_beat(t->heartbeat, "train", step, 0);
@@ -127,7 +141,8 @@ static double train_step(trainer *t, int step, double *grad_norm_out) {
         t->sync_s = fmax(0, keel_now_s() - t0 - (comm_wait_s(t) - wait0));
         params = keel_fsdp_master(t->fsdp), grads = keel_fsdp_grads(t->fsdp);
     } else {
-        params = keel_model_params(t->model), grads = keel_model_grads(t->model);
+        params = trainer_own_params(t);
+        grads = keel_model_lora_layout(t->model) ? keel_model_lora_grads(t->model) : keel_model_grads(t->model);
         sumsq = keel_optim_sumsq(t->opt, grads);
     }
     double norm = sqrt(sumsq);
@@ -138,7 +153,7 @@ static double train_step(trainer *t, int step, double *grad_norm_out) {
     keel_optim_update(t->opt, params, grads, step, keel_lr_at(&cfg->train, step),
                       keel_clip_scale(norm, cfg->train.grad_clip));
     if (t->fsdp) keel_fsdp_invalidate(t->fsdp);
-    else keel_model_params_changed(t->model);
+    else if (!keel_model_lora_layout(t->model)) keel_model_params_changed(t->model); /* adapters are read as they are */
     return loss_sum / divisor;
 }
 
@@ -179,20 +194,25 @@ static const char *MEM_NAMES[MEM_FIELDS] = {"params_bytes", "grads_bytes", "opti
                                             "backend_allocations_in_steps"};
 
 static void rank_memory(trainer *t, double out[MEM_FIELDS]) {
-    const keel_model_layout *lay = keel_model_get_layout(t->model);
-    int64_t params = 4 * lay->n_params, compute = t->bf16 ? 2 * lay->n_params : 0;
-    if (t->fsdp) {
+    const keel_model_layout *lay = keel_model_get_layout(t->model), *trained = trainer_layout(t);
+    bool lora = trained != lay; /* + the frozen base's parameters, without gradients */
+    int64_t params = 4 * (lay->n_params + (lora ? trained->n_params : 0)), grads = 4 * trained->n_params;
+    int64_t compute = t->bf16 ? 2 * lay->n_params : 0;
+    for (keel_fsdp *f = t->fsdp, *next = t->base; f; f = next, next = NULL) { /* the trained set, then a base */
         keel_fsdp_stats st;
-        keel_fsdp_get_stats(t->fsdp, &st);
-        params = st.master_bytes;
-        compute = st.gathered_bytes + st.unit_grad_bytes;
+        keel_fsdp_get_stats(f, &st);
+        if (f == t->fsdp) params = grads = compute = 0;
+        params += st.master_bytes;
+        grads += st.grad_bytes;
+        compute += st.gathered_bytes + st.unit_grad_bytes;
     }
     out[MEM_PARAMS] = (double)params;
-    out[MEM_GRADS] = (double)params;
+    out[MEM_GRADS] = (double)grads;
     out[MEM_OPTIMIZER] = (double)keel_optim_state_bytes(t->opt);
     out[MEM_COMPUTE] = (double)compute;
     keel_model_options opts = {.checkpoint_blocks = keel_config_checkpoint_blocks(t->cfg),
-                               .bf16 = t->bf16, .document_mask = t->cfg->data.document_mask};
+                               .bf16 = t->bf16, .document_mask = t->cfg->data.document_mask,
+                               .lora = &t->cfg->train.lora};
     out[MEM_ACTIVATIONS] = (double)keel_model_activation_bytes(lay, t->cfg->train.micro_batch_size, &opts);
     out[MEM_CKPT] = (double)trainer_save_buffer_bytes(t);
     out[MEM_SNAPSHOT] = (double)trainer_snap_bytes(t);
@@ -228,6 +248,7 @@ static keel_status write_summary(trainer *t, const char *xxh, const double *memo
     if (!isnan(final_val_loss)) cJSON_AddNumberToObject(s, "final_val_loss", final_val_loss);
     cJSON_AddStringToObject(s, "params_xxh3", xxh);
     cJSON_AddNumberToObject(s, "n_params", (double)lay->n_params);
+    cJSON_AddNumberToObject(s, "trained_params", (double)trainer_layout(t)->n_params); /* the adapters with LoRA */
     cJSON_AddNumberToObject(s, "peak_rss_bytes", (double)keel_peak_rss_bytes());
     cJSON_AddNumberToObject(s, "tokens", (double)steps_done * (double)trainer_global_batch(t) * lay->T);
     const uint64_t *rows = count_sources(t, steps_done);
@@ -304,9 +325,11 @@ typedef struct {
     uint64_t seed;
 } init_fill;
 
+/* A fresh initialisation: the model's, or an adapter set's (PEFT's). */
 static keel_status fill_initial(void *ctx, int64_t begin, int64_t len, float *dst) {
     const init_fill *x = ctx;
-    keel_model_init_range(x->lay, x->seed, begin, len, dst);
+    if (x->lay->lora.on) keel_lora_init_range(x->lay, x->seed, begin, len, dst);
+    else keel_model_init_range(x->lay, x->seed, begin, len, dst);
     return KEEL_OK;
 }
 
@@ -314,18 +337,21 @@ static keel_status fill_from_checkpoint(void *ck, int64_t begin, int64_t len, fl
     return keel_ckpt_read(ck, 0, begin, len, dst);
 }
 
-/* init_from's parameters: every rank reads only the ranges it holds, from
- * files it has verified (one process: all of them). */
-static keel_status load_init_from(trainer *t, const keel_model_layout *lay) {
+/* init_from's parameters — the model's, or with train.lora the frozen base's:
+ * every rank reads only the ranges it holds, from files it has verified (one
+ * process: all of them). */
+static keel_status load_init_from(trainer *t) {
+    const keel_model_layout *lay = keel_model_get_layout(t->model);
+    keel_fsdp *f = t->base ? t->base : keel_model_lora_layout(t->model) ? NULL : t->fsdp;
     keel_ckpt ck;
     keel_status st = keel_ckpt_open_any(t->cfg->init_from, &ck);
     if (st != KEEL_OK) return st;
-    if (t->fsdp) {
+    if (f) {
         keel_param_range *ranges;
-        int n = keel_fsdp_param_ranges(keel_fsdp_get_plan(t->fsdp), keel_fsdp_shard_rank(t->fsdp), &ranges);
+        int n = keel_fsdp_param_ranges(keel_fsdp_get_plan(f), keel_fsdp_shard_rank(f), &ranges);
         st = keel_ckpt_check_layout(&ck, lay);
         if (st == KEEL_OK) st = keel_ckpt_verify_ranges(&ck, ranges, n);
-        if (st == KEEL_OK) st = keel_fsdp_fill(t->fsdp, fill_from_checkpoint, &ck);
+        if (st == KEEL_OK) st = keel_fsdp_fill(f, fill_from_checkpoint, &ck);
         keel_free(ranges);
     } else if (t->be->host_memory) {
         st = keel_ckpt_load_params(&ck, lay, keel_model_params(t->model));
@@ -336,20 +362,32 @@ static keel_status load_init_from(trainer *t, const keel_model_layout *lay) {
         keel_free(host);
     }
     if (st == KEEL_OK && t->leader)
-        keel_log_info("parameters from %s (step %lld)", t->cfg->init_from, (long long)ck.step);
+        keel_log_info("%s from %s (step %lld)", keel_model_lora_layout(t->model) ? "the frozen base" : "parameters",
+                      t->cfg->init_from, (long long)ck.step);
     keel_ckpt_close(&ck);
     return st;
 }
 
 /* The parameters a new run starts from: init_from's, or a fresh
- * initialisation of which each rank computes only its shard. */
+ * initialisation of which each rank computes only its shard; with
+ * train.lora fresh adapters (the base is load_base's). */
 static keel_status initial_params(trainer *t) {
-    const keel_model_layout *lay = keel_model_get_layout(t->model);
+    const keel_model_layout *lay = trainer_layout(t);
     init_fill x = {lay, t->cfg->train.seed};
     keel_status st = KEEL_OK;
-    if (t->cfg->init_from) st = load_init_from(t, lay);
+    if (t->cfg->init_from && !lay->lora.on) st = load_init_from(t);
     else if (t->fsdp) st = keel_fsdp_fill(t->fsdp, fill_initial, &x);
+    else if (lay->lora.on) fill_initial(&x, 0, lay->n_params, keel_model_lora_params(t->model));
     else keel_model_init_weights(t->model, t->cfg->train.seed);
+    if (!t->fsdp) keel_model_params_changed(t->model);
+    return st;
+}
+
+/* train.lora: the frozen base, from init_from at every launch (a resume
+ * restores the adapters alone). */
+static keel_status load_base(trainer *t) {
+    if (!keel_model_lora_layout(t->model)) return KEEL_OK;
+    keel_status st = load_init_from(t);
     if (!t->fsdp) keel_model_params_changed(t->model);
     return st;
 }
@@ -558,21 +596,30 @@ static keel_status build_state(trainer *t) {
                                .bf16 = t->bf16,
                                .unit = cfg->fsdp.unit,
                                .backend = t->be,
-                               .document_mask = cfg->data.document_mask};
-    keel_model_build_with(&cfg->model, B, &opts, &t->model);
+                               .document_mask = cfg->data.document_mask,
+                               .lora = &cfg->train.lora};
+    if ((st = keel_model_build_with(&cfg->model, B, &opts, &t->model)) != KEEL_OK) return st;
+    const keel_model_layout *lay = trainer_layout(t);
     if (t->world) {
-        st = keel_fsdp_build(t->model, t->world, cfg->fsdp.strategy, cfg->fsdp.shard_group_size, &t->fsdp);
+        keel_fsdp_strategy strategy = cfg->fsdp.strategy;
+        int group = cfg->fsdp.shard_group_size;
+        if (lay->lora.on) { /* the frozen base, and the adapters chained to it */
+            st = keel_fsdp_build_set(t->model, t->world, strategy, group, KEEL_FSDP_SET_FROZEN_BASE, &t->base);
+            if (st == KEEL_OK)
+                st = keel_fsdp_build_set(t->model, t->world, strategy, group, KEEL_FSDP_SET_ADAPTERS, &t->fsdp);
+            if (st == KEEL_OK) keel_fsdp_chain_adapters(t->base, t->fsdp);
+        } else {
+            st = keel_fsdp_build(t->model, t->world, strategy, group, &t->fsdp);
+        }
         KEEL_CHECK(st == KEEL_OK, "fsdp setup failed after validation");
-        keel_fsdp_set_prefetch(t->fsdp, cfg->fsdp.prefetch);
+        keel_fsdp_set_prefetch(t->base ? t->base : t->fsdp, cfg->fsdp.prefetch);
         keel_fsdp_set_reduce_bf16(t->fsdp, cfg->fsdp.reduce_dtype == KEEL_DTYPE_BF16);
-        const keel_model_layout *lay = keel_model_get_layout(t->model);
         const keel_fsdp_plan *plan = keel_fsdp_get_plan(t->fsdp);
         keel_param_range *ranges;
         int n = keel_fsdp_param_ranges(plan, keel_fsdp_shard_rank(t->fsdp), &ranges);
         keel_optim_build_ranges(&cfg->train, lay, ranges, n, plan->shard_total, t->be, &t->opt);
         keel_free(ranges);
     } else {
-        const keel_model_layout *lay = keel_model_get_layout(t->model);
         keel_optim_build(&cfg->train, lay, 0, lay->n_params, t->be, &t->opt);
     }
     return st;
@@ -627,6 +674,7 @@ static keel_status run(trainer *t) {
     if ((st = trainer_resume(t)) != KEEL_OK) return st;
     /* parameters are initialized only when nothing was resumed: wasted time on every restart otherwise */
     if (t->start_step == 0 && (st = initial_params(t)) != KEEL_OK) return st;
+    if ((st = load_base(t)) != KEEL_OK) return st;
     keel_heartbeat_restored(t->heartbeat, keel_now_s() - restore0, t->restored_from);
     if (t->start_step >= cfg->train.steps) {
         if (t->leader)
@@ -645,9 +693,11 @@ static keel_status run(trainer *t) {
     double rank_peak = t->be->peak_flops(t->bf16);
     if (t->world) keel_comm_allreduce_scalar(t->world, &rank_peak, KEEL_COMM_MAX);
     t->peak_flops = rank_peak * t->world_size;
-    keel_log_info("rank %d of %d (pid %d): training %lld parameters for %d steps, %lld tokens per "
+    keel_log_info("rank %d of %d (pid %d): training %lld %s for %d steps, %lld tokens per "
                   "step, %d thread(s) (%s peak %.0f GF/s over all ranks); run directory %s", t->rank,
-                  t->world_size, (int)getpid(), (long long)lay->n_params, cfg->train.steps,
+                  t->world_size, (int)getpid(), (long long)trainer_layout(t)->n_params,
+                  keel_model_lora_layout(t->model) ? "adapter parameters (LoRA, the base frozen)" : "parameters",
+                  cfg->train.steps,
                   (long long)trainer_global_batch(t) * lay->T, t->threads, t->bf16 ? "bf16" : "fp32",
                   t->peak_flops / 1e9, t->run_dir);
     /* A file-size limit (RLIMIT_FSIZE) makes a write fail with EFBIG, which a
@@ -668,6 +718,7 @@ static void free_trainer(trainer *t, keel_status st) {
     trainer_packed_free(&t->packed);
     keel_optim_free(t->opt);
     keel_fsdp_free(t->fsdp);
+    keel_fsdp_free(t->base);
     keel_model_free(t->model);
     keel_free(t->tokens);
     keel_free(t->flags);

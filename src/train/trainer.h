@@ -23,7 +23,9 @@ typedef struct {
     const keel_config *cfg;
     const char *run_dir;
     keel_comm *world;       /* NULL in a single-process run */
-    keel_fsdp *fsdp;        /* FULL_SHARD state when world is set */
+    keel_fsdp *fsdp;        /* the trained set's sharded state when world is set: the model's, or with
+                               train.lora the adapters' */
+    keel_fsdp *base;        /* train.lora under FSDP: the frozen base's (gathered only); else NULL */
     int rank, world_size;
     bool leader;            /* rank 0 writes metrics, summary, weights and progress */
     bool supervised;        /* a worker under keel's supervisor, which reports the run's end */
@@ -61,6 +63,16 @@ typedef struct {
         int sig, step, rank;/* as it begins step `step` (1-based): raise sig, or hang (-1); rank -1: every rank */
     } fault;
 } trainer;
+
+/* The parameters training updates, saves and snapshots: the model's, or
+ * with train.lora the adapters' (the base is frozen and read from init_from). */
+static inline const keel_model_layout *trainer_layout(const trainer *t) {
+    const keel_model_layout *lora = keel_model_lora_layout(t->model);
+    return lora ? lora : keel_model_get_layout(t->model);
+}
+static inline float *trainer_own_params(const trainer *t) {
+    return keel_model_lora_layout(t->model) ? keel_model_lora_params(t->model) : keel_model_params(t->model);
+}
 
 /* Sequences per optimizer step over all ranks. */
 static inline int64_t trainer_global_batch(const trainer *t) {

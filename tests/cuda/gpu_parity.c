@@ -282,6 +282,16 @@ static void test_matmul(int M, int N, int K) {
     float *b = back(dwg, nw);
     double ew = relmax(b, dw, nw);
     EXPECT(ew < 1e-5, "matmul backward without d_in M=%d N=%d K=%d: d_w %.2g", M, N, K, ew);
+    /* d_w NULL (a frozen weight): only d_in */
+    float *din = malloc((size_t)nin * 4);
+    keel_matmul_backward(din, NULL, dout, in, w, M, N, K, false);
+    float *ding = dev(NULL, nin);
+    keel_cuda_matmul_backward(ding, NULL, doutg, ing, wg, M, N, K, false);
+    float *a = back(ding, nin);
+    double ei = relmax(a, din, nin);
+    EXPECT(ei < 1e-5, "matmul backward of a frozen weight (no d_w) M=%d N=%d K=%d: d_in %.2g", M, N, K, ei);
+    free(din), free(a);
+    keel_cuda_free(ding);
     float *all[] = {in, w, out0, dout, din0, dw0, dw, b};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
     keel_cuda_free(ing), keel_cuda_free(wg), keel_cuda_free(doutg), keel_cuda_free(dwg);
@@ -459,6 +469,34 @@ static void test_accumulate(int64_t n) {
            (long long)n, bad < 0 ? "yes" : "NO", (long long)bad, badb < 0 ? "yes" : "NO", (long long)badb);
     free(dst), free(src), free(srcb), free(got), free(gotb), free(wantb);
     keel_cuda_free(dg), keel_cuda_free(sg), keel_cuda_free(dbg), keel_cuda_free(sbg);
+}
+
+/* LoRA's scale and dropout: the mask is the CPU's bit for bit (the same
+ * hash of key and index), in place or not, accumulating or not. */
+static void test_scale_masked(int64_t n) {
+    unsigned seed = 91 + (unsigned)n;
+    float *x = rnd(n, &seed, 3), *acc = rnd(n, &seed, 1);
+    int bad = 0;
+    for (int v = 0; v < 4; v++) {
+        float p = v % 2 ? 0.3f : 0.0f, mult = v % 2 ? 1.0f / 0.7f : 2.0f;
+        bool accumulate = v >= 2;
+        float *want = malloc((size_t)n * 4);
+        memcpy(want, acc, (size_t)n * 4);
+        keel_scale_masked(want, x, n, mult, p, 1234 + (uint64_t)v, accumulate);
+        float *xg = dev(x, n), *og = dev(acc, n);
+        keel_cuda_scale_masked(og, xg, n, mult, p, 1234 + (uint64_t)v, accumulate);
+        float *got = back(og, n);
+        bad += first_diff(got, want, n) >= 0;
+        keel_cuda_scale_masked(xg, xg, n, mult, p, 1234 + (uint64_t)v, false); /* in place */
+        float *inplace = back(xg, n), *want2 = malloc((size_t)n * 4);
+        keel_scale_masked(want2, x, n, mult, p, 1234 + (uint64_t)v, false);
+        bad += first_diff(inplace, want2, n) >= 0;
+        free(want), free(got), free(inplace), free(want2);
+        keel_cuda_free(xg), keel_cuda_free(og);
+    }
+    EXPECT(bad == 0, "scale_masked n=%lld: the CPU's mask and values bit for bit (p 0 and 0.3, accumulating, in place)",
+           (long long)n);
+    free(x), free(acc);
 }
 
 /* ---- attention -------------------------------------------------------------------------- */
@@ -676,6 +714,8 @@ int main(void) {
     test_embedding(4096, 4096, 1000);
     test_sums(1);
     test_sums(3000017);
+    test_scale_masked(1);
+    test_scale_masked(100003);
     test_accumulate(1);
     test_accumulate(1000003); /* every bf16 pattern 15 times, over random dst */
     test_matmul(1, 1, 1);

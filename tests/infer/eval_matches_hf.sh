@@ -31,7 +31,9 @@ for live, rec in ((sys.argv[1], sys.argv[2]), (sys.argv[3], sys.argv[4])):
         if not x: continue
         x, y = json.loads(x), json.loads(y)
         flat = lambda j: j["loglik"] if "loglik" in j else [j["loglikelihood"], j["tokens"]]
-        assert all(abs(p - q) <= 1e-9 * abs(q) for p, q in zip(flat(x), flat(y))), (x, y)
+        # another torch or transformers release rounds differently (1.5e-8 relative seen): far inside
+        # keel's 1e-4, while a reference that computes something else is off by much more
+        assert all(abs(p - q) <= 1e-6 * abs(q) for p, q in zip(flat(x), flat(y))), (x, y)
 PY
   ref_task=$TMP/task.ref ref_text=$TMP/text.ref
   how="transformers $("$torch_python" -c 'import transformers; print(transformers.__version__)') live"

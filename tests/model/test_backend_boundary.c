@@ -55,16 +55,27 @@ static void check_fence_faults(void) {
 }
 
 /* One step of a small model on backend be: the loss, and the gradients copied to grads. */
-static double step(const keel_backend *be, bool bf16, bool ckpt, float *grads, int64_t *n_params) {
+static double step(const keel_backend *be, bool bf16, bool ckpt, const keel_lora_config *lora, float *grads,
+                   int64_t *n_params) {
     keel_model_config mc = {.dim = 32, .n_layers = 3, .n_heads = 4, .n_kv_heads = 2, .vocab_size = 61,
                             .multiple_of = 16, .norm_eps = 1e-5, .rope_theta = 10000, .max_seq_len = 20};
     int B = 2, T = mc.max_seq_len;
     int32_t tokens[2 * 21];
     for (int i = 0; i < 2 * 21; i++) tokens[i] = (i * 17 + 3) % mc.vocab_size;
-    keel_model_options opts = {.own_params = true, .checkpoint_blocks = ckpt ? KEEL_CHECKPOINT_ALL : 0, .bf16 = bf16, .backend = be};
+    keel_model_options opts = {.own_params = true, .checkpoint_blocks = ckpt ? KEEL_CHECKPOINT_ALL : 0, .bf16 = bf16,
+                               .backend = be, .lora = lora};
     keel_model *m;
     keel_model_build_with(&mc, B, &opts, &m);
     keel_model_init_weights(m, 5);
+    const keel_model_layout *ll = keel_model_lora_layout(m);
+    if (ll) { /* adapters with a non-zero B, through the host */
+        float *a = keel_xmalloc(sizeof(float) * (size_t)ll->n_params, "adapters");
+        keel_lora_init_range(ll, 3, 0, ll->n_params, a);
+        for (int64_t i = 0; i < ll->n_params; i++) a[i] += 0.01f * (float)(i % 7);
+        be->to_device(keel_model_lora_params(m), a, sizeof(float) * (size_t)ll->n_params);
+        keel_free(a);
+        keel_model_set_dropout_keys(m, (uint64_t[]){1, 2}, B);
+    }
     keel_model_zero_grads(m);
     double loss = 0;
     for (int micro = 0; micro < 2; micro++) { /* accumulation: a second forward on the same buffers */
@@ -72,8 +83,8 @@ static double step(const keel_backend *be, bool bf16, bool ckpt, float *grads, i
         keel_model_backward(m);
     }
     loss += keel_model_forward(m, tokens, NULL, 1, 0.0f); /* an evaluation: a smaller batch, no backward */
-    *n_params = keel_model_get_layout(m)->n_params;
-    if (grads) be->to_host(grads, keel_model_grads(m), sizeof(float) * (size_t)*n_params);
+    *n_params = ll ? ll->n_params : keel_model_get_layout(m)->n_params;
+    if (grads) be->to_host(grads, ll ? keel_model_lora_grads(m) : keel_model_grads(m), sizeof(float) * (size_t)*n_params);
     keel_model_free(m);
     return loss;
 }
@@ -87,14 +98,18 @@ int main(void) {
     check_fence_faults();
 
     int64_t n = 0;
-    step(cpu, false, false, NULL, &n);
+    step(cpu, false, false, NULL, NULL, &n);
     float *want = keel_xmalloc(sizeof(float) * (size_t)n, "grads"), *got = keel_xmalloc(sizeof(float) * (size_t)n, "grads");
+    keel_lora_config lora = {.on = true, .rank = 4, .alpha = 8, .dropout = 0.2,
+                             .targets = 1u << KEEL_LORA_Q | 1u << KEEL_LORA_O | 1u << KEEL_LORA_UP};
     for (int bf16 = 0; bf16 < 2; bf16++)
-        for (int ckpt = 0; ckpt < 2; ckpt++) {
-            const char *what = bf16 ? (ckpt ? "bf16, checkpointing" : "bf16") : (ckpt ? "fp32, checkpointing" : "fp32");
-            double l_cpu = step(cpu, bf16, ckpt, want, &n);
+        for (int ckpt = 0; ckpt < 3; ckpt++) { /* 2: LoRA with dropout, the base frozen */
+            const char *what = bf16 ? (const char *[]){"bf16", "bf16, checkpointing", "bf16, LoRA"}[ckpt]
+                                    : (const char *[]){"fp32", "fp32, checkpointing", "fp32, LoRA"}[ckpt];
+            const keel_lora_config *l = ckpt == 2 ? &lora : NULL;
+            double l_cpu = step(cpu, bf16, ckpt == 1, l, want, &n);
             int64_t before = keel_backend_fenced_calls();
-            double l_fenced = step(fenced, bf16, ckpt, got, &n);
+            double l_fenced = step(fenced, bf16, ckpt == 1, l, got, &n);
             int64_t calls = keel_backend_fenced_calls() - before;
             EXPECT(calls > 100, "%s: the model ran through %lld fenced calls", what, (long long)calls);
             EXPECT(l_cpu == l_fenced, "%s: loss identical on the fenced backend (%.9g, %.9g)", what, l_cpu, l_fenced);
