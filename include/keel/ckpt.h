@@ -110,6 +110,9 @@ typedef struct {
     double next_lr;                 /* the schedule's learning rate at `step` */
     const keel_ckpt_carried *carried; /* (n_carried) files beside the shards; none in a run's saves */
     int n_carried;
+    /* train.lora: the files hold adapters; the frozen base they were trained
+     * on (init_from) and its identity (keel_ckpt_identity); NULL otherwise */
+    const char *lora_base, *lora_base_id;
 } keel_ckpt_meta;
 /* manifest.json's text (caller frees). */
 char *keel_ckpt_manifest_json(const keel_ckpt_meta *m);
@@ -198,6 +201,13 @@ keel_status keel_ckpt_open_any(const char *path, keel_ckpt *out);
  * verify` need before they read. cfg needs keel_config_free afterwards, also
  * on failure. */
 keel_status keel_ckpt_load_config(const keel_ckpt *c, keel_config *cfg);
+/* What a checkpoint holds, as 16 hex digits: the XXH3 of its manifest's file
+ * list (each shard's name, size and XXH3). A copy elsewhere has the same
+ * identity; a checkpoint with other contents has another. */
+void keel_ckpt_identity(const keel_ckpt *c, char out[17]);
+/* A LoRA checkpoint's record of its base (keel_ckpt_meta.lora_base_id), or
+ * NULL when the manifest has none. */
+const char *keel_ckpt_lora_base_id(const keel_ckpt *c);
 /* KEEL_OK when the checkpoint of cfg (its load_config) holds a whole model;
  * one that holds LoRA adapters (train.lora) is an input error saying what to
  * use instead. Export and loading a model ask it. */

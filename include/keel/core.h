@@ -464,6 +464,8 @@ typedef enum {
     KEEL_LORA_TARGETS
 } keel_lora_target;
 const char *keel_lora_target_name(keel_lora_target t); /* "q_proj", ... */
+/* A mask of targets as their names, comma-separated. */
+void keel_lora_targets_format(unsigned mask, char *out, size_t n);
 typedef struct {
     bool on;              /* false: every parameter is trained (the section absent or false) */
     int rank;             /* r */

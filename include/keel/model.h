@@ -102,6 +102,11 @@ void keel_model_layout_free(keel_model_layout *lay);
 /* Training FLOPs per token (forward + backward): 6 × matmul params +
  * 12 × L × C × T for attention (PaLM's convention, no causal discount). */
 double keel_model_flops_per_token(const keel_model_layout *lay);
+/* The same for LoRA training on a frozen base (lora: the adapters' layout;
+ * NULL is keel_model_flops_per_token): the base's matrices run forward and
+ * the input gradient, not the weight gradient — 4 × matmul params — and each
+ * adapter with its recomputed z costs 8 × |A| + 6 × |B|. */
+double keel_model_train_flops_per_token(const keel_model_layout *lay, const keel_model_layout *lora);
 typedef struct keel_model keel_model;
 
 /* Allocate parameters, gradients and activations for micro-batches of B

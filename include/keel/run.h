@@ -60,7 +60,9 @@ uint64_t keel_run_state_key(const keel_config *cfg, int64_t global_batch);
 
 /* The checks a rank repeats where it runs: the memory ranks_here ranks of a
  * world_size run need on this machine, and that init_from is a checkpoint of
- * cfg's model. */
+ * cfg's model — with train.lora the base, which must be the one the run's
+ * newest checkpoint of adapters was trained on (run_dir may be NULL: no such
+ * check). */
 keel_status keel_run_check_memory(const keel_config *cfg, int world_size, int ranks_here);
 /* The part of a rank's memory that lives on its device (a GPU: the model's
  * state and activations), against what be says is free there. Only in the
@@ -68,7 +70,7 @@ keel_status keel_run_check_memory(const keel_config *cfg, int world_size, int ra
  * context on it, which a supervisor must not hold for the whole run. */
 keel_status keel_run_check_device_memory(const keel_config *cfg, int world_size, int ranks_here,
                                          const keel_backend *be);
-keel_status keel_run_check_init_from(const keel_config *cfg);
+keel_status keel_run_check_init_from(const keel_config *cfg, const char *run_dir);
 
 /* A worker's config: RUN/config.json, finalized. cfg needs keel_config_free
  * afterwards, also on failure. */

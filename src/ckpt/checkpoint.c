@@ -147,12 +147,19 @@ char *keel_ckpt_manifest_json(const keel_ckpt_meta *m) {
     cJSON_AddNumberToObject(data, "samples_consumed", (double)m->step * (double)m->global_batch);
     cJSON *rng = cJSON_AddObjectToObject(o, "rng");
     cJSON_AddNumberToObject(rng, "seed", (double)m->seed);
-    cJSON_AddStringToObject(rng, "note", "keel draws no random numbers after initialisation; the data "
-                                         "order is a function of (seed, step)");
+    cJSON_AddStringToObject(rng, "note", "keel keeps no random state: the data order is a function of (seed, "
+                                         "step), LoRA's dropout masks of (seed, step, sample)");
     cJSON *lr = cJSON_AddObjectToObject(o, "lr_schedule");
     cJSON_AddNumberToObject(lr, "step", (double)m->step);
     cJSON_AddNumberToObject(lr, "next_lr", m->next_lr);
     cJSON_AddItemToObject(o, "config", cJSON_Parse(m->config_json));
+    if (m->lora_base) {
+        cJSON *lora = cJSON_AddObjectToObject(o, "lora");
+        cJSON_AddStringToObject(lora, "note", "the files hold LoRA adapters; the base is not copied: it is read from "
+                                              "\"base\", which must still hold the checkpoint of identity \"base_id\"");
+        cJSON_AddStringToObject(lora, "base", m->lora_base);
+        cJSON_AddStringToObject(lora, "base_id", m->lora_base_id);
+    }
     cJSON *arrays = cJSON_AddArrayToObject(o, "arrays");
     const char *names[KEEL_CKPT_ARRAYS] = {"params", "adamw_m", "adamw_v"};
     for (int i = 0; i < KEEL_CKPT_ARRAYS; i++) cJSON_AddItemToArray(arrays, cJSON_CreateString(names[i]));
@@ -792,4 +799,15 @@ keel_status keel_ckpt_load_params(const keel_ckpt *c, const keel_model_layout *l
     for (int u = 0; st == KEEL_OK && u < lay->n_units; u++)
         st = keel_ckpt_read(c, 0, lay->unit_offset[u], lay->unit_size[u], params + lay->unit_offset[u]);
     return st;
+}
+
+void keel_ckpt_identity(const keel_ckpt *c, char out[17]) {
+    char *files = cJSON_PrintUnformatted(get(c->manifest, "files"));
+    snprintf(out, 17, "%016llx", (unsigned long long)XXH3_64bits(files ? files : "", files ? strlen(files) : 0));
+    free(files);
+}
+
+const char *keel_ckpt_lora_base_id(const keel_ckpt *c) {
+    const cJSON *id = get(get(c->manifest, "lora"), "base_id");
+    return cJSON_IsString(id) ? id->valuestring : NULL;
 }

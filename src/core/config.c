@@ -467,6 +467,7 @@ static void format_set(unsigned mask, const char *const *names, char *out, size_
 }
 
 void keel_health_checks_format(unsigned mask, char *out, size_t n) { format_set(mask, CHECK_NAMES, out, n); }
+void keel_lora_targets_format(unsigned mask, char *out, size_t n) { format_set(mask, LORA_TARGET_NAMES, out, n); }
 
 /* Store one JSON value into the field of spec k, checking type and range;
  * `from` is recorded as where it came from (keel_config_key_origin). */

@@ -90,13 +90,26 @@ void keel_model_layout_free(keel_model_layout *lay) {
     memset(lay, 0, sizeof *lay);
 }
 
-double keel_model_flops_per_token(const keel_model_layout *lay) {
-    double matmul_params = 0;
+static double matmul_params(const keel_model_layout *lay) {
+    double n = 0;
     for (int i = 0; i < lay->n_tensors; i++)
         if (lay->tensors[i].cols > 1 && lay->tensors[i].unit != 0) /* embedding is a lookup */
-            matmul_params += (double)(lay->tensors[i].rows * lay->tensors[i].cols);
-    if (lay->cfg.tie_embeddings) matmul_params += (double)lay->V * lay->C;
-    return 6.0 * matmul_params + 12.0 * lay->L * lay->C * lay->T;
+            n += (double)(lay->tensors[i].rows * lay->tensors[i].cols);
+    if (lay->cfg.tie_embeddings) n += (double)lay->V * lay->C;
+    return n;
+}
+
+double keel_model_flops_per_token(const keel_model_layout *lay) {
+    return 6.0 * matmul_params(lay) + 12.0 * lay->L * lay->C * lay->T;
+}
+
+double keel_model_train_flops_per_token(const keel_model_layout *lay, const keel_model_layout *lora) {
+    if (!lora) return keel_model_flops_per_token(lay);
+    double adapters = 0;
+    for (int i = 0; i < lora->n_tensors; i++)
+        adapters += (strstr(lora->tensors[i].name, ".lora_A.") ? 8.0 : 6.0) *
+                    (double)(lora->tensors[i].rows * lora->tensors[i].cols);
+    return 4.0 * matmul_params(lay) + adapters + 12.0 * lay->L * lay->C * lay->T;
 }
 
 /* The block tensor (BLOCK_TENSORS' index) each LoRA target adapts. */

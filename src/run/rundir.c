@@ -73,6 +73,8 @@ static cJSON *fixed_part(const keel_config *cfg) {
     cJSON *j = cJSON_Parse(text);
     free(text);
     for (int i = 0; RESUMABLE[i]; i++) drop(j, RESUMABLE[i]);
+    /* LoRA's base may move: what it holds is checked by identity (check_lora_base) */
+    if (cfg->train.lora.on) drop(j, "init_from");
     return j;
 }
 
@@ -273,7 +275,34 @@ keel_status keel_run_check_memory(const keel_config *cfg, int world_size, int ra
     return KEEL_OK;
 }
 
-keel_status keel_run_check_init_from(const keel_config *cfg) {
+/* train.lora resuming in run_dir: the base at init_from (ck) is the one the
+ * newest checkpoint's adapters were trained on. */
+static keel_status check_lora_base(const keel_config *cfg, const char *run_dir, const keel_ckpt *base) {
+    int64_t *steps;
+    int n = run_dir ? keel_ckpt_list(run_dir, &steps) : 0;
+    if (n <= 0) return KEEL_OK;
+    char dir[4096], id[17];
+    keel_ckpt_dir(dir, sizeof dir, run_dir, steps[0], false);
+    keel_free(steps);
+    keel_ckpt ck;
+    keel_error_capture(true); /* a damaged newest checkpoint is the resume's to report */
+    keel_status opened = keel_ckpt_open(dir, &ck);
+    keel_error_capture(false);
+    if (opened != KEEL_OK) return KEEL_OK;
+    const char *want = keel_ckpt_lora_base_id(&ck);
+    keel_ckpt_identity(base, id);
+    keel_status st = KEEL_OK;
+    if (want && strcmp(want, id) != 0) {
+        keel_errorf("init_from %s is not the base %s's adapters were trained on (its identity %s, theirs %s): it "
+                    "changed; point init_from at that base or a copy of it (the manifest's lora.base names where it was)",
+                    cfg->init_from, dir, id, want);
+        st = KEEL_ERR_INPUT;
+    }
+    keel_ckpt_close(&ck);
+    return st;
+}
+
+keel_status keel_run_check_init_from(const keel_config *cfg, const char *run_dir) {
     const char *src = cfg->source ? cfg->source : "config";
     if (cfg->train.lora.on && !cfg->init_from) {
         keel_errorf("%s: train.lora trains adapters on a frozen base, and init_from names none; set init_from to "
@@ -300,6 +329,7 @@ keel_status keel_run_check_init_from(const keel_config *cfg) {
         return st;
     }
     st = keel_ckpt_check_layout(&ck, &lay);
+    if (st == KEEL_OK && cfg->train.lora.on) st = check_lora_base(cfg, run_dir, &ck);
     keel_model_layout_free(&lay);
     keel_ckpt_close(&ck);
     return st;
@@ -364,7 +394,7 @@ keel_status keel_run_prepare(keel_config *cfg, const char *run_dir, int world_si
     keel_status st = check_dir(cfg, run_dir, world_size, &resuming);
     if (st == KEEL_OK) fit_snapshots(cfg, world_size, planned_ranks_per_node(cfg, world_size));
     if (st == KEEL_OK) st = keel_run_check_memory(cfg, world_size, planned_ranks_per_node(cfg, world_size));
-    if (st == KEEL_OK) st = keel_run_check_init_from(cfg);
+    if (st == KEEL_OK) st = keel_run_check_init_from(cfg, run_dir);
     if (st == KEEL_OK) st = check_data(cfg);
     if (st == KEEL_OK) st = create(cfg, run_dir);
     return st;

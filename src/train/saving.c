@@ -226,7 +226,9 @@ static void finish_save(trainer *t) {
                                .world_size = W, .strategy = t->world ? keel_strategy_name(t->cfg->fsdp.strategy) : "single",
                                .plan = plan, .files = files, .config_json = config,
                                .seed = t->cfg->train.seed,
-                               .next_lr = keel_lr_at(&t->cfg->train, c->pending_step)};
+                               .next_lr = keel_lr_at(&t->cfg->train, c->pending_step),
+                               .lora_base = t->cfg->train.lora.on ? t->cfg->init_from : NULL,
+                               .lora_base_id = t->base_id};
         char *manifest = keel_ckpt_manifest_json(&meta);
         keel_status st = keel_ckpt_commit(t->run_dir, c->pending_step, manifest);
         if (st == KEEL_OK) {

@@ -68,7 +68,16 @@ keel_status keel_train_dry_run(const keel_config *cfg, int world_size) {
     printf("model: dim %d, %d layers, %d heads (%d kv), head size %d, ffn %d, vocab %d, seq %d\n",
            lay.C, lay.L, lay.NH, lay.NKV, lay.HS, lay.F, lay.V, lay.T);
     printf("parameters: %lld (%.3f B)\n", (long long)lay.n_params, (double)lay.n_params / 1e9);
-    printf("training FLOPs per token: %.3e\n", keel_model_flops_per_token(&lay));
+    keel_model_layout lora;
+    bool lora_on = cfg->train.lora.on && keel_lora_layout_init(&lora, &lay, &cfg->train.lora, why, sizeof why) == KEEL_OK;
+    if (lora_on) {
+        char targets[128];
+        keel_lora_targets_format(cfg->train.lora.targets, targets, sizeof targets);
+        printf("trained: %lld LoRA adapter parameters (rank %d on %s), the base frozen\n", (long long)lora.n_params,
+               cfg->train.lora.rank, targets);
+    }
+    printf("training FLOPs per token: %.3e\n", keel_model_train_flops_per_token(&lay, lora_on ? &lora : NULL));
+    if (lora_on) keel_model_layout_free(&lora);
     printf("memory per rank (%s GEMMs, %s, micro-batch %d):\n", keel_dtype_name(cfg->fsdp.mixed_precision),
            world_size == 1 ? "one process" : keel_strategy_name(cfg->fsdp.strategy), cfg->train.micro_batch_size);
     keel_fsdp_memory_item items[KEEL_FSDP_MEMORY_CATEGORIES];
@@ -364,6 +373,7 @@ static keel_status load_init_from(trainer *t) {
     if (st == KEEL_OK && t->leader)
         keel_log_info("%s from %s (step %lld)", keel_model_lora_layout(t->model) ? "the frozen base" : "parameters",
                       t->cfg->init_from, (long long)ck.step);
+    keel_ckpt_identity(&ck, t->base_id); /* what the adapters' checkpoints record */
     keel_ckpt_close(&ck);
     return st;
 }
@@ -424,7 +434,7 @@ static keel_status open_inputs(trainer *t) {
     if (st == KEEL_OK && t->world) st = t->be->attach(t->world);
     if (st == KEEL_OK) st = keel_run_check_memory(cfg, t->world_size, ranks_here);
     if (st == KEEL_OK) st = keel_run_check_device_memory(cfg, t->world_size, ranks_here, t->be);
-    if (st == KEEL_OK) st = keel_run_check_init_from(cfg);
+    if (st == KEEL_OK) st = keel_run_check_init_from(cfg, t->run_dir);
     if (st == KEEL_OK)
         st = keel_data_open(&cfg->data, "train", cfg->model.max_seq_len, cfg->model.vocab_size,
                             cfg->train.seed, &t->train);
@@ -687,7 +697,7 @@ static keel_status run(trainer *t) {
     if (keel_data_has_mask(t->train) || (t->val && keel_data_has_mask(t->val)) || cfg->data.document_mask)
         t->flags = keel_xmalloc((size_t)cfg->train.micro_batch_size * (lay->T + 1), "the tokens' flags");
     t->step_tps = keel_xcalloc(sizeof(double) * (size_t)(cfg->train.steps + 1), "step rates");
-    t->flops_per_token = keel_model_flops_per_token(lay);
+    t->flops_per_token = keel_model_train_flops_per_token(lay, keel_model_lora_layout(t->model));
     /* each rank measures its core; a rank that shared its core while measuring
      * would understate the peak (and overstate MFU), so the ranks take the best */
     double rank_peak = t->be->peak_flops(t->bf16);

@@ -26,6 +26,7 @@ typedef struct {
     keel_fsdp *fsdp;        /* the trained set's sharded state when world is set: the model's, or with
                                train.lora the adapters' */
     keel_fsdp *base;        /* train.lora under FSDP: the frozen base's (gathered only); else NULL */
+    char base_id[17];       /* train.lora: the base's keel_ckpt_identity, recorded in every checkpoint */
     int rank, world_size;
     bool leader;            /* rank 0 writes metrics, summary, weights and progress */
     bool supervised;        /* a worker under keel's supervisor, which reports the run's end */

@@ -9,6 +9,8 @@
 #   (dropout masks included);
 # - on 2 ranks full_shard, shard_grad_op and no_shard end bit-identical to each other and
 #   within 1e-5 of one process; a 2-rank checkpoint resumes on 1 process (resharded);
+# - every adapter checkpoint records its base (init_from and its identity): a copy of the base
+#   elsewhere resumes, a base with other contents is refused (exit 2, one line);
 # - `keel ckpt verify` passes an adapter checkpoint, `keel ckpt export` refuses it (not a whole model);
 # - activation checkpointing changes nothing (bit-identical), bf16 trains to a nearby loss;
 # - bad input exits 2 in one line naming the key: no init_from, a rank larger than a
@@ -17,7 +19,7 @@ source "$KEEL_SRC/tests/lib.sh"
 mpi_env
 cd "$TMP"
 CFG=$KEEL_SRC/tests/train/micro.json
-"$KEEL_BIN" train "$CFG" --set train.steps=12 --set checkpoint.every_steps=12 --run-dir base >base.log 2>&1 ||
+"$KEEL_BIN" train "$CFG" --set train.steps=12 --set checkpoint.every_steps=6 --set checkpoint.keep_last=0 --run-dir base >base.log 2>&1 ||
   fail "the base did not train: $(tail -2 base.log)"
 BASE=$TMP/base/checkpoints/step_00000012
 sum_before=$(cat "$BASE"/* | md5sum)
@@ -29,8 +31,8 @@ lora() { # NAME STEPS [ARGS...]: a LoRA run into NAME
     --run-dir "$name" >"$name.log" 2>&1 || fail "LoRA run $name: $(grep -m1 -i 'error' "$name.log" || tail -2 "$name.log")"
 }
 lora one 8
-KEEL_FAULT=kill@7 "$KEEL_BIN" train "$CFG" "${L[@]}" --set train.steps=8 --set checkpoint.every_steps=4 \
-  --run-dir part >part.log 2>&1 && fail "the run meant to be killed in step 7 finished"
+(KEEL_FAULT=kill@7 "$KEEL_BIN" train "$CFG" "${L[@]}" --set train.steps=8 --set checkpoint.every_steps=4 \
+  --run-dir part >part.log 2>&1; exit $?) 2>/dev/null && fail "the run meant to be killed in step 7 finished"
 lora part 8
 [ "$(cat "$BASE"/* | md5sum)" = "$sum_before" ] || fail "the base's checkpoint changed"
 cmp -s one/weights.bin part/weights.bin || fail "stopped at step 4 and resumed, the run is not the straight one's"
@@ -90,6 +92,22 @@ rc=0
 "$KEEL_BIN" ckpt export one/checkpoints/step_00000008 --format safetensors --out exported >export.log 2>&1 || rc=$?
 [ $rc -eq 2 ] && grep -q "holds LoRA adapters" export.log && [ ! -e exported ] ||
   fail "exporting adapters as a whole model: $(cat export.log)"
+
+# the base: recorded in every adapter checkpoint; a copy elsewhere resumes, another base is refused
+python3 - "$BASE" <<'PY' || fail "the adapter checkpoint's record of its base"
+import json, sys
+lora = json.load(open("one/checkpoints/step_00000008/manifest.json"))["lora"]
+assert lora["base"] == sys.argv[1] and len(lora["base_id"]) == 16, lora
+PY
+cp -r one moved && cp -r "$BASE" base-copy
+"$KEEL_BIN" train "$CFG" "${L[@]}" --set init_from="$TMP/base-copy" --set train.steps=10 --set checkpoint.every_steps=4 \
+  --run-dir moved >moved.log 2>&1 || fail "a copy of the base elsewhere: $(grep -m1 error moved.log)"
+rc=0
+"$KEEL_BIN" train "$CFG" "${L[@]}" --set init_from="$TMP/base/checkpoints/step_00000006" --set train.steps=10 \
+  --run-dir one >other.log 2>&1 || rc=$?
+[ $rc -eq 2 ] && grep -q "is not the base" other.log && [ "$(grep -c . other.log)" -le 2 ] ||
+  fail "resuming on another base: exit $rc, $(cat other.log)"
+echo "ok   another base refused: $(grep -m1 error other.log | cut -c1-160)..."
 
 # bad input: exit 2, one line naming the key
 bad() { # WHAT EXPECT ARGS...
