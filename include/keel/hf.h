@@ -75,6 +75,14 @@ keel_status keel_hf_export(const keel_model_config *cfg, keel_param_source read,
                            const char *tokenizer_model_path, const char *generation_config_path,
                            const char *out_dir, int64_t max_shard_bytes);
 
+/* Export LoRA adapters (lora: their layout, keel_lora_layout_init; read: a
+ * source over it) as Hugging Face PEFT saves them: adapter_model.safetensors
+ * (F32, PEFT's tensor names) and adapter_config.json (r, lora_alpha,
+ * lora_dropout, target_modules; base, when given, as
+ * base_model_name_or_path). out_dir is new or empty, as keel_hf_export's. */
+keel_status keel_hf_export_peft(const keel_model_layout *lora, keel_param_source read, void *ctx, const char *base,
+                                const char *out_dir);
+
 /* A Hugging Face LlamaForCausalLM directory opened for reading: open checks
  * config.json (*cfg_out becomes a finalized model config) and finds the
  * safetensors files; keel_hf_read is a keel_param_source over it (ctx: the

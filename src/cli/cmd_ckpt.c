@@ -10,19 +10,24 @@
 #include "cli/cli.h"
 #include "keel/ckpt.h"
 #include "keel/hf.h"
+#include "keel/kernels.h"
 
 static void usage(FILE *out) {
     fprintf(out,
             "usage: keel ckpt list RUN_DIR      committed checkpoints: step, size, files, status\n"
             "       keel ckpt verify PATH       checksums of one checkpoint (RUN/checkpoints/step_N)\n"
             "                                   or of every checkpoint of a run; exit 1 on damage\n"
-            "       keel ckpt export PATH --format safetensors --out DIR [--tokenizer M] [--max-shard-mb N]\n"
+            "       keel ckpt export PATH --format safetensors --out DIR [--merge] [--tokenizer M] [--max-shard-mb N]\n"
             "                                   a checkpoint (or a run's newest good one) as a Hugging\n"
             "                                   Face LlamaForCausalLM directory: config.json, safetensors,\n"
             "                                   generation_config.json (the one the checkpoint carries,\n"
             "                                   else one from the BOS/EOS ids) and the tokenizer (M, else\n"
             "                                   the one the checkpoint carries, else the run's\n"
-            "                                   data.tokenizer) with its tokenizer_config.json\n"
+            "                                   data.tokenizer) with its tokenizer_config.json; --merge: a\n"
+            "                                   LoRA checkpoint's adapters merged into its base\n"
+            "       keel ckpt export PATH --format peft --out DIR\n"
+            "                                   a LoRA checkpoint's adapters as PEFT saves them:\n"
+            "                                   adapter_model.safetensors and adapter_config.json\n"
             "       keel ckpt import --from-hf DIR --out CKPT\n"
             "                                   a Hugging Face Llama directory as a keel checkpoint, to\n"
             "                                   fine-tune from with \"init_from\": CKPT; CKPT carries the\n"
@@ -130,14 +135,81 @@ static char *find_tokenizer(const keel_ckpt *ck, const keel_config *cfg) {
     return path;
 }
 
+/* A LoRA checkpoint's adapters merged into its base, as a parameter source
+ * over the whole model: a unit at a time, the base's unit read and the
+ * unit's adapters added (keel_lora_merge_unit). */
+typedef struct {
+    keel_ckpt *base, *adapters;
+    keel_model_layout lay, lora;
+    int unit;          /* the unit in buf, -1 none */
+    float *buf, *adapter_buf;
+} merged_source;
+
+static keel_status read_merged(void *ctx, int64_t begin, int64_t len, float *dst) {
+    merged_source *m = ctx;
+    while (len > 0) {
+        int u = 0;
+        while (begin >= m->lay.unit_offset[u] + m->lay.unit_size[u]) u++;
+        if (u != m->unit) {
+            keel_status st = keel_ckpt_read(m->base, 0, m->lay.unit_offset[u], m->lay.unit_size[u], m->buf);
+            if (st == KEEL_OK && m->lora.unit_size[u] > 0)
+                st = keel_ckpt_read(m->adapters, 0, m->lora.unit_offset[u], m->lora.unit_size[u], m->adapter_buf);
+            if (st != KEEL_OK) return st;
+            keel_lora_merge_unit(&m->lay, &m->lora, u, m->buf, m->adapter_buf);
+            m->unit = u;
+        }
+        int64_t end = m->lay.unit_offset[u] + m->lay.unit_size[u], n = end - begin < len ? end - begin : len;
+        memcpy(dst, m->buf + (begin - m->lay.unit_offset[u]), sizeof(float) * (size_t)n);
+        begin += n, len -= n, dst += n;
+    }
+    return KEEL_OK;
+}
+
+/* The base of adapter checkpoint ck (its config's init_from), opened and
+ * verified: the one its adapters were trained on, by identity. */
+static keel_status open_lora_base(const keel_ckpt *ck, const keel_config *cfg, keel_ckpt *base) {
+    keel_status st = keel_ckpt_open_any(cfg->init_from, base);
+    if (st != KEEL_OK) return st;
+    char id[17];
+    keel_ckpt_identity(base, id);
+    const char *want = keel_ckpt_lora_base_id(ck);
+    if (want && strcmp(want, id) != 0) {
+        keel_errorf("%s: its base %s changed since the adapters were trained (identity %s, theirs %s); merge onto "
+                    "that base", ck->dir, cfg->init_from, id, want);
+        st = KEEL_ERR_INPUT;
+    }
+    if (st == KEEL_OK) st = keel_ckpt_verify_all(base);
+    if (st != KEEL_OK) keel_ckpt_close(base);
+    return st;
+}
+
+/* --format peft: the adapters as PEFT saves them. */
+static keel_status export_peft(keel_ckpt *ck, const keel_config *cfg, const char *out) {
+    if (!cfg->train.lora.on) {
+        keel_errorf("%s holds a whole model, not LoRA adapters; export it with --format safetensors", ck->dir);
+        return KEEL_ERR_INPUT;
+    }
+    keel_model_layout lay, lora;
+    char why[256];
+    keel_model_layout_init(&lay, &cfg->model);
+    keel_status st = keel_lora_layout_init(&lora, &lay, &cfg->train.lora, why, sizeof why);
+    if (st == KEEL_OK) {
+        st = keel_hf_export_peft(&lora, keel_ckpt_read_params, ck, cfg->init_from, out);
+        keel_model_layout_free(&lora);
+    }
+    keel_model_layout_free(&lay);
+    return st;
+}
+
 static int export_hf(int argc, char **argv) {
     static const struct option options[] = {
         {"format", required_argument, NULL, 'f'}, {"out", required_argument, NULL, 'o'},
         {"tokenizer", required_argument, NULL, 't'}, {"max-shard-mb", required_argument, NULL, 'm'},
-        {0, 0, 0, 0},
+        {"merge", no_argument, NULL, 'M'}, {0, 0, 0, 0},
     };
     const char *format = NULL, *out = NULL, *tokenizer = NULL;
     double max_mb = 0;
+    bool merge = false;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", options, NULL)) != -1) {
@@ -145,32 +217,68 @@ static int export_hf(int argc, char **argv) {
         case 'f': format = optarg; break;
         case 'o': out = optarg; break;
         case 't': tokenizer = optarg; break;
+        case 'M': merge = true; break;
         case 'm':
             if (!cli_parse_double("--max-shard-mb", optarg, 0, 1 << 30, &max_mb)) return 2;
             break;
         default: return 2;
         }
     }
-    if (optind != argc - 1 || !out || !format || strcmp(format, "safetensors")) {
-        keel_errorf("usage: keel ckpt export PATH --format safetensors --out DIR [--tokenizer M] "
-                    "[--max-shard-mb N] (safetensors is the one format)");
+    bool peft = format && !strcmp(format, "peft");
+    if (optind != argc - 1 || !out || !format || (strcmp(format, "safetensors") && !peft) || (peft && merge)) {
+        keel_errorf("usage: keel ckpt export PATH --format safetensors --out DIR [--merge] [--tokenizer M] "
+                    "[--max-shard-mb N], or PATH --format peft --out DIR (LoRA adapters as PEFT saves them)");
         return 2;
     }
-    keel_ckpt ck;
+    keel_ckpt ck, base;
     keel_config cfg;
     keel_config_defaults(&cfg);
     keel_status st = keel_ckpt_open_any(argv[optind], &ck);
-    bool opened = st == KEEL_OK;
+    bool opened = st == KEEL_OK, merging = false;
     if (st == KEEL_OK) st = keel_ckpt_verify_all(&ck);
     if (st == KEEL_OK) keel_config_free(&cfg), st = keel_ckpt_load_config(&ck, &cfg);
-    if (st == KEEL_OK) st = keel_ckpt_need_model(&ck, &cfg);
+    if (st == KEEL_OK && peft) {
+        st = export_peft(&ck, &cfg, out);
+        if (st == KEEL_OK) printf("exported %s (step %lld) to %s as PEFT LoRA adapters\n", ck.dir, (long long)ck.step, out);
+        keel_ckpt_close(&ck);
+        keel_config_free(&cfg);
+        return keel_status_exit_code(st);
+    }
+    if (st == KEEL_OK && merge && !cfg.train.lora.on) {
+        keel_errorf("%s holds a whole model: --merge is for LoRA adapters; export without it", ck.dir);
+        st = KEEL_ERR_INPUT;
+    }
+    merged_source ms = {.unit = -1};
+    if (st == KEEL_OK && merge && (st = open_lora_base(&ck, &cfg, &base)) == KEEL_OK) {
+        char why[256];
+        merging = true;
+        ms.base = &base, ms.adapters = &ck;
+        keel_model_layout_init(&ms.lay, &cfg.model);
+        keel_lora_layout_init(&ms.lora, &ms.lay, &cfg.train.lora, why, sizeof why); /* checked by load_config */
+        int64_t most = 1, most_a = 1;
+        for (int u = 0; u < ms.lay.n_units; u++) {
+            most = ms.lay.unit_size[u] > most ? ms.lay.unit_size[u] : most;
+            most_a = ms.lora.unit_size[u] > most_a ? ms.lora.unit_size[u] : most_a;
+        }
+        ms.buf = keel_xmalloc(sizeof(float) * (size_t)most, "a unit of the merged model");
+        ms.adapter_buf = keel_xmalloc(sizeof(float) * (size_t)most_a, "a unit's adapters");
+        keel_kernels_init(0); /* the merge's products */
+    }
+    if (st == KEEL_OK && !merging) st = keel_ckpt_need_model(&ck, &cfg);
     char *carried_tok = NULL, *gen = NULL;
-    if (st == KEEL_OK && !tokenizer) tokenizer = carried_tok = find_tokenizer(&ck, &cfg);
+    keel_ckpt *carrier = merging ? &base : &ck; /* an import's tokenizer travels with the base */
+    if (st == KEEL_OK && !tokenizer) tokenizer = carried_tok = find_tokenizer(carrier, &cfg);
     /* the checkpoint's, else its init_from's (an import's), else one from the ids */
-    if (st == KEEL_OK) gen = keel_ckpt_find_carried(&ck, &cfg, "generation_config.json");
+    if (st == KEEL_OK) gen = keel_ckpt_find_carried(carrier, &cfg, "generation_config.json");
     if (st == KEEL_OK)
-        st = keel_hf_export(&cfg.model, keel_ckpt_read_params, &ck, tokenizer, gen, out,
-                            (int64_t)(max_mb * (1 << 20)));
+        st = keel_hf_export(&cfg.model, merging ? read_merged : keel_ckpt_read_params, merging ? (void *)&ms : &ck,
+                            tokenizer, gen, out, (int64_t)(max_mb * (1 << 20)));
+    if (merging) {
+        keel_kernels_shutdown();
+        keel_free(ms.buf), keel_free(ms.adapter_buf);
+        keel_model_layout_free(&ms.lora), keel_model_layout_free(&ms.lay);
+        keel_ckpt_close(&base);
+    }
     if (st == KEEL_OK)
         printf("exported %s (step %lld) to %s as a LlamaForCausalLM directory (tokenizer: %s; "
                "generation_config.json: %s)\n", ck.dir, (long long)ck.step, out, tokenizer ? tokenizer : "none",

@@ -387,6 +387,69 @@ static keel_status export_tokenizer(const char *path, int V, const char **file_n
     return KEEL_OK;
 }
 
+/* Into out_dir — a new directory (staged as out_dir.tmp.PID, renamed when
+ * every file is durable) or an empty one — the files write(x, arg, n_files)
+ * writes; on failure nothing is left behind. */
+static keel_status export_dir(const char *out_dir, keel_status (*write)(export_ctx *x, void *arg, int *n_files),
+                              void *arg, int *n_files) {
+    /* out_dir without trailing slashes, so out_dir.tmp.PID is its sibling. */
+    char *out = keel_xstrdup(out_dir);
+    for (size_t n = strlen(out); n > 1 && out[n - 1] == '/'; n--) out[n - 1] = 0;
+    int state = out_dir_state(out);
+    if (state < 0) {
+        keel_free(out);
+        return KEEL_ERR_INPUT;
+    }
+    export_ctx x = {0};
+    bool staged = state == 0;
+    if (staged) {
+        size_t n = strlen(out) + 32;
+        x.dir = keel_xmalloc(n, "staging path");
+        snprintf(x.dir, n, "%s.tmp.%d", out, (int)getpid());
+        if (mkdir(x.dir, 0755) != 0) {
+            int e = errno;
+            keel_errorf("%s: cannot create export directory: %s", x.dir, strerror(e));
+            keel_free(x.dir);
+            keel_free(out);
+            return e == ENOENT || e == ENOTDIR ? KEEL_ERR_INPUT : KEEL_ERR_IO;
+        }
+    } else {
+        x.dir = keel_xstrdup(out);
+    }
+    keel_status st = write(&x, arg, n_files);
+    /* Every file is durable in x.dir; a staged export then moves into place. */
+    if (st == KEEL_OK) st = staged ? keel_commit_dir(x.dir, out) : keel_fsync_dir(x.dir);
+    if (st != KEEL_OK) { /* leave nothing behind */
+        for (int i = 0; i < x.n_files; i++) {
+            char *p = keel_path_join(x.dir, x.files[i]);
+            unlink(p);
+            keel_free(p);
+        }
+        if (staged) rmdir(x.dir);
+    }
+    for (int i = 0; i < x.n_files; i++) keel_free(x.files[i]);
+    keel_free(x.files);
+    keel_free(x.dir);
+    keel_free(out);
+    return st;
+}
+
+typedef struct {
+    const keel_model_layout *lay;
+    keel_param_source read;
+    void *ctx;
+    int64_t max_shard_bytes;
+    const char *tokenizer_model_path, *tokenizer_file, *gen;
+    size_t gen_len;
+    int bos, eos;
+} export_args;
+
+static keel_status write_model(export_ctx *x, void *arg, int *n_files) {
+    const export_args *a = arg;
+    return write_export(x, a->lay, a->read, a->ctx, a->max_shard_bytes, a->tokenizer_model_path, a->tokenizer_file,
+                        a->gen, a->gen_len, a->bos, a->eos, n_files);
+}
+
 keel_status keel_hf_export(const keel_model_config *cfg, keel_param_source read, void *ctx,
                            const char *tokenizer_model_path, const char *generation_config_path,
                            const char *out_dir, int64_t max_shard_bytes) {
@@ -420,55 +483,12 @@ keel_status keel_hf_export(const keel_model_config *cfg, keel_param_source read,
         return st;
     }
 
-    /* out_dir without trailing slashes, so out_dir.tmp.PID is its sibling. */
-    char *out = keel_xstrdup(out_dir);
-    for (size_t n = strlen(out); n > 1 && out[n - 1] == '/'; n--) out[n - 1] = 0;
-    int state = out_dir_state(out);
-    if (state < 0) {
-        keel_free(out);
-        keel_free(gen);
-        keel_model_layout_free(&lay);
-        return KEEL_ERR_INPUT;
-    }
-    export_ctx x = {0};
-    bool staged = state == 0;
-    if (staged) {
-        size_t n = strlen(out) + 32;
-        x.dir = keel_xmalloc(n, "staging path");
-        snprintf(x.dir, n, "%s.tmp.%d", out, (int)getpid());
-        if (mkdir(x.dir, 0755) != 0) {
-            int e = errno;
-            keel_errorf("%s: cannot create export directory: %s", x.dir, strerror(e));
-            keel_free(x.dir);
-            keel_free(out);
-            keel_free(gen);
-            keel_model_layout_free(&lay);
-            return e == ENOENT || e == ENOTDIR ? KEEL_ERR_INPUT : KEEL_ERR_IO;
-        }
-    } else {
-        x.dir = keel_xstrdup(out);
-    }
-
+    export_args args = {&lay, read, ctx, max_shard_bytes, tokenizer_model_path, tokenizer_file, gen, gen_len, bos, eos};
     int n_files = 0;
-    st = write_export(&x, &lay, read, ctx, max_shard_bytes, tokenizer_model_path, tokenizer_file, gen, gen_len, bos,
-                      eos, &n_files);
-    /* Every file is durable in x.dir; a staged export then moves into place. */
-    if (st == KEEL_OK) st = staged ? keel_commit_dir(x.dir, out) : keel_fsync_dir(x.dir);
-    if (st != KEEL_OK) { /* leave nothing behind */
-        for (int i = 0; i < x.n_files; i++) {
-            char *p = keel_path_join(x.dir, x.files[i]);
-            unlink(p);
-            keel_free(p);
-        }
-        if (staged) rmdir(x.dir);
-    } else {
-        keel_log_info("exported %lld parameters to %s (%d safetensors file%s)", (long long)lay.n_params,
-                      out, n_files, n_files == 1 ? "" : "s");
-    }
-    for (int i = 0; i < x.n_files; i++) keel_free(x.files[i]);
-    keel_free(x.files);
-    keel_free(x.dir);
-    keel_free(out);
+    st = export_dir(out_dir, write_model, &args, &n_files);
+    if (st == KEEL_OK)
+        keel_log_info("exported %lld parameters to %s (%d safetensors file%s)", (long long)lay.n_params, out_dir,
+                      n_files, n_files == 1 ? "" : "s");
     keel_free(gen);
     keel_model_layout_free(&lay);
     return st;
@@ -902,4 +922,71 @@ fail:
 void keel_hf_carried_free(keel_hf_carried *c) {
     for (int i = 0; i < c->n_files; i++) keel_free(c->files[i].data);
     memset(c, 0, sizeof *c);
+}
+
+/* ---- export: LoRA adapters as PEFT saves them --------------------------------- */
+
+typedef struct {
+    const keel_model_layout *lora;
+    keel_param_source read;
+    void *ctx;
+    const char *base;
+} peft_args;
+
+/* adapter_model.safetensors (PEFT's names: "base_model.model." + keel's) and
+ * adapter_config.json. */
+static keel_status write_peft(export_ctx *x, void *arg, int *n_files) {
+    const peft_args *a = arg;
+    const keel_model_layout *ll = a->lora;
+    const keel_lora_config *lc = &ll->lora;
+    int n = ll->n_tensors;
+    safetensors_tensor *t = keel_xmalloc(sizeof *t * (size_t)n, "tensor list");
+    char(*names)[96] = keel_xmalloc(sizeof *names * (size_t)n, "tensor names");
+    int64_t largest = 1;
+    for (int i = 0; i < n; i++) {
+        const keel_tensor_info *ti = &ll->tensors[i];
+        snprintf(names[i], sizeof names[i], "base_model.model.%s", ti->name);
+        t[i] = (safetensors_tensor){.name = names[i], .ndim = 2, .shape = {ti->rows, ti->cols}};
+        largest = ti->rows * ti->cols > largest ? ti->rows * ti->cols : largest;
+    }
+    float *buf = keel_xmalloc(sizeof(float) * (size_t)largest, "tensor buffer");
+    keel_status st = write_shard(x, "adapter_model.safetensors", ll, t, 0, n, a->read, a->ctx, buf);
+    *n_files = 1;
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddStringToObject(c, "peft_type", "LORA");
+    cJSON_AddStringToObject(c, "task_type", "CAUSAL_LM");
+    if (a->base) cJSON_AddStringToObject(c, "base_model_name_or_path", a->base);
+    else cJSON_AddNullToObject(c, "base_model_name_or_path");
+    cJSON_AddNumberToObject(c, "r", lc->rank);
+    cJSON_AddNumberToObject(c, "lora_alpha", lc->alpha);
+    cJSON_AddNumberToObject(c, "lora_dropout", lc->dropout);
+    cJSON *targets = cJSON_AddArrayToObject(c, "target_modules");
+    for (int i = 0; i < KEEL_LORA_TARGETS; i++)
+        if (lc->targets & (1u << i)) cJSON_AddItemToArray(targets, cJSON_CreateString(keel_lora_target_name(i)));
+    cJSON_AddStringToObject(c, "bias", "none");
+    cJSON_AddBoolToObject(c, "fan_in_fan_out", false);
+    cJSON_AddBoolToObject(c, "inference_mode", true);
+    cJSON_AddBoolToObject(c, "use_rslora", false);
+    cJSON_AddBoolToObject(c, "use_dora", false);
+    cJSON_AddNullToObject(c, "modules_to_save");
+    char *text = cJSON_Print(c);
+    cJSON_Delete(c);
+    if (st == KEEL_OK) st = export_write(x, "adapter_config.json", text, strlen(text));
+    free(text);
+    keel_free(buf);
+    keel_free(names);
+    keel_free(t);
+    return st;
+}
+
+keel_status keel_hf_export_peft(const keel_model_layout *lora, keel_param_source read, void *ctx, const char *base,
+                                const char *out_dir) {
+    KEEL_CHECK(lora->lora.on, "a PEFT export of an adapter layout");
+    peft_args args = {lora, read, ctx, base};
+    int n_files;
+    keel_status st = export_dir(out_dir, write_peft, &args, &n_files);
+    if (st == KEEL_OK)
+        keel_log_info("exported %lld adapter parameters to %s (adapter_model.safetensors, adapter_config.json)",
+                      (long long)lora->n_params, out_dir);
+    return st;
 }

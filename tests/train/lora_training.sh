@@ -12,6 +12,9 @@
 # - every adapter checkpoint records its base (init_from and its identity): a copy of the base
 #   elsewhere resumes, a base with other contents is refused (exit 2, one line);
 # - `keel ckpt verify` passes an adapter checkpoint, `keel ckpt export` refuses it (not a whole model);
+#   `--format peft` writes adapter_model.safetensors + adapter_config.json with PEFT's names and shapes,
+#   `--merge` the model the run's final weights are; where the venv of scripts/setup-torch.sh has peft,
+#   PEFT loads the adapters onto the exported base and its merge equals keel's;
 # - activation checkpointing changes nothing (bit-identical), bf16 trains to a nearby loss;
 # - bad input exits 2 in one line naming the key: no init_from, a rank larger than a
 #   target's smaller side, no targets, an unknown target.
@@ -108,6 +111,67 @@ rc=0
 [ $rc -eq 2 ] && grep -q "is not the base" other.log && [ "$(grep -c . other.log)" -le 2 ] ||
   fail "resuming on another base: exit $rc, $(cat other.log)"
 echo "ok   another base refused: $(grep -m1 error other.log | cut -c1-160)..."
+
+# export: the adapters as PEFT saves them, and merged into the base as a Hugging Face model
+"$KEEL_BIN" ckpt export one/checkpoints/step_00000008 --format peft --out peft >peft.log 2>&1 ||
+  fail "export --format peft: $(cat peft.log)"
+"$KEEL_BIN" ckpt export one/checkpoints/step_00000008 --format safetensors --merge --out merged >merge.log 2>&1 ||
+  fail "export --merge: $(cat merge.log)"
+"$KEEL_BIN" ckpt export "$BASE" --format safetensors --out basehf >basehf.log 2>&1 || fail "export the base"
+python3 - "$BASE" <<'PY' || fail "the exported adapters and merged model"
+import array, json, struct, sys
+def tensors(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    head = json.loads(b[8:8 + n])
+    out = {}
+    for k, v in head.items():
+        if k == "__metadata__": continue
+        assert v["dtype"] == "F32", (k, v)
+        a = array.array("f"); a.frombytes(b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+        out[k] = (v["shape"], a)
+    return out
+cfg = json.load(open("peft/adapter_config.json"))
+assert (cfg["peft_type"], cfg["r"], cfg["lora_alpha"], cfg["lora_dropout"], cfg["target_modules"], cfg["base_model_name_or_path"]) == \
+    ("LORA", 4, 8, 0.1, ["q_proj", "v_proj", "down_proj"], sys.argv[1]), cfg
+t = tensors("peft/adapter_model.safetensors")
+C, F = 64, 192
+want = {f"base_model.model.model.layers.{l}.{m}.{p}.lora_{ab}.weight": shape for l in range(2)
+        for m, p, shapes in (("self_attn", "q_proj", ([4, C], [C, 4])), ("self_attn", "v_proj", ([4, C], [32, 4])),
+                             ("mlp", "down_proj", ([4, F], [C, 4]))) for ab, shape in zip("AB", shapes)}
+assert {k: v[0] for k, v in t.items()} == want, sorted(t)
+# the merged export is the run's final weights (step 8's adapters on the base), tensor for tensor
+w = array.array("f"); w.frombytes(open("one/weights.bin", "rb").read()[64:])
+m = tensors("merged/model.safetensors")
+names = ["model.embed_tokens.weight"] + [f"model.layers.{l}.{s}.weight" for l in range(2) for s in (
+    "input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+    "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")] + ["model.norm.weight", "lm_head.weight"]
+at = 0
+for name in names:
+    a = m[name][1]
+    assert a == w[at:at + len(a)], name
+    at += len(a)
+assert at == len(w)
+print(f"ok   PEFT export: {len(t)} adapter tensors with PEFT's names and shapes; --merge equals the run's final weights")
+PY
+torch_python="${KEEL_TORCH_VENV:-/opt/keel-torch}/bin/python"
+if [ -x "$torch_python" ] && "$torch_python" -c "import peft" 2>/dev/null; then
+  "$torch_python" - <<'PY' 2>peft-live.err || fail "PEFT does not load keel's adapters as keel merges them: $(tail -3 peft-live.err)"
+import torch, transformers, peft
+from safetensors.torch import load_file
+base = transformers.AutoModelForCausalLM.from_pretrained("basehf", dtype=torch.float32)
+merged = peft.PeftModel.from_pretrained(base, "peft").merge_and_unload().state_dict()
+ref = load_file("merged/model.safetensors")
+worst = max((merged[k] - ref[k]).abs().max().item() for k in ref)
+assert worst <= 1e-6, worst
+print(f"ok   PEFT {peft.__version__} loads the adapters onto transformers' model; its merge is keel's (max diff {worst:.1e})")
+PY
+else
+  echo "ok   (no $torch_python with peft: SKIP of the live PEFT load; scripts/setup-torch.sh and pip install peft)"
+fi
+rc=0
+"$KEEL_BIN" ckpt export "$BASE" --format peft --out nope >nope.log 2>&1 || rc=$?
+[ $rc -eq 2 ] && grep -q "not LoRA adapters" nope.log && [ ! -e nope ] || fail "a whole model as PEFT: exit $rc, $(cat nope.log)"
 
 # bad input: exit 2, one line naming the key
 bad() { # WHAT EXPECT ARGS...
