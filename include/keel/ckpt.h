@@ -212,6 +212,18 @@ const char *keel_ckpt_lora_base_id(const keel_ckpt *c);
  * one that holds LoRA adapters (train.lora) is an input error saying what to
  * use instead. Export and loading a model ask it. */
 keel_status keel_ckpt_need_model(const keel_ckpt *c, const keel_config *cfg);
+/* A LoRA checkpoint (adapters, cfg its load_config) merged into its base —
+ * cfg's init_from, opened and verified, refused when its identity is not the
+ * one the adapters recorded — as a parameter source over the whole model
+ * (keel_ckpt_merged_read, ctx: the keel_ckpt_merged): a unit at a time, the
+ * base's unit with the unit's adapters added (keel_lora_merge_unit). The base
+ * (keel_ckpt_merged_base) carries an import's tokenizer and generation
+ * config. adapters must stay open until keel_ckpt_merged_close. */
+typedef struct keel_ckpt_merged keel_ckpt_merged;
+keel_status keel_ckpt_merged_open(const keel_ckpt *adapters, const keel_config *cfg, keel_ckpt_merged **out);
+keel_status keel_ckpt_merged_read(void *merged, int64_t begin, int64_t len, float *dst);
+keel_ckpt *keel_ckpt_merged_base(keel_ckpt_merged *m);
+void keel_ckpt_merged_close(keel_ckpt_merged *m);
 /* A model from path (as keel_ckpt_open_any): *cfg its config (keel_config_free
  * afterwards, also on failure), *params its canonical fp32 parameters
  * (keel_free; NULL on failure), *step (may be NULL) the step it was saved at. */

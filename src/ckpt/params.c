@@ -286,3 +286,91 @@ char *keel_ckpt_find_tokenizer(const keel_ckpt *ck, const keel_config *cfg) {
     for (int k = 0; k < 2 && !path; k++) path = keel_ckpt_init_from_carried(cfg->init_from, kinds[k]);
     return path;
 }
+
+/* ---- a LoRA checkpoint's adapters merged into its base -------------------------- */
+
+struct keel_ckpt_merged {
+    keel_ckpt base;
+    const keel_ckpt *adapters;
+    keel_model_layout lay, lora;
+    int unit;          /* the unit in buf, -1 none */
+    float *buf, *adapter_buf;
+};
+
+keel_status keel_ckpt_merged_open(const keel_ckpt *adapters, const keel_config *cfg, keel_ckpt_merged **out) {
+    *out = NULL;
+    if (!cfg->train.lora.on) {
+        keel_errorf("%s holds a whole model, not LoRA adapters: there is nothing to merge", adapters->dir);
+        return KEEL_ERR_INPUT;
+    }
+    keel_ckpt_merged *m = keel_xcalloc(sizeof *m, "merged model");
+    keel_status st = keel_ckpt_open_any(cfg->init_from, &m->base);
+    if (st != KEEL_OK) {
+        keel_free(m);
+        return st;
+    }
+    char id[17], why[256];
+    keel_ckpt_identity(&m->base, id);
+    const char *want = keel_ckpt_lora_base_id(adapters);
+    if (want && strcmp(want, id) != 0) {
+        keel_errorf("%s: its base %s changed since the adapters were trained (identity %s, theirs %s); point the "
+                    "run's init_from at that base", adapters->dir, cfg->init_from, id, want);
+        st = KEEL_ERR_INPUT;
+    }
+    keel_model_layout_init(&m->lay, &cfg->model);
+    if (st == KEEL_OK) st = keel_ckpt_check_layout(&m->base, &m->lay);
+    if (st == KEEL_OK) st = keel_ckpt_verify_all(&m->base);
+    if (st == KEEL_OK && keel_lora_layout_init(&m->lora, &m->lay, &cfg->train.lora, why, sizeof why) != KEEL_OK) {
+        keel_errorf("%s: %s", adapters->dir, why);
+        st = KEEL_ERR_INPUT;
+    }
+    if (st != KEEL_OK) {
+        keel_ckpt_close(&m->base);
+        keel_model_layout_free(&m->lay);
+        keel_free(m);
+        return st;
+    }
+    m->adapters = adapters;
+    m->unit = -1;
+    int64_t most = 1, most_a = 1;
+    for (int u = 0; u < m->lay.n_units; u++) {
+        most = m->lay.unit_size[u] > most ? m->lay.unit_size[u] : most;
+        most_a = m->lora.unit_size[u] > most_a ? m->lora.unit_size[u] : most_a;
+    }
+    m->buf = keel_xmalloc(sizeof(float) * (size_t)most, "a unit of the merged model");
+    m->adapter_buf = keel_xmalloc(sizeof(float) * (size_t)most_a, "a unit's adapters");
+    *out = m;
+    return KEEL_OK;
+}
+
+keel_status keel_ckpt_merged_read(void *ctx, int64_t begin, int64_t len, float *dst) {
+    keel_ckpt_merged *m = ctx;
+    while (len > 0) {
+        int u = 0;
+        while (begin >= m->lay.unit_offset[u] + m->lay.unit_size[u]) u++;
+        if (u != m->unit) {
+            keel_status st = keel_ckpt_read(&m->base, 0, m->lay.unit_offset[u], m->lay.unit_size[u], m->buf);
+            if (st == KEEL_OK && m->lora.unit_size[u] > 0)
+                st = keel_ckpt_read(m->adapters, 0, m->lora.unit_offset[u], m->lora.unit_size[u], m->adapter_buf);
+            if (st != KEEL_OK) return st;
+            keel_lora_merge_unit(&m->lay, &m->lora, u, m->buf, m->adapter_buf);
+            m->unit = u;
+        }
+        int64_t end = m->lay.unit_offset[u] + m->lay.unit_size[u], n = end - begin < len ? end - begin : len;
+        memcpy(dst, m->buf + (begin - m->lay.unit_offset[u]), sizeof(float) * (size_t)n);
+        begin += n, len -= n, dst += n;
+    }
+    return KEEL_OK;
+}
+
+keel_ckpt *keel_ckpt_merged_base(keel_ckpt_merged *m) { return &m->base; }
+
+void keel_ckpt_merged_close(keel_ckpt_merged *m) {
+    if (!m) return;
+    keel_ckpt_close(&m->base);
+    keel_model_layout_free(&m->lay);
+    keel_model_layout_free(&m->lora);
+    keel_free(m->buf);
+    keel_free(m->adapter_buf);
+    keel_free(m);
+}

@@ -135,54 +135,6 @@ static char *find_tokenizer(const keel_ckpt *ck, const keel_config *cfg) {
     return path;
 }
 
-/* A LoRA checkpoint's adapters merged into its base, as a parameter source
- * over the whole model: a unit at a time, the base's unit read and the
- * unit's adapters added (keel_lora_merge_unit). */
-typedef struct {
-    keel_ckpt *base, *adapters;
-    keel_model_layout lay, lora;
-    int unit;          /* the unit in buf, -1 none */
-    float *buf, *adapter_buf;
-} merged_source;
-
-static keel_status read_merged(void *ctx, int64_t begin, int64_t len, float *dst) {
-    merged_source *m = ctx;
-    while (len > 0) {
-        int u = 0;
-        while (begin >= m->lay.unit_offset[u] + m->lay.unit_size[u]) u++;
-        if (u != m->unit) {
-            keel_status st = keel_ckpt_read(m->base, 0, m->lay.unit_offset[u], m->lay.unit_size[u], m->buf);
-            if (st == KEEL_OK && m->lora.unit_size[u] > 0)
-                st = keel_ckpt_read(m->adapters, 0, m->lora.unit_offset[u], m->lora.unit_size[u], m->adapter_buf);
-            if (st != KEEL_OK) return st;
-            keel_lora_merge_unit(&m->lay, &m->lora, u, m->buf, m->adapter_buf);
-            m->unit = u;
-        }
-        int64_t end = m->lay.unit_offset[u] + m->lay.unit_size[u], n = end - begin < len ? end - begin : len;
-        memcpy(dst, m->buf + (begin - m->lay.unit_offset[u]), sizeof(float) * (size_t)n);
-        begin += n, len -= n, dst += n;
-    }
-    return KEEL_OK;
-}
-
-/* The base of adapter checkpoint ck (its config's init_from), opened and
- * verified: the one its adapters were trained on, by identity. */
-static keel_status open_lora_base(const keel_ckpt *ck, const keel_config *cfg, keel_ckpt *base) {
-    keel_status st = keel_ckpt_open_any(cfg->init_from, base);
-    if (st != KEEL_OK) return st;
-    char id[17];
-    keel_ckpt_identity(base, id);
-    const char *want = keel_ckpt_lora_base_id(ck);
-    if (want && strcmp(want, id) != 0) {
-        keel_errorf("%s: its base %s changed since the adapters were trained (identity %s, theirs %s); merge onto "
-                    "that base", ck->dir, cfg->init_from, id, want);
-        st = KEEL_ERR_INPUT;
-    }
-    if (st == KEEL_OK) st = keel_ckpt_verify_all(base);
-    if (st != KEEL_OK) keel_ckpt_close(base);
-    return st;
-}
-
 /* --format peft: the adapters as PEFT saves them. */
 static keel_status export_peft(keel_ckpt *ck, const keel_config *cfg, const char *out) {
     if (!cfg->train.lora.on) {
@@ -230,7 +182,7 @@ static int export_hf(int argc, char **argv) {
                     "[--max-shard-mb N], or PATH --format peft --out DIR (LoRA adapters as PEFT saves them)");
         return 2;
     }
-    keel_ckpt ck, base;
+    keel_ckpt ck;
     keel_config cfg;
     keel_config_defaults(&cfg);
     keel_status st = keel_ckpt_open_any(argv[optind], &ck);
@@ -244,41 +196,22 @@ static int export_hf(int argc, char **argv) {
         keel_config_free(&cfg);
         return keel_status_exit_code(st);
     }
-    if (st == KEEL_OK && merge && !cfg.train.lora.on) {
-        keel_errorf("%s holds a whole model: --merge is for LoRA adapters; export without it", ck.dir);
-        st = KEEL_ERR_INPUT;
-    }
-    merged_source ms = {.unit = -1};
-    if (st == KEEL_OK && merge && (st = open_lora_base(&ck, &cfg, &base)) == KEEL_OK) {
-        char why[256];
+    keel_ckpt_merged *ms = NULL;
+    if (st == KEEL_OK && merge && (st = keel_ckpt_merged_open(&ck, &cfg, &ms)) == KEEL_OK) {
         merging = true;
-        ms.base = &base, ms.adapters = &ck;
-        keel_model_layout_init(&ms.lay, &cfg.model);
-        keel_lora_layout_init(&ms.lora, &ms.lay, &cfg.train.lora, why, sizeof why); /* checked by load_config */
-        int64_t most = 1, most_a = 1;
-        for (int u = 0; u < ms.lay.n_units; u++) {
-            most = ms.lay.unit_size[u] > most ? ms.lay.unit_size[u] : most;
-            most_a = ms.lora.unit_size[u] > most_a ? ms.lora.unit_size[u] : most_a;
-        }
-        ms.buf = keel_xmalloc(sizeof(float) * (size_t)most, "a unit of the merged model");
-        ms.adapter_buf = keel_xmalloc(sizeof(float) * (size_t)most_a, "a unit's adapters");
         keel_kernels_init(0); /* the merge's products */
     }
     if (st == KEEL_OK && !merging) st = keel_ckpt_need_model(&ck, &cfg);
     char *carried_tok = NULL, *gen = NULL;
-    keel_ckpt *carrier = merging ? &base : &ck; /* an import's tokenizer travels with the base */
+    keel_ckpt *carrier = merging ? keel_ckpt_merged_base(ms) : &ck; /* an import's tokenizer travels with the base */
     if (st == KEEL_OK && !tokenizer) tokenizer = carried_tok = find_tokenizer(carrier, &cfg);
     /* the checkpoint's, else its init_from's (an import's), else one from the ids */
     if (st == KEEL_OK) gen = keel_ckpt_find_carried(carrier, &cfg, "generation_config.json");
     if (st == KEEL_OK)
-        st = keel_hf_export(&cfg.model, merging ? read_merged : keel_ckpt_read_params, merging ? (void *)&ms : &ck,
+        st = keel_hf_export(&cfg.model, merging ? keel_ckpt_merged_read : keel_ckpt_read_params, merging ? (void *)ms : &ck,
                             tokenizer, gen, out, (int64_t)(max_mb * (1 << 20)));
-    if (merging) {
-        keel_kernels_shutdown();
-        keel_free(ms.buf), keel_free(ms.adapter_buf);
-        keel_model_layout_free(&ms.lora), keel_model_layout_free(&ms.lay);
-        keel_ckpt_close(&base);
-    }
+    if (merging) keel_kernels_shutdown();
+    keel_ckpt_merged_close(ms);
     if (st == KEEL_OK)
         printf("exported %s (step %lld) to %s as a LlamaForCausalLM directory (tokenizer: %s; "
                "generation_config.json: %s)\n", ck.dir, (long long)ck.step, out, tokenizer ? tokenizer : "none",

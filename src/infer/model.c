@@ -79,17 +79,23 @@ static keel_status load_checkpoint(const char *path, keel_infer_model *m, char *
     if (st != KEEL_OK) return st;
     keel_config_free(&m->cfg);
     st = keel_ckpt_load_config(&ck, &m->cfg);
-    if (st == KEEL_OK) st = keel_ckpt_need_model(&ck, &m->cfg);
+    keel_ckpt_merged *merged = NULL; /* LoRA adapters: merged into their base */
+    if (st == KEEL_OK && m->cfg.train.lora.on && (st = keel_ckpt_verify_all(&ck)) == KEEL_OK)
+        st = keel_ckpt_merged_open(&ck, &m->cfg, &merged);
     if (st == KEEL_OK) {
         keel_model_layout lay;
         keel_model_layout_init(&lay, &m->cfg.model);
         m->params = keel_xmalloc(sizeof(float) * (size_t)lay.n_params, "parameters");
-        st = keel_ckpt_load_params(&ck, &lay, m->params); /* verifies every file */
+        if (merged) st = keel_ckpt_merged_read(merged, 0, lay.n_params, m->params);
+        else st = keel_ckpt_load_params(&ck, &lay, m->params); /* verifies every file */
         keel_model_layout_free(&lay);
-        if (!*tokenizer) *tokenizer = keel_ckpt_find_tokenizer(&ck, &m->cfg);
-        *generation = keel_ckpt_find_carried(&ck, &m->cfg, "generation_config.json");
-        snprintf(m->what, sizeof m->what, "checkpoint %s (step %lld)", ck.dir, (long long)ck.step);
+        keel_ckpt *carrier = merged ? keel_ckpt_merged_base(merged) : &ck; /* an import's tokenizer: the base's */
+        if (!*tokenizer) *tokenizer = keel_ckpt_find_tokenizer(carrier, &m->cfg);
+        *generation = keel_ckpt_find_carried(carrier, &m->cfg, "generation_config.json");
+        snprintf(m->what, sizeof m->what, "%s %s (step %lld)%s%s", merged ? "LoRA checkpoint" : "checkpoint", ck.dir,
+                 (long long)ck.step, merged ? " merged into its base " : "", merged ? m->cfg.init_from : "");
     }
+    keel_ckpt_merged_close(merged);
     keel_ckpt_close(&ck);
     return st;
 }

@@ -14,7 +14,8 @@
 # - `keel ckpt verify` passes an adapter checkpoint, `keel ckpt export` refuses it (not a whole model);
 #   `--format peft` writes adapter_model.safetensors + adapter_config.json with PEFT's names and shapes,
 #   `--merge` the model the run's final weights are; where the venv of scripts/setup-torch.sh has peft,
-#   PEFT loads the adapters onto the exported base and its merge equals keel's;
+#   PEFT loads the adapters onto the exported base and its merge equals keel's; `keel generate` from
+#   the adapter checkpoint merges it into its base and generates what the run's final weights do;
 # - activation checkpointing changes nothing (bit-identical), bf16 trains to a nearby loss;
 # - bad input exits 2 in one line naming the key: no init_from, a rank larger than a
 #   target's smaller side, no targets, an unknown target.
@@ -169,6 +170,13 @@ PY
 else
   echo "ok   (no $torch_python with peft: SKIP of the live PEFT load; scripts/setup-torch.sh and pip install peft)"
 fi
+# generation from the adapter checkpoint: merged into its base on loading, as the run's final weights are
+printf '{"prompt": [1, 5, 9, 13, 2, 7]}\n{"prompt": [3, 3, 4]}\n' >prompts.jsonl
+"$KEEL_BIN" generate one --prompts prompts.jsonl --max-new-tokens 12 --ignore-eos --json >gen-run.jsonl 2>gen.log &&
+"$KEEL_BIN" generate one/checkpoints/step_00000008 --prompts prompts.jsonl --max-new-tokens 12 --ignore-eos --json \
+  >gen-ckpt.jsonl 2>>gen.log || fail "keel generate: $(cat gen.log)"
+cmp -s gen-run.jsonl gen-ckpt.jsonl && grep -q "merged into its base" gen.log ||
+  fail "generating from the adapter checkpoint is not generating from the run's merged weights"
 rc=0
 "$KEEL_BIN" ckpt export "$BASE" --format peft --out nope >nope.log 2>&1 || rc=$?
 [ $rc -eq 2 ] && grep -q "not LoRA adapters" nope.log && [ ! -e nope ] || fail "a whole model as PEFT: exit $rc, $(cat nope.log)"
