@@ -86,7 +86,8 @@ void keel_lora_init_range(const keel_model_layout *lora, uint64_t seed, int64_t 
 /* Merge unit u's adapters into the base: W += (alpha / r) · B · A for each
  * target in the unit. base_unit is the base's unit u (its canonical
  * parameters from unit_offset[u]), lora_unit the adapters' unit u; both in
- * host memory (the CPU's kernels do the products). */
+ * host memory (plain loops on this thread: r is small, and tools without
+ * keel's kernels — the fuzz harnesses' parsers — link it). */
 void keel_lora_merge_unit(const keel_model_layout *base, const keel_model_layout *lora, int u, float *base_unit,
                           const float *lora_unit);
 /* Build the layout of cfg (finalized config). Free with keel_model_layout_free. */

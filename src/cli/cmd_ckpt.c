@@ -10,7 +10,6 @@
 #include "cli/cli.h"
 #include "keel/ckpt.h"
 #include "keel/hf.h"
-#include "keel/kernels.h"
 
 static void usage(FILE *out) {
     fprintf(out,
@@ -197,10 +196,7 @@ static int export_hf(int argc, char **argv) {
         return keel_status_exit_code(st);
     }
     keel_ckpt_merged *ms = NULL;
-    if (st == KEEL_OK && merge && (st = keel_ckpt_merged_open(&ck, &cfg, &ms)) == KEEL_OK) {
-        merging = true;
-        keel_kernels_init(0); /* the merge's products */
-    }
+    if (st == KEEL_OK && merge && (st = keel_ckpt_merged_open(&ck, &cfg, &ms)) == KEEL_OK) merging = true;
     if (st == KEEL_OK && !merging) st = keel_ckpt_need_model(&ck, &cfg);
     char *carried_tok = NULL, *gen = NULL;
     keel_ckpt *carrier = merging ? keel_ckpt_merged_base(ms) : &ck; /* an import's tokenizer travels with the base */
@@ -210,7 +206,6 @@ static int export_hf(int argc, char **argv) {
     if (st == KEEL_OK)
         st = keel_hf_export(&cfg.model, merging ? keel_ckpt_merged_read : keel_ckpt_read_params, merging ? (void *)ms : &ck,
                             tokenizer, gen, out, (int64_t)(max_mb * (1 << 20)));
-    if (merging) keel_kernels_shutdown();
     keel_ckpt_merged_close(ms);
     if (st == KEEL_OK)
         printf("exported %s (step %lld) to %s as a LlamaForCausalLM directory (tokenizer: %s; "

@@ -3,7 +3,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "keel/kernels.h"
 #include "keel/model.h"
 
 keel_status keel_params_from_buffer(void *params, int64_t begin, int64_t len, float *dst) {
@@ -187,13 +186,14 @@ void keel_lora_merge_unit(const keel_model_layout *base, const keel_model_layout
             const float *A = lora_unit + (lora->tensors[ia].offset - lora->unit_offset[u]);
             const float *Bm = lora_unit + (lora->tensors[ia + 1].offset - lora->unit_offset[u]);
             int64_t O = W->rows, I = W->cols;
-            /* W (O, I) += (s B) (O, r) · (Aᵀ)ᵀ: keel_matmul_forward's out += in · wᵀ with w = Aᵀ (I, r) */
-            float *sb = keel_xmalloc(sizeof(float) * (size_t)(O * r), "merge"), *at = keel_xmalloc(sizeof(float) * (size_t)(I * r), "merge");
-            for (int64_t i = 0; i < O * r; i++) sb[i] = s * Bm[i];
-            for (int k = 0; k < r; k++)
-                for (int64_t i = 0; i < I; i++) at[i * r + k] = A[(int64_t)k * I + i];
-            keel_matmul_forward(base_unit + (W->offset - base->unit_offset[u]), sb, at, (int)O, (int)I, r, true);
-            keel_free(sb);
-            keel_free(at);
+            /* W (O, I) += s · B (O, r) · A (r, I), row by row: the inner loop runs along A's and W's rows */
+            float *w = base_unit + (W->offset - base->unit_offset[u]);
+            for (int64_t o = 0; o < O; o++)
+                for (int k = 0; k < r; k++) {
+                    float b = s * Bm[o * r + k];
+                    const float *a = A + (int64_t)k * I;
+                    float *row = w + o * I;
+                    for (int64_t i = 0; i < I; i++) row[i] += b * a[i];
+                }
         }
 }
