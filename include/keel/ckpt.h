@@ -239,6 +239,11 @@ keel_status keel_ckpt_read_params(void *ckpt, int64_t begin, int64_t len, float 
  * a time; on failure nothing is left at out or out.tmp. */
 keel_status keel_ckpt_write_model(const char *out, const keel_config *cfg, keel_param_source read, void *ctx,
                                   const keel_ckpt_carry *carry, int n_carry);
+/* The same for LoRA adapters (cfg's train.lora on a base cfg->init_from whose
+ * keel_ckpt_identity is base_id): a checkpoint to start a LoRA run's adapters
+ * from with train.lora.init_from (keel ckpt import --from-peft). */
+keel_status keel_ckpt_write_adapters(const char *out, const keel_config *cfg, const char *base_id,
+                                     keel_param_source read, void *ctx);
 /* The file `name` carried by the checkpoint init_from names, when init_from
  * is a checkpoint directory (not a run's) whose manifest lists it and whose
  * copy passes its checksum: a new path (keel_free), else NULL, quietly. What

@@ -472,6 +472,7 @@ typedef struct {
     double alpha;         /* an adapter's output is scaled by alpha / r */
     double dropout;       /* on an adapter's input, in training */
     unsigned targets;     /* mask of (1u << keel_lora_target) */
+    char *init_from;      /* an adapter checkpoint whose adapters start the run (NULL: PEFT's initialisation) */
 } keel_lora_config;
 
 typedef struct {

@@ -83,6 +83,18 @@ keel_status keel_hf_export(const keel_model_config *cfg, keel_param_source read,
 keel_status keel_hf_export_peft(const keel_model_layout *lora, keel_param_source read, void *ctx, const char *base,
                                 const char *out_dir);
 
+/* An adapter_config.json's text[0, len) (path names it in messages) as a
+ * LoRA config: peft_type LORA, r, lora_alpha, lora_dropout, target_modules
+ * among keel's seven; what keel does not do (DoRA, rsLoRA, fan_in_fan_out,
+ * biases, modules_to_save, layers_to_transform, rank or alpha patterns, a
+ * pattern for the targets) is one line naming the key. The fuzz harness's
+ * entry (tests/fuzz/fuzz_hf.c). */
+keel_status keel_hf_parse_peft_config(const char *text, size_t len, const char *path, keel_lora_config *out);
+/* The adapters of dir/adapter_model.safetensors (PEFT's names, F32, F16 or
+ * BF16) into params, in lora's layout: a tensor missing, or of another shape
+ * (an adapter of another model), is one line naming it. */
+keel_status keel_hf_read_peft(const char *dir, const keel_model_layout *lora, float *params);
+
 /* A Hugging Face LlamaForCausalLM directory opened for reading: open checks
  * config.json (*cfg_out becomes a finalized model config) and finds the
  * safetensors files; keel_hf_read is a keel_param_source over it (ctx: the

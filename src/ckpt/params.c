@@ -195,17 +195,18 @@ static keel_status write_carried(const char *tmp, const keel_ckpt_carry *carry, 
     return st;
 }
 
-keel_status keel_ckpt_write_model(const char *out, const keel_config *cfg, keel_param_source read, void *ctx,
-                                  const keel_ckpt_carry *carry, int n_carry) {
+/* out: one file of one shard rank holding lay's parameters from read (AdamW
+ * m and v zero), the carried files, cfg as its config; base_id: a LoRA
+ * checkpoint's record of its base (cfg's init_from), else NULL. */
+static keel_status write_params(const char *out, const keel_config *cfg, const keel_model_layout *lay,
+                                const char *base_id, keel_param_source read, void *ctx, const keel_ckpt_carry *carry,
+                                int n_carry) {
     if (keel_path_exists(out)) {
         keel_errorf("%s already exists; pick a new --out (keel never overwrites a checkpoint)", out);
         return KEEL_ERR_INPUT;
     }
-    /* one file of one shard rank: the parameters; AdamW m and v start at zero */
-    keel_model_layout lay;
-    keel_model_layout_init(&lay, &cfg->model);
     keel_fsdp_plan plan;
-    keel_fsdp_plan_init(&plan, &lay, 1);
+    keel_fsdp_plan_init(&plan, lay, 1);
     char tmp[4200], made[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", out);
     first_missing(tmp, made, sizeof made);
@@ -215,7 +216,7 @@ keel_status keel_ckpt_write_model(const char *out, const keel_config *cfg, keel_
     keel_status st = keel_ckpt_shard_begin(tmp, 0, 1, 0, plan.shard_total, &w);
     if (st == KEEL_OK && (st = write_carried(tmp, carry, n_carry, carried)) != KEEL_OK) keel_ckpt_shard_abort(w);
     if (st == KEEL_OK) {
-        keel_status wst = append_params(w, out, &lay, &plan, read, ctx);
+        keel_status wst = append_params(w, out, lay, &plan, read, ctx);
         for (int a = 1; a < KEEL_CKPT_ARRAYS && wst == KEEL_OK; a++) wst = keel_ckpt_shard_append(w, NULL, plan.shard_total);
         if (wst != KEEL_OK) { /* the source's failure was one line already (a write's is said at finish) */
             keel_ckpt_shard_abort(w);
@@ -228,7 +229,8 @@ keel_status keel_ckpt_write_model(const char *out, const keel_config *cfg, keel_
         char *config = keel_config_to_json(cfg);
         keel_ckpt_meta meta = {.step = 0, .global_batch = 0, .world_size = 1, .strategy = "import",
                                .plan = &plan, .files = &file, .config_json = config,
-                               .seed = cfg->train.seed, .next_lr = 0, .carried = carried, .n_carried = n_carry};
+                               .seed = cfg->train.seed, .next_lr = 0, .carried = carried, .n_carried = n_carry,
+                               .lora_base = base_id ? cfg->init_from : NULL, .lora_base_id = base_id};
         char *manifest = keel_ckpt_manifest_json(&meta);
         st = keel_ckpt_commit_dir(tmp, out, manifest);
         free(manifest);
@@ -239,6 +241,26 @@ keel_status keel_ckpt_write_model(const char *out, const keel_config *cfg, keel_
         remove_up_to(tmp, made);
     }
     keel_fsdp_plan_free(&plan);
+    return st;
+}
+
+keel_status keel_ckpt_write_model(const char *out, const keel_config *cfg, keel_param_source read, void *ctx,
+                                  const keel_ckpt_carry *carry, int n_carry) {
+    keel_model_layout lay;
+    keel_model_layout_init(&lay, &cfg->model);
+    keel_status st = write_params(out, cfg, &lay, NULL, read, ctx, carry, n_carry);
+    keel_model_layout_free(&lay);
+    return st;
+}
+
+keel_status keel_ckpt_write_adapters(const char *out, const keel_config *cfg, const char *base_id,
+                                     keel_param_source read, void *ctx) {
+    keel_model_layout lay, lora;
+    char why[256];
+    keel_model_layout_init(&lay, &cfg->model);
+    keel_status st = keel_lora_layout_init(&lora, &lay, &cfg->train.lora, why, sizeof why);
+    if (st != KEEL_OK) keel_errorf("%s: %s", out, why);
+    else st = write_params(out, cfg, &lora, base_id, read, ctx, NULL, 0), keel_model_layout_free(&lora);
     keel_model_layout_free(&lay);
     return st;
 }

@@ -27,6 +27,11 @@ static void usage(FILE *out) {
             "       keel ckpt export PATH --format peft --out DIR\n"
             "                                   a LoRA checkpoint's adapters as PEFT saves them:\n"
             "                                   adapter_model.safetensors and adapter_config.json\n"
+            "       keel ckpt import --from-peft DIR --base CKPT --out CKPT\n"
+            "                                   PEFT LoRA adapters (adapter_config.json and\n"
+            "                                   adapter_model.safetensors) on the base CKPT as a keel\n"
+            "                                   adapter checkpoint: start a LoRA run from it with\n"
+            "                                   \"train\": {\"lora\": {\"init_from\": CKPT}}\n"
             "       keel ckpt import --from-hf DIR --out CKPT\n"
             "                                   a Hugging Face Llama directory as a keel checkpoint, to\n"
             "                                   fine-tune from with \"init_from\": CKPT; CKPT carries the\n"
@@ -263,22 +268,78 @@ static void print_import(const char *from, const char *out, const keel_config *c
     free(json);
 }
 
+/* --from-peft DIR --base CKPT: PEFT's LoRA adapters as a keel adapter
+ * checkpoint on that base (a whole model's checkpoint), to start a LoRA run
+ * from (train.lora.init_from). */
+static keel_status import_peft(const char *from, const char *base_path, const char *out) {
+    keel_ckpt base;
+    keel_config cfg;
+    keel_config_defaults(&cfg);
+    keel_status st = keel_ckpt_open_any(base_path, &base);
+    if (st != KEEL_OK) return st;
+    bool ok = (st = keel_ckpt_verify_all(&base)) == KEEL_OK;
+    if (ok) keel_config_free(&cfg), ok = (st = keel_ckpt_load_config(&base, &cfg)) == KEEL_OK;
+    if (ok) ok = (st = keel_ckpt_need_model(&base, &cfg)) == KEEL_OK;
+    char *text = NULL, *config = keel_path_join(from, "adapter_config.json"), why[160], id[17];
+    size_t len;
+    if (ok && keel_read_regular(config, (size_t)1 << 20, &text, &len, why, sizeof why) != KEEL_OK) {
+        keel_errorf("%s: cannot read the adapter config: %s", config, why);
+        ok = false, st = KEEL_ERR_INPUT;
+    }
+    if (ok) ok = (st = keel_hf_parse_peft_config(text, len, config, &cfg.train.lora)) == KEEL_OK;
+    keel_model_layout lay, lora;
+    keel_model_layout_init(&lay, &cfg.model);
+    if (ok && keel_lora_layout_init(&lora, &lay, &cfg.train.lora, why, sizeof why) != KEEL_OK) {
+        keel_errorf("%s: %s (the adapter is for another model than %s)", config, why, base.dir);
+        ok = false, st = KEEL_ERR_INPUT;
+    }
+    if (ok) {
+        float *params = keel_xmalloc(sizeof(float) * (size_t)lora.n_params, "adapters");
+        keel_error_capture(true);
+        st = keel_hf_read_peft(from, &lora, params);
+        keel_error_capture(false);
+        if (st != KEEL_OK)
+            keel_errorf("%s: the adapters do not fit %s's model (%s); import them on the base they were trained on",
+                        from, base.dir, keel_last_error());
+        free(cfg.init_from);
+        cfg.init_from = absolute(base.dir); /* the base, by a path that holds from any directory */
+        keel_ckpt_identity(&base, id);
+        if (st == KEEL_OK) st = keel_ckpt_write_adapters(out, &cfg, id, keel_params_from_buffer, params);
+        if (st == KEEL_OK)
+            printf("imported %lld LoRA adapter parameters (rank %d, alpha %g) from %s onto %s as %s; train on with "
+                   "--set init_from=%s --set train.lora.init_from=%s\n", (long long)lora.n_params, cfg.train.lora.rank,
+                   cfg.train.lora.alpha, from, base.dir, out, cfg.init_from, out);
+        keel_free(params);
+        keel_model_layout_free(&lora);
+    }
+    keel_model_layout_free(&lay);
+    keel_free(text);
+    keel_free(config);
+    keel_config_free(&cfg);
+    keel_ckpt_close(&base);
+    return st;
+}
+
 static int import_hf(int argc, char **argv) {
     static const struct option options[] = {
-        {"from-hf", required_argument, NULL, 'f'}, {"out", required_argument, NULL, 'o'}, {0, 0, 0, 0},
+        {"from-hf", required_argument, NULL, 'f'}, {"out", required_argument, NULL, 'o'},
+        {"from-peft", required_argument, NULL, 'p'}, {"base", required_argument, NULL, 'b'}, {0, 0, 0, 0},
     };
-    const char *from = NULL, *out = NULL;
+    const char *from = NULL, *out = NULL, *peft = NULL, *base = NULL;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", options, NULL)) != -1) {
         if (c == 'f') from = optarg;
         else if (c == 'o') out = optarg;
+        else if (c == 'p') peft = optarg;
+        else if (c == 'b') base = optarg;
         else return 2;
     }
-    if (optind != argc || !from || !out) {
-        keel_errorf("usage: keel ckpt import --from-hf DIR --out CKPT");
+    if (optind != argc || !out || !from == !peft || !peft != !base) {
+        keel_errorf("usage: keel ckpt import --from-hf DIR --out CKPT, or --from-peft DIR --base CKPT --out CKPT");
         return 2;
     }
+    if (peft) return keel_status_exit_code(import_peft(peft, base, out));
     keel_config cfg;
     keel_config_defaults(&cfg);
     cfg.data.synthetic = true; /* a manifest carries a complete config; an import has no data */

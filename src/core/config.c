@@ -132,6 +132,9 @@ static const key_spec KEYS[] = {
      "sequence (PEFT's lora_dropout)", NULL},
     {"train.lora.targets", K_ENUM_SET, OFF(train.lora.targets), 0, 0,
      "the matrices of every block that get adapters (Hugging Face module names)", LORA_TARGET_NAMES},
+    {"train.lora.init_from", K_STRING, OFF(train.lora.init_from), 0, 0,
+     "an adapter checkpoint (`keel ckpt import --from-peft`, or a LoRA run's) whose adapters start the run, of "
+     "this rank and these targets, on init_from's base (null = new adapters)", NULL},
 
     {"data", K_SECTION, 0, 0, 0, "training data", NULL},
     {"data.path", K_STRING, OFF(data.path), 0, 0,

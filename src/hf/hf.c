@@ -990,3 +990,83 @@ keel_status keel_hf_export_peft(const keel_model_layout *lora, keel_param_source
                       (long long)lora->n_params, out_dir);
     return st;
 }
+
+/* ---- import: LoRA adapters as PEFT saves them ---------------------------------- */
+
+/* A key of adapter_config.json that keel implements in one way only: absent,
+ * null, or `want` (false, "none", an empty list or object). */
+static bool peft_only(const cJSON *root, const char *path, const char *key, const char *why) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    bool fine = !v || cJSON_IsNull(v) || cJSON_IsFalse(v) || ((cJSON_IsArray(v) || cJSON_IsObject(v)) && !v->child) ||
+                (cJSON_IsString(v) && !strcmp(v->valuestring, "none"));
+    if (!fine) keel_errorf("%s: \"%s\" is set, and keel %s; export the adapter without it", path, key, why);
+    return fine;
+}
+
+keel_status keel_hf_parse_peft_config(const char *text, size_t len, const char *path, keel_lora_config *out) {
+    cJSON *root = safetensors_parse_json_object(text, len, path);
+    if (!root) return KEEL_ERR_INPUT;
+    *out = (keel_lora_config){.on = true};
+    keel_status st = KEEL_ERR_INPUT;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "peft_type");
+    const cJSON *alpha = cJSON_GetObjectItemCaseSensitive(root, "lora_alpha");
+    const cJSON *drop = cJSON_GetObjectItemCaseSensitive(root, "lora_dropout");
+    const cJSON *targets = cJSON_GetObjectItemCaseSensitive(root, "target_modules");
+    int64_t r = 0;
+    if (!cJSON_IsString(type) || strcmp(type->valuestring, "LORA")) {
+        keel_errorf("%s: \"peft_type\" must be \"LORA\": keel imports LoRA adapters only", path);
+    } else if (!json_int(root, path, "r", true, 1, &r)) {
+    } else if (r > 1 << 16) {
+        keel_errorf("%s: \"r\" %lld is larger than keel's largest rank %d", path, (long long)r, 1 << 16);
+    } else if (!cJSON_IsNumber(alpha) || !(alpha->valuedouble >= 0) || !(alpha->valuedouble <= 1e6)) {
+        keel_errorf("%s: \"lora_alpha\" must be a number in [0, 1e6]", path);
+    } else if (drop && !cJSON_IsNull(drop) &&
+               (!cJSON_IsNumber(drop) || !(drop->valuedouble >= 0) || !(drop->valuedouble <= 0.99))) {
+        keel_errorf("%s: \"lora_dropout\" must be a number in [0, 0.99]", path);
+    } else if (!cJSON_IsArray(targets) || !targets->child) {
+        keel_errorf("%s: \"target_modules\" must be a list of module names (keel does not match a pattern)", path);
+    } else if (peft_only(root, path, "use_dora", "has no DoRA") &&
+               peft_only(root, path, "use_rslora", "scales by alpha / r, not alpha / sqrt(r)") &&
+               peft_only(root, path, "fan_in_fan_out", "stores A (r, in) and B (out, r)") &&
+               peft_only(root, path, "bias", "trains no biases") &&
+               peft_only(root, path, "modules_to_save", "trains the adapters alone") &&
+               peft_only(root, path, "layers_to_transform", "adapts every layer") &&
+               peft_only(root, path, "rank_pattern", "gives every target one rank") &&
+               peft_only(root, path, "alpha_pattern", "gives every target one alpha")) {
+        st = KEEL_OK;
+        const cJSON *t;
+        cJSON_ArrayForEach(t, targets) {
+            int found = -1;
+            for (int i = 0; i < KEEL_LORA_TARGETS && cJSON_IsString(t); i++)
+                if (!strcmp(t->valuestring, keel_lora_target_name(i))) found = i;
+            if (found < 0) {
+                char name[80];
+                safetensors_printable(name, sizeof name, cJSON_IsString(t) ? t->valuestring : "(not a string)");
+                keel_errorf("%s: target_modules entry %s is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, "
+                            "up_proj, down_proj (the matrices keel adapts)", path, name);
+                st = KEEL_ERR_INPUT;
+                break;
+            }
+            out->targets |= 1u << found;
+        }
+        out->rank = (int)r;
+        out->alpha = alpha->valuedouble;
+        out->dropout = cJSON_IsNumber(drop) ? drop->valuedouble : 0;
+    }
+    cJSON_Delete(root);
+    return st;
+}
+
+keel_status keel_hf_read_peft(const char *dir, const keel_model_layout *lora, float *params) {
+    safetensors_dir *d;
+    keel_status st = safetensors_open_file(dir, "adapter_model.safetensors", &d);
+    for (int i = 0; i < lora->n_tensors && st == KEEL_OK; i++) {
+        const keel_tensor_info *ti = &lora->tensors[i];
+        char name[96];
+        snprintf(name, sizeof name, "base_model.model.%s", ti->name);
+        safetensors_tensor t = {.name = name, .ndim = 2, .shape = {ti->rows, ti->cols}};
+        st = safetensors_read(d, &t, params + ti->offset);
+    }
+    if (d) safetensors_close_dir(d);
+    return st;
+}

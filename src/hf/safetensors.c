@@ -464,6 +464,19 @@ keel_status safetensors_parse_index(const char *text, size_t len, const char *pa
     return st;
 }
 
+keel_status safetensors_open_file(const char *dir, const char *name, safetensors_dir **out) {
+    safetensors_dir *d = keel_xcalloc(sizeof *d, "safetensors directory");
+    d->dir = keel_xstrdup(dir);
+    st_file *f;
+    keel_status st = add_file(d, name, &f);
+    if (st != KEEL_OK) {
+        safetensors_close_dir(d);
+        d = NULL;
+    }
+    *out = d;
+    return st;
+}
+
 keel_status safetensors_open_dir(const char *dir, safetensors_dir **out) {
     safetensors_dir *d = keel_xcalloc(sizeof *d, "safetensors directory");
     d->dir = keel_xstrdup(dir);

@@ -64,6 +64,8 @@ typedef struct safetensors_dir safetensors_dir;
 /* Open dir's tensors (the index is read now, shard files later). On error one
  * line, *out NULL. */
 keel_status safetensors_open_dir(const char *dir, safetensors_dir **out);
+/* The same for one file dir/name (e.g. PEFT's adapter_model.safetensors). */
+keel_status safetensors_open_file(const char *dir, const char *name, safetensors_dir **out);
 /* Whether tensor t is there, of a dtype keel reads and exactly t's shape
  * (opening its file if needed): one line if not. keel_hf_open checks every
  * tensor so before anything is allocated or written. */

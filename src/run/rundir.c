@@ -302,6 +302,46 @@ static keel_status check_lora_base(const keel_config *cfg, const char *run_dir, 
     return st;
 }
 
+/* train.lora.init_from: adapters of this rank and these targets, trained on
+ * the base at init_from (base). */
+static keel_status check_lora_init(const keel_config *cfg, const keel_ckpt *base) {
+    const char *path = cfg->train.lora.init_from;
+    keel_ckpt ck;
+    keel_config theirs;
+    keel_config_defaults(&theirs);
+    keel_status st = keel_ckpt_open_any(path, &ck);
+    if (st != KEEL_OK) {
+        keel_config_free(&theirs);
+        return st;
+    }
+    keel_config_free(&theirs);
+    st = keel_ckpt_load_config(&ck, &theirs);
+    const keel_lora_config *a = &cfg->train.lora, *b = &theirs.train.lora;
+    char id[17];
+    keel_ckpt_identity(base, id);
+    const char *want = st == KEEL_OK ? keel_ckpt_lora_base_id(&ck) : NULL;
+    if (st != KEEL_OK) {
+    } else if (!b->on) {
+        keel_errorf("train.lora.init_from %s holds a whole model, not LoRA adapters; give it as init_from (the "
+                    "base) or name an adapter checkpoint", path);
+        st = KEEL_ERR_INPUT;
+    } else if (a->rank != b->rank || a->targets != b->targets) {
+        char ours[128], its[128];
+        keel_lora_targets_format(a->targets, ours, sizeof ours);
+        keel_lora_targets_format(b->targets, its, sizeof its);
+        keel_errorf("train.lora.init_from %s holds adapters of rank %d on %s; set train.lora.rank and "
+                    "train.lora.targets to those (this run has rank %d on %s)", path, b->rank, its, a->rank, ours);
+        st = KEEL_ERR_INPUT;
+    } else if (want && strcmp(want, id) != 0) {
+        keel_errorf("train.lora.init_from %s was trained on another base than init_from %s (identities %s and %s); "
+                    "set init_from to its base (its manifest's lora.base names it)", path, cfg->init_from, want, id);
+        st = KEEL_ERR_INPUT;
+    }
+    keel_config_free(&theirs);
+    keel_ckpt_close(&ck);
+    return st;
+}
+
 keel_status keel_run_check_init_from(const keel_config *cfg, const char *run_dir) {
     const char *src = cfg->source ? cfg->source : "config";
     if (cfg->train.lora.on && !cfg->init_from) {
@@ -330,6 +370,7 @@ keel_status keel_run_check_init_from(const keel_config *cfg, const char *run_dir
     }
     st = keel_ckpt_check_layout(&ck, &lay);
     if (st == KEEL_OK && cfg->train.lora.on) st = check_lora_base(cfg, run_dir, &ck);
+    if (st == KEEL_OK && cfg->train.lora.on && cfg->train.lora.init_from) st = check_lora_init(cfg, &ck);
     keel_model_layout_free(&lay);
     keel_ckpt_close(&ck);
     return st;

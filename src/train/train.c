@@ -378,6 +378,35 @@ static keel_status load_init_from(trainer *t) {
     return st;
 }
 
+/* train.lora.init_from's adapters (checked by keel_run_check_init_from):
+ * every rank reads the ranges it holds. */
+static keel_status load_adapters(trainer *t) {
+    const keel_model_layout *lora = keel_model_lora_layout(t->model);
+    keel_ckpt ck;
+    keel_status st = keel_ckpt_open_any(t->cfg->train.lora.init_from, &ck);
+    if (st != KEEL_OK) return st;
+    st = keel_ckpt_check_layout(&ck, lora);
+    if (st == KEEL_OK && t->fsdp) {
+        keel_param_range *ranges;
+        int n = keel_fsdp_param_ranges(keel_fsdp_get_plan(t->fsdp), keel_fsdp_shard_rank(t->fsdp), &ranges);
+        st = keel_ckpt_verify_ranges(&ck, ranges, n);
+        if (st == KEEL_OK) st = keel_fsdp_fill(t->fsdp, fill_from_checkpoint, &ck);
+        keel_free(ranges);
+    } else if (st == KEEL_OK) { /* one process: through the host where the backend's memory is not */
+        size_t bytes = sizeof(float) * (size_t)lora->n_params;
+        float *host = t->be->host_memory ? keel_model_lora_params(t->model) : keel_xmalloc(bytes, "adapters");
+        st = keel_ckpt_load_params(&ck, lora, host);
+        if (!t->be->host_memory) {
+            if (st == KEEL_OK) t->be->to_device(keel_model_lora_params(t->model), host, bytes);
+            keel_free(host);
+        }
+    }
+    if (st == KEEL_OK && t->leader)
+        keel_log_info("adapters from %s (step %lld)", t->cfg->train.lora.init_from, (long long)ck.step);
+    keel_ckpt_close(&ck);
+    return st;
+}
+
 /* The parameters a new run starts from: init_from's, or a fresh
  * initialisation of which each rank computes only its shard; with
  * train.lora fresh adapters (the base is load_base's). */
@@ -386,6 +415,7 @@ static keel_status initial_params(trainer *t) {
     init_fill x = {lay, t->cfg->train.seed};
     keel_status st = KEEL_OK;
     if (t->cfg->init_from && !lay->lora.on) st = load_init_from(t);
+    else if (lay->lora.on && t->cfg->train.lora.init_from) st = load_adapters(t);
     else if (t->fsdp) st = keel_fsdp_fill(t->fsdp, fill_initial, &x);
     else if (lay->lora.on) fill_initial(&x, 0, lay->n_params, keel_model_lora_params(t->model));
     else keel_model_init_weights(t->model, t->cfg->train.seed);

@@ -9,6 +9,8 @@
  *      split files of tests/fuzz/data/hf, imported so
  *   5  generation_config.json (keel_hf_generation_config, what keel
  *      generate reads its stop ids with)
+ *   6  a PEFT adapter_config.json (keel_hf_parse_peft_config, what keel
+ *      ckpt import --from-peft reads it with)
  * Modes 3 and 4 run the shipped file readers over files in a scratch
  * directory; a failed import must leave no checkpoint and no .tmp behind. */
 #include <cjson/cJSON.h>
@@ -72,7 +74,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *body = data + 1;
     size_t n = size - 1;
     keel_status st;
-    switch (data[0] % 6) {
+    switch (data[0] % 7) {
     case 0: {
         keel_model_config cfg;
         st = keel_hf_parse_config((const char *)body, n, "config.json", &cfg);
@@ -108,6 +110,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         st = keel_hf_generation_config((const char *)body, n, "generation_config.json", 32000, &bos, eos, &n_eos);
         fuzz_expect_error_line(st, "keel_hf_generation_config");
         if (st == KEEL_OK && (n_eos < 0 || n_eos > KEEL_HF_MAX_EOS || bos >= 32000)) abort();
+        break;
+    }
+    case 6: {
+        keel_lora_config lc;
+        st = keel_hf_parse_peft_config((const char *)body, n, "adapter_config.json", &lc);
+        fuzz_expect_error_line(st, "keel_hf_parse_peft_config");
+        if (st == KEEL_OK && (lc.rank < 1 || lc.rank > 1 << 16 || !lc.targets || lc.targets >> KEEL_LORA_TARGETS ||
+                              !(lc.alpha >= 0) || !(lc.dropout >= 0 && lc.dropout <= 0.99)))
+            abort();
         break;
     }
     default: {

@@ -14,7 +14,10 @@
 # - `keel ckpt verify` passes an adapter checkpoint, `keel ckpt export` refuses it (not a whole model);
 #   `--format peft` writes adapter_model.safetensors + adapter_config.json with PEFT's names and shapes,
 #   `--merge` the model the run's final weights are; where the venv of scripts/setup-torch.sh has peft,
-#   PEFT loads the adapters onto the exported base and its merge equals keel's; `keel generate` from
+#   PEFT loads the adapters onto the exported base and its merge equals keel's; `keel ckpt import
+#   --from-peft` reads them back (export again: the same file), and a run started from them with
+#   train.lora.init_from holds the model they came from; adapters of another model, rank or base
+#   are refused in one line; `keel generate` from
 #   the adapter checkpoint merges it into its base and generates what the run's final weights do;
 # - activation checkpointing changes nothing (bit-identical), bf16 trains to a nearby loss;
 # - bad input exits 2 in one line naming the key: no init_from, a rank larger than a
@@ -170,6 +173,28 @@ PY
 else
   echo "ok   (no $torch_python with peft: SKIP of the live PEFT load; scripts/setup-torch.sh and pip install peft)"
 fi
+# import: PEFT's files back as an adapter checkpoint on the base, which starts a run (train.lora.init_from)
+"$KEEL_BIN" ckpt import --from-peft peft --base "$BASE" --out imported >import.log 2>&1 || fail "import --from-peft: $(cat import.log)"
+"$KEEL_BIN" ckpt export imported --format peft --out peft-again >/dev/null 2>&1 || fail "export the imported adapters"
+cmp -s peft/adapter_model.safetensors peft-again/adapter_model.safetensors || fail "export(import(export)) changed the adapters"
+lora cont 1 --set train.lora.init_from="$TMP/imported" --set train.lr=0 --set train.min_lr=0
+cmp -s <(tail -c +65 cont/weights.bin) <(tail -c +65 one/weights.bin) ||
+  fail "a run started from the imported adapters (lr 0) does not hold the model they came from"
+"$KEEL_BIN" train "$CFG" --set train.steps=1 --set model.dim=32 --set checkpoint.every_steps=1 --run-dir narrow \
+  >narrow.log 2>&1 || fail "the narrow base"
+rc=0
+"$KEEL_BIN" ckpt import --from-peft peft --base narrow --out nope >nope.log 2>&1 || rc=$?
+[ $rc -eq 2 ] && [ ! -e nope ] && [ "$(grep -c . nope.log)" -le 2 ] || fail "adapters of another model: exit $rc, $(cat nope.log)"
+echo "ok   adapters onto another model refused: $(grep -m1 error nope.log | cut -c1-150)..."
+rc=0
+"$KEEL_BIN" train "$CFG" "${L[@]}" --set train.lora.init_from="$TMP/imported" --set train.lora.rank=2 --run-dir bad-rank \
+  >bad-rank.log 2>&1 || rc=$?
+[ $rc -eq 2 ] && grep -q "train.lora.rank" bad-rank.log || fail "adapters of another rank: exit $rc, $(cat bad-rank.log)"
+rc=0
+"$KEEL_BIN" train "$CFG" "${L[@]}" --set init_from="$TMP/base/checkpoints/step_00000006" --set train.lora.init_from="$TMP/imported" \
+  --run-dir bad-base >bad-base.log 2>&1 || rc=$?
+[ $rc -eq 2 ] && grep -q "another base" bad-base.log || fail "adapters of another base: exit $rc, $(cat bad-base.log)"
+
 # generation from the adapter checkpoint: merged into its base on loading, as the run's final weights are
 printf '{"prompt": [1, 5, 9, 13, 2, 7]}\n{"prompt": [3, 3, 4]}\n' >prompts.jsonl
 "$KEEL_BIN" generate one --prompts prompts.jsonl --max-new-tokens 12 --ignore-eos --json >gen-run.jsonl 2>gen.log &&
