@@ -10,8 +10,9 @@
 
 /* Unit u's parameters on the host, in *out (valid until the next call):
  * gathered under FSDP, else copied; with LoRA the adapters merged in
- * (scratch: a host buffer of the largest unit). Collective under FSDP. */
-static keel_status unit_on_host(trainer *t, int u, float *scratch, const float **out) {
+ * (scratch: host buffers of the largest unit and the largest unit's
+ * adapters). Collective under FSDP. */
+static keel_status unit_on_host(trainer *t, int u, float *scratch, float *adapter_scratch, const float **out) {
     const keel_model_layout *lay = keel_model_get_layout(t->model), *lora = keel_model_lora_layout(t->model);
     int64_t n = lay->unit_size[u];
     const float *base = NULL, *adapters = NULL;
@@ -25,7 +26,11 @@ static keel_status unit_on_host(trainer *t, int u, float *scratch, const float *
     } else {
         t->be->to_host(scratch, keel_model_params(t->model) + lay->unit_offset[u], sizeof(float) * (size_t)n);
         base = scratch;
-        if (lora) adapters = keel_model_lora_params(t->model) + lora->unit_offset[u]; /* host memory: checked below */
+        if (lora) {
+            t->be->to_host(adapter_scratch, keel_model_lora_params(t->model) + lora->unit_offset[u],
+                           sizeof(float) * (size_t)lora->unit_size[u]);
+            adapters = adapter_scratch;
+        }
     }
     if (st != KEEL_OK || !lora) {
         *out = base;
@@ -56,15 +61,20 @@ keel_status trainer_each_param(trainer *t, bool every_rank, trainer_piece_fn fn,
         keel_free(host);
         return st;
     }
-    KEEL_CHECK(t->fsdp || t->be->host_memory, "LoRA's merged weights from a single process on a device");
-    int64_t most = 0;
-    for (int u = 0; u < lay->n_units; u++) most = lay->unit_size[u] > most ? lay->unit_size[u] : most;
+    const keel_model_layout *lora = keel_model_lora_layout(t->model);
+    int64_t most = 0, most_a = 1;
+    for (int u = 0; u < lay->n_units; u++) {
+        most = lay->unit_size[u] > most ? lay->unit_size[u] : most;
+        if (lora) most_a = lora->unit_size[u] > most_a ? lora->unit_size[u] : most_a;
+    }
     float *scratch = keel_xmalloc(sizeof(float) * (size_t)most, "a unit on the host");
+    float *adapter_scratch = t->fsdp ? NULL : keel_xmalloc(sizeof(float) * (size_t)most_a, "a unit's adapters");
     for (int u = 0; u < lay->n_units; u++) { /* under FSDP every rank gathers every unit, whatever fn said */
         const float *unit;
-        keel_status got = unit_on_host(t, u, scratch, &unit);
+        keel_status got = unit_on_host(t, u, scratch, adapter_scratch, &unit);
         if (mine && st == KEEL_OK) st = got != KEEL_OK ? got : fn(ctx, lay->unit_offset[u], unit, lay->unit_size[u]);
     }
     keel_free(scratch);
+    keel_free(adapter_scratch);
     return st;
 }

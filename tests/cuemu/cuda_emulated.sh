@@ -99,6 +99,15 @@ resume_from_step5 cpu-ckpt cpu-to-gpu "$KEEL_CUEMU_BIN" --device cuda
 compare cpu-ckpt cpu-to-gpu 1e-4 "a checkpoint written on the CPU, resumed on the GPU (steps 6-10)"
 
 # ---- FSDP's paths on the device: hybrid groups, matrix units, recomputation, a rank lost ----
+# LoRA: adapters on the frozen base of cpu-ckpt's step 5, with dropout
+lora=(--set init_from="$TMP/cpu-ckpt/checkpoints/step_00000005" --set train.lora.rank=4 --set train.lora.dropout=0.1
+      --set 'train.lora.targets=["q_proj","v_proj","down_proj"]')
+run cpu-lora "$KEEL_BIN" "${lora[@]}"
+gpu cuda-lora "${lora[@]}"
+compare cpu-lora cuda-lora 1e-4 "LoRA (adapters on a frozen base, dropout) against the CPU"
+CUEMU_DEVICES=2 gpu nccl2-lora --nproc 2 --set train.micro_batch_size=1 "${lora[@]}"
+compare cpu-lora nccl2-lora 1e-4 "LoRA on 2 ranks (NCCL: the base gathered only, the adapters reduce-scattered) against the CPU"
+
 run cpu4 "$KEEL_BIN" --set train.micro_batch_size=4
 run cpu4-16 "$KEEL_BIN" --set train.micro_batch_size=4 --set train.steps=16
 export CUEMU_DEVICES=4
