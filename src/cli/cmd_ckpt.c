@@ -181,7 +181,12 @@ static int export_hf(int argc, char **argv) {
         }
     }
     bool peft = format && !strcmp(format, "peft");
-    if (optind != argc - 1 || !out || !format || (strcmp(format, "safetensors") && !peft) || (peft && merge)) {
+    if (format && strcmp(format, "safetensors") && !peft) {
+        keel_errorf("--format %s: keel exports safetensors (a whole model, or a LoRA checkpoint with --merge) or "
+                    "peft (a LoRA checkpoint's adapters)", format);
+        return 2;
+    }
+    if (optind != argc - 1 || !out || !format || (peft && merge)) {
         keel_errorf("usage: keel ckpt export PATH --format safetensors --out DIR [--merge] [--tokenizer M] "
                     "[--max-shard-mb N], or PATH --format peft --out DIR (LoRA adapters as PEFT saves them)");
         return 2;

@@ -90,15 +90,13 @@ struct keel_model {
     int checkpoint_blocks; /* the first ones share one set of activations (0..L) */
     int recomputed_blocks; /* the first ones backward recomputes: checkpoint_blocks - 1 */
     /* LoRA (options.lora): the adapters' layout, where each unit's adapters and
-     * their gradients are (fp32 whatever the base's precision), where block
-     * l's target t starts in its unit's adapters (-1: none), the sequences'
-     * dropout keys and scratch: z (N, r) and its gradient, and with dropout
-     * the masked input (N, max in) and its gradient. */
+     * their gradients are (fp32 whatever the base's precision), the
+     * sequences' dropout keys and scratch: z (N, r) and its gradient, and with
+     * dropout the masked input (N, max in) and its gradient. */
     bool lora;
     keel_model_layout lora_lay;
     float **unit_lora, **unit_lora_grads; /* (n_units) */
     float *lora_params, *lora_grads;      /* (lora_lay.n_params), own parameters */
-    int64_t *lora_at;                     /* (L * KEEL_LORA_TARGETS) */
     float lora_scale;                     /* alpha / r */
     uint64_t *seq_keys;                   /* (B_max) this micro-batch's sequences' dropout keys */
     bool have_keys;
@@ -164,15 +162,14 @@ static int act_table(keel_model *m, const keel_model_layout *lay, int B,
     ACT(mm->dv, N * KVD); ACT(mm->dao, N * QD);
     ACT(mm->dgate, N * F); ACT(mm->dup, N * F); ACT(mm->dh, N * F);
     ACT(mm->rope, (int64_t)lay->T * lay->HS);
+    int64_t in = C > QD ? C : QD; /* a GEMM's widest input */
+    in = in > F ? in : F;
     if (opts->lora && opts->lora->on) { /* LoRA's scratch */
-        int64_t r = opts->lora->rank, in = C > QD ? C : QD;
-        in = in > F ? in : F;
+        int64_t r = opts->lora->rank;
         ACT(mm->lz, N * r); ACT(mm->ldz, N * r);
         if (opts->lora->dropout > 0) { ACT(mm->lx, N * in); ACT(mm->ldx, N * in); }
     }
     if (opts->bf16) { /* bf16 scratch, counted in floats (two per float) */
-        int64_t in = C > QD ? C : QD;
-        in = in > F ? in : F;
         int64_t out = N * (in > KVD ? in : KVD); /* a block's output gradients, or a chunk of dlogits */
         out = out > HR * V ? out : HR * V;
         ACT(mm->xb, (N * in + 1) / 2); ACT(mm->dyb, (out + 1) / 2); ACT(mm->normw, C);
@@ -555,17 +552,24 @@ static bool lora_dropping(const keel_model *m) {
     return m->lora_lay.lora.dropout > 0 && m->have_dlogits;
 }
 
-/* The adapter's input: x itself, or x with this forward's dropout in m->lx. */
-static const float *lora_input(keel_model *m, const float *x, weight_at w, int N, int I) {
-    if (!lora_dropping(m)) return x;
+/* dropout(x) into out (or added to it) for each sequence's T rows of I: the
+ * same mask wherever it is drawn for one weight (forward, recomputation,
+ * backward). */
+static void lora_dropout(keel_model *m, float *out, const float *x, weight_at w, int N, int I, bool accumulate) {
     KEEL_CHECK(m->have_keys, "LoRA dropout in a training forward without the sequences' keys");
     float p = (float)m->lora_lay.lora.dropout;
     int T = m->lay.T;
     for (int b = 0; b < N / T; b++) {
         int64_t at = (int64_t)b * T * I;
-        m->be->scale_masked(m->lx + at, x + at, (int64_t)T * I, 1.0f / (1.0f - p), p,
-                            m->seq_keys[b] + 0x9E3779B97F4A7C15ull * (uint64_t)(w.lora_stream + 1), false);
+        m->be->scale_masked(out + at, x + at, (int64_t)T * I, 1.0f / (1.0f - p), p,
+                            m->seq_keys[b] + 0x9E3779B97F4A7C15ull * (uint64_t)(w.lora_stream + 1), accumulate);
     }
+}
+
+/* The adapter's input: x itself, or x with this forward's dropout in m->lx. */
+static const float *lora_input(keel_model *m, const float *x, weight_at w, int N, int I) {
+    if (!lora_dropping(m)) return x;
+    lora_dropout(m, m->lx, x, w, N, I, false);
     return m->lx;
 }
 
@@ -598,13 +602,7 @@ static void lora_backward(keel_model *m, float *dx, const float *dy, const float
         return;
     }
     m->be->matmul_backward(dx ? m->ldx : NULL, dA, m->ldz, xin, A, N, r, I, false);
-    float p = (float)m->lora_lay.lora.dropout;
-    int T = m->lay.T;
-    for (int b = 0; dx && b < N / T; b++) { /* the same mask as the forward's */
-        int64_t at = (int64_t)b * T * I;
-        m->be->scale_masked(dx + at, m->ldx + at, (int64_t)T * I, 1.0f / (1.0f - p), p,
-                            m->seq_keys[b] + 0x9E3779B97F4A7C15ull * (uint64_t)(w.lora_stream + 1), true);
-    }
+    if (dx) lora_dropout(m, dx, m->ldx, w, N, I, true); /* the forward's mask */
 }
 
 /* out (N,O) = x (N,I) · Wᵀ (+ out if accumulate), W (O,I) at w, plus its

@@ -150,8 +150,7 @@ static double train_step(trainer *t, int step, double *grad_norm_out) {
         t->sync_s = fmax(0, keel_now_s() - t0 - (comm_wait_s(t) - wait0));
         params = keel_fsdp_master(t->fsdp), grads = keel_fsdp_grads(t->fsdp);
     } else {
-        params = trainer_own_params(t);
-        grads = keel_model_lora_layout(t->model) ? keel_model_lora_grads(t->model) : keel_model_grads(t->model);
+        params = trainer_own_params(t), grads = trainer_own_grads(t);
         sumsq = keel_optim_sumsq(t->opt, grads);
     }
     double norm = sqrt(sumsq);
@@ -207,13 +206,16 @@ static void rank_memory(trainer *t, double out[MEM_FIELDS]) {
     bool lora = trained != lay; /* + the frozen base's parameters, without gradients */
     int64_t params = 4 * (lay->n_params + (lora ? trained->n_params : 0)), grads = 4 * trained->n_params;
     int64_t compute = t->bf16 ? 2 * lay->n_params : 0;
-    for (keel_fsdp *f = t->fsdp, *next = t->base; f; f = next, next = NULL) { /* the trained set, then a base */
-        keel_fsdp_stats st;
-        keel_fsdp_get_stats(f, &st);
-        if (f == t->fsdp) params = grads = compute = 0;
-        params += st.master_bytes;
-        grads += st.grad_bytes;
-        compute += st.gathered_bytes + st.unit_grad_bytes;
+    if (t->fsdp) { /* the trained set's runtime, and a LoRA base's */
+        params = grads = compute = 0;
+        keel_fsdp *sets[2] = {t->fsdp, t->base};
+        for (int i = 0; i < 2 && sets[i]; i++) {
+            keel_fsdp_stats st;
+            keel_fsdp_get_stats(sets[i], &st);
+            params += st.master_bytes;
+            grads += st.grad_bytes;
+            compute += st.gathered_bytes + st.unit_grad_bytes;
+        }
     }
     out[MEM_PARAMS] = (double)params;
     out[MEM_GRADS] = (double)grads;
@@ -351,7 +353,7 @@ static keel_status fill_from_checkpoint(void *ck, int64_t begin, int64_t len, fl
  * process: all of them). */
 static keel_status load_init_from(trainer *t) {
     const keel_model_layout *lay = keel_model_get_layout(t->model);
-    keel_fsdp *f = t->base ? t->base : keel_model_lora_layout(t->model) ? NULL : t->fsdp;
+    keel_fsdp *f = keel_model_lora_layout(t->model) ? t->base : t->fsdp; /* NULL: one process */
     keel_ckpt ck;
     keel_status st = keel_ckpt_open_any(t->cfg->init_from, &ck);
     if (st != KEEL_OK) return st;

@@ -74,6 +74,9 @@ static inline const keel_model_layout *trainer_layout(const trainer *t) {
 static inline float *trainer_own_params(const trainer *t) {
     return keel_model_lora_layout(t->model) ? keel_model_lora_params(t->model) : keel_model_params(t->model);
 }
+static inline float *trainer_own_grads(const trainer *t) {
+    return keel_model_lora_layout(t->model) ? keel_model_lora_grads(t->model) : keel_model_grads(t->model);
+}
 
 /* Sequences per optimizer step over all ranks. */
 static inline int64_t trainer_global_batch(const trainer *t) {

@@ -74,7 +74,7 @@ PY
 
 expect_input_error "import over an existing dir" "imported-hf already exists" \
   "$KEEL_BIN" ckpt import --from-hf "$TMP/hf" --out "$TMP/imported-hf"
-expect_input_error "export format" "safetensors is the one format" \
+expect_input_error "export format" "gguf: keel exports safetensors" \
   "$KEEL_BIN" ckpt export "$ckpt" --format gguf --out "$TMP/x"
 expect_input_error "import without config.json" "config.json" \
   "$KEEL_BIN" ckpt import --from-hf "$TMP/data" --out "$TMP/y"

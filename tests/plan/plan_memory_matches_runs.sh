@@ -3,7 +3,8 @@
 # machine: within 10% of summary.json's peak_rss_bytes (each rank's real
 # peak at exit, VmHWM) for one process, FSDP on 1, 2 and 4 ranks, every
 # strategy, fp32 and bf16, with and without activation checkpointing and an
-# async checkpoint buffer, with the in-memory snapshot's two slots. Memory is deterministic, so the bound holds on a
+# async checkpoint buffer, with the in-memory snapshot's two slots, and LoRA
+# on a frozen base (one process and 2 ranks). Memory is deterministic, so the bound holds on a
 # busy machine. Under AddressSanitizer the processes carry ASan's runtime
 # and allocator (~30-45 MiB more per process here, measured: its shadow of
 # large clean allocations stays untouched); the models are large enough
@@ -68,4 +69,16 @@ run tiny-2-no_shard-bf16-ckpt 2 no_shard "$TINY" --set fsdp.mixed_precision=bf16
   --set checkpoint.every_steps=1
 run tiny-4-hybrid_shard 4 hybrid_shard "$TINY"
 run small-2-shard_grad_op-ac 2 shard_grad_op "$SMALL" --set model.max_seq_len=64 --set fsdp.activation_checkpointing=true
-pass "peak RSS within 10% of keel plan on 1, 2 and 4 ranks, all four strategies"
+
+# LoRA (train.lora): a frozen base without gradients or optimizer state, the adapters with theirs
+short=(--set model.max_seq_len=64 --set checkpoint.every_steps=0)
+"$K" train "$SMALL" "${short[@]}" --set train.steps=1 --set checkpoint.every_steps=1 --run-dir "$TMP/base" \
+  >"$TMP/base.log" 2>&1 || { tail -5 "$TMP/base.log"; fail "the LoRA base"; }
+lora=("${short[@]}" --set init_from="$TMP/base/checkpoints/step_00000001" --set train.lora.rank=16
+      --set 'train.lora.targets=["q_proj","k_proj","v_proj","o_proj","gate_proj","up_proj","down_proj"]')
+"$K" train "$SMALL" --set train.steps=2 "${lora[@]}" --run-dir "$TMP/lora-one" >"$TMP/lora-one.log" 2>&1 ||
+  { tail -5 "$TMP/lora-one.log"; fail "LoRA, one process"; }
+want=$("$K" train "$SMALL" "${lora[@]}" --dry-run | awk '/^  total/ {print $2 * 2^30}')
+check "small LoRA, one process" "$want" "$TMP/lora-one"
+run small-2-full_shard-lora 2 full_shard "$SMALL" "${lora[@]}" --set train.lora.dropout=0.1
+pass "peak RSS within 10% of keel plan on 1, 2 and 4 ranks, all four strategies, and with LoRA"

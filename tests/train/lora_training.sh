@@ -7,8 +7,10 @@
 #   norms, head) are the base's bit for bit, the adapted ones moved;
 # - killed in step 7 and resumed from its step-4 checkpoint, the run ends bit-identical to one run straight through
 #   (dropout masks included);
-# - on 2 ranks full_shard, shard_grad_op and no_shard end bit-identical to each other and
-#   within 1e-5 of one process; a 2-rank checkpoint resumes on 1 process (resharded);
+# - on 2 ranks full_shard, shard_grad_op and no_shard end bit-identical to each other, and they,
+#   hybrid_shard on 4 ranks and 2 accumulated micro-batches end within 1e-5 of one process; a
+#   2-rank checkpoint resumes on 1 process (resharded); a rank killed mid-run resumes from the
+#   in-memory snapshot and the run ends bit-identical to an undisturbed one;
 # - every adapter checkpoint records its base (init_from and its identity): a copy of the base
 #   elsewhere resumes, a base with other contents is refused (exit 2, one line);
 # - `keel ckpt verify` passes an adapter checkpoint, `keel ckpt export` refuses it (not a whole model);
@@ -51,6 +53,19 @@ for s in full_shard shard_grad_op no_shard; do
 done
 cmp -s r2-full_shard/weights.bin r2-shard_grad_op/weights.bin && cmp -s r2-full_shard/weights.bin r2-no_shard/weights.bin ||
   fail "the strategies disagree on 2 ranks"
+lora r4-hybrid 8 --nproc 4 --set train.micro_batch_size=1 --set fsdp.strategy=hybrid_shard --set fsdp.shard_group_size=2
+lora accum 8 --set train.micro_batch_size=2 --set train.grad_accum_steps=2
+# rank 1 killed mid-run: the supervisor relaunches from the in-memory snapshot (the adapters' state)
+lora calm 30 --nproc 2 --set train.micro_batch_size=2
+"$KEEL_BIN" train "$CFG" "${L[@]}" --set train.steps=30 --set checkpoint.every_steps=4 --nproc 2 \
+  --set train.micro_batch_size=2 --set resilience.backoff_s=0 --run-dir snap >snap.log 2>&1 &
+trainer=$!
+trap 'kill_leftovers; rm -rf "$TMP"' EXIT
+victim=$(wait_train_step "$TMP/snap" 1 10)
+kill -9 "$victim"
+wait "$trainer" || fail "the run with a killed rank: $(tail -3 snap.log)"
+grep -q "resuming from the in-memory snapshot of step" snap.log || fail "no resume from the in-memory snapshot: $(tail -5 snap.log)"
+cmp -s calm/weights.bin snap/weights.bin || fail "resumed from memory, the run is not the undisturbed one's"
 KEEL_FAULT=kill@7 "$KEEL_BIN" train "$CFG" "${L[@]}" --set train.steps=8 --set checkpoint.every_steps=4 --nproc 2 \
   --set train.micro_batch_size=2 --set resilience.max_restarts=0 --run-dir re >re.log 2>&1 &&
   fail "the 2-rank run meant to be killed in step 7 finished"
@@ -84,7 +99,7 @@ for l in range(L):
 assert base[off:] == one[off:], "the head moved"
 l1 = losses("one")
 assert l1[-1] < l1[0], ("LoRA did not lower the loss", l1)
-for run in ("r2-full_shard", "re"):
+for run in ("r2-full_shard", "re", "r4-hybrid", "accum"):
     d = max(abs(x - y) for x, y in zip(weights(run), one))
     assert d < 1e-5, (run, d)
 lb = losses("bf16")
