@@ -68,13 +68,13 @@ run tiny-2-full_shard 2 full_shard "$TINY"
 run tiny-2-no_shard-bf16-ckpt 2 no_shard "$TINY" --set fsdp.mixed_precision=bf16 --set fsdp.reduce_dtype=bf16 \
   --set checkpoint.every_steps=1
 run tiny-4-hybrid_shard 4 hybrid_shard "$TINY"
-run small-2-shard_grad_op-ac 2 shard_grad_op "$SMALL" --set model.max_seq_len=64 --set fsdp.activation_checkpointing=true
+run small-2-shard_grad_op-ac 2 shard_grad_op "$SMALL" --set model.max_seq_len=64 --set fsdp.activation_checkpointing=true \
+  --set checkpoint.every_steps=3
 
-# LoRA (train.lora): a frozen base without gradients or optimizer state, the adapters with theirs
+# LoRA (train.lora) on that run's checkpoint: a frozen base without gradients or optimizer state, the
+# adapters with theirs
 short=(--set model.max_seq_len=64 --set checkpoint.every_steps=0)
-"$K" train "$SMALL" "${short[@]}" --set train.steps=1 --set checkpoint.every_steps=1 --run-dir "$TMP/base" \
-  >"$TMP/base.log" 2>&1 || { tail -5 "$TMP/base.log"; fail "the LoRA base"; }
-lora=("${short[@]}" --set init_from="$TMP/base/checkpoints/step_00000001" --set train.lora.rank=16
+lora=("${short[@]}" --set init_from="$TMP/small-2-shard_grad_op-ac/checkpoints/step_00000003" --set train.lora.rank=16
       --set 'train.lora.targets=["q_proj","k_proj","v_proj","o_proj","gate_proj","up_proj","down_proj"]')
 "$K" train "$SMALL" --set train.steps=2 "${lora[@]}" --run-dir "$TMP/lora-one" >"$TMP/lora-one.log" 2>&1 ||
   { tail -5 "$TMP/lora-one.log"; fail "LoRA, one process"; }
