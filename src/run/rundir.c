@@ -307,15 +307,10 @@ static keel_status check_lora_base(const keel_config *cfg, const char *run_dir, 
 static keel_status check_lora_init(const keel_config *cfg, const keel_ckpt *base) {
     const char *path = cfg->train.lora.init_from;
     keel_ckpt ck;
-    keel_config theirs;
-    keel_config_defaults(&theirs);
     keel_status st = keel_ckpt_open_any(path, &ck);
-    if (st != KEEL_OK) {
-        keel_config_free(&theirs);
-        return st;
-    }
-    keel_config_free(&theirs);
-    st = keel_ckpt_load_config(&ck, &theirs);
+    if (st != KEEL_OK) return st;
+    keel_config theirs;
+    st = keel_ckpt_load_config(&ck, &theirs); /* theirs needs keel_config_free, also on failure */
     const keel_lora_config *a = &cfg->train.lora, *b = &theirs.train.lora;
     char id[17];
     keel_ckpt_identity(base, id);
