@@ -149,6 +149,20 @@ static double lora_step(const lora_run *r, float **adapters, float **grads, int6
     return loss * (1.0 / (B * mc.max_seq_len));
 }
 
+/* The first adapted matrix at or after stream `at` (l * KEEL_LORA_TARGETS +
+ * target): its index, with *W the base's matrix and *ia its A's tensor; -1
+ * when none is left. */
+static int next_adapter(const keel_model_layout *lay, const keel_model_layout *ll, int at, const keel_tensor_info **W,
+                        int *ia) {
+    static const int TENSOR[KEEL_LORA_TARGETS] = {1, 2, 3, 4, 6, 7, 8}; /* q k v o gate up down in a block */
+    for (; at < lay->L * KEEL_LORA_TARGETS; at++)
+        if ((*ia = ll->lora_a[at]) >= 0) {
+            *W = &lay->tensors[1 + at / KEEL_LORA_TARGETS * KEEL_BLOCK_TENSORS + TENSOR[at % KEEL_LORA_TARGETS]];
+            return at;
+        }
+    return -1;
+}
+
 /* The plain model with W + s·B·A merged into every targeted matrix: its loss
  * and each adapter's gradient from its matrix's, dB = s G Aᵀ, dA = s Bᵀ G. */
 static double merged_step(const lora_run *r, const float *adapters, double *want, int64_t n) {
@@ -165,42 +179,34 @@ static double merged_step(const lora_run *r, const float *adapters, double *want
     keel_lora_layout_init(&ll, lay, &r->lc, why, sizeof why);
     float *w = keel_model_params(m), s = (float)(r->lc.alpha / r->lc.rank);
     int R = r->lc.rank;
-    for (int l = 0; l < lay->L; l++)
-        for (int t = 0; t < KEEL_LORA_TARGETS; t++) {
-            int ia = ll.lora_a[l * KEEL_LORA_TARGETS + t];
-            if (ia < 0) continue;
-            static const int TENSOR[KEEL_LORA_TARGETS] = {1, 2, 3, 4, 6, 7, 8};
-            const keel_tensor_info *W = &lay->tensors[1 + l * KEEL_BLOCK_TENSORS + TENSOR[t]];
-            const float *A = adapters + ll.tensors[ia].offset, *Bm = adapters + ll.tensors[ia + 1].offset;
-            for (int64_t o = 0; o < W->rows; o++)
-                for (int64_t i = 0; i < W->cols; i++) {
-                    double acc = 0;
-                    for (int k = 0; k < R; k++) acc += (double)Bm[o * R + k] * A[k * W->cols + i];
-                    w[W->offset + o * W->cols + i] += (float)(s * acc);
-                }
-        }
+    const keel_tensor_info *W;
+    int ia;
+    for (int at = 0; (at = next_adapter(lay, &ll, at, &W, &ia)) >= 0; at++) {
+        const float *A = adapters + ll.tensors[ia].offset, *Bm = adapters + ll.tensors[ia + 1].offset;
+        for (int64_t o = 0; o < W->rows; o++)
+            for (int64_t i = 0; i < W->cols; i++) {
+                double acc = 0;
+                for (int k = 0; k < R; k++) acc += (double)Bm[o * R + k] * A[k * W->cols + i];
+                w[W->offset + o * W->cols + i] += (float)(s * acc);
+            }
+    }
     keel_model_params_changed(m);
     keel_model_zero_grads(m);
     double loss = keel_model_forward(m, tok, NULL, B, 1.0f / (B * mc.max_seq_len));
     keel_model_backward(m);
     const float *g = keel_model_grads(m);
     memset(want, 0, sizeof(double) * (size_t)n);
-    for (int l = 0; l < lay->L; l++)
-        for (int t = 0; t < KEEL_LORA_TARGETS; t++) {
-            int ia = ll.lora_a[l * KEEL_LORA_TARGETS + t];
-            if (ia < 0) continue;
-            static const int TENSOR[KEEL_LORA_TARGETS] = {1, 2, 3, 4, 6, 7, 8};
-            const keel_tensor_info *W = &lay->tensors[1 + l * KEEL_BLOCK_TENSORS + TENSOR[t]];
-            const float *A = adapters + ll.tensors[ia].offset, *Bm = adapters + ll.tensors[ia + 1].offset;
-            const float *G = g + W->offset;
-            double *dA = want + ll.tensors[ia].offset, *dB = want + ll.tensors[ia + 1].offset;
-            for (int64_t o = 0; o < W->rows; o++)
-                for (int64_t i = 0; i < W->cols; i++)
-                    for (int k = 0; k < R; k++) {
-                        dB[o * R + k] += s * (double)G[o * W->cols + i] * A[k * W->cols + i];
-                        dA[k * W->cols + i] += s * (double)Bm[o * R + k] * G[o * W->cols + i];
-                    }
-        }
+    for (int at = 0; (at = next_adapter(lay, &ll, at, &W, &ia)) >= 0; at++) {
+        const float *A = adapters + ll.tensors[ia].offset, *Bm = adapters + ll.tensors[ia + 1].offset;
+        const float *G = g + W->offset;
+        double *dA = want + ll.tensors[ia].offset, *dB = want + ll.tensors[ia + 1].offset;
+        for (int64_t o = 0; o < W->rows; o++)
+            for (int64_t i = 0; i < W->cols; i++)
+                for (int k = 0; k < R; k++) {
+                    dB[o * R + k] += s * (double)G[o * W->cols + i] * A[k * W->cols + i];
+                    dA[k * W->cols + i] += s * (double)Bm[o * R + k] * G[o * W->cols + i];
+                }
+    }
     keel_model_layout_free(&ll);
     keel_model_free(m);
     return loss * (1.0 / (B * mc.max_seq_len));
