@@ -34,6 +34,7 @@ KEEL_BUILD_DEPS=(
     python3-venv             # tests/data/tokenizer_matches_hf.sh: a venv for Hugging Face tokenizers
     openmpi-bin              # mpirun: keel's ranks (FSDP) and the MPI tests
     libopenmpi-dev           # mpi.h + libmpi for the comm module
+    libgloo-dev              # Gloo: the comm transport of ranks started without mpirun (keel agent)
     slurmctld                # the tests' local multi-node Slurm cluster (tests/slurm/cluster.sh)
     slurmd                   #   its nodes (several slurmd on one host)
     slurm-client             #   srun, salloc, scontrol: keel train launches with srun in an allocation

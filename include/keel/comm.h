@@ -1,7 +1,11 @@
 /* comm: collectives between ranks — all-gather, reduce-scatter, all-reduce,
  * broadcast, barrier — blocking and non-blocking, over process groups.
- * Backend: OpenMPI. comm moves and sums flat arrays; it never knows what a
- * parameter is.
+ * Transports: OpenMPI for ranks that mpirun or srun started; Gloo's TCP
+ * pairs (KEEL_TRANSPORT=gloo) for ranks started on their own, which find each
+ * other through a store (KEEL_RANK, KEEL_WORLD_SIZE, KEEL_STORE,
+ * KEEL_STORE_PREFIX, KEEL_HOST: docs/kubernetes.md). The reductions are
+ * keel's own rings on either, so results are bitwise the same. comm moves and
+ * sums flat arrays; it never knows what a parameter is.
  *
  *     keel_comm *world, *shard;
  *     if (keel_comm_init(&world) != KEEL_OK) return 1;
@@ -50,7 +54,9 @@
  * and unmodified and the receive buffer must not be touched.
  *
  * Errors: MPI is fail-stop here (MPI_ERRORS_ARE_FATAL): a dead peer aborts the
- * job, so collectives return KEEL_OK or do not return. Misuse (bad root, a
+ * job; under Gloo a rank whose peer closed its connection says so in one line
+ * and exits KEEL_EXIT_PEER_LOST (within milliseconds of the peer's death). So
+ * collectives return KEEL_OK or do not return. Misuse (bad root, a
  * group freed with operations outstanding, ...) is a bug and trips KEEL_CHECK.
  * Element counts per rank must fit in an int (MPI's count type).
  */
@@ -91,12 +97,17 @@ static inline size_t keel_comm_dtype_size(keel_comm_dtype dtype) {
 
 /* ---- the world and groups ------------------------------------------------ */
 
+/* The transport keel_comm_init takes: "mpi" or "gloo" (KEEL_TRANSPORT). */
+const char *keel_comm_transport(void);
+
 /* Start the comm thread, initialise MPI on it and return the world group in
  * *world (a duplicate of MPI_COMM_WORLD, so keel's traffic never matches
  * anyone else's). Call once per process. KEEL_ERR_IO if MPI cannot give
  * MPI_THREAD_FUNNELED. Async signals (SIGINT, SIGTERM, SIGUSR1/2, SIGHUP,
  * SIGALRM, SIGQUIT) are blocked on the comm thread, so they reach the
- * caller's threads. The world is freed by keel_comm_finalize. */
+ * caller's threads. The world is freed by keel_comm_finalize. Under Gloo:
+ * connect to the other ranks instead; KEEL_ERR_INPUT (one line naming the
+ * variable) when KEEL_* does not say where this rank stands. */
 keel_status keel_comm_init(keel_comm **world);
 /* Run every queued operation, finalise MPI, stop the comm thread and free
  * world. Every other group must be freed and every request waited first.

@@ -1,19 +1,86 @@
 /* comm/comm.c: the public comm API — a FIFO of operations that one comm thread
- * per process executes in issue order (see include/keel/comm.h for why). */
+ * per process executes in issue order (see include/keel/comm.h for why) over
+ * the transport the launcher implies. */
+#include <limits.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "queue.h"
 
 /* MPI_Init may run once per process, so may keel_comm_init. */
 static atomic_bool g_initialised;
 
+/* ---- one operation, on any transport ---------------------------------------- */
+
+/* send (count) to dest while recv (count) comes from source, in pieces of at
+ * most comm_max_count() elements and 1 GiB; -1: that side is empty. */
+static void sendrecv(const keel_comm_req *req) {
+    size_t esize = keel_comm_dtype_size(req->dtype), piece_max = comm_max_count();
+    if (piece_max > ((size_t)1 << 30) / esize) piece_max = ((size_t)1 << 30) / esize;
+    for (size_t lo = 0; lo < req->count; lo += piece_max) {
+        size_t n = req->count - lo < piece_max ? req->count - lo : piece_max;
+        req->comm->eng->tp->exchange(req->comm, req->send ? (const char *)req->send + lo * esize : NULL, n * esize,
+                                     req->dest, req->recv ? (char *)req->recv + lo * esize : NULL, n * esize,
+                                     req->source, 0);
+    }
+}
+
+static void transfer(engine *eng, keel_comm_req *req) {
+    keel_comm *c = req->comm;
+    switch (req->kind) {
+    case OP_ALLGATHER: eng->tp->allgather(eng, req); break;
+    case OP_REDUCE_SCATTER: /* ring.c says why not MPI's */
+        ring_reduce_scatter(eng->ring_scratch, c, req->send, req->recv, req->count, req->dtype, req->op);
+        break;
+    case OP_ALLREDUCE:
+        ring_allreduce(eng->ring_scratch, c, req->send, req->recv, req->count, req->dtype, req->op);
+        break;
+    case OP_BROADCAST: eng->tp->broadcast(eng, req); break;
+    case OP_SENDRECV: sendrecv(req); break;
+    case OP_BARRIER: break; /* await_peers was the barrier */
+    case OP_SPLIT:
+    case OP_FREE: KEEL_CHECK(false, "group operation %d reached transfer()", (int)req->kind);
+    }
+}
+
+/* The local array an operation reads or writes, in bytes. */
+static uint64_t payload_bytes(const keel_comm_req *req) {
+    uint64_t bytes = (uint64_t)req->count * keel_comm_dtype_size(req->dtype);
+    if (req->kind == OP_ALLGATHER || req->kind == OP_REDUCE_SCATTER)
+        bytes *= (uint64_t)req->comm->size;
+    if (req->kind == OP_SENDRECV) bytes *= (uint64_t)(req->dest >= 0) + (req->source >= 0);
+    return req->kind == OP_BARRIER ? 0 : bytes;
+}
+
+static void run_op(engine *eng, keel_comm_req *req, keel_comm_stats *stats) {
+    keel_comm *c = req->comm;
+    if (req->kind == OP_SPLIT) {
+        eng->tp->split(c, req->color, req->key, req->child);
+        return;
+    }
+    if (req->kind == OP_FREE) {
+        eng->tp->free_group(c);
+        return;
+    }
+    double t0 = keel_now_s();
+    eng->tp->await_peers(c);
+    double t1 = keel_now_s();
+    transfer(eng, req);
+    double t2 = keel_now_s();
+    stats->ops++;
+    stats->bytes += payload_bytes(req);
+    stats->peer_wait_s += t1 - t0;
+    stats->transfer_s += t2 - t1;
+}
+
 /* ---- the comm thread ------------------------------------------------------ */
 
 static void *comm_thread(void *arg) {
     engine *eng = arg;
     keel_block_async_signals();
-    keel_status st = backend_start(eng);
+    keel_status st = eng->tp->start(eng);
     pthread_mutex_lock(&eng->mu);
     eng->start_status = st;
     eng->started = true;
@@ -32,7 +99,7 @@ static void *comm_thread(void *arg) {
         pthread_mutex_unlock(&eng->mu);
 
         keel_comm_stats add = {0}; /* what this operation adds to the counters */
-        backend_run(eng, req, &add);
+        run_op(eng, req, &add);
 
         pthread_mutex_lock(&eng->mu);
         eng->stats.ops += add.ops;
@@ -44,7 +111,7 @@ static void *comm_thread(void *arg) {
         pthread_cond_broadcast(&eng->done_cv);
     }
     pthread_mutex_unlock(&eng->mu);
-    backend_stop(eng);
+    eng->tp->stop(eng);
     return NULL;
 }
 
@@ -111,16 +178,41 @@ keel_status keel_comm_test(keel_comm_req *req, bool *done) {
 
 /* ---- world and groups ----------------------------------------------------- */
 
+/* KEEL_TRANSPORT: "gloo" for ranks started on their own (keel agent, keel
+ * train --launcher local), else MPI's launcher started them. */
+static const transport *chosen_transport(void) {
+    const char *t = getenv("KEEL_TRANSPORT");
+    return t && !strcmp(t, "gloo") ? &keel_transport_gloo : &keel_transport_mpi;
+}
+
+const char *keel_comm_transport(void) { return chosen_transport()->name; }
+
+static void engine_free(engine *eng) {
+    for (int i = 0; i < 2; i++) keel_free(eng->ring_scratch[i]);
+    keel_free(eng->world);
+    keel_free(eng);
+}
+
 keel_status keel_comm_init(keel_comm **world) {
     KEEL_CHECK(world, "NULL world pointer");
     KEEL_CHECK(!atomic_exchange(&g_initialised, true), "keel_comm_init called twice");
+    const char *t = getenv("KEEL_TRANSPORT");
+    if (t && strcmp(t, "gloo") && strcmp(t, "mpi")) {
+        keel_errorf("KEEL_TRANSPORT=\"%s\" is not a transport: use mpi (ranks started by mpirun or srun) or gloo "
+                    "(ranks started on their own, with KEEL_RANK, KEEL_WORLD_SIZE and KEEL_STORE)", t);
+        return KEEL_ERR_INPUT;
+    }
     engine *eng = keel_xcalloc(sizeof *eng, "comm engine");
+    eng->tp = chosen_transport();
+    eng->world = keel_xcalloc(sizeof *eng->world, "comm group");
+    *eng->world = (keel_comm){.eng = eng, .is_world = true};
+    for (int i = 0; i < 2; i++) eng->ring_scratch[i] = keel_xmalloc(RING_SEGMENT_BYTES, "ring scratch segment");
     pthread_mutex_init(&eng->mu, NULL);
     pthread_cond_init(&eng->work_cv, NULL);
     pthread_cond_init(&eng->done_cv, NULL);
     if (pthread_create(&eng->thread, NULL, comm_thread, eng) != 0) {
         keel_errorf("cannot start the comm thread");
-        keel_free(eng);
+        engine_free(eng);
         return KEEL_ERR_IO;
     }
     pthread_mutex_lock(&eng->mu);
@@ -129,13 +221,10 @@ keel_status keel_comm_init(keel_comm **world) {
     pthread_mutex_unlock(&eng->mu);
     if (st != KEEL_OK) {
         pthread_join(eng->thread, NULL);
-        keel_free(eng);
+        engine_free(eng);
         return st;
     }
-    keel_comm *c = keel_xcalloc(sizeof *c, "comm group");
-    *c = (keel_comm){.eng = eng, .mpi = eng->world_dup, .rank = eng->world_rank,
-                     .size = eng->world_size, .is_world = true};
-    *world = c;
+    *world = eng->world;
     return KEEL_OK;
 }
 
@@ -152,8 +241,7 @@ keel_status keel_comm_finalize(keel_comm *world) {
     pthread_cond_destroy(&eng->done_cv);
     pthread_cond_destroy(&eng->work_cv);
     pthread_mutex_destroy(&eng->mu);
-    keel_free(eng);
-    keel_free(world);
+    engine_free(eng);
     return KEEL_OK;
 }
 
@@ -165,11 +253,10 @@ int keel_comm_local_rank(const keel_comm *c) { return c->eng->local_rank; }
 keel_status keel_comm_split(keel_comm *parent, int color, int key, keel_comm **child) {
     KEEL_CHECK(parent && child, "NULL argument");
     KEEL_CHECK(color >= 0, "split color %d must be >= 0", color);
-    keel_comm_req req = {.kind = OP_SPLIT, .comm = parent, .color = color, .key = key};
-    run_blocking(&req);
     keel_comm *c = keel_xcalloc(sizeof *c, "comm group");
-    *c = (keel_comm){.eng = parent->eng, .mpi = req.child, .rank = req.child_rank,
-                     .size = req.child_size};
+    c->eng = parent->eng;
+    keel_comm_req req = {.kind = OP_SPLIT, .comm = parent, .color = color, .key = key, .child = c};
+    run_blocking(&req);
     pthread_mutex_lock(&parent->eng->mu);
     parent->eng->live_groups++;
     pthread_mutex_unlock(&parent->eng->mu);
@@ -201,7 +288,8 @@ static void check_dtype_op(keel_comm_dtype dtype, keel_comm_op op) {
     KEEL_CHECK(op == KEEL_COMM_SUM || op == KEEL_COMM_MAX, "unknown reduction %d", (int)op);
 }
 
-/* MPI counts are ints: the number of elements one MPI call names must fit. */
+/* MPI counts are ints: the number of elements one MPI call names must fit
+ * (the same limit on every transport: a program runs on either). */
 static void check_count(size_t count) {
     KEEL_CHECK(count <= (size_t)INT32_MAX, "%zu elements exceed MPI's int count", count);
 }

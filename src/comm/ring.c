@@ -1,5 +1,6 @@
 /* comm/ring.c: keel's own ring reduce-scatter (and all-reduce on top of it),
- * run by the comm thread with MPI point-to-point.
+ * run by the comm thread over its transport's point-to-point exchange (MPI's
+ * or Gloo's), and the ring all-gather that Gloo's all-gather is.
  *
  * Why not MPI_Reduce_scatter_block / MPI_Allreduce: OpenMPI 4.1's tuned
  * algorithms allocate full-size temporaries on every call and spend most of
@@ -58,7 +59,7 @@ static void combine(void *out, const void *a, const void *b, size_t n, keel_comm
 /* ---- the ring ----------------------------------------------------------------- */
 
 typedef struct {
-    MPI_Comm comm;
+    keel_comm *comm;
     int rank, size;
     const char *src;      /* the whole input: `size` chunks of `total` elements in all */
     char *dst;            /* where this rank's reduced chunk goes */
@@ -97,8 +98,7 @@ static void ring_segment(const ring *g, size_t lo) {
         const char *send = s == 0 ? src_at(g, c_send, lo) : g->scratch[(s + 1) % 2];
         char *recv = g->scratch[s % 2];
         size_t send_len = seg_len(g, c_send, lo), recv_len = seg_len(g, c_recv, lo);
-        MPI_Sendrecv(send, (int)send_len, MPI_BYTE, next, 0, recv, (int)recv_len, MPI_BYTE, prev,
-                     0, g->comm, MPI_STATUS_IGNORE);
+        g->comm->eng->tp->exchange(g->comm, send, send_len, next, recv, recv_len, prev, 0);
         char *out = s == p - 2 ? g->dst + lo : recv; /* at the last step c_recv == r */
         combine(out, recv, src_at(g, c_recv, lo), recv_len / g->esize, g->dtype, g->op);
     }
@@ -114,11 +114,10 @@ static void ring_run(const ring *g) {
     for (size_t lo = 0; lo < longest; lo += SEGMENT_BYTES) ring_segment(g, lo);
 }
 
-void ring_reduce_scatter(char *const scratch[2], MPI_Comm comm, int rank, int size,
-                         const void *send, void *recv, size_t count, keel_comm_dtype dtype,
-                         keel_comm_op op) {
-    ring g = {.comm = comm, .rank = rank, .size = size, .src = send, .dst = recv,
-              .total = count * (size_t)size, .esize = keel_comm_dtype_size(dtype),
+void ring_reduce_scatter(char *const scratch[2], keel_comm *c, const void *send, void *recv, size_t count,
+                         keel_comm_dtype dtype, keel_comm_op op) {
+    ring g = {.comm = c, .rank = c->rank, .size = c->size, .src = send, .dst = recv,
+              .total = count * (size_t)c->size, .esize = keel_comm_dtype_size(dtype),
               .dtype = dtype, .op = op, .scratch = {scratch[0], scratch[1]}};
     ring_run(&g);
 }
@@ -137,10 +136,9 @@ static void ring_allgather(const ring *g, char *buf) {
         size_t recv_len = (chunk_begin(g, c_recv + 1) - chunk_begin(g, c_recv)) * g->esize;
         char *send = buf + chunk_begin(g, c_send) * g->esize, *recv = buf + chunk_begin(g, c_recv) * g->esize;
         for (size_t lo = 0; lo < longest; lo += SEGMENT_BYTES) {
-            int n_send = (int)(lo < send_len ? (send_len - lo < SEGMENT_BYTES ? send_len - lo : SEGMENT_BYTES) : 0);
-            int n_recv = (int)(lo < recv_len ? (recv_len - lo < SEGMENT_BYTES ? recv_len - lo : SEGMENT_BYTES) : 0);
-            MPI_Sendrecv(send + lo, n_send, MPI_BYTE, next, 1, recv + lo, n_recv, MPI_BYTE, prev, 1, g->comm,
-                         MPI_STATUS_IGNORE);
+            size_t n_send = lo < send_len ? (send_len - lo < SEGMENT_BYTES ? send_len - lo : SEGMENT_BYTES) : 0;
+            size_t n_recv = lo < recv_len ? (recv_len - lo < SEGMENT_BYTES ? recv_len - lo : SEGMENT_BYTES) : 0;
+            g->comm->eng->tp->exchange(g->comm, send + lo, n_send, next, recv + lo, n_recv, prev, 1);
         }
     }
 }
@@ -148,12 +146,24 @@ static void ring_allgather(const ring *g, char *buf) {
 /* All-reduce = ring reduce-scatter into this rank's chunk of recv (in place
  * too: a rank writes its chunk only at the last step, after its last read of
  * it), then a ring all-gather of the chunks. */
-void ring_allreduce(char *const scratch[2], MPI_Comm comm, int rank, int size, const void *send,
-                    void *recv, size_t count, keel_comm_dtype dtype, keel_comm_op op) {
-    ring g = {.comm = comm, .rank = rank, .size = size, .src = send, .total = count,
+void ring_allreduce(char *const scratch[2], keel_comm *c, const void *send, void *recv, size_t count,
+                    keel_comm_dtype dtype, keel_comm_op op) {
+    ring g = {.comm = c, .rank = c->rank, .size = c->size, .src = send, .total = count,
               .esize = keel_comm_dtype_size(dtype), .dtype = dtype, .op = op,
               .scratch = {scratch[0], scratch[1]}};
-    g.dst = (char *)recv + chunk_begin(&g, rank) * g.esize;
+    g.dst = (char *)recv + chunk_begin(&g, c->rank) * g.esize;
     ring_run(&g);
-    if (size > 1) ring_allgather(&g, recv);
+    if (c->size > 1) ring_allgather(&g, recv);
+}
+
+/* Rank r's block is chunk r of the whole (size * count elements: chunk c
+ * begins at c * count), so the all-gather is the all-reduce's second half. */
+void ring_allgather_blocks(engine *eng, const keel_comm_req *req) {
+    (void)eng;
+    keel_comm *c = req->comm;
+    ring g = {.comm = c, .rank = c->rank, .size = c->size, .total = req->count * (size_t)c->size,
+              .esize = keel_comm_dtype_size(req->dtype)};
+    char *own = (char *)req->recv + (size_t)c->rank * req->count * g.esize;
+    if (req->send != own) memcpy(own, req->send, req->count * g.esize);
+    if (c->size > 1) ring_allgather(&g, req->recv);
 }
