@@ -25,11 +25,21 @@ typedef struct {
 
 /* True inside a Slurm allocation (SLURM_JOB_ID set): ranks start with srun. */
 bool keel_launch_in_slurm(void);
+/* True when KEEL_LAUNCHER=local (keel train --launcher local): ranks start
+ * with keel's own launcher and talk over Gloo, no MPI launcher involved. */
+bool keel_launch_is_local(void);
 /* The command that starts spec->nproc ranks of `keel ARGS...`: mpirun on
- * loopback (as root, oversubscribed) or, in a Slurm allocation, srun
- * --mpi=pmix. argv is NULL-terminated, malloc'd; free with keel_launch_argv_free. */
+ * loopback (as root, oversubscribed), in a Slurm allocation srun --mpi=pmix,
+ * or with KEEL_LAUNCHER=local `keel launch -n N --`. argv is NULL-terminated,
+ * malloc'd; free with keel_launch_argv_free. */
 char **keel_launch_argv(const char *keel_path, const keel_launch_spec *spec, const char *const *args);
 void keel_launch_argv_free(char **argv);
+/* `keel launch -n N -- PROGRAM ARGS...` (spawn.c): N ranks of PROGRAM on this
+ * machine, each with KEEL_TRANSPORT=gloo, KEEL_RANK, KEEL_WORLD_SIZE and a
+ * file store of this launch's own; waits for all. A rank that fails is named
+ * on stderr as mpirun names it, the others get GRACE (3 s) to end before
+ * SIGKILL, and *exit_code is the first failure's (0 when all succeeded). */
+keel_status keel_launch_local(int n, char *const *argv, int *exit_code);
 /* This executable's path (/proc/self/exe). */
 keel_status keel_self_path(char *out, size_t n);
 /* Environment for launched ranks: KEEL_TTY, and OpenMPI on loopback only

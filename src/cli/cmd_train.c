@@ -1,4 +1,5 @@
-/* cli/cmd_train.c: `keel train CONFIG.json [--set key=value ...] [--run-dir DIR] [--nproc N] [--dry-run]`. */
+/* cli/cmd_train.c: `keel train CONFIG.json [--set key=value ...] [--run-dir DIR] [--nproc N]
+ * [--launcher mpi|local] [--dry-run]`. */
 #include <getopt.h>
 #include <libgen.h>
 #include <stdio.h>
@@ -16,12 +17,14 @@
 static void usage(FILE *out) {
     fprintf(out,
             "usage: keel train CONFIG.json [--set key=value ...] [--run-dir DIR] [--nproc N] [--device D]\n"
-            "                  [--dry-run]\n"
+            "                  [--launcher mpi|local] [--dry-run]\n"
             "  --set key=value  override a config key (dotted, e.g. train.steps=100); repeatable\n"
             "  --device D       cpu (the default) or cuda: --set device=D\n"
             "  --run-dir DIR    where the run writes (default runs/<config>-<time>); must be new or empty\n"
             "  --nproc N        train on N ranks started with mpirun (srun in a Slurm job) under a\n"
             "                   supervisor that relaunches them from the last checkpoint after failures\n"
+            "  --launcher L     with --nproc: mpi (the default: mpirun, or srun in a Slurm job) or local\n"
+            "                   (keel's own launcher on this machine, the ranks talking over Gloo)\n"
             "  --dry-run        print parameters and memory by category, train nothing\n"
             "exit status: 0 done, 2 bad input, 75 stopped on a signal with the state saved (run the\n"
             "  same command again to resume), 76 the loss became non-finite, 1 any other failure\n");
@@ -60,12 +63,13 @@ int keel_cmd_train(int argc, char **argv) {
         {"dry-run", no_argument, NULL, 'n'},
         {"nproc", required_argument, NULL, 'p'},
         {"device", required_argument, NULL, 'd'},
+        {"launcher", required_argument, NULL, 'l'},
         {"help", no_argument, NULL, 'h'},
         {0, 0, 0, 0},
     };
     char *sets[257], device[64];
     int n_sets = 0;
-    const char *run_dir = NULL;
+    const char *run_dir = NULL, *launcher = NULL;
     bool dry_run = false;
     int nproc = 0, c;
     long long n;
@@ -88,10 +92,23 @@ int keel_cmd_train(int argc, char **argv) {
             if (!cli_parse_int("--nproc", optarg, 1, 4096, &n)) return 2;
             nproc = (int)n;
             break;
+        case 'l':
+            if (strcmp(optarg, "mpi") && strcmp(optarg, "local")) {
+                keel_errorf("--launcher %s: use mpi (mpirun, or srun in a Slurm job) or local (keel's own, on "
+                            "this machine)", optarg);
+                return 2;
+            }
+            launcher = optarg;
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
+    if (launcher && nproc == 0) {
+        keel_errorf("--launcher %s starts ranks: give --nproc N too", launcher);
+        return 2;
+    }
+    if (launcher) setenv("KEEL_LAUNCHER", launcher, 1);
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--device") || !strncmp(argv[i], "--device=", 9)) sets[n_sets++] = device;
     if (optind != argc - 1) {

@@ -19,13 +19,21 @@
 
 bool keel_launch_in_slurm(void) { return getenv("SLURM_JOB_ID") != NULL; }
 
+bool keel_launch_is_local(void) {
+    const char *l = getenv("KEEL_LAUNCHER");
+    return l && !strcmp(l, "local");
+}
+
 char **keel_launch_argv(const char *keel_path, const keel_launch_spec *spec, const char *const *args) {
     char np[16], nn[16];
     snprintf(np, sizeof np, "%d", spec->nproc);
     snprintf(nn, sizeof nn, "%d", spec->nodes);
     const char *head[24];
     int n = 0;
-    if (keel_launch_in_slurm()) {
+    if (keel_launch_is_local()) {
+        const char *local[] = {keel_path, "launch", "-n", np, "--"};
+        for (size_t i = 0; i < sizeof local / sizeof *local; i++) head[n++] = local[i];
+    } else if (keel_launch_in_slurm()) {
         /* --kill-on-bad-exit: one dead task cancels the step (~1 s) instead of leaving the
          * others blocked in a collective. */
         const char *srun[] = {"srun", "--mpi=pmix", "--kill-on-bad-exit=1", "-n", np};

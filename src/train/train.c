@@ -812,7 +812,9 @@ static keel_status worker(keel_comm *world, const char *run_dir, keel_config *cf
  * start-up deadline (train/startup.h). */
 static keel_status start_mpi(const keel_resilience_config *rc, keel_comm **world) {
     trainer_startup_arm(trainer_startup_timeout(rc));
-    trainer_startup_stage("MPI's start-up (MPI_Init_thread: the launcher wiring up the ranks)");
+    trainer_startup_stage(strcmp(keel_comm_transport(), "gloo")
+                              ? "MPI's start-up (MPI_Init_thread: the launcher wiring up the ranks)"
+                              : "Gloo's start-up (the ranks meeting through KEEL_STORE and connecting)");
     keel_status st = keel_comm_init(world);
     if (st == KEEL_OK) {
         char what[128];
