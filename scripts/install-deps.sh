@@ -35,6 +35,9 @@ KEEL_BUILD_DEPS=(
     openmpi-bin              # mpirun: keel's ranks (FSDP) and the MPI tests
     libopenmpi-dev           # mpi.h + libmpi for the comm module
     libgloo-dev              # Gloo: the comm transport of ranks started without mpirun (keel agent)
+    libcurl4-openssl-dev     # libcurl: etcd's v3 JSON API (keel agent's rendezvous, the Gloo store)
+    etcd-server              # etcd: the tests start one for keel agent's rendezvous
+    etcd-client              #   etcdctl: the tests read what keel wrote there
     slurmctld                # the tests' local multi-node Slurm cluster (tests/slurm/cluster.sh)
     slurmd                   #   its nodes (several slurmd on one host)
     slurm-client             #   srun, salloc, scontrol: keel train launches with srun in an allocation

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "comm/gloo_shim.h"
+#include "keel/etcd.h"
 #include "queue.h"
 
 /* A rank that waits longer than this for the others to connect gives up
@@ -115,6 +116,22 @@ static void gloo_free_group(keel_comm *c) {
 
 static void gloo_allgather(engine *eng, const keel_comm_req *req) { ring_allgather_blocks(eng, req); }
 
+/* The etcd store: keys under the agent's prefix, as etcd keys. */
+static int etcd_set(void *ctx, const char *key, const void *data, size_t n) {
+    return keel_etcd_put(ctx, key, data, n, 0) == KEEL_OK ? 0 : -1;
+}
+
+static int etcd_get(void *ctx, const char *key, void *buf, size_t cap, size_t *n) {
+    keel_etcd_kv kv;
+    bool found;
+    if (keel_etcd_get(ctx, key, &kv, &found) != KEEL_OK) return -1;
+    if (!found) return 0;
+    *n = kv.value_len;
+    if (kv.value_len <= cap) memcpy(buf, kv.value, kv.value_len);
+    keel_etcd_kv_free(&kv);
+    return 1;
+}
+
 /* An integer environment variable in [lo, hi], or -1 with the error line. */
 static int env_int(const char *name, int lo, int hi) {
     const char *v = getenv(name);
@@ -152,14 +169,22 @@ static keel_status gloo_start(engine *eng) {
     int size = env_int("KEEL_WORLD_SIZE", 1, 1 << 20);
     int rank = size < 1 ? -1 : env_int("KEEL_RANK", 0, size - 1);
     if (rank < 0) return KEEL_ERR_INPUT;
-    if (!store || strncmp(store, "file:", 5) || !store[5]) {
+    bool etcd = store && !strncmp(store, "etcd://", 7);
+    if (!store || !(etcd || !strncmp(store, "file:", 5)) || !store[etcd ? 7 : 5]) {
         keel_errorf("KEEL_TRANSPORT=gloo: KEEL_STORE=\"%s\" is not a store: give file:DIR, a directory every rank "
-                    "sees", store ? store : "");
+                    "sees, or etcd://HOST:PORT", store ? store : "");
         return KEEL_ERR_INPUT;
     }
+    keel_etcd *client = NULL;
+    if (etcd) {
+        keel_status st = keel_etcd_open(store + 7, CONNECT_S, &client);
+        if (st != KEEL_OK) return st;
+    }
+    keel_gloo_store callbacks = {.ctx = client, .set = etcd_set, .get = etcd_get};
     char err[512];
-    eng->gloo = keel_gloo_connect(store + 5, prefix && *prefix ? prefix : "keel", getenv("KEEL_HOST"), rank, size,
-                                  CONNECT_S, err, sizeof err);
+    eng->gloo = keel_gloo_connect(etcd ? &callbacks : NULL, store + 5, prefix && *prefix ? prefix : "keel",
+                                  getenv("KEEL_HOST"), rank, size, CONNECT_S, err, sizeof err);
+    keel_etcd_close(client); /* the store is for meeting: once connected, Gloo's pairs are all */
     if (!eng->gloo) {
         keel_errorf("rank %d of %d could not reach the others through %s: %s", rank, size, store, err);
         return KEEL_ERR_IO;

@@ -14,28 +14,74 @@
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 
 struct keel_gloo {
     std::shared_ptr<gloo::rendezvous::Context> context;
+};
+
+/* keel's store behind Gloo's interface: a key that is not there yet is
+ * polled for until the timeout (Gloo's own stores wait the same way). */
+class CallbackStore : public gloo::rendezvous::Store {
+  public:
+    CallbackStore(const keel_gloo_store &s, std::chrono::milliseconds timeout) : s_(s), timeout_(timeout) {}
+    void set(const std::string &key, const std::vector<char> &data) override {
+        if (s_.set(s_.ctx, key.c_str(), data.data(), data.size()) != 0)
+            throw std::runtime_error("the store could not set " + key);
+    }
+    std::vector<char> get(const std::string &key) override {
+        auto deadline = std::chrono::steady_clock::now() + timeout_;
+        std::vector<char> value(256);
+        for (;;) {
+            size_t n = 0;
+            int got = s_.get(s_.ctx, key.c_str(), value.data(), value.size(), &n);
+            if (got < 0) throw std::runtime_error("the store could not get " + key);
+            if (got == 1 && n <= value.size()) {
+                value.resize(n);
+                return value;
+            }
+            if (got == 1) {
+                value.resize(n);
+                continue;
+            }
+            if (std::chrono::steady_clock::now() > deadline)
+                throw std::runtime_error("no rank wrote " + key + " in time: a rank of this attempt never started");
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+    }
+    void wait(const std::vector<std::string> &keys) override { wait(keys, timeout_); }
+    void wait(const std::vector<std::string> &keys, const std::chrono::milliseconds &) override {
+        for (const auto &key : keys) get(key);
+    }
+
+  private:
+    keel_gloo_store s_;
+    std::chrono::milliseconds timeout_;
 };
 
 static void say(char *err, size_t err_n, const char *what, const std::exception &e) {
     std::snprintf(err, err_n, "%s: %s", what, e.what());
 }
 
-extern "C" keel_gloo *keel_gloo_connect(const char *store_dir, const char *prefix, const char *host, int rank,
-                                        int size, double connect_s, char *err, size_t err_n) {
+extern "C" keel_gloo *keel_gloo_connect(const keel_gloo_store *callbacks, const char *store_dir, const char *prefix,
+                                        const char *host, int rank, int size, double connect_s, char *err,
+                                        size_t err_n) {
     try {
         gloo::transport::tcp::attr attr;
         char name[256] = {0};
         if (host && host[0]) attr.hostname = host;
         else if (gethostname(name, sizeof name - 1) == 0) attr.hostname = name;
         auto device = gloo::transport::tcp::CreateDevice(attr);
-        gloo::rendezvous::FileStore files(store_dir);
-        gloo::rendezvous::PrefixStore store(prefix, files);
+        std::chrono::milliseconds timeout((long long)(connect_s * 1000));
+        std::unique_ptr<gloo::rendezvous::Store> base;
+        if (callbacks) base.reset(new CallbackStore(*callbacks, timeout));
+        else base.reset(new gloo::rendezvous::FileStore(store_dir));
+        gloo::rendezvous::PrefixStore store(prefix, *base);
         auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
-        context->setTimeout(std::chrono::milliseconds((long long)(connect_s * 1000)));
+        context->setTimeout(timeout);
         context->connectFullMesh(store, device);
         /* a peer may compute for hours between two collectives: a wait ends when
          * the data comes or its connection closes, never on a clock (a hung peer

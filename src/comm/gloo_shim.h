@@ -15,13 +15,24 @@ extern "C" {
 
 typedef struct keel_gloo keel_gloo;
 
+/* A store of keel's (comm/gloo.c: etcd's): set returns 0 or -1; get copies
+ * the value into buf (cap bytes) and returns 1 with *n its length (> cap:
+ * call again with room for *n), 0 when the key does not exist yet, -1 when
+ * the store failed (it said why on stderr). */
+typedef struct {
+    void *ctx;
+    int (*set)(void *ctx, const char *key, const void *data, size_t n);
+    int (*get)(void *ctx, const char *key, void *buf, size_t cap, size_t *n);
+} keel_gloo_store;
+
 /* A full mesh of TCP connections between `size` ranks, rank `rank` here,
- * whose addresses meet in the file store `store_dir` (a directory every rank
- * sees) under `prefix` (one per attempt: a key of an earlier attempt is never
- * read). This rank listens on `host`'s address (a name or an address; NULL:
- * this machine's host name). Waits at most connect_s seconds for the others. */
-keel_gloo *keel_gloo_connect(const char *store_dir, const char *prefix, const char *host, int rank, int size,
-                             double connect_s, char *err, size_t err_n);
+ * whose addresses meet in a store — the file store in directory `store_dir`
+ * (one every rank sees) when `store` is NULL — under `prefix` (one per
+ * attempt: a key of an earlier attempt is never read). This rank listens on
+ * `host`'s address (a name or an address; NULL: this machine's host name).
+ * Waits at most connect_s seconds for the others. */
+keel_gloo *keel_gloo_connect(const keel_gloo_store *store, const char *store_dir, const char *prefix,
+                             const char *host, int rank, int size, double connect_s, char *err, size_t err_n);
 /* Sends send_bytes to world rank dest while recv_bytes come from world rank
  * source (-1: nothing that way); both done on return. Messages with the same
  * slot between two ranks arrive in the order they were sent. -1, or the

@@ -18,6 +18,6 @@ while IFS= read -r f; do
     *) echo "FAIL: $f: the first line does not name it ('$want:'): $line"; bad=$((bad + 1)) ;;
   esac
   [ "${#line}" -gt $(( ${#want} + 12 )) ] || { echo "FAIL: $f: the first line says nothing of what it holds: $line"; bad=$((bad + 1)); }
-done < <(find src include -name '*.[ch]' -o -name '*.cu' -o -name '*.cpp' -o -name '*.cuh' | sort)
+done < <(find src include -name '*.[ch]' -o -name '*.cu' -o -name '*.cpp' -o -name '*.cc' -o -name '*.cuh' | sort)
 [ "$bad" = 0 ] || fail "$bad file(s) without a true first line"
 pass "$n source files each open by naming themselves and their job"

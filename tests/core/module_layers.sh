@@ -19,10 +19,10 @@ root = sys.argv[1]
 FLOOR = {"core": 0, "kernels": 1, "cuda": 1, "comm": 1, "backend": 2, "model": 2, "data": 2,
          "fsdp": 3, "optim": 3, "ckpt": 3, "hf": 3, "run": 4, "plan": 4, "infer": 4,
          "train": 5, "resil": 5, "monitor": 5, "cluster": 6, "k8s": 6, "cli": 6}
-OWNER = {"include/keel/tokenizer.h": "data"}  # a second public header of a module
+OWNER = {"include/keel/tokenizer.h": "data", "include/keel/etcd.h": "comm"}  # a second public header of a module
 NEVER = {("train", "resil"), ("resil", "train")}
 INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"]+)[>"]', re.M)
-EXT = (".c", ".h", ".cu", ".cuh", ".cpp")
+EXT = (".c", ".h", ".cu", ".cuh", ".cpp", ".cc")
 
 def module(path):  # path relative to root
     if path in OWNER: return OWNER[path]
