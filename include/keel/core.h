@@ -74,10 +74,11 @@ void keel_log(keel_log_level level, const char *fmt, ...) __attribute__((format(
 #define keel_log_warn(...) keel_log(KEEL_LOG_WARN, __VA_ARGS__)
 /* One-line user-facing error: "keel: error: <message>" on stderr. */
 void keel_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* While on, this thread's keel_errorf lines are kept (the last one) instead
- * of printed: for errors keel recovers from and reports its own way (a
- * damaged checkpoint, a failed background save), escaped like a printed line
- * and cut to 1023 bytes. */
+/* While on, this thread's keel_errorf lines are kept instead of printed: for
+ * errors keel recovers from and reports its own way (a damaged checkpoint, a
+ * failed background save). keel_last_error is this thread's last error line,
+ * printed or kept (since the last capture(true); escaped like a printed line
+ * and cut to 1023 bytes): what a caller passes on to another process. */
 void keel_error_capture(bool on);
 const char *keel_last_error(void);
 

@@ -34,11 +34,29 @@ bool keel_launch_is_local(void);
  * malloc'd; free with keel_launch_argv_free. */
 char **keel_launch_argv(const char *keel_path, const keel_launch_spec *spec, const char *const *args);
 void keel_launch_argv_free(char **argv);
-/* `keel launch -n N -- PROGRAM ARGS...` (spawn.c): N ranks of PROGRAM on this
- * machine, each with KEEL_TRANSPORT=gloo, KEEL_RANK, KEEL_WORLD_SIZE and a
- * file store of this launch's own; waits for all. A rank that fails is named
- * on stderr as mpirun names it, the others get GRACE (3 s) to end before
- * SIGKILL, and *exit_code is the first failure's (0 when all succeeded). */
+/* Ranks of keel's own starting (spawn.c): n children running argv, world
+ * ranks first_rank.. of world_size, each with KEEL_TRANSPORT=gloo,
+ * KEEL_RANK, KEEL_WORLD_SIZE, KEEL_STORE, KEEL_STORE_PREFIX and (host not
+ * NULL) KEEL_HOST. */
+typedef struct {
+    int n, first_rank, world_size;
+    const char *store, *prefix, *host;
+    char *const *argv;
+} keel_ranks_spec;
+typedef struct keel_ranks keel_ranks;
+keel_status keel_ranks_start(const keel_ranks_spec *spec, keel_ranks **out);
+/* Reap the ranks that exited (never blocks); true once all are gone. A
+ * failed rank is named on stderr as mpirun names it, the others get GRACE
+ * (3 s) before SIGKILL; *exit_code is the first failure's (0: none so far). */
+bool keel_ranks_poll(keel_ranks *r, int *exit_code);
+/* The world rank that failed first, or -1. */
+int keel_ranks_failed(const keel_ranks *r);
+void keel_ranks_signal(keel_ranks *r, int sig);
+/* SIGKILL and reap what is left; free r. */
+void keel_ranks_free(keel_ranks *r);
+/* `keel launch -n N -- PROGRAM ARGS...`: N ranks of PROGRAM here, on
+ * loopback, with a file store of this launch's own; waits for all.
+ * *exit_code is the first failure's (0 when all succeeded). */
 keel_status keel_launch_local(int n, char *const *argv, int *exit_code);
 /* This executable's path (/proc/self/exe). */
 keel_status keel_self_path(char *out, size_t n);
@@ -273,5 +291,27 @@ int keel_straggler_observe(keel_straggler_watch *w, int64_t step, const double *
  * decision is a line in RUN/events.jsonl; summary.json gains restarts,
  * lost_steps, recovery_s, goodput. *exit_code: keel train's exit code. */
 keel_status keel_supervise(const keel_config *cfg, const char *run_dir, int nproc, int *exit_code);
+
+/* ---- keel agent (agent.c): ranks that no launcher started, meeting in etcd ---- */
+
+typedef struct {
+    int min_nodes, max_nodes; /* PET_NNODES "N" or "MIN:MAX" */
+    int nproc;                /* ranks on this node (PET_NPROC_PER_NODE) */
+    char endpoint[256];       /* etcd's host:port (PET_RDZV_ENDPOINT) */
+    char run_id[128];         /* the job's name in etcd (PET_RDZV_ID): its keys are /keel/<run_id>/ */
+    char node[128];           /* this node's name among the others (default: the host name) */
+    char host[256];           /* the address its ranks listen on for the others ("": the host name's) */
+    int64_t max_restarts;     /* failures a job survives (PET_MAX_RESTARTS; -1: resilience.max_restarts) */
+    double last_call_s;       /* with min nodes joined, wait this long for more before a round starts */
+    double rdzv_timeout_s;    /* how long an etcd that does not answer is retried */
+} keel_agent_options;
+
+/* Join the job's rounds until its ranks are done (*exit_code 0), stopped on
+ * a signal (75: run the agent again to go on), refused their input (2), or
+ * failed more often than max_restarts allows (1). Other statuses: etcd
+ * could not be reached, or holds a finished job of this run id (one line). */
+keel_status keel_agent_run(const keel_config *cfg, const char *run_dir, const keel_agent_options *o, int *exit_code);
+/* Delete the job's keys (/keel/<run_id>/ and nothing else) from etcd. */
+keel_status keel_agent_reset(const keel_agent_options *o);
 
 #endif

@@ -46,6 +46,9 @@ void keel_run_path(char *out, size_t n, const char *run_dir, const char *name);
  * then RUN, RUN/logs and RUN/config.json (the resolved cfg, replacing a
  * resumed run's atomically) are written. Input problems are one error line. */
 keel_status keel_run_prepare(keel_config *cfg, const char *run_dir, int world_size);
+/* The same for ranks_per_node ranks on each machine (keel agent's nodes;
+ * keel_run_prepare takes this machine's, or a Slurm allocation's spread). */
+keel_status keel_run_prepare_nodes(keel_config *cfg, const char *run_dir, int world_size, int ranks_per_node);
 
 /* In a relaunch after a failure the supervisor sets this in the ranks'
  * environment: they run the mpi health check (keel_comm_probe) as their first

@@ -14,6 +14,7 @@ int keel_cmd_tokenize(int argc, char **argv);
 int keel_cmd_data(int argc, char **argv);
 int keel_cmd_config(int argc, char **argv);
 int keel_cmd_worker(int argc, char **argv);
+int keel_cmd_agent(int argc, char **argv);
 int keel_cmd_launch(int argc, char **argv);
 int keel_cmd_ckpt(int argc, char **argv);
 int keel_cmd_health(int argc, char **argv);

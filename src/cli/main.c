@@ -27,6 +27,7 @@ static const command COMMANDS[] = {
     {"cluster", keel_cmd_cluster, "a Slurm cluster from a spec: keel cluster up|down|status|env|exec|slurm-conf SPEC.json"},
     {"k8s", keel_cmd_k8s, "Kubernetes manifests from a spec: keel k8s manifest SPEC.json [--out DIR]"},
     {"worker", keel_cmd_worker, "one rank of a distributed run (started by keel train --nproc)"},
+    {"agent", keel_cmd_agent, "one node of a job whose nodes meet in etcd (Kubernetes): keel agent CONFIG --run-dir RUN"},
     {"launch", keel_cmd_launch, "N ranks on this machine over Gloo: keel launch -n N -- PROGRAM [ARGS...]"},
 };
 

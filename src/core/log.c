@@ -151,10 +151,12 @@ void keel_error_capture(bool on) {
 const char *keel_last_error(void) { return t_last; }
 
 void keel_errorf(const char *fmt, ...) {
-    va_list ap;
+    va_list ap, again;
     va_start(ap, fmt);
-    if (t_capture) format_message(t_last, sizeof t_last, fmt, ap);
-    else emit("keel: error: ", fmt, ap);
+    va_copy(again, ap);
+    format_message(t_last, sizeof t_last, fmt, ap); /* kept printed or not: keel_last_error */
+    if (!t_capture) emit("keel: error: ", fmt, again);
+    va_end(again);
     va_end(ap);
 }
 

@@ -1,19 +1,18 @@
-/* resil/spawn.c: keel's own launcher of ranks on one machine (`keel launch
- * -n N -- PROGRAM ARGS...`, what `keel train --launcher local` puts where
- * mpirun stood): N children of its process group, each told its place by
- * KEEL_TRANSPORT=gloo, KEEL_RANK, KEEL_WORLD_SIZE and a file store of this
- * launch's own (comm/gloo.c). Like mpirun it stays until every rank is gone,
- * names a rank that failed in mpirun's words ("process rank N ... exited on
- * signal S", which keel_launch_blamed_rank reads), ends the others a grace
- * period later, and exits with the first failure's code. */
+/* resil/spawn.c: keel's own starter of ranks on this machine — no mpirun.
+ * Each rank is a child told its place by KEEL_TRANSPORT=gloo, KEEL_RANK,
+ * KEEL_WORLD_SIZE, KEEL_STORE and KEEL_STORE_PREFIX (comm/gloo.c). `keel
+ * launch -n N -- PROGRAM ARGS...` (what `keel train --launcher local` puts
+ * where mpirun stood) starts all N with a file store of its own; keel agent
+ * starts its node's share of a larger world with etcd as the store. Like
+ * mpirun it names a rank that failed in mpirun's words ("process rank N ...
+ * exited on signal S", which keel_launch_blamed_rank reads), gives the others
+ * a grace period to end on their own, then ends them. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "keel/ckpt.h"
@@ -23,27 +22,99 @@
  * (under Gloo they see the lost peer within milliseconds) before SIGKILL. */
 #define GRACE_S 3.0
 
-/* A stop signal sent to the process group reaches every rank itself: the
- * launcher stays to reap them (a handler that does nothing, not SIG_IGN,
- * which the ranks would inherit across exec). */
-static void stay(int sig) { (void)sig; }
+struct keel_ranks {
+    int n, first_rank;
+    pid_t *pids;      /* 0: reaped */
+    int alive;
+    int failed;       /* the first failed rank here (-1: none) */
+    int exit_code;    /* its exit code (0: every rank so far succeeded) */
+    double failed_at; /* keel_now_s() of the first failure */
+    bool killed;
+};
 
-static pid_t start_rank(char *const *argv, int rank, int n, const char *store, const char *prefix) {
+static pid_t start_rank(const keel_ranks_spec *spec, int rank) {
     pid_t pid = fork();
     if (pid != 0) return pid;
     char v[32];
     setenv("KEEL_TRANSPORT", "gloo", 1);
     snprintf(v, sizeof v, "%d", rank);
     setenv("KEEL_RANK", v, 1);
-    snprintf(v, sizeof v, "%d", n);
+    snprintf(v, sizeof v, "%d", spec->world_size);
     setenv("KEEL_WORLD_SIZE", v, 1);
-    setenv("KEEL_STORE", store, 1);
-    setenv("KEEL_STORE_PREFIX", prefix, 1);
-    setenv("KEEL_HOST", "127.0.0.1", 0); /* one machine: loopback, whatever the host name resolves to */
-    execvp(argv[0], argv);
-    dprintf(STDERR_FILENO, "keel: error: launch: cannot run %s: %s\n", argv[0], strerror(errno));
+    setenv("KEEL_STORE", spec->store, 1);
+    setenv("KEEL_STORE_PREFIX", spec->prefix, 1);
+    if (spec->host) setenv("KEEL_HOST", spec->host, 1);
+    execvp(spec->argv[0], spec->argv);
+    dprintf(STDERR_FILENO, "keel: error: launch: cannot run %s: %s\n", spec->argv[0], strerror(errno));
     _exit(127);
 }
+
+keel_status keel_ranks_start(const keel_ranks_spec *spec, keel_ranks **out) {
+    keel_ranks *r = keel_xcalloc(sizeof *r, "ranks");
+    *r = (keel_ranks){.n = spec->n, .first_rank = spec->first_rank, .failed = -1};
+    r->pids = keel_xcalloc(sizeof(pid_t) * (size_t)spec->n, "rank pids");
+    for (int i = 0; i < spec->n; i++) {
+        if ((r->pids[i] = start_rank(spec, spec->first_rank + i)) < 0) {
+            keel_errorf("launch: cannot fork rank %d: %s", spec->first_rank + i, strerror(errno));
+            r->pids[i] = 0;
+            keel_ranks_free(r);
+            return KEEL_ERR_IO;
+        }
+        r->alive++;
+    }
+    *out = r;
+    return KEEL_OK;
+}
+
+bool keel_ranks_poll(keel_ranks *r, int *exit_code) {
+    int status;
+    pid_t pid;
+    while (r->alive > 0 && (pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        int i = 0;
+        while (i < r->n && r->pids[i] != pid) i++;
+        if (i == r->n) continue; /* not a rank of ours */
+        r->pids[i] = 0;
+        r->alive--;
+        int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (code == 0 || r->failed >= 0) continue;
+        r->failed = r->first_rank + i, r->exit_code = code, r->failed_at = keel_now_s();
+        if (WIFSIGNALED(status))
+            fprintf(stderr, "keel: launch: process rank %d with PID %d exited on signal %d (%s)\n", r->failed,
+                    (int)pid, WTERMSIG(status), strsignal(WTERMSIG(status)));
+        else if (code != KEEL_EXIT_RESUME)
+            fprintf(stderr, "keel: launch: process rank %d with PID %d exited with code %d\n", r->failed, (int)pid,
+                    code);
+    }
+    if (r->failed >= 0 && r->alive > 0 && !r->killed && keel_now_s() - r->failed_at > GRACE_S) {
+        keel_ranks_signal(r, SIGKILL);
+        r->killed = true;
+    }
+    *exit_code = r->exit_code;
+    return r->alive == 0;
+}
+
+int keel_ranks_failed(const keel_ranks *r) { return r->failed; }
+
+void keel_ranks_signal(keel_ranks *r, int sig) {
+    for (int i = 0; i < r->n; i++)
+        if (r->pids[i] > 0) kill(r->pids[i], sig);
+}
+
+void keel_ranks_free(keel_ranks *r) {
+    if (!r) return;
+    keel_ranks_signal(r, SIGKILL);
+    for (int i = 0; i < r->n; i++)
+        if (r->pids[i] > 0) waitpid(r->pids[i], NULL, 0);
+    keel_free(r->pids);
+    keel_free(r);
+}
+
+/* ---- keel launch ------------------------------------------------------------------ */
+
+/* A stop signal sent to the process group reaches every rank itself: the
+ * launcher stays to reap them (a handler that does nothing, not SIG_IGN,
+ * which the ranks would inherit across exec). */
+static void stay(int sig) { (void)sig; }
 
 keel_status keel_launch_local(int n, char *const *argv, int *exit_code) {
     *exit_code = 1;
@@ -60,49 +131,15 @@ keel_status keel_launch_local(int n, char *const *argv, int *exit_code) {
     snprintf(prefix, sizeof prefix, "launch-%d", (int)getpid());
     int sigs[] = {SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGHUP};
     for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) signal(sigs[i], stay);
-
-    pid_t *pids = keel_xcalloc(sizeof(pid_t) * (size_t)n, "rank pids");
-    int alive = 0, first = -1;
-    for (int r = 0; r < n; r++) {
-        pids[r] = start_rank(argv, r, n, store, prefix);
-        if (pids[r] < 0) {
-            keel_errorf("launch: cannot fork rank %d: %s", r, strerror(errno));
-            first = r, *exit_code = 1;
-            break;
-        }
-        alive++;
+    /* one machine: loopback, whatever the host name resolves to */
+    keel_ranks_spec spec = {.n = n, .first_rank = 0, .world_size = n, .store = store, .prefix = prefix,
+                            .host = "127.0.0.1", .argv = argv};
+    keel_ranks *ranks;
+    keel_status st = keel_ranks_start(&spec, &ranks);
+    if (st == KEEL_OK) {
+        while (!keel_ranks_poll(ranks, exit_code)) keel_sleep_s(0.02);
+        keel_ranks_free(ranks);
     }
-    double failed_at = first >= 0 ? keel_now_s() : 0;
-    bool killed = false;
-    while (alive > 0) {
-        int status;
-        pid_t pid = waitpid(-1, &status, WNOHANG);
-        if (pid < 0 && errno != EINTR) break;
-        if (pid <= 0) {
-            if (first >= 0 && !killed && keel_now_s() - failed_at > GRACE_S) {
-                for (int r = 0; r < n; r++)
-                    if (pids[r] > 0) kill(pids[r], SIGKILL);
-                killed = true;
-            }
-            keel_sleep_s(0.02);
-            continue;
-        }
-        int r = 0;
-        while (r < n && pids[r] != pid) r++;
-        if (r == n) continue; /* not a rank of ours */
-        pids[r] = 0;
-        alive--;
-        int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (code == 0 || first >= 0) continue;
-        first = r, *exit_code = code, failed_at = keel_now_s();
-        if (WIFSIGNALED(status))
-            fprintf(stderr, "keel: launch: process rank %d with PID %d exited on signal %d (%s)\n", r, (int)pid,
-                    WTERMSIG(status), strsignal(WTERMSIG(status)));
-        else if (code != KEEL_EXIT_RESUME)
-            fprintf(stderr, "keel: launch: process rank %d with PID %d exited with code %d\n", r, (int)pid, code);
-    }
-    if (first < 0) *exit_code = 0;
-    keel_free(pids);
     keel_ckpt_remove_tree(dir);
-    return KEEL_OK;
+    return st;
 }

@@ -426,10 +426,14 @@ static void fit_snapshots(keel_config *cfg, int world_size, int ranks_here) {
 }
 
 keel_status keel_run_prepare(keel_config *cfg, const char *run_dir, int world_size) {
+    return keel_run_prepare_nodes(cfg, run_dir, world_size, planned_ranks_per_node(cfg, world_size));
+}
+
+keel_status keel_run_prepare_nodes(keel_config *cfg, const char *run_dir, int world_size, int ranks_per_node) {
     bool resuming;
     keel_status st = check_dir(cfg, run_dir, world_size, &resuming);
-    if (st == KEEL_OK) fit_snapshots(cfg, world_size, planned_ranks_per_node(cfg, world_size));
-    if (st == KEEL_OK) st = keel_run_check_memory(cfg, world_size, planned_ranks_per_node(cfg, world_size));
+    if (st == KEEL_OK) fit_snapshots(cfg, world_size, ranks_per_node);
+    if (st == KEEL_OK) st = keel_run_check_memory(cfg, world_size, ranks_per_node);
     if (st == KEEL_OK) st = keel_run_check_init_from(cfg, run_dir);
     if (st == KEEL_OK) st = check_data(cfg);
     if (st == KEEL_OK) st = create(cfg, run_dir);
