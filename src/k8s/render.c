@@ -118,7 +118,7 @@ static void volumes(keel_strbuf *b, int indent, const keel_k8s_spec *s, bool shm
     str(b, indent + 4, "claimName", s->claim);
 }
 
-/* The PyTorchJob's pod: container "pytorch" running `keel agent CONFIG`. */
+/* The PyTorchJob's pod: container "pytorch" running `keel agent CONFIG --run-dir MOUNT/runs/NAME`. */
 static void pytorch_pod(keel_strbuf *b, int indent, const keel_k8s_spec *s) {
     key(b, indent, "template");
     pod_labels(b, indent + 2, s, "keel");
@@ -128,9 +128,10 @@ static void pytorch_pod(keel_strbuf *b, int indent, const keel_k8s_spec *s) {
     named_item(b, c, "pytorch");
     str(b, c + 2, "image", s->image);
     key(b, c + 2, "command");
-    item(b, c + 2, "keel");
-    item(b, c + 2, "agent");
-    item(b, c + 2, s->config);
+    char run_dir[1200];
+    snprintf(run_dir, sizeof run_dir, "%s/runs/%s", s->checkpoint_mount, s->name); /* every pod sees it */
+    const char *argv[] = {"keel", "agent", s->config, "--run-dir", run_dir};
+    for (size_t i = 0; i < sizeof argv / sizeof *argv; i++) item(b, c + 2, argv[i]);
     if (!s->elastic || s->efa_per_node) {
         key(b, c + 2, "env");
         if (!s->elastic) {

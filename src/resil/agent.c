@@ -60,6 +60,7 @@ typedef struct {
     int n_members, node_rank;
     char **previous;        /* the last round's members, in node-rank order */
     int n_previous;
+    double slowest_gap_s;   /* node 0: the longest gap between two beats of a training rank seen so far */
 } agent;
 
 static void key(const agent *a, char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
@@ -309,7 +310,7 @@ static keel_status prepare_run(agent *a, int world) {
 
 /* ---- one round's ranks -------------------------------------------------------------- */
 
-typedef enum { RAN_DONE, RAN_FAILED, RAN_MOVED, RAN_NODE_LOST, RAN_NODE_CAME, RAN_STOPPED } run_end;
+typedef enum { RAN_DONE, RAN_FAILED, RAN_MOVED, RAN_NODE_LOST, RAN_NODE_CAME, RAN_HUNG, RAN_STOPPED } run_end;
 
 /* Whether a member's join key is gone (its lease expired: the node is lost),
  * or a node waits to join; a poll that etcd did not answer says nothing. */
@@ -353,6 +354,11 @@ static run_end run_ranks(agent *a, int world, int *exit_code, int *failed_rank, 
     run_end end = RAN_DONE;
     double next_look = keel_now_s() + 1;
     bool stopping = false;
+    /* node 0 holds every rank to the supervisor's hang rules (the heartbeats are in the shared run directory) */
+    keel_watch w;
+    char here[64] = "";
+    gethostname(here, sizeof here - 1);
+    if (a->node_rank == 0) keel_watch_init(&w, &a->cfg->resilience, world, keel_unix_s(), a->slowest_gap_s);
     for (;;) {
         if (keel_ranks_poll(ranks, exit_code)) {
             if (stopping) end = RAN_STOPPED;
@@ -370,12 +376,22 @@ static run_end run_ranks(agent *a, int world, int *exit_code, int *failed_rank, 
         if (!stopping && keel_now_s() >= next_look) {
             end = look_around(a, who, who_n);
             if (end == RAN_DONE && lease_lost(a)) end = RAN_NODE_LOST, snprintf(who, who_n, "%s", a->o->node);
+            keel_watch_finding f;
+            if (end == RAN_DONE && a->node_rank == 0) {
+                keel_watch_read(&w, a->run_dir);
+                if (keel_watch_hung(&w, keel_unix_s(), false, here, &f))
+                    end = RAN_HUNG, *failed_rank = f.rank, snprintf(who, who_n, "%.700s", f.cause);
+            }
             if (end != RAN_DONE) break;
             next_look = keel_now_s() + 1;
         }
         keel_sleep_s(0.02);
     }
-    if (end == RAN_FAILED || end == RAN_MOVED || end == RAN_NODE_LOST || end == RAN_NODE_CAME) {
+    if (a->node_rank == 0) {
+        a->slowest_gap_s = w.slowest_gap_s;
+        keel_watch_free(&w);
+    }
+    if (end != RAN_DONE && end != RAN_STOPPED) {
         /* the others' ranks lost theirs too, or soon will: ask, then make sure */
         keel_ranks_signal(ranks, SIGTERM);
         double until = keel_now_s() + RANK_GRACE_S;
@@ -435,7 +451,7 @@ static keel_status rounds(agent *a, int *exit_code) {
             keel_event(a->run_dir, "rendezvous", -1, "round %" PRId64 ": %d node(s) x %d rank(s) = world %d: %s",
                        a->round, a->n_members, a->o->nproc, world, a->members[0]);
         int code, failed_rank;
-        char who[256] = "";
+        char who[800] = "";
         run_end end = run_ranks(a, world, &code, &failed_rank, who, sizeof who);
         remember_members(a);
         switch (end) {
@@ -466,6 +482,13 @@ static keel_status rounds(agent *a, int *exit_code) {
             keel_event_with(a->run_dir, "failure", -1, &(keel_event_fields){.cause = "node_lost", .node = who},
                             "node %s was lost in round %" PRId64 " (its lease expired); the agents form round %"
                             PRId64 " on the nodes left", who, a->round, a->round + 1);
+            next_round(a, a->etcd, true);
+            break;
+        case RAN_HUNG:
+            keel_event_with(a->run_dir, "failure", -1,
+                            &(keel_event_fields){.cause = "hang", .has_rank = true, .rank = failed_rank},
+                            "hang: %s; the agents form round %" PRId64, who, a->round + 1);
+            keel_log_warn("agent: %s; ending round %" PRId64, who, a->round);
             next_round(a, a->etcd, true);
             break;
         case RAN_NODE_CAME:
@@ -502,7 +525,8 @@ keel_status keel_agent_run(const keel_config *cfg, const char *run_dir, const ke
     if (st == KEEL_OK) st = keel_etcd_open(o->endpoint, o->rdzv_timeout_s, &a.etcd);
     if (st == KEEL_OK) st = keel_etcd_open(o->endpoint, WATCH_RETRY_S, &a.watch);
     char state[64];
-    if (st == KEEL_OK) st = job_state(&a, state, sizeof state);
+    if (st == KEEL_OK && (st = job_state(&a, state, sizeof state)) == KEEL_ERR_IO)
+        st = KEEL_ERR_INPUT; /* no etcd where the job says: the endpoint given is wrong (exit 2) */
     if (st == KEEL_OK && !strcmp(state, "done")) {
         keel_errorf("run id %s already finished (etcd at %s says so): give this job a new run id (--rdzv-id, "
                     "PET_RDZV_ID), or clear the old one with keel agent --reset", o->run_id, o->endpoint);

@@ -73,9 +73,10 @@ static void test_example_elastic(void) {
            "elasticPolicy: 2..4 replicas meeting in the etcd Service");
     EXPECT(has(yaml, "    maxRestarts: 3\n") && !has(yaml, "Master:") && has(yaml, "    Worker:\n      replicas: 4\n"),
            "Workers only, 4 of them, maxRestarts 3");
-    EXPECT(has(yaml, "- name: \"pytorch\"") && has(yaml, "- \"keel\"\n") && has(yaml, "- \"agent\"\n") &&
-               has(yaml, "- \"/fsx/configs/llama-7b.json\"\n"),
-           "container pytorch runs keel agent CONFIG");
+    EXPECT(has(yaml, "- name: \"pytorch\"") &&
+               has(yaml, "- \"keel\"\n            - \"agent\"\n            - \"/fsx/configs/llama-7b.json\"\n"
+                         "            - \"--run-dir\"\n            - \"/fsx/runs/llama-fsdp\"\n"),
+           "container pytorch runs keel agent CONFIG --run-dir on the checkpoint volume");
     EXPECT(has(yaml, "nvidia.com/gpu: \"8\"") && has(yaml, "vpc.amazonaws.com/efa: \"4\""), "GPUs and EFA");
     EXPECT(has(yaml, "medium: \"Memory\"") && has(yaml, "sizeLimit: \"64Gi\"") &&
                has(yaml, "mountPath: \"/dev/shm\"") && has(yaml, "claimName: \"fsx-claim\"") &&
