@@ -287,7 +287,7 @@ static keel_status prepare_run(agent *a, int world) {
         keel_config cfg = *a->cfg;
         keel_status st = keel_run_prepare_nodes(&cfg, a->run_dir, world, a->o->nproc);
         const char *said = st == KEEL_OK ? "ok" : keel_last_error(); /* the line it printed */
-        if (st == KEEL_OK) keel_heartbeat_clear(a->run_dir, world);
+        if (st == KEEL_OK) keel_heartbeat_clear(a->run_dir, a->o->max_nodes * a->o->nproc); /* a larger world's too */
         keel_etcd_put(a->etcd, k, said, strlen(said), 0);
         return st == KEEL_OK ? KEEL_OK : KEEL_ERR_INPUT;
     }
@@ -306,6 +306,25 @@ static keel_status prepare_run(agent *a, int world) {
         if (g_stop) return KEEL_ERR_STOPPED;
         keel_sleep_s(POLL_S);
     }
+}
+
+/* Node 0 of a round that follows a failed one: a restart (keel_restarts_total,
+ * keel status). Each round's failure count is kept beside it to compare. */
+static void note_restart(agent *a) {
+    char k[400], text[32];
+    key(a, k, sizeof k, "rounds/%" PRId64 "/failures", a->round);
+    snprintf(text, sizeof text, "%" PRId64, a->failures);
+    keel_etcd_put(a->etcd, k, text, strlen(text), 0);
+    if (a->round == 0) return;
+    key(a, k, sizeof k, "rounds/%" PRId64 "/failures", a->round - 1);
+    keel_etcd_kv kv;
+    bool found;
+    if (keel_etcd_get(a->etcd, k, &kv, &found) != KEEL_OK || !found) return;
+    int64_t before = atoll(kv.value);
+    keel_etcd_kv_free(&kv);
+    if (a->failures > before)
+        keel_event(a->run_dir, "restart", -1, "restart %" PRId64 ": round %" PRId64 " on %d node(s)", a->failures,
+                   a->round, a->n_members);
 }
 
 /* ---- one round's ranks -------------------------------------------------------------- */
@@ -447,9 +466,11 @@ static keel_status rounds(agent *a, int *exit_code) {
             free_members(a);
             continue;
         }
-        if (a->node_rank == 0)
+        if (a->node_rank == 0) {
             keel_event(a->run_dir, "rendezvous", -1, "round %" PRId64 ": %d node(s) x %d rank(s) = world %d: %s",
                        a->round, a->n_members, a->o->nproc, world, a->members[0]);
+            note_restart(a);
+        }
         int code, failed_rank;
         char who[800] = "";
         run_end end = run_ranks(a, world, &code, &failed_rank, who, sizeof who);

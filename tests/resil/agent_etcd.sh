@@ -56,7 +56,7 @@ finish() {
   done
 }
 xxh() { json "$1/summary.json" "j['params_xxh3']"; }
-steps=(--set train.steps=120 --set checkpoint.every_steps=20)
+steps=(--set train.steps=80 --set checkpoint.every_steps=20)
 
 # 1. two nodes = mpirun's two ranks
 mpi_env
@@ -73,20 +73,21 @@ pass "2 agents x 1 rank over etcd + Gloo: mpirun's params_xxh3 $want"
 # 2. a rank killed: the next round resumes from memory, bit-identical
 agent a rank "$TMP/rank" --nnodes 2 "${steps[@]}"
 agent b rank "$TMP/rank" --nnodes 2 "${steps[@]}"
-pid=$(wait_train_step "$TMP/rank" 1 50)
+pid=$(wait_train_step "$TMP/rank" 1 40)
 kill -9 "$pid"
 finish rank a b
 [ "$(xxh "$TMP/rank")" = "$want" ] || fail "a rank killed: params_xxh3 $(xxh "$TMP/rank"), undisturbed $want"
 grep -q '"event":"failure","cause":"crash","rank":1' "$TMP/rank/events.jsonl" || fail "the crash is not named"
 grep -q '"event":"resumed".*from memory' "$TMP/rank/events.jsonl" || fail "not resumed from memory"
 grep -q '"event":"rendezvous".*round 1: 2 node' "$TMP/rank/events.jsonl" || fail "no round 1"
-pass "rank 1 killed in step 50+: round 1 on both nodes, resumed from memory, params_xxh3 as undisturbed"
+"$KEEL_BIN" status "$TMP/rank" | grep -q "^restarts 1 " || fail "keel status: $("$KEEL_BIN" status "$TMP/rank" | head -3)"
+pass "rank 1 killed in step 40+: round 1 on both nodes, resumed from memory, params_xxh3 as undisturbed"
 
 # 2b. a rank frozen (SIGSTOP): node 0's agent holds every rank to the hang
 # rules, names it, and the next round resumes bit-identical
 agent a hang "$TMP/hang" --nnodes 2 "${steps[@]}" --set resilience.hang_timeout_s=3
 agent b hang "$TMP/hang" --nnodes 2 "${steps[@]}" --set resilience.hang_timeout_s=3
-pid=$(wait_train_step "$TMP/hang" 1 50)
+pid=$(wait_train_step "$TMP/hang" 1 40)
 kill -STOP "$pid"
 finish hang a b
 [ "$(xxh "$TMP/hang")" = "$want" ] || fail "a rank frozen: params_xxh3 $(xxh "$TMP/hang"), undisturbed $want"
@@ -97,7 +98,7 @@ pass "rank 1 frozen: $(grep -o '"cause":"hang".*' "$TMP/hang/events.jsonl" | hea
 # 3. a node killed whole, --nnodes 1:2: the job goes on on one node, resharded
 agent a node "$TMP/node" --nnodes 1:2 "${steps[@]}"
 agent b node "$TMP/node" --nnodes 1:2 "${steps[@]}"
-wait_train_step "$TMP/node" 1 50 >/dev/null
+wait_train_step "$TMP/node" 1 40 >/dev/null
 victim=$(pgrep -P "$AGENT_b")
 kill -9 "$AGENT_b" $victim
 finish node a
@@ -116,7 +117,7 @@ pass "node b killed (agent and rank): round 1 on node a alone, resharded from 2 
 
 # 4. a node that comes late is admitted at the next round (the global batch
 # stays: 1 rank accumulates 2 micro-batches of 4, then 2 ranks take one each)
-late=(--nnodes 1:2 --set train.steps=300 --set checkpoint.every_steps=20 --set train.micro_batch_size=4
+late=(--nnodes 1:2 --set train.steps=200 --set checkpoint.every_steps=20 --set train.micro_batch_size=4
       --set train.grad_accum_steps=2)
 agent a late "$TMP/late" "${late[@]}"
 wait_train_step "$TMP/late" 0 30 >/dev/null
