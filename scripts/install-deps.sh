@@ -38,6 +38,9 @@ KEEL_BUILD_DEPS=(
     libcurl4-openssl-dev     # libcurl: etcd's v3 JSON API (keel agent's rendezvous, the Gloo store)
     etcd-server              # etcd: the tests start one for keel agent's rendezvous
     etcd-client              #   etcdctl: the tests read what keel wrote there
+    buildah                  # scripts/build-image.sh: the CPU container image (keel agent as its entry point)
+    podman                   #   tests/k8s/agent_containers.sh runs it as a job's pods
+    runc                     #   podman's runtime here (crun refuses this machine's hybrid cgroups)
     slurmctld                # the tests' local multi-node Slurm cluster (tests/slurm/cluster.sh)
     slurmd                   #   its nodes (several slurmd on one host)
     slurm-client             #   srun, salloc, scontrol: keel train launches with srun in an allocation

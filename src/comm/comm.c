@@ -1,7 +1,6 @@
 /* comm/comm.c: the public comm API — a FIFO of operations that one comm thread
  * per process executes in issue order (see include/keel/comm.h for why) over
  * the transport the launcher implies. */
-#include <limits.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>

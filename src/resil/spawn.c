@@ -67,12 +67,10 @@ keel_status keel_ranks_start(const keel_ranks_spec *spec, keel_ranks **out) {
 }
 
 bool keel_ranks_poll(keel_ranks *r, int *exit_code) {
-    int status;
-    pid_t pid;
-    while (r->alive > 0 && (pid = waitpid(-1, &status, WNOHANG)) > 0) {
-        int i = 0;
-        while (i < r->n && r->pids[i] != pid) i++;
-        if (i == r->n) continue; /* not a rank of ours */
+    for (int i = 0; i < r->n; i++) { /* each of ours by pid: a child of someone else's stays theirs */
+        int status;
+        pid_t pid = r->pids[i] > 0 ? waitpid(r->pids[i], &status, WNOHANG) : 0;
+        if (pid <= 0) continue;
         r->pids[i] = 0;
         r->alive--;
         int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

@@ -79,6 +79,9 @@ CUEMU_DEVICES=2 gpu nccl2-bf16 --nproc 2 --set train.micro_batch_size=1 --set fs
   --set fsdp.reduce_dtype=bf16 --set fsdp.strategy=shard_grad_op
 compare cuda-bf16 nccl2-bf16 1e-2 "NCCL, 2 ranks (shard_grad_op, bf16 gathers and reductions) against 1 device"
 unset CUEMU_SCHEDULE
+# ranks no MPI launcher started (keel agent's, --launcher local): NCCL's unique id goes over Gloo
+CUEMU_SCHEDULE=comm-first CUEMU_DEVICES=2 gpu nccl2-gloo --nproc 2 --launcher local --set train.micro_batch_size=1
+compare nccl2-comm-first nccl2-gloo 0 "NCCL, 2 ranks started without mpirun (the unique id over Gloo), against mpirun's"
 
 # ---- checkpoints cross devices -------------------------------------------------------------
 ckpt=(--set train.steps=10 --set checkpoint.every_steps=5 --set checkpoint.keep_last=0)

@@ -51,9 +51,9 @@ grep -q '"event":"failure".*crash: rank 1 (pid [0-9]*) died' "$TMP/run/events.js
   fail "the failure does not name rank 1: $(grep failure "$TMP/run/events.jsonl")"
 grep -q '"event":"resumed".*from memory' "$TMP/run/events.jsonl" ||
   fail "not resumed from memory: $(grep resumed "$TMP/run/events.jsonl")"
-grep -q "^keel: error: comm: lost rank 1 " "$TMP/run.out" || fail "rank 0 did not name the lost rank: $(grep error "$TMP/run.out")"
-pass "rank 1 killed after step 60: $(grep -o 'lost rank 1 ([^)]*)' "$TMP/run.out" | head -1 | cut -c1-60)...;" \
-  "resumed from memory; params_xxh3 $got as undisturbed"
+# (whether rank 0 says "comm: lost rank 1" first or the supervisor ends it first is a race:
+# tests/comm/gloo_transport.sh holds the survivors' line)
+pass "rank 1 killed after step 60: named in the failure event, resumed from memory; params_xxh3 $got as undisturbed"
 
 # bad input
 expect_input_error "an unknown launcher" '^keel: error: --launcher srun: use mpi' \
