@@ -11,6 +11,15 @@
 /* MPI_Init may run once per process, so may keel_comm_init. */
 static atomic_bool g_initialised;
 
+static void (*g_lost_fn)(void *);
+static void *g_lost_ctx;
+
+void keel_comm_on_peer_lost(void (*fn)(void *ctx), void *ctx) { g_lost_fn = fn, g_lost_ctx = ctx; }
+
+void comm_peer_lost(void) {
+    if (g_lost_fn) g_lost_fn(g_lost_ctx);
+}
+
 /* ---- one operation, on any transport ---------------------------------------- */
 
 /* send (count) to dest while recv (count) comes from source, in pieces of at

@@ -28,6 +28,7 @@ enum { STREAM_RING_0 = 0, STREAM_RING_1 = 1, STREAM_BARRIER = 2 };
 static _Noreturn void lost(int rank, const char *why) {
     keel_errorf("comm: lost rank %d (%s): it died or its host went away; this rank ends the attempt (exit %d)", rank,
                 why, KEEL_EXIT_PEER_LOST);
+    comm_peer_lost();
     fflush(NULL);
     _exit(KEEL_EXIT_PEER_LOST);
 }

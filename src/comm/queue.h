@@ -99,6 +99,9 @@ typedef struct transport {
 
 extern const transport keel_transport_mpi, keel_transport_gloo;
 
+/* keel_comm_on_peer_lost's hook: a transport calls it before it ends the process. */
+void comm_peer_lost(void);
+
 /* Elements of one message at most (KEEL_COMM_MAX_COUNT lowers it, so tests
  * can take the path that cuts a collective into pieces). */
 size_t comm_max_count(void);

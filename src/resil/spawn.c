@@ -74,8 +74,12 @@ bool keel_ranks_poll(keel_ranks *r, int *exit_code) {
         r->pids[i] = 0;
         r->alive--;
         int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (code == 0 || r->failed >= 0) continue;
-        r->failed = r->first_rank + i, r->exit_code = code, r->failed_at = keel_now_s();
+        /* a rank that lost a peer (78) is named only when no other failure comes: the peer is the one */
+        bool lost_peer = code == KEEL_EXIT_PEER_LOST;
+        if (code == 0 || (r->failed >= 0 && (lost_peer || r->exit_code != KEEL_EXIT_PEER_LOST))) continue;
+        if (r->failed < 0) r->failed_at = keel_now_s();
+        r->failed = r->first_rank + i, r->exit_code = code;
+        if (lost_peer) continue;
         if (WIFSIGNALED(status))
             fprintf(stderr, "keel: launch: process rank %d with PID %d exited on signal %d (%s)\n", r->failed,
                     (int)pid, WTERMSIG(status), strsignal(WTERMSIG(status)));

@@ -233,9 +233,11 @@ static void classify_exit(launch *l) {
     const char *run_dir = l->sv->run_dir;
     int code = l->exit_code;
     l->detected_unix = keel_unix_s();
-    /* the rank that reported an exit code of its own is the one to name */
+    /* the rank that reported an exit code of its own is the one to name (not one that lost a peer) */
     for (int r = 0; r < l->sv->nproc && l->rank < 0; r++)
-        if (l->w.have[r] && !strcmp(l->w.hb[r].phase, "exit") && l->w.hb[r].exit_code != 0) l->rank = r;
+        if (l->w.have[r] && !strcmp(l->w.hb[r].phase, "exit") && l->w.hb[r].exit_code != 0 &&
+            l->w.hb[r].exit_code != KEEL_EXIT_PEER_LOST)
+            l->rank = r;
     l->onset_unix = l->detected_unix; /* the blamed rank's last beat, when there is one */
     if (l->rank >= 0 && l->w.have[l->rank]) l->onset_unix = fmin(l->w.hb[l->rank].unix_s, l->detected_unix);
     l->kind = code == 0                    ? KEEL_END_COMPLETED

@@ -873,6 +873,10 @@ keel_status keel_train_task(keel_config *cfg, const char *run_dir, keel_metrics_
     return worker(world, run_dir, &resolved, false);
 }
 
+/* A peer lost under Gloo: this rank ends (exit 78) saying so, so the watcher
+ * names the rank that died (keel_watch_dead, the supervisor's classify). */
+static void say_peer_lost(void *heartbeat) { keel_heartbeat_beat(heartbeat, "exit", -1, KEEL_EXIT_PEER_LOST); }
+
 /* One rank: cfg is the run directory's config (freed here). */
 static keel_status worker(keel_comm *world, const char *run_dir, keel_config *cfg, bool supervised) {
     /* until a step is done: set-up and the first step (the supervisor's first-step bound) */
@@ -885,6 +889,7 @@ static keel_status worker(keel_comm *world, const char *run_dir, keel_config *cf
     t.heartbeat = keel_heartbeat_open(run_dir, t.rank);
     keel_heartbeat_beat(t.heartbeat, "init", 0, 0);
     keel_heartbeat_start_beating(t.heartbeat, sample_comm, world);
+    keel_comm_on_peer_lost(say_peer_lost, t.heartbeat);
     /* Every rank logs to RUN/logs/rank-R.log; the leader also keeps the terminal. */
     char path[4096];
     keel_run_rank_log_path(path, sizeof path, run_dir, t.rank);
