@@ -114,11 +114,11 @@ keel_status keel_comm_init(keel_comm **world);
  * Collective over the world. */
 keel_status keel_comm_finalize(keel_comm *world);
 
-/* Called once, on the comm thread, just before a transport that lost a peer
- * ends the process (Gloo; exit KEEL_EXIT_PEER_LOST): the trainer says goodbye
- * in its heartbeat there, so its watcher blames the rank that died, not this
- * one. fn must not call comm. NULL: none. */
-void keel_comm_on_peer_lost(void (*fn)(void *ctx), void *ctx);
+/* fn(ctx) is called once, on the comm thread, just before a transport that
+ * lost a peer ends the process (Gloo; exit KEEL_EXIT_PEER_LOST): the trainer
+ * says goodbye in its heartbeat there, so its watcher blames the rank that
+ * died, not this one. fn must not call comm. c is any group. NULL: none. */
+void keel_comm_on_peer_lost(keel_comm *c, void (*fn)(void *ctx), void *ctx);
 
 /* This process's rank in c (0-based) and the number of ranks in c. */
 int keel_comm_rank(const keel_comm *c);

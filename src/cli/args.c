@@ -1,5 +1,6 @@
 /* cli/args.c: strict numeric arguments — the whole text is the number, in
- * range, or one error line says what was expected (never a silent 0). */
+ * range, or one error line says what was expected (never a silent 0) — and a
+ * config file with its --set overrides, as every command that takes one reads it. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -29,4 +30,12 @@ bool cli_parse_double(const char *flag, const char *text, double min, double max
     }
     *out = v;
     return true;
+}
+
+keel_status cli_load_config(keel_config *cfg, const char *path, char **sets, int n_sets) {
+    keel_config_defaults(cfg);
+    keel_status st = keel_config_load_file(cfg, path);
+    for (int i = 0; st == KEEL_OK && i < n_sets; i++) st = keel_config_set(cfg, sets[i]);
+    if (st == KEEL_OK) st = keel_config_finalize(cfg);
+    return st;
 }

@@ -6,6 +6,8 @@
 
 #include <stdbool.h>
 
+#include "keel/core.h"
+
 int keel_cmd_train(int argc, char **argv);
 int keel_cmd_eval(int argc, char **argv);
 int keel_cmd_generate(int argc, char **argv);
@@ -28,5 +30,9 @@ int keel_cmd_k8s(int argc, char **argv);
  * error line names the flag, the text and the range, and false comes back. */
 bool cli_parse_int(const char *flag, const char *text, long long min, long long max, long long *out);
 bool cli_parse_double(const char *flag, const char *text, double min, double max, double *out);
+
+/* CONFIG with the --set overrides applied in order, finalized (keel train,
+ * keel plan, keel agent). On failure one line has said why; cfg is to be freed either way. */
+keel_status cli_load_config(keel_config *cfg, const char *path, char **sets, int n_sets);
 
 #endif

@@ -186,10 +186,7 @@ int keel_cmd_agent(int argc, char **argv) {
     }
 
     keel_config cfg;
-    keel_config_defaults(&cfg);
-    keel_status st = keel_config_load_file(&cfg, argv[optind]);
-    for (int i = 0; st == KEEL_OK && i < n_sets; i++) st = keel_config_set(&cfg, sets[i]);
-    if (st == KEEL_OK) st = keel_config_finalize(&cfg);
+    keel_status st = cli_load_config(&cfg, argv[optind], sets, n_sets);
     int code = 1;
     if (st == KEEL_OK) st = keel_agent_run(&cfg, run_dir, &o, &code);
     keel_config_free(&cfg);

@@ -141,10 +141,7 @@ int keel_cmd_plan(int argc, char **argv) {
     if (!parse(argc, argv, &a, sets, &n_sets, &code)) return code;
     if (a.per_node == 0) a.per_node = strcmp(a.device, "cpu") ? 8 : 1; /* a GPU node has 8 */
     keel_config cfg;
-    keel_config_defaults(&cfg);
-    keel_status st = keel_config_load_file(&cfg, argv[optind]);
-    for (int i = 0; st == KEEL_OK && i < n_sets; i++) st = keel_config_set(&cfg, sets[i]);
-    if (st == KEEL_OK) st = keel_config_finalize(&cfg);
+    keel_status st = cli_load_config(&cfg, argv[optind], sets, n_sets);
     keel_device dev;
     if (st == KEEL_OK) st = make_device(&cfg, &a, &dev);
     if (st != KEEL_OK) {

@@ -30,15 +30,6 @@ static void usage(FILE *out) {
             "  same command again to resume), 76 the loss became non-finite, 1 any other failure\n");
 }
 
-/* Load CONFIG, apply --set overrides in order, finalize. */
-static keel_status load_config(keel_config *cfg, const char *path, char **sets, int n_sets) {
-    keel_config_defaults(cfg);
-    keel_status st = keel_config_load_file(cfg, path);
-    for (int i = 0; st == KEEL_OK && i < n_sets; i++) st = keel_config_set(cfg, sets[i]);
-    if (st == KEEL_OK) st = keel_config_finalize(cfg);
-    return st;
-}
-
 /* "device": "cuda" needs a GPU here, and without Slurm (whose ranks spread
  * over its nodes) one per rank: NCCL runs one rank per GPU. */
 static keel_status cuda_ready(int nproc) {
@@ -125,7 +116,7 @@ int keel_cmd_train(int argc, char **argv) {
         return 2;
     }
     keel_config cfg;
-    keel_status st = load_config(&cfg, argv[optind], sets, n_sets);
+    keel_status st = cli_load_config(&cfg, argv[optind], sets, n_sets);
     if (st == KEEL_OK && !dry_run && cfg.device == KEEL_BACKEND_CUDA) st = cuda_ready(nproc);
     if (st == KEEL_OK && dry_run) st = keel_train_dry_run(&cfg, nproc > 0 ? nproc : 1);
     else if (st == KEEL_OK) {

@@ -11,13 +11,10 @@
 /* MPI_Init may run once per process, so may keel_comm_init. */
 static atomic_bool g_initialised;
 
-static void (*g_lost_fn)(void *);
-static void *g_lost_ctx;
-
-void keel_comm_on_peer_lost(void (*fn)(void *ctx), void *ctx) { g_lost_fn = fn, g_lost_ctx = ctx; }
-
-void comm_peer_lost(void) {
-    if (g_lost_fn) g_lost_fn(g_lost_ctx);
+void keel_comm_on_peer_lost(keel_comm *c, void (*fn)(void *ctx), void *ctx) {
+    pthread_mutex_lock(&c->eng->mu); /* the comm thread reads it under the same lock */
+    c->eng->on_lost = fn, c->eng->on_lost_ctx = ctx;
+    pthread_mutex_unlock(&c->eng->mu);
 }
 
 /* ---- one operation, on any transport ---------------------------------------- */

@@ -25,10 +25,14 @@
 /* Message streams inside one operation: the ring's two, the barrier's. */
 enum { STREAM_RING_0 = 0, STREAM_RING_1 = 1, STREAM_BARRIER = 2 };
 
-static _Noreturn void lost(int rank, const char *why) {
+static _Noreturn void lost(engine *eng, int rank, const char *why) {
     keel_errorf("comm: lost rank %d (%s): it died or its host went away; this rank ends the attempt (exit %d)", rank,
                 why, KEEL_EXIT_PEER_LOST);
-    comm_peer_lost();
+    pthread_mutex_lock(&eng->mu);
+    void (*fn)(void *) = eng->on_lost;
+    void *ctx = eng->on_lost_ctx;
+    pthread_mutex_unlock(&eng->mu);
+    if (fn) fn(ctx);
     fflush(NULL);
     _exit(KEEL_EXIT_PEER_LOST);
 }
@@ -44,7 +48,7 @@ static void gloo_exchange(keel_comm *c, const void *send, size_t send_bytes, int
     char err[512];
     int failed = keel_gloo_exchange(c->eng->gloo, send, send_bytes, dest >= 0 ? c->members[dest] : -1, recv,
                                     recv_bytes, source >= 0 ? c->members[source] : -1, slot, err, sizeof err);
-    if (failed >= 0) lost(failed, err);
+    if (failed >= 0) lost(c->eng, failed, err);
 }
 
 /* A dissemination barrier: in round k every rank tells rank + 2^k it has

@@ -72,6 +72,8 @@ struct engine {
     int local_rank;           /* this one's place among them */
     char *ring_scratch[2];    /* RING_SEGMENT_BYTES each */
     void *gloo;               /* gloo.c's connection to the other ranks */
+    void (*on_lost)(void *);  /* keel_comm_on_peer_lost's: a transport calls it before it ends the process */
+    void *on_lost_ctx;
 };
 
 /* What moves the bytes, on the comm thread only. start connects this process
@@ -98,9 +100,6 @@ typedef struct transport {
 } transport;
 
 extern const transport keel_transport_mpi, keel_transport_gloo;
-
-/* keel_comm_on_peer_lost's hook: a transport calls it before it ends the process. */
-void comm_peer_lost(void);
 
 /* Elements of one message at most (KEEL_COMM_MAX_COUNT lowers it, so tests
  * can take the path that cuts a collective into pieces). */

@@ -889,7 +889,7 @@ static keel_status worker(keel_comm *world, const char *run_dir, keel_config *cf
     t.heartbeat = keel_heartbeat_open(run_dir, t.rank);
     keel_heartbeat_beat(t.heartbeat, "init", 0, 0);
     keel_heartbeat_start_beating(t.heartbeat, sample_comm, world);
-    keel_comm_on_peer_lost(say_peer_lost, t.heartbeat);
+    keel_comm_on_peer_lost(world, say_peer_lost, t.heartbeat);
     /* Every rank logs to RUN/logs/rank-R.log; the leader also keeps the terminal. */
     char path[4096];
     keel_run_rank_log_path(path, sizeof path, run_dir, t.rank);
