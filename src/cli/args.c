@@ -32,6 +32,15 @@ bool cli_parse_double(const char *flag, const char *text, double min, double max
     return true;
 }
 
+bool cli_add_set(char **sets, int *n_sets, char *text) {
+    if (*n_sets == CLI_MAX_SETS) {
+        keel_errorf("too many --set options (at most %d)", CLI_MAX_SETS);
+        return false;
+    }
+    sets[(*n_sets)++] = text;
+    return true;
+}
+
 keel_status cli_load_config(keel_config *cfg, const char *path, char **sets, int n_sets) {
     keel_config_defaults(cfg);
     keel_status st = keel_config_load_file(cfg, path);

@@ -31,6 +31,11 @@ int keel_cmd_k8s(int argc, char **argv);
 bool cli_parse_int(const char *flag, const char *text, long long min, long long max, long long *out);
 bool cli_parse_double(const char *flag, const char *text, double min, double max, double *out);
 
+/* One --set key=value more into sets (room for CLI_MAX_SETS): false, with
+ * one error line, when there are too many. */
+#define CLI_MAX_SETS 256
+bool cli_add_set(char **sets, int *n_sets, char *text);
+
 /* CONFIG with the --set overrides applied in order, finalized (keel train,
  * keel plan, keel agent). On failure one line has said why; cfg is to be freed either way. */
 keel_status cli_load_config(keel_config *cfg, const char *path, char **sets, int n_sets);

@@ -77,7 +77,7 @@ int keel_cmd_agent(int argc, char **argv) {
         {"rdzv-timeout", required_argument, NULL, 't'}, {"reset", no_argument, NULL, 'R'},
         {"help", no_argument, NULL, 'h'},               {0, 0, 0, 0},
     };
-    char *sets[257];
+    char *sets[CLI_MAX_SETS];
     int n_sets = 0, c;
     const char *run_dir = NULL, *f_nnodes = NULL, *f_nproc = NULL, *f_endpoint = NULL, *f_id = NULL,
                *f_restarts = NULL, *node = NULL, *host = NULL;
@@ -87,11 +87,7 @@ int keel_cmd_agent(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "", options, NULL)) != -1) {
         switch (c) {
         case 's':
-            if (n_sets == 256) {
-                keel_errorf("too many --set options (at most 256)");
-                return 2;
-            }
-            sets[n_sets++] = optarg;
+            if (!cli_add_set(sets, &n_sets, optarg)) return 2;
             break;
         case 'r': run_dir = optarg; break;
         case 'n': f_nnodes = optarg; break;

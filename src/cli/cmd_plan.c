@@ -91,11 +91,7 @@ static bool parse(int argc, char **argv, plan_args *a, char **sets, int *n_sets,
     while ((c = getopt_long(argc, argv, "", options, NULL)) != -1) {
         switch (c) {
         case 's':
-            if (*n_sets == 256) {
-                keel_errorf("too many --set options (at most 256)");
-                return false;
-            }
-            sets[(*n_sets)++] = optarg;
+            if (!cli_add_set(sets, n_sets, optarg)) return false;
             break;
         case 'n':
             if (!cli_parse_int("--nodes", optarg, 1, 1000000, &number)) return false;
@@ -136,7 +132,7 @@ static bool parse(int argc, char **argv, plan_args *a, char **sets, int *n_sets,
 
 int keel_cmd_plan(int argc, char **argv) {
     plan_args a = {.nodes = 1, .device = "cpu"};
-    char *sets[256];
+    char *sets[CLI_MAX_SETS];
     int n_sets = 0, code;
     if (!parse(argc, argv, &a, sets, &n_sets, &code)) return code;
     if (a.per_node == 0) a.per_node = strcmp(a.device, "cpu") ? 8 : 1; /* a GPU node has 8 */

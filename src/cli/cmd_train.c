@@ -58,7 +58,7 @@ int keel_cmd_train(int argc, char **argv) {
         {"help", no_argument, NULL, 'h'},
         {0, 0, 0, 0},
     };
-    char *sets[257], device[64];
+    char *sets[CLI_MAX_SETS + 1], device[64];
     int n_sets = 0;
     const char *run_dir = NULL, *launcher = NULL;
     bool dry_run = false;
@@ -68,11 +68,7 @@ int keel_cmd_train(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "", options, NULL)) != -1) {
         switch (c) {
         case 's':
-            if (n_sets == 256) {
-                keel_errorf("too many --set options (at most 256)");
-                return 2;
-            }
-            sets[n_sets++] = optarg;
+            if (!cli_add_set(sets, &n_sets, optarg)) return 2;
             break;
         case 'r': run_dir = optarg; break;
         case 'd': /* after the --set options, whatever their order: the flag wins */
