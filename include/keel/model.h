@@ -103,10 +103,15 @@ void keel_model_layout_free(keel_model_layout *lay);
 /* Training FLOPs per token (forward + backward): 6 × matmul params +
  * 12 × L × C × T for attention (PaLM's convention, no causal discount). */
 double keel_model_flops_per_token(const keel_model_layout *lay);
-/* The same for LoRA training on a frozen base (lora: the adapters' layout;
- * NULL is keel_model_flops_per_token): the base's matrices run forward and
- * the input gradient, not the weight gradient — 4 × matmul params — and each
- * adapter with its recomputed z costs 8 × |A| + 6 × |B|. */
+/* Per-token FLOPs of each unit's forward and backward (n_units each) as keel
+ * computes them. A matrix: 2 x its size forward and twice that backward —
+ * under LoRA (lora: the adapters' layout, else NULL) once, the input's
+ * gradient and not the frozen weight's; attention 4 C T forward, 8 C T
+ * backward; an adapter's A 2 forward and 6 backward (its z recomputed), B 2
+ * and 4, per element. */
+void keel_model_unit_flops(const keel_model_layout *lay, const keel_model_layout *lora, double *fwd, double *bwd);
+/* Their sum: training FLOPs per token, keel_model_flops_per_token's without
+ * LoRA; with it 4 x matmul params + 12 L C T + 8 |A| + 6 |B|. */
 double keel_model_train_flops_per_token(const keel_model_layout *lay, const keel_model_layout *lora);
 typedef struct keel_model keel_model;
 

@@ -236,7 +236,9 @@ static void after_backward(void *p, int u, int next) {
     keel_fsdp *f = p;
     (void)next;
     start_reduce_scatter(f, u);
-    release(f, u);
+    /* SHARD_GRAD_OP holds every unit through a step anyway: a frozen base,
+     * which no step changes, stays gathered for the next (until a fill) */
+    if (!(frozen(f) && f->strategy == KEEL_FSDP_SHARD_GRAD_OP)) release(f, u);
     if (f->adapters) after_backward(f->adapters, u, next);
 }
 

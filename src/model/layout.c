@@ -102,13 +102,35 @@ double keel_model_flops_per_token(const keel_model_layout *lay) {
     return 6.0 * matmul_params(lay) + 12.0 * lay->L * lay->C * lay->T;
 }
 
+void keel_model_unit_flops(const keel_model_layout *lay, const keel_model_layout *lora, double *fwd, double *bwd) {
+    int n = lay->n_units;
+    double matrix_bwd = lora ? 1 : 2; /* a frozen matrix: the input's gradient, not its own */
+    for (int u = 0; u < n; u++) fwd[u] = bwd[u] = 0;
+    for (int i = 0; i < lay->n_tensors; i++) {
+        const keel_tensor_info *t = &lay->tensors[i];
+        if (t->cols > 1 && t->unit != 0) fwd[t->unit] += 2.0 * (double)t->rows * t->cols; /* embedding: a lookup */
+    }
+    if (lay->cfg.tie_embeddings) fwd[n - 1] += 2.0 * lay->V * lay->C;
+    for (int u = 0; u < n; u++) bwd[u] = matrix_bwd * fwd[u];
+    for (int l = 0; l < lay->L; l++) {
+        int u = keel_model_block_unit(lay, l);
+        fwd[u] += 4.0 * lay->C * lay->T;
+        bwd[u] += 8.0 * lay->C * lay->T;
+    }
+    for (int i = 0; lora && i < lora->n_tensors; i++) {
+        const keel_tensor_info *t = &lora->tensors[i];
+        double size = (double)(t->rows * t->cols);
+        fwd[t->unit] += 2 * size;
+        bwd[t->unit] += (strstr(t->name, ".lora_A.") ? 6.0 : 4.0) * size;
+    }
+}
+
 double keel_model_train_flops_per_token(const keel_model_layout *lay, const keel_model_layout *lora) {
-    if (!lora) return keel_model_flops_per_token(lay);
-    double adapters = 0;
-    for (int i = 0; i < lora->n_tensors; i++)
-        adapters += (strstr(lora->tensors[i].name, ".lora_A.") ? 8.0 : 6.0) *
-                    (double)(lora->tensors[i].rows * lora->tensors[i].cols);
-    return 4.0 * matmul_params(lay) + adapters + 12.0 * lay->L * lay->C * lay->T;
+    double *f = keel_xmalloc(sizeof(double) * 2 * (size_t)lay->n_units, "unit flops"), sum = 0;
+    keel_model_unit_flops(lay, lora, f, f + lay->n_units);
+    for (int u = 0; u < 2 * lay->n_units; u++) sum += f[u];
+    keel_free(f);
+    return sum;
 }
 
 /* The block tensor (BLOCK_TENSORS' index) each LoRA target adapts. */

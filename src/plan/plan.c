@@ -126,17 +126,6 @@ static void groups(const keel_cluster *cl, int shard_ranks, group *shard, group 
     replica->groups_per_node = G / replica->per_node;
 }
 
-/* FLOPs per token of each unit's forward (backward is twice it). */
-static void unit_flops(const keel_model_layout *lay, double *fwd) {
-    for (int u = 0; u < lay->n_units; u++) fwd[u] = 0;
-    for (int i = 0; i < lay->n_tensors; i++) {
-        const keel_tensor_info *t = &lay->tensors[i];
-        if (t->cols > 1 && t->unit != 0) fwd[t->unit] += 2.0 * (double)t->rows * t->cols;
-    }
-    if (lay->cfg.tie_embeddings) fwd[lay->n_units - 1] += 2.0 * lay->V * lay->C;
-    for (int l = 0; l < lay->L; l++) fwd[keel_model_block_unit(lay, l)] += 4.0 * lay->C * lay->T; /* attention */
-}
-
 static void memory(const keel_config *cfg, const keel_cluster *cl, keel_plan_entry *e) {
     int W = cl->nodes * cl->per_node;
     keel_config c = *cfg; /* a GPU's ranks run the CUDA backend, whatever the config's device */
@@ -157,52 +146,68 @@ static void memory(const keel_config *cfg, const keel_cluster *cl, keel_plan_ent
     e->fits = e->peak_bytes <= e->budget_bytes;
 }
 
+/* The adapters' layout under train.lora (false: none, or a rank that does not
+ * fit, which the run refuses before it starts: planned without). */
+static bool lora_layout(const keel_config *cfg, const keel_model_layout *lay, keel_model_layout *lora) {
+    char why[256];
+    return cfg->train.lora.on && keel_lora_layout_init(lora, lay, &cfg->train.lora, why, sizeof why) == KEEL_OK;
+}
+
 static void step_time(const keel_config *cfg, const keel_cluster *cl, keel_plan_entry *e) {
     const keel_device *d = &cl->device;
     bool cpu = d->kind == KEEL_DEVICE_CPU, bf16 = cfg->fsdp.mixed_precision == KEEL_DTYPE_BF16;
+    bool sgo = e->strategy == KEEL_FSDP_SHARD_GRAD_OP;
     int W = cl->nodes * cl->per_node, B = e->micro_batch, accum = e->grad_accum;
     double rate = (bf16 ? d->peak_flops_bf16 : d->peak_flops_fp32) / (cpu ? cl->per_node : 1) * d->mfu;
     double mem_bw = d->mem_bw / (cpu ? cl->per_node : 1);
     double adamw_rate = d->adamw_params_per_s / (cpu ? cl->per_node : 1);
-    keel_model_layout lay;
+    keel_model_layout lay, lora;
     keel_model_layout_init_units(&lay, &cfg->model, cfg->fsdp.unit);
-    keel_fsdp_plan plan;
-    keel_fsdp_plan_init(&plan, &lay, e->shard_group);
+    bool lora_on = lora_layout(cfg, &lay, &lora);
+    /* the trained set (the model, or the adapters) and with LoRA the frozen base */
+    keel_fsdp_plan plan, base;
+    keel_fsdp_plan_init(&plan, lora_on ? &lora : &lay, e->shard_group);
+    if (lora_on) keel_fsdp_plan_init(&base, &lay, e->shard_group);
     group shard, replica, world = {W, cl->per_node < W ? cl->per_node : W, 1};
     groups(cl, e->shard_group, &shard, &replica);
     int n = lay.n_units;
     double *mem = keel_xcalloc(sizeof(double) * 6 * (size_t)n, "plan unit costs");
     unit_costs c = {n, mem, mem + n, mem + 2 * n, mem + 3 * n, mem + 4 * n};
     double *done = mem + 5 * n, tokens = (double)B * lay.T;
-    unit_flops(&lay, c.fwd);
+    keel_model_unit_flops(&lay, lora_on ? &lora : NULL, c.fwd, c.bwd);
     double elem = bf16 ? 2 : 4, grad_elem = cfg->fsdp.reduce_dtype == KEEL_DTYPE_BF16 ? 2 : 4;
     e->compute_s = e->recompute_s = 0;
     int recomputed = keel_model_recomputed_blocks(&lay, e->checkpoint_blocks);
     for (int u = 0; u < n; u++) {
         c.fwd[u] *= tokens / rate;
-        c.bwd[u] = 2 * c.fwd[u];
-        e->compute_s += accum * 3 * c.fwd[u];
+        c.bwd[u] *= tokens / rate;
+        e->compute_s += accum * (c.fwd[u] + c.bwd[u]);
         bool block = u >= 1 && u < n - 1, recompute = block && (u - 1) / lay.units_per_block < recomputed;
         if (recompute) { /* the first checkpointed blocks recompute their forward */
             c.bwd[u] += c.fwd[u];
             e->recompute_s += accum * c.fwd[u];
         }
-        c.gather[u] = ring_s(d, mem_bw, &shard, elem * (double)plan.units[u].padded, false);
         /* a block of several units gathers each again for its recomputation
          * (all but its last, kept for backward: counted for every one) */
-        bool regather = recompute && lay.units_per_block > 1 &&
-                        e->strategy != KEEL_FSDP_SHARD_GRAD_OP;
-        c.bwd_gather[u] = (regather ? 2 : 1) * c.gather[u];
-        /* a shard group of one (no_shard) reduce-scatters in place: nothing moves */
-        c.reduce[u] = shard.n == 1 ? 0 : ring_s(d, mem_bw, &shard, grad_elem * (double)plan.units[u].padded, false);
+        double regather = recompute && lay.units_per_block > 1 && !sgo ? 2 : 1;
+        if (lora_on) { /* the adapters in fp32 after their base; under shard_grad_op the base stays gathered */
+            double a = plan.units[u].padded ? ring_s(d, mem_bw, &shard, 4.0 * (double)plan.units[u].padded, false) : 0;
+            c.gather[u] = a + (sgo ? 0 : ring_s(d, mem_bw, &shard, elem * (double)base.units[u].padded, false));
+        } else {
+            c.gather[u] = ring_s(d, mem_bw, &shard, elem * (double)plan.units[u].padded, false);
+        }
+        c.bwd_gather[u] = regather * c.gather[u];
+        /* a shard group of one (no_shard) reduce-scatters in place: nothing moves; a unit without adapters has nothing */
+        c.reduce[u] = shard.n == 1 || !plan.units[u].padded
+                          ? 0
+                          : ring_s(d, mem_bw, &shard, grad_elem * (double)plan.units[u].padded, false);
     }
     timeline tl = {0}, before = {0};
     double rs[2] = {0, 0};
     int next_buffer = 0, replayed = accum < REPLAYED_MICRO_BATCHES ? accum : REPLAYED_MICRO_BATCHES;
     for (int m = 0; m < replayed; m++) {
         before = tl;
-        micro_batch(&tl, &c, cfg->fsdp.prefetch, e->strategy == KEEL_FSDP_SHARD_GRAD_OP, lay.cfg.tie_embeddings,
-                    done, rs, &next_buffer);
+        micro_batch(&tl, &c, cfg->fsdp.prefetch, sgo, lay.cfg.tie_embeddings, done, rs, &next_buffer);
     }
     steady_state(&tl, &before, rs, accum - replayed);
     await(&tl, fmax(rs[0], rs[1]), KEEL_WAIT_LAST_REDUCE);
@@ -210,8 +215,10 @@ static void step_time(const keel_config *cfg, const keel_cluster *cl, keel_plan_
         await(&tl, issue(&tl, ring_s(d, mem_bw, &replica, grad_elem * (double)plan.shard_total, true)),
               KEEL_WAIT_REPLICAS);
     if (W > 1) await(&tl, issue(&tl, 2 * ring_s(d, mem_bw, &world, 8, true)), KEEL_WAIT_SCALARS);
-    double pass_bytes = SHARD_PASS_BYTES + accum * (DRAIN_BYTES + (bf16 ? ROUND_BYTES : 0));
-    e->optimizer_s = (double)plan.shard_total * (1 / adamw_rate + pass_bytes / mem_bw);
+    /* the trained set's passes; bf16 rounds the gathered set's master slices (the base's under LoRA, fp32 adapters) */
+    double rounded = !bf16 ? 0 : !lora_on ? (double)plan.shard_total : sgo ? 0 : (double)base.shard_total;
+    e->optimizer_s = (double)plan.shard_total * (1 / adamw_rate + (SHARD_PASS_BYTES + accum * DRAIN_BYTES) / mem_bw) +
+                     rounded * accum * ROUND_BYTES / mem_bw;
     e->comm_s = tl.comm_busy;
     e->exposed_s = 0;
     for (int w = 0; w < KEEL_WAITS; w++) e->exposed_s += e->waits_s[w] = tl.waits[w];
@@ -220,10 +227,14 @@ static void step_time(const keel_config *cfg, const keel_cluster *cl, keel_plan_
     e->step_s = tl.t + e->optimizer_s + e->overlap_s;
     double rank_tokens = tokens * accum;
     e->tokens_per_s = W * rank_tokens / e->step_s;
-    e->mfu = keel_model_flops_per_token(&lay) * rank_tokens / e->step_s / (rate / d->mfu);
+    e->mfu = keel_model_train_flops_per_token(&lay, lora_on ? &lora : NULL) * rank_tokens / e->step_s / (rate / d->mfu);
     e->scaling_efficiency = (e->compute_s + e->recompute_s + e->optimizer_s) / e->step_s;
     keel_free(mem);
     keel_fsdp_plan_free(&plan);
+    if (lora_on) {
+        keel_fsdp_plan_free(&base);
+        keel_model_layout_free(&lora);
+    }
     keel_model_layout_free(&lay);
 }
 
@@ -329,7 +340,10 @@ void keel_plan_make(const keel_config *cfg, const keel_cluster *cl, keel_plan *p
     keel_model_layout lay;
     keel_model_layout_init(&lay, &cfg->model);
     p->n_params = lay.n_params;
-    p->flops_per_token = keel_model_flops_per_token(&lay);
+    keel_model_layout lora;
+    bool lora_on = lora_layout(cfg, &lay, &lora);
+    p->flops_per_token = keel_model_train_flops_per_token(&lay, lora_on ? &lora : NULL);
+    if (lora_on) keel_model_layout_free(&lora);
     keel_model_layout_free(&lay);
     for (int s = 0; s < KEEL_PLAN_STRATEGIES; s++) {
         keel_config c = *cfg;

@@ -6,7 +6,9 @@
  * + 12 x L x C x T for attention's scores and values. Shapes: tiny (MHA,
  * untied), micro with grouped-query heads and tied embeddings, Llama 2 7B and
  * 70B (GQA, ffn_dim_multiplier); the ffn sizes are the published ones, not
- * keel's rounding rule. A count of the forward only (2x) is a third of it. */
+ * keel's rounding rule. A count of the forward only (2x) is a third of it.
+ * The per-unit count (keel_model_unit_flops) sums to it; under LoRA (rank 8
+ * on q and v) to 4 x the matmul parameters + 12 L C T + 8 |A| + 6 |B|. */
 #include <math.h>
 #include <stdio.h>
 
@@ -30,6 +32,15 @@ static double expected_flops_per_token(const shape *s) {
     int64_t head = V * C;                                                  /* untied or tied: one matmul */
     int64_t matmul_params = L * (attention + mlp) + head;
     return 6.0 * (double)matmul_params + 12.0 * (double)(L * C * T);
+}
+
+/* LoRA of rank r on q_proj and v_proj: the frozen base's matrices 4x (no
+ * weight gradient), each A (r, C) 8x and B (out, r) 6x. */
+static double expected_lora_flops_per_token(const shape *s, int r) {
+    double full = expected_flops_per_token(s), attention = 12.0 * s->cfg.n_layers * s->cfg.dim * s->cfg.max_seq_len;
+    int64_t C = s->cfg.dim, NH = s->cfg.n_heads, NKV = s->cfg.n_kv_heads ? s->cfg.n_kv_heads : NH, HS = C / NH;
+    double a = 2.0 * r * C, b = (double)r * (NH * HS + NKV * HS); /* q's and v's */
+    return (full - attention) / 6 * 4 + attention + s->cfg.n_layers * (8 * a + 6 * b);
 }
 
 int main(void) {
@@ -61,6 +72,17 @@ int main(void) {
         double got = keel_model_flops_per_token(&lay), want = expected_flops_per_token(&shapes[i]);
         EXPECT(got == want, "%s: training FLOPs per token %.0f, want %.0f (ratio %.4f)", shapes[i].name, got, want,
                got / want);
+        double units = keel_model_train_flops_per_token(&lay, NULL);
+        EXPECT(units == want, "%s: the units' forward and backward sum to %.0f, want %.0f", shapes[i].name, units, want);
+        keel_model_layout lora;
+        char why[256] = "";
+        keel_lora_config lc = {.on = true, .rank = 8, .alpha = 16, .targets = 1u << KEEL_LORA_Q | 1u << KEEL_LORA_V};
+        EXPECT(keel_lora_layout_init(&lora, &lay, &lc, why, sizeof why) == KEEL_OK, "%s: LoRA's layout%s%s",
+               shapes[i].name, *why ? ": " : "", why);
+        got = keel_model_train_flops_per_token(&lay, &lora), want = expected_lora_flops_per_token(&shapes[i], 8);
+        EXPECT(fabs(got - want) <= 1e-12 * want, "%s: LoRA's training FLOPs per token %.0f, want %.0f",
+               shapes[i].name, got, want);
+        keel_model_layout_free(&lora);
         keel_model_layout_free(&lay);
     }
     return test_summary("test_flops_per_token");

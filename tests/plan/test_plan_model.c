@@ -12,7 +12,11 @@
  * bounds the step; bandwidth scales transfer time; prefetch hides gathers;
  * replicas all-reduce after backward (exposed) and only with replicas;
  * checkpointing trades activations for recompute, block by block;
- * accumulation repeats the per-micro-batch work; the recommendation is the
+ * accumulation repeats the per-micro-batch work; LoRA (rank 8 on q and v)
+ * computes its count of FLOPs (4x the frozen base's matrices, no weight
+ * gradients), reduce-scatters and steps the adapters alone, and under
+ * shard_grad_op gathers them alone (the frozen base stays gathered from step
+ * to step), so its step is the shorter; the recommendation is the
  * fastest plan that fits, checkpointing no more blocks than it must, and
  * when nothing fits it is the smallest plan, marked so. */
 #include <math.h>
@@ -265,6 +269,36 @@ static void check_checkpointing_and_accumulation(const keel_config *cfg) {
            "100000 micro-batches: 1e5 x the compute and communication (step %.1f s)", acc.step_s);
 }
 
+/* LoRA on MODEL: rank 8 on q and v (C x C each), A (8, C) and B (C, 8). */
+static void check_lora(const keel_config *cfg) {
+    enum { R = 8 };
+    keel_config c = *cfg;
+    c.train.lora = (keel_lora_config){.on = true, .rank = R, .alpha = 16, .targets = 1u << KEEL_LORA_Q | 1u << KEEL_LORA_V};
+    keel_cluster cl = cluster(1, 8);
+    cl.device.intra_latency_s = 0;
+    keel_plan_entry full, lora, lora_sgo;
+    entry(cfg, KEEL_FSDP_FULL_SHARD, &cl, &full);
+    entry(&c, KEEL_FSDP_FULL_SHARD, &cl, &lora);
+    entry(&c, KEEL_FSDP_SHARD_GRAD_OP, &cl, &lora_sgo);
+    double M = (double)M_L * (4.0 * M_C * M_C + 3.0 * M_C * M_F) + (double)M_V * M_C, attention = 12.0 * M_L * M_C * M_T;
+    double adapters = M_L * 2 * (8.0 * R * M_C + 6.0 * M_C * R);
+    double want = (4 * M + attention + adapters) / (6 * M + attention);
+    EXPECT(fabs(lora.compute_s / full.compute_s - want) < 1e-12,
+           "LoRA's compute is its FLOPs' share of a full step's: %.6f, want %.6f", lora.compute_s / full.compute_s, want);
+    double shard = (double)M_L * 2 * (R * M_C + M_C * R) / 8; /* the adapters' floats a rank steps */
+    EXPECT(lora.optimizer_s < full.optimizer_s / 50 && lora.comm_s < full.comm_s && lora.step_s < full.step_s,
+           "LoRA steps %.0f adapter floats a rank: optimizer %.3g s (full %.3g), communication %.3g s (full %.3g), "
+           "step %.3g s (full %.3g)", shard, lora.optimizer_s, full.optimizer_s, lora.comm_s, full.comm_s, lora.step_s,
+           full.step_s);
+    /* shard_grad_op: per block the adapters' gather and reduce-scatter (fp32, 7/8 of the unit
+     * through each rank), then the loss and the norm (8 bytes, all-reduced twice each) */
+    double unit = 4.0 * 2 * (R * M_C + M_C * R), bw = cl.device.intra_bw;
+    double sgo_want = M_L * 2 * (7.0 / 8 * unit / bw) + 2 * (2 * 7.0 / 8 * 8 / bw);
+    EXPECT(fabs(lora_sgo.comm_s - sgo_want) < 1e-9 * sgo_want && lora_sgo.comm_s < lora.comm_s / 10,
+           "LoRA under shard_grad_op moves the adapters alone: %.4g s of communication, want %.4g (full_shard %.4g)",
+           lora_sgo.comm_s, sgo_want, lora.comm_s);
+}
+
 /* The recommendation against every candidate it could have picked. */
 static void check_recommendation(const keel_config *cfg) {
     keel_cluster cl = cluster(2, 8);
@@ -339,6 +373,7 @@ int main(void) {
     check_replicas(&cfg);
     check_checkpointing_and_accumulation(&cfg);
     check_partial_checkpointing(&cfg);
+    check_lora(&cfg);
     check_recommendation(&cfg);
     keel_config_free(&cfg);
     return test_summary("test_plan_model");

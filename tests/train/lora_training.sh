@@ -10,7 +10,8 @@
 # - on 2 ranks full_shard, shard_grad_op and no_shard end bit-identical to each other, and they,
 #   hybrid_shard on 4 ranks and 2 accumulated micro-batches end within 1e-5 of one process; a
 #   2-rank checkpoint resumes on 1 process (resharded); a rank killed mid-run resumes from the
-#   in-memory snapshot and the run ends bit-identical to an undisturbed one;
+#   in-memory snapshot and the run ends bit-identical to an undisturbed one; shard_grad_op
+#   gathers the frozen base once and then only the adapters, step after step;
 # - every adapter checkpoint records its base (init_from and its identity): a copy of the base
 #   elsewhere resumes, a base with other contents is refused (exit 2, one line);
 # - `keel ckpt verify` passes an adapter checkpoint, `keel ckpt export` refuses it (not a whole model);
@@ -49,10 +50,18 @@ grep -q '"resumed"' part/events.jsonl || fail "the second launch did not resume"
 lora ckpt 8 --set fsdp.activation_checkpointing=true
 cmp -s one/weights.bin ckpt/weights.bin || fail "activation checkpointing changed the LoRA run"
 for s in full_shard shard_grad_op no_shard; do
-  lora "r2-$s" 8 --nproc 2 --set train.micro_batch_size=2 --set fsdp.strategy=$s
+  lora "r2-$s" 8 --nproc 2 --set train.micro_batch_size=2 --set fsdp.strategy=$s --set train.profile_steps=2
 done
 cmp -s r2-full_shard/weights.bin r2-shard_grad_op/weights.bin && cmp -s r2-full_shard/weights.bin r2-no_shard/weights.bin ||
   fail "the strategies disagree on 2 ranks"
+# shard_grad_op keeps the frozen base gathered from step to step: a step gathers the adapters
+# alone, one unit a block; full_shard gathers the base's units and the adapters forward and backward
+gathers() { json "$1/profile.json" "sum(o['calls'] for o in j['ops'] if o['op'] == 'all_gather')"; }
+NL=$(json "$CFG" 'j["model"]["n_layers"]')
+[ "$(gathers r2-shard_grad_op)" = $(( 2 * NL )) ] ||
+  fail "shard_grad_op gathered $(gathers r2-shard_grad_op) times in 2 steps, want the adapters' $(( 2 * NL ))"
+[ "$(gathers r2-full_shard)" -gt $(( 4 * NL )) ] || fail "full_shard gathered only $(gathers r2-full_shard) times in 2 steps"
+pass "shard_grad_op gathers the frozen base once, the adapters each step ($(gathers r2-shard_grad_op) gathers in 2 steps, full_shard $(gathers r2-full_shard))"
 lora r4-hybrid 8 --nproc 4 --set train.micro_batch_size=1 --set fsdp.strategy=hybrid_shard --set fsdp.shard_group_size=2
 lora accum 8 --set train.micro_batch_size=2 --set train.grad_accum_steps=2
 # rank 1 killed mid-run: the supervisor relaunches from the in-memory snapshot (the adapters' state)
