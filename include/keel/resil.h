@@ -151,6 +151,12 @@ int keel_health_run(const keel_health_options *o, keel_health_result *out);
 bool keel_health_all_ok(const keel_health_result *r, int n);
 /* {"node": ..., "ok": ..., "checks": [{"name", "status", "value", "limit", "unit", "detail"}]} */
 char *keel_health_json(const char *node, const keel_health_result *r, int n);
+/* This machine's node-local checks of resilience.health_checks (not mpi's),
+ * in process, each an event in run_dir naming `node` (NULL: the host's name;
+ * a failure also "node_excluded"); false names the first failed check in
+ * failed. No checks: true. */
+bool keel_health_here(const keel_config *cfg, const char *run_dir, const char *node, int nproc, char *failed,
+                      size_t n);
 /* The gpu check alone (health_gpu.c; keel_health_run calls it). */
 void keel_health_check_gpu(const keel_health_options *o, keel_health_result *r);
 /* One rank of the mpi check as a job of its own (`keel health --mpi-probe`):
@@ -225,6 +231,9 @@ typedef struct {
  * `checkpoint` (0: none): the one line that ends the run says what is saved,
  * and the exit code is KEEL_EXIT_RESUME only when there is state to resume. */
 keel_action keel_policy_stopped(int64_t done, int64_t checkpoint, bool checkpointing);
+
+/* o's checkpoint and checkpointing, from the run directory and the config. */
+void keel_outcome_run_state(keel_outcome *o, const keel_config *cfg, const char *run_dir);
 
 /* The next action after a launch ended as o, given the history before it;
  * *after is the history to keep if the action is carried out. A divergence
@@ -308,8 +317,9 @@ typedef struct {
 
 /* Join the job's rounds until its ranks are done (*exit_code 0), stopped on
  * a signal (75: run the agent again to go on), refused their input (2), or
- * failed more often than max_restarts allows (1). Other statuses: etcd
- * could not be reached, or holds a finished job of this run id (one line). */
+ * the supervisor's policy stopped the job or this node failed a health check
+ * after a failure (1). Other statuses: etcd could not be reached, or holds a
+ * finished or stopped job of this run id (one line). */
 keel_status keel_agent_run(const keel_config *cfg, const char *run_dir, const keel_agent_options *o, int *exit_code);
 /* Delete the job's keys (/keel/<run_id>/ and nothing else) from etcd. */
 keel_status keel_agent_reset(const keel_agent_options *o);

@@ -47,8 +47,11 @@ void keel_run_path(char *out, size_t n, const char *run_dir, const char *name);
  * resumed run's atomically) are written. Input problems are one error line. */
 keel_status keel_run_prepare(keel_config *cfg, const char *run_dir, int world_size);
 /* The same for ranks_per_node ranks on each machine (keel agent's nodes;
- * keel_run_prepare takes this machine's, or a Slurm allocation's spread). */
-keel_status keel_run_prepare_nodes(keel_config *cfg, const char *run_dir, int world_size, int ranks_per_node);
+ * keel_run_prepare takes this machine's, or a Slurm allocation's spread).
+ * later_round: a later round of the job that prepared run_dir (keel agent),
+ * so the summary a failed round left is no finished run. */
+keel_status keel_run_prepare_nodes(keel_config *cfg, const char *run_dir, int world_size, int ranks_per_node,
+                                   bool later_round);
 
 /* In a relaunch after a failure the supervisor sets this in the ranks'
  * environment: they run the mpi health check (keel_comm_probe) as their first

@@ -9,12 +9,20 @@
  * "keel agent", says the protocol; the keys, under /keel/<run id>/:
  *
  *   round                 "K F": the round now, and the failures so far
- *   state                 "done" once a round ended with every rank done
+ *   state                 "done" once a round ended with every rank done;
+ *                         "stopped: <reason>" once the policy stopped the job
+ *   policy                the failure history the supervisor's policy keeps
+ *                         (keel_policy_history as JSON), written by node 0
  *   waiting/<node>        a node that came while a round ran (its lease)
  *   rounds/K/join/<node>  a node in round K: its lease is its heartbeat
  *   rounds/K/members      who is in round K, in node-rank order (whoever
  *                         closes the round writes it, create-if-absent)
- *   rounds/K/ready        the run directory is prepared ("ok" or the error)
+ *   rounds/K/outcome      how round K failed, from the agent that saw it:
+ *                         {"end", "rank", "cause"} (the first word stands)
+ *   rounds/K/rollback     round K rolls back a divergence: every node drops
+ *                         its in-memory snapshots
+ *   rounds/K/ready        the run directory is prepared: "ok", or "stop N
+ *                         <reason>" (every agent exits N with the reason)
  *   rounds/K/gloo/...     the ranks' Gloo addresses */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -27,6 +35,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "keel/ckpt.h"
 #include "keel/etcd.h"
 #include "keel/monitor.h"
 #include "keel/resil.h"
@@ -258,6 +267,18 @@ static join_result join_round(agent *a) {
     }
 }
 
+/* state: "done", "stopped: <reason>", or empty while the job runs. */
+static keel_status job_state(agent *a, char *state, size_t n) {
+    char k[400];
+    key(a, k, sizeof k, "state");
+    keel_etcd_kv kv;
+    bool found;
+    keel_status st = keel_etcd_get(a->etcd, k, &kv, &found);
+    state[0] = 0;
+    if (st == KEEL_OK && found) snprintf(state, n, "%s", kv.value), keel_etcd_kv_free(&kv);
+    return st;
+}
+
 /* A node that came while a round ran: announce it and wait for the next. */
 static keel_status wait_as_latecomer(agent *a) {
     char k[400];
@@ -265,66 +286,217 @@ static keel_status wait_as_latecomer(agent *a) {
     keel_log_info("agent: round %" PRId64 " started without this node (%s): waiting for the next", a->round,
                   a->o->node);
     keel_status st = keel_etcd_put(a->etcd, k, a->o->node, strlen(a->o->node), a->lease);
-    while (st == KEEL_OK && !g_stop) {
+    while (st == KEEL_OK && !g_stop) { /* until the next round, or the job's end */
         int64_t round, failures;
+        char state[8];
         st = read_round(a, a->etcd, &round, &failures);
         if (st == KEEL_OK && round != a->round) break;
+        if (st == KEEL_OK && (st = job_state(a, state, sizeof state)) == KEEL_OK && state[0]) break;
         keel_sleep_s(POLL_S);
     }
     keel_etcd_delete_prefix(a->etcd, k, NULL);
     return g_stop ? KEEL_ERR_STOPPED : st;
 }
 
+/* ---- the supervisor's policy, across rounds ----------------------------------------------
+ * The agent that sees a round fail records how (rounds/K/outcome); node 0 of
+ * the next round puts it to keel_policy_decide with the history kept in etcd,
+ * as the supervisor does after a failed launch: roll back a divergence, skip
+ * its data window the second time, stop after a crash loop or max_restarts,
+ * back off while failures make no progress. */
+
+static void record_outcome(agent *a, keel_end end, int rank, const char *cause) {
+    char k[400];
+    key(a, k, sizeof k, "rounds/%" PRId64 "/outcome", a->round);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "end", keel_end_name(end));
+    cJSON_AddNumberToObject(o, "rank", rank);
+    cJSON_AddStringToObject(o, "cause", cause);
+    char *text = cJSON_PrintUnformatted(o);
+    bool created;
+    keel_etcd_create(a->etcd, k, text, strlen(text), 0, &created);
+    cJSON_free(text);
+    cJSON_Delete(o);
+}
+
+/* A JSON value from etcd (NULL: none, or etcd did not answer). */
+static cJSON *get_json(agent *a, const char *k) {
+    keel_etcd_kv kv;
+    bool found;
+    if (keel_etcd_get(a->etcd, k, &kv, &found) != KEEL_OK || !found) return NULL;
+    cJSON *j = cJSON_Parse(kv.value);
+    keel_etcd_kv_free(&kv);
+    return j;
+}
+
+static int64_t json_int(const cJSON *o, const char *name, int64_t fallback) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    return cJSON_IsNumber(v) ? (int64_t)v->valuedouble : fallback;
+}
+
+/* How the last round failed, as the policy sees it: what its agents recorded
+ * (a rank that only lost its peer records nothing: without a word from the
+ * node that failed, a crash), and the steps rank 0 had done. */
+static void last_outcome(agent *a, keel_outcome *o, char *cause, size_t cause_n) {
+    char k[400];
+    key(a, k, sizeof k, "rounds/%" PRId64 "/outcome", a->round - 1);
+    cJSON *j = get_json(a, k);
+    const cJSON *end = cJSON_GetObjectItemCaseSensitive(j, "end"), *said = cJSON_GetObjectItemCaseSensitive(j, "cause");
+    o->kind = KEEL_END_CRASHED;
+    for (int e = 0; cJSON_IsString(end) && e <= KEEL_END_UNHEALTHY; e++)
+        if (!strcmp(end->valuestring, keel_end_name((keel_end)e))) o->kind = (keel_end)e;
+    snprintf(cause, cause_n, "%s", cJSON_IsString(said) ? said->valuestring : "a rank lost its peer");
+    o->cause = cause;
+    cJSON_Delete(j);
+    keel_heartbeat_info hb;
+    o->done = keel_heartbeat_read(a->run_dir, 0, &hb) ? hb.step : 0;
+    keel_outcome_run_state(o, a->cfg, a->run_dir);
+}
+
+static void history_read(agent *a, keel_policy_history *h) {
+    char k[400];
+    key(a, k, sizeof k, "policy");
+    keel_policy_history_init(h);
+    cJSON *j = get_json(a, k);
+    h->restarts = (int)json_int(j, "restarts", 0);
+    h->fail_step = json_int(j, "fail_step", -1);
+    h->fail_streak = (int)json_int(j, "fail_streak", 0);
+    h->diverged_step = json_int(j, "diverged_step", -1);
+    h->skipped_step = json_int(j, "skipped_step", 0);
+    cJSON_Delete(j);
+}
+
+static void history_write(agent *a, const keel_policy_history *h) {
+    char k[400], text[256];
+    key(a, k, sizeof k, "policy");
+    snprintf(text, sizeof text,
+             "{\"restarts\": %d, \"fail_step\": %" PRId64 ", \"fail_streak\": %d, \"diverged_step\": %" PRId64
+             ", \"skipped_step\": %" PRId64 "}",
+             h->restarts, h->fail_step, h->fail_streak, h->diverged_step, h->skipped_step);
+    keel_etcd_put(a->etcd, k, text, strlen(text), 0);
+}
+
+/* Node 0, in a round that follows a failed one: the policy's word. A
+ * relaunch is carried out here (the skipped window into RUN/supervisor.json,
+ * the rollback key, the backoff); false: the job stops, *code and why say
+ * how. */
+static bool decide(agent *a, int *code, char *why, size_t why_n) {
+    keel_resilience_config rc = a->cfg->resilience;
+    if (a->o->max_restarts >= 0) rc.max_restarts = a->o->max_restarts; /* PET_MAX_RESTARTS, --max-restarts */
+    keel_outcome o = {0};
+    char cause[800];
+    last_outcome(a, &o, cause, sizeof cause);
+    keel_policy_history before, after;
+    history_read(a, &before);
+    keel_action act = keel_policy_decide(&rc, &before, &o, &after);
+    if (act.event) keel_event(a->run_dir, act.event, o.done + 1, "%s", act.reason);
+    if (act.kind != KEEL_ACT_RELAUNCH) {
+        *code = act.exit_code;
+        snprintf(why, why_n, "%s", act.reason);
+        return false;
+    }
+    if (act.skip_step > 0) {
+        keel_run_state state;
+        if (keel_run_state_read(a->run_dir, &state) == KEEL_OK) {
+            keel_run_state_skip(&state, act.skip_step);
+            keel_run_state_write(a->run_dir, &state);
+            keel_run_state_free(&state);
+        }
+    }
+    if (o.kind == KEEL_END_DIVERGED) { /* the snapshots hold the steps that led to it: back to a checkpoint */
+        char k[400];
+        key(a, k, sizeof k, "rounds/%" PRId64 "/rollback", a->round);
+        keel_etcd_put(a->etcd, k, "1", 1, 0);
+    }
+    history_write(a, &after);
+    if (act.backoff_s > 0) {
+        keel_log_info("agent: backing off %.1f s before round %" PRId64 " (failures without progress)", act.backoff_s,
+                      a->round);
+        for (double until = keel_now_s() + act.backoff_s; keel_now_s() < until && !g_stop;) keel_sleep_s(POLL_S);
+    }
+    return true;
+}
+
+/* Every node of a round that rolls back drops its snapshots before its ranks start. */
+static void maybe_roll_back(agent *a) {
+    char k[400];
+    key(a, k, sizeof k, "rounds/%" PRId64 "/rollback", a->round);
+    keel_etcd_kv kv;
+    bool found;
+    if (keel_etcd_get(a->etcd, k, &kv, &found) != KEEL_OK || !found) return;
+    keel_etcd_kv_free(&kv);
+    int n = keel_snap_remove_run(a->run_dir);
+    if (n > 0) keel_log_info("agent: round %" PRId64 " rolls back a divergence: removed %d in-memory snapshot(s)",
+                             a->round, n);
+}
+
 /* ---- the run directory ----------------------------------------------------------------- */
 
+/* Node 0: whether this round follows a failed one (more failures than the
+ * round before it). Each round's count is kept beside it to compare. */
+static bool follows_failure(agent *a) {
+    char k[400], text[32];
+    key(a, k, sizeof k, "rounds/%" PRId64 "/failures", a->round);
+    snprintf(text, sizeof text, "%" PRId64, a->failures);
+    keel_etcd_put(a->etcd, k, text, strlen(text), 0);
+    if (a->round == 0) return false;
+    key(a, k, sizeof k, "rounds/%" PRId64 "/failures", a->round - 1);
+    keel_etcd_kv kv;
+    bool found;
+    if (keel_etcd_get(a->etcd, k, &kv, &found) != KEEL_OK || !found) return false;
+    int64_t before = atoll(kv.value);
+    keel_etcd_kv_free(&kv);
+    return a->failures > before;
+}
+
 /* Node 0 prepares the run directory for this round's world (a new run, or
- * the one to resume, resharded when the world changed) and says so; the
- * others wait for its word. */
-static keel_status prepare_run(agent *a, int world) {
+ * the one to resume, resharded when the world changed) after the policy's
+ * word on a failed round, and says so in rounds/K/ready; the others wait for
+ * it. KEEL_ERR_INPUT: the job stops, every agent with exit *code. */
+static keel_status prepare_run(agent *a, int world, bool *restart, int *code) {
     char k[400];
     key(a, k, sizeof k, "rounds/%" PRId64 "/ready", a->round);
+    *restart = false;
     if (a->node_rank == 0) {
-        keel_config cfg = *a->cfg;
-        keel_status st = keel_run_prepare_nodes(&cfg, a->run_dir, world, a->o->nproc);
-        const char *said = st == KEEL_OK ? "ok" : keel_last_error(); /* the line it printed */
-        if (st == KEEL_OK) keel_heartbeat_clear(a->run_dir, a->o->max_nodes * a->o->nproc); /* a larger world's too */
-        keel_etcd_put(a->etcd, k, said, strlen(said), 0);
-        return st == KEEL_OK ? KEEL_OK : KEEL_ERR_INPUT;
+        char said[1100];
+        *restart = follows_failure(a);
+        if (*restart && !decide(a, code, said, sizeof said)) {
+            char state[400];
+            key(a, state, sizeof state, "state");
+            char text[1200];
+            snprintf(text, sizeof text, "stopped: %s", said);
+            keel_etcd_put(a->etcd, state, text, strlen(text), 0);
+            keel_errorf("%s", said);
+        } else {
+            keel_config cfg = *a->cfg;
+            keel_status st = keel_run_prepare_nodes(&cfg, a->run_dir, world, a->o->nproc, a->round > 0);
+            *code = st == KEEL_OK ? 0 : 2;
+            snprintf(said, sizeof said, "%s", st == KEEL_OK ? "" : keel_last_error()); /* the line it printed */
+            if (st == KEEL_OK) keel_heartbeat_clear(a->run_dir, a->o->max_nodes * a->o->nproc); /* a larger world's too */
+        }
+        char ready[1200] = "ok";
+        if (*code) snprintf(ready, sizeof ready, "stop %d %s", *code, said);
+        keel_etcd_put(a->etcd, k, ready, strlen(ready), 0);
+        return *code ? KEEL_ERR_INPUT : KEEL_OK;
     }
     for (;;) {
         keel_etcd_kv kv;
         bool found;
         if (keel_etcd_get(a->etcd, k, &kv, &found) != KEEL_OK) return KEEL_ERR_IO;
         if (found) {
-            bool ok = !strcmp(kv.value, "ok");
-            if (!ok) keel_errorf("node 0 (%s) could not prepare %s: %s", a->members[0], a->run_dir, kv.value);
+            int used = 0;
+            *code = 0;
+            if (strcmp(kv.value, "ok") && (sscanf(kv.value, "stop %d %n", code, &used) != 1 || !used || !*code))
+                *code = 1, used = 0;
+            if (*code) keel_errorf("node 0 (%s) stopped the job: %s", a->members[0], kv.value + used);
             keel_etcd_kv_free(&kv);
-            return ok ? KEEL_OK : KEEL_ERR_INPUT;
+            return *code ? KEEL_ERR_INPUT : KEEL_OK;
         }
         int64_t round, failures;
         if (read_round(a, a->etcd, &round, &failures) != KEEL_OK || round != a->round) return KEEL_ERR_IO;
         if (g_stop) return KEEL_ERR_STOPPED;
         keel_sleep_s(POLL_S);
     }
-}
-
-/* Node 0 of a round that follows a failed one: a restart (keel_restarts_total,
- * keel status). Each round's failure count is kept beside it to compare. */
-static void note_restart(agent *a) {
-    char k[400], text[32];
-    key(a, k, sizeof k, "rounds/%" PRId64 "/failures", a->round);
-    snprintf(text, sizeof text, "%" PRId64, a->failures);
-    keel_etcd_put(a->etcd, k, text, strlen(text), 0);
-    if (a->round == 0) return;
-    key(a, k, sizeof k, "rounds/%" PRId64 "/failures", a->round - 1);
-    keel_etcd_kv kv;
-    bool found;
-    if (keel_etcd_get(a->etcd, k, &kv, &found) != KEEL_OK || !found) return;
-    int64_t before = atoll(kv.value);
-    keel_etcd_kv_free(&kv);
-    if (a->failures > before)
-        keel_event(a->run_dir, "restart", -1, "restart %" PRId64 ": round %" PRId64 " on %d node(s)", a->failures,
-                   a->round, a->n_members);
 }
 
 /* ---- one round's ranks -------------------------------------------------------------- */
@@ -423,28 +595,30 @@ static run_end run_ranks(agent *a, int world, int *exit_code, int *failed_rank, 
 
 /* ---- the agent ------------------------------------------------------------------------ */
 
-static keel_status job_state(agent *a, char *state, size_t n) {
-    char k[400];
-    key(a, k, sizeof k, "state");
-    keel_etcd_kv kv;
-    bool found;
-    keel_status st = keel_etcd_get(a->etcd, k, &kv, &found);
-    state[0] = 0;
-    if (st == KEEL_OK && found) snprintf(state, n, "%s", kv.value), keel_etcd_kv_free(&kv);
-    return st;
-}
-
 static keel_status rounds(agent *a, int *exit_code) {
-    int64_t max_restarts = a->o->max_restarts >= 0 ? a->o->max_restarts : a->cfg->resilience.max_restarts;
+    int64_t checked = 0; /* the failures this node's health was checked after */
     for (;;) {
         if (g_stop) return *exit_code = KEEL_EXIT_RESUME, KEEL_OK;
         if (lease_lost(a) && renew_lease(a) != KEEL_OK) return KEEL_ERR_IO;
-        keel_status st = read_round(a, a->etcd, &a->round, &a->failures);
+        char state[1200];
+        keel_status st = job_state(a, state, sizeof state);
         if (st != KEEL_OK) return st;
-        if (a->failures > max_restarts) {
-            keel_errorf("agent: %" PRId64 " failure(s), more restarts than PET_MAX_RESTARTS/--max-restarts %" PRId64
-                        " allow; the run stops (events: %s/events.jsonl)", a->failures, max_restarts, a->run_dir);
-            return *exit_code = 1, KEEL_OK;
+        if (state[0]) { /* a latecomer's job ended without it */
+            if (!strcmp(state, "done")) keel_log_info("agent: the job finished without this node (%s)", a->o->node);
+            else keel_errorf("agent: the job was %s", state);
+            return *exit_code = !strcmp(state, "done") ? 0 : 1, KEEL_OK;
+        }
+        st = read_round(a, a->etcd, &a->round, &a->failures);
+        if (st != KEEL_OK) return st;
+        if (a->failures > checked) { /* after a failure, as the supervisor does: this node's own checks */
+            checked = a->failures;
+            char failed[32];
+            if (!keel_health_here(a->cfg, a->run_dir, a->o->node, a->o->nproc, failed, sizeof failed)) {
+                keel_errorf("agent: this node (%s) failed the %s health check after a failure: it leaves the job, "
+                            "which goes on without it if --nnodes allows (events: %s/events.jsonl)", a->o->node,
+                            failed, a->run_dir);
+                return *exit_code = 1, KEEL_OK;
+            }
         }
         join_result j = join_round(a);
         if (j == FAILED) return g_stop ? (*exit_code = KEEL_EXIT_RESUME, KEEL_OK) : KEEL_ERR_IO;
@@ -459,8 +633,10 @@ static keel_status rounds(agent *a, int *exit_code) {
         keel_log_info("agent: round %" PRId64 ": node %d of %d (%s), ranks %d-%d of %d", a->round, a->node_rank,
                       a->n_members, a->o->node, a->node_rank * a->o->nproc, (a->node_rank + 1) * a->o->nproc - 1,
                       world);
-        st = prepare_run(a, world);
-        if (st == KEEL_ERR_INPUT) return free_members(a), *exit_code = 2, KEEL_OK;
+        bool restart;
+        int code;
+        st = prepare_run(a, world, &restart, &code);
+        if (st == KEEL_ERR_INPUT) return free_members(a), *exit_code = code, KEEL_OK;
         if (st == KEEL_ERR_STOPPED) return free_members(a), *exit_code = KEEL_EXIT_RESUME, KEEL_OK;
         if (st != KEEL_OK) { /* the round moved on meanwhile */
             free_members(a);
@@ -469,9 +645,12 @@ static keel_status rounds(agent *a, int *exit_code) {
         if (a->node_rank == 0) {
             keel_event(a->run_dir, "rendezvous", -1, "round %" PRId64 ": %d node(s) x %d rank(s) = world %d: %s",
                        a->round, a->n_members, a->o->nproc, world, a->members[0]);
-            note_restart(a);
+            if (restart)
+                keel_event(a->run_dir, "restart", -1, "restart %" PRId64 ": round %" PRId64 " on %d node(s)",
+                           a->failures, a->round, a->n_members);
         }
-        int code, failed_rank;
+        maybe_roll_back(a);
+        int failed_rank;
         char who[800] = "";
         run_end end = run_ranks(a, world, &code, &failed_rank, who, sizeof who);
         remember_members(a);
@@ -491,18 +670,27 @@ static keel_status rounds(agent *a, int *exit_code) {
             if (code == KEEL_EXIT_PEER_LOST) /* the failure is another node's: its agent, or its lost lease, names it */
                 keel_event(a->run_dir, "peer_lost", -1, "rank %d on %s lost a peer in round %" PRId64 "; the agents "
                            "form round %" PRId64, failed_rank, a->o->node, a->round, a->round + 1);
-            else
+            else {
+                keel_end kind = code == KEEL_EXIT_DIVERGED ? KEEL_END_DIVERGED : KEEL_END_CRASHED;
+                snprintf(who, sizeof who, "rank %d on %s exited with code %d in round %" PRId64, failed_rank,
+                         a->o->node, code, a->round);
                 keel_event_with(a->run_dir, "failure", -1,
-                                &(keel_event_fields){.cause = "crash", .has_rank = true, .rank = failed_rank,
-                                                     .node = a->o->node},
-                                "crash: rank %d on %s exited with code %d in round %" PRId64 "; the agents form "
-                                "round %" PRId64, failed_rank, a->o->node, code, a->round, a->round + 1);
+                                &(keel_event_fields){.cause = keel_end_name(kind), .has_rank = true,
+                                                     .rank = failed_rank, .node = a->o->node},
+                                "%s: %s; the agents form round %" PRId64, keel_end_name(kind), who, a->round + 1);
+                record_outcome(a, kind, failed_rank, who);
+            }
             next_round(a, a->etcd, true); /* a round that failed is one failure, whoever moves it on */
             break;
         case RAN_NODE_LOST:
             keel_event_with(a->run_dir, "failure", -1, &(keel_event_fields){.cause = "node_lost", .node = who},
                             "node %s was lost in round %" PRId64 " (its lease expired); the agents form round %"
                             PRId64 " on the nodes left", who, a->round, a->round + 1);
+        {
+            char lost[900];
+            snprintf(lost, sizeof lost, "node %s was lost (its lease expired)", who);
+            record_outcome(a, KEEL_END_CRASHED, -1, lost);
+        }
             next_round(a, a->etcd, true);
             break;
         case RAN_HUNG:
@@ -510,6 +698,7 @@ static keel_status rounds(agent *a, int *exit_code) {
                             &(keel_event_fields){.cause = "hang", .has_rank = true, .rank = failed_rank},
                             "hang: %s; the agents form round %" PRId64, who, a->round + 1);
             keel_log_warn("agent: %s; ending round %" PRId64, who, a->round);
+            record_outcome(a, KEEL_END_HUNG, failed_rank, who);
             next_round(a, a->etcd, true);
             break;
         case RAN_NODE_CAME:
@@ -519,7 +708,6 @@ static keel_status rounds(agent *a, int *exit_code) {
             break;
         case RAN_MOVED: break;
         }
-        keel_sleep_s(a->cfg->resilience.backoff_s > 0 ? a->cfg->resilience.backoff_s : 0);
     }
 }
 
@@ -545,12 +733,16 @@ keel_status keel_agent_run(const keel_config *cfg, const char *run_dir, const ke
     keel_status st = keel_self_path(a.self, sizeof a.self);
     if (st == KEEL_OK) st = keel_etcd_open(o->endpoint, o->rdzv_timeout_s, &a.etcd);
     if (st == KEEL_OK) st = keel_etcd_open(o->endpoint, WATCH_RETRY_S, &a.watch);
-    char state[64];
+    char state[1200];
     if (st == KEEL_OK && (st = job_state(&a, state, sizeof state)) == KEEL_ERR_IO)
         st = KEEL_ERR_INPUT; /* no etcd where the job says: the endpoint given is wrong (exit 2) */
     if (st == KEEL_OK && !strcmp(state, "done")) {
         keel_errorf("run id %s already finished (etcd at %s says so): give this job a new run id (--rdzv-id, "
                     "PET_RDZV_ID), or clear the old one with keel agent --reset", o->run_id, o->endpoint);
+        st = KEEL_ERR_INPUT;
+    } else if (st == KEEL_OK && !strncmp(state, "stopped: ", 9)) {
+        keel_errorf("run id %s was stopped (%s): fix that, then give the job a new run id (--rdzv-id, PET_RDZV_ID) "
+                    "or clear this one with keel agent --reset", o->run_id, state + 9);
         st = KEEL_ERR_INPUT;
     }
     if (st == KEEL_OK) st = keel_etcd_lease_grant(a.etcd, LEASE_TTL_S, &a.lease);

@@ -98,6 +98,11 @@ static int64_t newest_checkpoint(const char *run_dir) {
     return s;
 }
 
+void keel_outcome_run_state(keel_outcome *o, const keel_config *cfg, const char *run_dir) {
+    o->checkpoint = newest_checkpoint(run_dir);
+    o->checkpointing = checkpointing(cfg);
+}
+
 /* The nodes ranks run on: the first `active` ones not excluded, comma-separated. */
 static void active_nodelist(const supervisor *sv, char *out, size_t n) {
     out[0] = 0;
@@ -415,12 +420,12 @@ static keel_status init_nodes(supervisor *sv) {
 
 /* Log each check of one node's JSON report as an event; the first failed
  * check's name (empty when all passed) goes to failed_check. */
-static bool report_health(const supervisor *sv, const char *node, const char *json, char *failed_check, size_t n) {
+static bool report_health(const char *run_dir, const char *node, const char *json, char *failed_check, size_t n) {
     cJSON *o = cJSON_Parse(json);
     const cJSON *checks = cJSON_GetObjectItemCaseSensitive(o, "checks"), *c;
     failed_check[0] = 0;
     if (!cJSON_IsArray(checks)) {
-        keel_event(sv->run_dir, "health", -1, "node %s: no report (%.200s)", node, json);
+        keel_event(run_dir, "health", -1, "node %s: no report (%.200s)", node, json);
         snprintf(failed_check, n, "report");
         cJSON_Delete(o);
         return false;
@@ -430,7 +435,7 @@ static bool report_health(const supervisor *sv, const char *node, const char *js
                     *status = cJSON_GetObjectItemCaseSensitive(c, "status"),
                     *detail = cJSON_GetObjectItemCaseSensitive(c, "detail");
         if (!cJSON_IsString(name) || !cJSON_IsString(status)) continue;
-        keel_event(sv->run_dir, "health", -1, "node %s: %s %s: %s", node, name->valuestring, status->valuestring,
+        keel_event(run_dir, "health", -1, "node %s: %s %s: %s", node, name->valuestring, status->valuestring,
                    cJSON_IsString(detail) ? detail->valuestring : "");
         if (!strcmp(status->valuestring, "fail") && !failed_check[0])
             snprintf(failed_check, n, "%s", name->valuestring);
@@ -439,21 +444,24 @@ static bool report_health(const supervisor *sv, const char *node, const char *js
     return failed_check[0] == 0;
 }
 
-/* This machine's node-local checks, in process. */
-static bool check_this_machine(supervisor *sv, unsigned checks, char *node, size_t node_n, char *failed, size_t n) {
-    char ckpt_dir[4200];
-    keel_run_path(ckpt_dir, sizeof ckpt_dir, sv->run_dir, "checkpoints");
-    keel_health_options o = {.cfg = sv->cfg, .dir = ckpt_dir, .nproc = sv->nproc, .checks = checks,
-                             .gemm_floor_gflops = sv->cfg->resilience.gemm_floor_gflops};
+bool keel_health_here(const keel_config *cfg, const char *run_dir, const char *node, int nproc, char *failed,
+                      size_t n) {
+    unsigned checks = cfg->resilience.health_checks & ~(1u << KEEL_CHECK_MPI);
+    failed[0] = 0;
+    if (!checks) return true;
+    char ckpt_dir[4200], here[64];
+    keel_run_path(ckpt_dir, sizeof ckpt_dir, run_dir, "checkpoints");
+    if (!node) keel_node_name(here, sizeof here), node = here;
+    keel_health_options o = {.cfg = cfg, .dir = ckpt_dir, .nproc = nproc, .checks = checks,
+                             .gemm_floor_gflops = cfg->resilience.gemm_floor_gflops};
     keel_health_result r[KEEL_CHECK_COUNT];
     int count = keel_health_run(&o, r);
-    keel_node_name(node, node_n);
     char *json = keel_health_json(node, r, count);
-    bool ok = report_health(sv, node, json, failed, n);
+    bool ok = report_health(run_dir, node, json, failed, n);
     free(json);
     if (!ok)
-        keel_event_with(sv->run_dir, "node_excluded", -1, &(keel_event_fields){.cause = "health", .node = node},
-                        "node %s (this machine) failed the %s check; a local run has no other node", node, failed);
+        keel_event_with(run_dir, "node_excluded", -1, &(keel_event_fields){.cause = "health", .node = node},
+                        "node %s failed the %s check", node, failed);
     return ok;
 }
 
@@ -487,7 +495,7 @@ static bool check_slurm_node(supervisor *sv, int i, unsigned checks, char *faile
                     "--dir", ckpt_dir, "--config", config, "--nproc", ranks, NULL};
     char out[16384];
     keel_run_capture(argv, NODE_HEALTH_TIMEOUT_S, out, sizeof out);
-    if (report_health(sv, sv->nodes[i], out, failed, n)) return true;
+    if (report_health(sv->run_dir, sv->nodes[i], out, failed, n)) return true;
     drain_node(sv, i, failed, "health");
     return false;
 }
@@ -523,8 +531,9 @@ static bool check_nodes(supervisor *sv, char *why, size_t why_n) {
             if (!sv->excluded[i] && !strcmp(sv->nodes[i], sv->straggler_node)) drain_node(sv, i, "straggler", NULL);
         sv->straggler_node[0] = 0;
     }
-    if (!s.failed && checks && !sv->nodes && !check_this_machine(sv, checks, node, sizeof node, failed, sizeof failed)) {
+    if (!s.failed && !sv->nodes && !keel_health_here(sv->cfg, sv->run_dir, NULL, sv->nproc, failed, sizeof failed)) {
         s.failed = 1;
+        keel_node_name(node, sizeof node);
         snprintf(first_node, sizeof first_node, "%s", node);
         snprintf(first_check, sizeof first_check, "%s", failed);
     }

@@ -168,8 +168,11 @@ static keel_status keep_global_batch(keel_config *cfg, const char *run_dir, cons
     return KEEL_OK;
 }
 
-/* New or empty, or a run of the same model to resume (*resuming). */
-static keel_status check_dir(keel_config *cfg, const char *run_dir, int world_size, bool *resuming) {
+/* New or empty, or a run of the same model to resume (*resuming); in a
+ * later round of the same job, also one a failed round ended before its
+ * first checkpoint. */
+static keel_status check_dir(keel_config *cfg, const char *run_dir, int world_size, bool later_round,
+                             bool *resuming) {
     char path[4200];
     *resuming = false;
     keel_run_path(path, sizeof path, run_dir, KEEL_RUN_CONFIG);
@@ -178,7 +181,7 @@ static keel_status check_dir(keel_config *cfg, const char *run_dir, int world_si
     int n = keel_ckpt_list(run_dir, &steps);
     keel_run_path(path, sizeof path, run_dir, KEEL_RUN_SUMMARY);
     keel_status st = KEEL_OK;
-    if (n == 0 && keel_path_exists(path)) { /* it ended and left nothing to resume from */
+    if (n == 0 && !later_round && keel_path_exists(path)) { /* it ended and left nothing to resume from */
         keel_errorf("%s: run directory already exists and holds a finished run without checkpoints; "
                     "pass a new --run-dir (keel never overwrites a run)", run_dir);
         st = KEEL_ERR_INPUT;
@@ -426,12 +429,13 @@ static void fit_snapshots(keel_config *cfg, int world_size, int ranks_here) {
 }
 
 keel_status keel_run_prepare(keel_config *cfg, const char *run_dir, int world_size) {
-    return keel_run_prepare_nodes(cfg, run_dir, world_size, planned_ranks_per_node(cfg, world_size));
+    return keel_run_prepare_nodes(cfg, run_dir, world_size, planned_ranks_per_node(cfg, world_size), false);
 }
 
-keel_status keel_run_prepare_nodes(keel_config *cfg, const char *run_dir, int world_size, int ranks_per_node) {
+keel_status keel_run_prepare_nodes(keel_config *cfg, const char *run_dir, int world_size, int ranks_per_node,
+                                   bool later_round) {
     bool resuming;
-    keel_status st = check_dir(cfg, run_dir, world_size, &resuming);
+    keel_status st = check_dir(cfg, run_dir, world_size, later_round, &resuming);
     if (st == KEEL_OK) fit_snapshots(cfg, world_size, ranks_per_node);
     if (st == KEEL_OK) st = keel_run_check_memory(cfg, world_size, ranks_per_node);
     if (st == KEEL_OK) st = keel_run_check_init_from(cfg, run_dir);

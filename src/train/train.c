@@ -799,10 +799,14 @@ static keel_status check_mpi(trainer *t) {
     char detail[256];
     double bus;
     bool ok = keel_comm_probe(t->world, &bus, detail, sizeof detail);
+    /* the check keeps its name (resilience.health_checks' mpi) whichever transport runs it */
+    const char *over = keel_comm_transport();
+    bool mpi = !strcmp(over, "mpi");
     if (t->leader)
-        keel_event(t->run_dir, "health", -1, "ranks %d: mpi %s: %s", t->world_size, ok ? "pass" : "fail", detail);
+        keel_event(t->run_dir, "health", -1, "ranks %d: mpi %s%s%s%s: %s", t->world_size, ok ? "pass" : "fail",
+                   mpi ? "" : " (over ", mpi ? "" : over, mpi ? "" : ")", detail);
     if (ok) return KEEL_OK;
-    keel_errorf("the MPI all-reduce check failed: %s", detail);
+    keel_errorf("the %s all-reduce check failed: %s", mpi ? "MPI" : over, detail);
     return KEEL_ERR_UNHEALTHY;
 }
 

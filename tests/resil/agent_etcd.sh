@@ -44,17 +44,18 @@ agent() {
     --host 127.0.0.1 --nproc-per-node 1 --last-call 1 "$@" >"$TMP/$id-$name.out" 2>&1 &
   eval "AGENT_$name=$!"
 }
-# finish ID NAME...: every agent exits 0
-finish() {
-  local id=$1 name pid rc
-  shift
+# finish ID NAME...: every agent exits 0; finish_with CODE ID NAME...: with CODE
+finish_with() {
+  local want=$1 id=$2 name pid rc
+  shift 2
   for name in "$@"; do
     pid=$(eval echo "\$AGENT_$name")
     rc=0
     wait "$pid" || rc=$?
-    [ "$rc" = 0 ] || fail "$id: agent $name exited $rc: $(grep -v '^step' "$TMP/$id-$name.out" | tail -5)"
+    [ "$rc" = "$want" ] || fail "$id: agent $name exited $rc, want $want: $(grep -v '^step' "$TMP/$id-$name.out" | tail -5)"
   done
 }
+finish() { finish_with 0 "$@"; }
 xxh() { json "$1/summary.json" "j['params_xxh3']"; }
 steps=(--set train.steps=80 --set checkpoint.every_steps=20)
 
@@ -149,6 +150,49 @@ grep -q '"event":"rendezvous".*round 1: 2 node' "$TMP/etcd-run/events.jsonl" ||
 [ "$(xxh "$TMP/etcd-run")" = "$want" ] || fail "etcd restarted: params_xxh3 $(xxh "$TMP/etcd-run"), undisturbed $want"
 pass "etcd killed mid-run: training went on (step $before -> $after); a rank killed meanwhile, etcd back 3 s" \
   "later: round 1 formed, params_xxh3 as undisturbed"
+
+# 5b. the supervisor's policy across rounds (node 0 decides on what the failed round's agents recorded)
+# - an absurd learning rate diverges: round 1 rolls back, round 2 skips the step's data window, the
+#   third divergence stops the job; every agent exits 1 with the reason, and the run id is refused after
+ev() { grep -c "\"event\":\"$2\"" "$TMP/$1/events.jsonl" || true; }
+div=(--nnodes 2 --set train.steps=50 --set checkpoint.every_steps=5 --set train.lr=10 --set train.min_lr=10
+     --set train.warmup_steps=0 --set train.grad_clip=0 --set resilience.backoff_s=0.1)
+agent a div "$TMP/div" "${div[@]}"
+agent b div "$TMP/div" "${div[@]}"
+finish_with 1 div a b
+[ "$(ev div rollback)" = 1 ] && [ "$(ev div skip_data)" = 1 ] && [ "$(ev div stop)" = 1 ] ||
+  fail "divergence: rollback $(ev div rollback), skip_data $(ev div skip_data), stop $(ev div stop): $(grep -v checkpoint "$TMP/div/events.jsonl" | tail -8)"
+grep -q "keel: error: the loss diverged again in step [0-9]* after step [0-9]*'s data window was skipped" "$TMP"/div-?.out ||
+  fail "node 0 did not say why: $(tail -3 "$TMP"/div-?.out)"
+grep -q "keel: error: node 0 ([ab]) stopped the job: the loss diverged again" "$TMP"/div-?.out ||
+  fail "node 1 did not say why: $(tail -3 "$TMP"/div-?.out)"
+[ "$(json "$TMP/div/supervisor.json" 'len(j["skip_data_steps"])')" = 1 ] ||
+  fail "no skipped window in supervisor.json: $(cat "$TMP/div/supervisor.json")"
+expect_input_error "a stopped run id" "^keel: error: run id div was stopped \\(the loss diverged again" \
+  "$KEEL_BIN" agent "$CFG" --run-dir "$TMP/div" --rdzv-endpoint "$EP" --rdzv-id div --nnodes 2
+pass "divergence under the agents: rollback, skip of the window, stop (exit 1 on both nodes, the run id refused after)"
+# - a rank killed in the same step at every try: resilience.crash_loop (3) failures in a row without
+#   progress stop the job, with the policy's backoff between the tries
+KEEL_FAULT=kill@6:1 agent a loop "$TMP/loop" --nnodes 2 "${steps[@]}" --set resilience.backoff_s=0.2
+KEEL_FAULT=kill@6:1 agent b loop "$TMP/loop" --nnodes 2 "${steps[@]}" --set resilience.backoff_s=0.2
+finish_with 1 loop a b
+grep -q "keel: error: crash loop: 3 failures in a row in step 6 or before" "$TMP"/loop-?.out ||
+  fail "no crash loop: $(grep -v '^step' "$TMP"/loop-?.out | tail -3)"
+grep -q '"event":"rendezvous".*round 2: 2 node' "$TMP/loop/events.jsonl" && ! grep -q '"event":"rendezvous".*round 3' "$TMP/loop/events.jsonl" ||
+  fail "want rounds 0-2 and a stop before round 3: $(grep rendezvous "$TMP/loop/events.jsonl")"
+pass "rank 1 killed in step 6 at every try: $(grep -ho 'crash loop: [^;]*' "$TMP"/loop-?.out | head -1)"
+# - after a failure each agent runs its node's health checks: a node that fails one leaves the job,
+#   and with --nnodes 1:2 the other goes on alone
+KEEL_FAULT=kill@6:1 agent a sick "$TMP/sick" --nnodes 1:2 "${steps[@]}"
+KEEL_FAULT=kill@6:1 agent b sick "$TMP/sick" --nnodes 1:2 "${steps[@]}" --set resilience.gemm_floor_gflops=1e9
+finish sick a
+finish_with 1 sick b
+grep -q "keel: error: agent: this node (b) failed the gemm health check after a failure: it leaves the job" "$TMP/sick-b.out" ||
+  fail "node b did not leave: $(grep -v '^step' "$TMP/sick-b.out" | tail -3)"
+grep -q '"event":"node_excluded","cause":"health","node":"b"' "$TMP/sick/events.jsonl" &&
+  grep -q '"event":"rendezvous".*round 1: 1 node(s) x 1 rank(s) = world 1: a' "$TMP/sick/events.jsonl" ||
+  fail "no node_excluded event, or no round on a alone: $(grep -v checkpoint "$TMP/sick/events.jsonl" | tail -6)"
+pass "node b failed its gemm check after rank 1 was killed: it left, a finished alone"
 
 # 6. a finished run id is refused; --reset clears it and nothing else
 expect_input_error "a finished run id" "^keel: error: run id plain already finished" \

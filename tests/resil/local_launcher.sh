@@ -51,6 +51,8 @@ grep -q '"event":"failure","step":[0-9]*,"cause":"crash","rank":1,' "$TMP/run/ev
   fail "the failure does not name rank 1: $(grep failure "$TMP/run/events.jsonl")"
 grep -q '"event":"resumed".*from memory' "$TMP/run/events.jsonl" ||
   fail "not resumed from memory: $(grep resumed "$TMP/run/events.jsonl")"
+grep -q '"event":"health".*ranks 2: mpi pass (over gloo): 2 rank(s): all-reduce of 16 MB exact' "$TMP/run/events.jsonl" ||
+  fail "the relaunch's all-reduce check does not say it ran over Gloo: $(grep health "$TMP/run/events.jsonl")"
 pass "rank 1 killed after step 60: named in the failure event (not rank 0, which lost it), resumed from memory;" \
   "params_xxh3 $got as undisturbed"
 
