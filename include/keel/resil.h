@@ -14,6 +14,7 @@
 #define KEEL_RESIL_H
 
 #include "keel/core.h"
+#include "keel/run.h"
 
 /* ---- launching (launch.c) ------------------------------------------------------ */
 
@@ -292,6 +293,13 @@ void keel_straggler_free(keel_straggler_watch *w);
  * factor 0 or a single rank compare nothing. */
 int keel_straggler_observe(keel_straggler_watch *w, int64_t step, const double *compute_s, double *ratio,
                            double *median);
+
+/* Every rank of w at the same step in training: their compute times to s; a
+ * rank newly named a straggler is an event in run_dir (its detail ending in
+ * `then`) and a warning, and is returned (else -1) with its *ratio to the
+ * others' median. compute_s: (s->nproc) scratch. supervisor.c. */
+int keel_straggler_report(keel_straggler_watch *s, const keel_watch *w, const char *run_dir, const char *then,
+                          double *compute_s, double *ratio);
 
 /* ---- the supervisor (supervisor.c) --------------------------------------------------- */
 

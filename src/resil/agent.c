@@ -549,7 +549,13 @@ static run_end run_ranks(agent *a, int world, int *exit_code, int *failed_rank, 
     keel_watch w;
     char here[64] = "";
     gethostname(here, sizeof here - 1);
-    if (a->node_rank == 0) keel_watch_init(&w, &a->cfg->resilience, world, keel_unix_s(), a->slowest_gap_s);
+    keel_straggler_watch slow;
+    double *compute_s = NULL;
+    if (a->node_rank == 0) {
+        keel_watch_init(&w, &a->cfg->resilience, world, keel_unix_s(), a->slowest_gap_s);
+        keel_straggler_init(&slow, world, a->cfg->resilience.straggler_factor, a->cfg->resilience.straggler_steps);
+        compute_s = keel_xcalloc(sizeof(double) * (size_t)world, "compute times");
+    }
     for (;;) {
         if (keel_ranks_poll(ranks, exit_code)) {
             if (stopping) end = RAN_STOPPED;
@@ -570,6 +576,8 @@ static run_end run_ranks(agent *a, int world, int *exit_code, int *failed_rank, 
             keel_watch_finding f;
             if (end == RAN_DONE && a->node_rank == 0) {
                 keel_watch_read(&w, a->run_dir);
+                double ratio; /* a straggler is an event: Kubernetes, not keel, places pods (no drain) */
+                keel_straggler_report(&slow, &w, a->run_dir, "", compute_s, &ratio);
                 if (keel_watch_hung(&w, keel_unix_s(), false, here, &f))
                     end = RAN_HUNG, *failed_rank = f.rank, snprintf(who, who_n, "%.700s", f.cause);
             }
@@ -581,6 +589,8 @@ static run_end run_ranks(agent *a, int world, int *exit_code, int *failed_rank, 
     if (a->node_rank == 0) {
         a->slowest_gap_s = w.slowest_gap_s;
         keel_watch_free(&w);
+        keel_straggler_free(&slow);
+        keel_free(compute_s);
     }
     if (end != RAN_DONE && end != RAN_STOPPED) {
         /* the others' ranks lost theirs too, or soon will: ask, then make sure */

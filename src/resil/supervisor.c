@@ -268,31 +268,38 @@ static void classify_exit(launch *l) {
                  "health event in %s/events.jsonl)", run_dir);
 }
 
-/* Every rank at the same step in training: compare their compute times; a
- * straggler is an event (and, with straggler_action drain, a failed launch
+int keel_straggler_report(keel_straggler_watch *s, const keel_watch *w, const char *run_dir, const char *then,
+                          double *compute_s, double *ratio) {
+    int n = s->nproc;
+    for (int r = 0; r < n; r++)
+        if (!w->have[r] || strcmp(w->hb[r].phase, "train") || w->hb[r].step != w->hb[0].step ||
+            w->hb[r].step <= w->hb[r].start_step)
+            return -1;
+    for (int r = 0; r < n; r++) compute_s[r] = w->hb[r].compute_s;
+    double median;
+    int r = keel_straggler_observe(s, w->hb[0].step, compute_s, ratio, &median);
+    if (r < 0) return -1;
+    keel_event_with(run_dir, "straggler", w->hb[r].step,
+                    &(keel_event_fields){.cause = "straggler", .has_rank = true, .rank = r, .node = w->hb[r].node,
+                                         .has_seconds = true, .seconds = compute_s[r]},
+                    "rank %d on %s: %.3f s of compute a step, %.2fx the other ranks' median %.3f s, %d steps in a "
+                    "row (resilience.straggler_factor %g)%s", r, w->hb[r].node, compute_s[r], *ratio, median,
+                    s->steps, s->factor, then);
+    keel_log_warn("straggler: rank %d on %s is %.2fx slower than the others", r, w->hb[r].node, *ratio);
+    return r;
+}
+
+/* A straggler is an event (and, with straggler_action drain, a failed launch
  * whose node the relaunch leaves out). */
 static void detect_straggler(launch *l, double now) {
     supervisor *sv = l->sv;
-    int n = sv->nproc;
-    for (int r = 0; r < n; r++)
-        if (!l->w.have[r] || strcmp(l->w.hb[r].phase, "train") || l->w.hb[r].step != l->w.hb[0].step ||
-            l->w.hb[r].step <= l->w.hb[r].start_step)
-            return;
-    for (int r = 0; r < n; r++) l->compute_s[r] = l->w.hb[r].compute_s;
-    double ratio, median;
-    int r = keel_straggler_observe(&l->stragglers, l->w.hb[0].step, l->compute_s, &ratio, &median);
-    if (r < 0) return;
     const keel_resilience_config *rc = &sv->cfg->resilience;
     bool drain = rc->straggler_action == KEEL_STRAGGLER_DRAIN;
-    keel_event_with(sv->run_dir, "straggler", l->w.hb[r].step,
-                    &(keel_event_fields){.cause = "straggler", .has_rank = true, .rank = r, .node = l->w.hb[r].node,
-                                         .has_seconds = true, .seconds = l->compute_s[r]},
-                    "rank %d on %s: %.3f s of compute a step, %.2fx the other ranks' median %.3f s, %d steps in a "
-                    "row (resilience.straggler_factor %g)%s", r, l->w.hb[r].node, l->compute_s[r], ratio, median,
-                    rc->straggler_steps, rc->straggler_factor,
-                    drain ? "; straggler_action drain: relaunching without its node" : "");
-    keel_log_warn("straggler: rank %d on %s is %.2fx slower than the others", r, l->w.hb[r].node, ratio);
-    if (!drain) return;
+    double ratio;
+    int r = keel_straggler_report(&l->stragglers, &l->w, sv->run_dir,
+                                  drain ? "; straggler_action drain: relaunching without its node" : "", l->compute_s,
+                                  &ratio);
+    if (r < 0 || !drain) return;
     snprintf(sv->straggler_node, sizeof sv->straggler_node, "%s", l->w.hb[r].node);
     snprintf(l->cause, sizeof l->cause, "rank %d on %s computed %.2fx slower than the others for %d steps", r,
              l->w.hb[r].node, ratio, rc->straggler_steps);

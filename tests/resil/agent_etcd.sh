@@ -194,6 +194,24 @@ grep -q '"event":"node_excluded","cause":"health","node":"b"' "$TMP/sick/events.
   fail "no node_excluded event, or no round on a alone: $(grep -v checkpoint "$TMP/sick/events.jsonl" | tail -6)"
 pass "node b failed its gemm check after rank 1 was killed: it left, a finished alone"
 
+# - node 0 compares the ranks' compute times: rank 1 throttled to a quarter of its speed (stopped
+#   60 ms of every 80) is named in a straggler event, and the run goes on to the end
+slow=(--nnodes 2 --set train.steps=14 --set model.dim=256 --set model.max_seq_len=128 --set train.threads=1
+      --set resilience.straggler_steps=3)
+agent a slow "$TMP/slow" "${slow[@]}"
+agent b slow "$TMP/slow" "${slow[@]}"
+wait_train_step "$TMP/slow" 0 2 >/dev/null
+p1=$(wait_train_step "$TMP/slow" 1 2)
+bash -c 'while kill -STOP "$1" 2>/dev/null; do sleep 0.06; kill -CONT "$1" 2>/dev/null; sleep 0.02; done' \
+  throttle "$p1" </dev/null >/dev/null 2>&1 &
+throttle=$!
+finish slow a b
+kill "$throttle" 2>/dev/null || true
+wait "$throttle" 2>/dev/null || true
+grep -q '"event":"straggler".*"cause":"straggler","rank":1' "$TMP/slow/events.jsonl" ||
+  fail "no straggler event for rank 1: $(grep -v checkpoint "$TMP/slow/events.jsonl" | tail -5)"
+pass "rank 1 throttled: $(grep -o '"detail":"rank 1 on [^"]*' "$TMP/slow/events.jsonl" | head -1 | cut -c11-130)"
+
 # 6. a finished run id is refused; --reset clears it and nothing else
 expect_input_error "a finished run id" "^keel: error: run id plain already finished" \
   "$KEEL_BIN" agent "$CFG" --run-dir "$TMP/again" --rdzv-endpoint "$EP" --rdzv-id plain --nnodes 1
