@@ -29,6 +29,11 @@ bool keel_launch_in_slurm(void);
 /* True when KEEL_LAUNCHER=local (keel train --launcher local): ranks start
  * with keel's own launcher and talk over Gloo, no MPI launcher involved. */
 bool keel_launch_is_local(void);
+/* True when the ranks are this machine's processes, to watch and signal by
+ * pid: keel's own launcher, or mpirun with no Slurm allocation and no
+ * default hostfile. Over a hostfile (a Kubeflow MPIJob's launcher pod) and
+ * in Slurm the ranks run on other hosts. */
+bool keel_launch_ranks_here(void);
 /* The command that starts spec->nproc ranks of `keel ARGS...`: mpirun on
  * loopback (as root, oversubscribed), in a Slurm allocation srun --mpi=pmix,
  * or with KEEL_LAUNCHER=local `keel launch -n N --`. argv is NULL-terminated,

@@ -75,13 +75,15 @@ static bool hostfile_given(void) {
     return getenv("OMPI_MCA_orte_default_hostfile") || getenv("PRTE_MCA_prte_default_hostfile");
 }
 
+bool keel_launch_ranks_here(void) { return keel_launch_is_local() || (!keel_launch_in_slurm() && !hostfile_given()); }
+
 void keel_launch_env(void) {
     /* One machine: OpenMPI over loopback only (it would also try eth0
      * otherwise), and shared memory through ob1 (probing for UCX costs every
      * MPI_Init 0.2 s, a fifth of a recovery). A Slurm allocation or a hostfile
      * spans hosts: OpenMPI picks their interfaces and transport. A setting of
      * the user's stays. */
-    if (!keel_launch_in_slurm() && !hostfile_given()) {
+    if (keel_launch_ranks_here()) {
         setenv("OMPI_MCA_btl_tcp_if_include", "lo", 0);
         setenv("OMPI_MCA_oob_tcp_if_include", "lo", 0);
         setenv("OMPI_MCA_pml", "ob1", 0);
@@ -111,7 +113,7 @@ static void remove_orphaned_shm(void) {
 void keel_launch_shm_begin(char *dir, size_t n) {
     dir[0] = 0;
     /* over a hostfile the other hosts have no such directory */
-    if (keel_launch_in_slurm() || hostfile_given() || getenv("OMPI_MCA_btl_vader_backing_directory")) return;
+    if (!keel_launch_ranks_here() || getenv("OMPI_MCA_btl_vader_backing_directory")) return;
     remove_orphaned_shm();
     snprintf(dir, n, "/dev/shm/keel-mpi-%d", (int)getpid());
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) {

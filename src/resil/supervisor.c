@@ -122,7 +122,7 @@ static void signal_ranks(const launch *l, int sig, int only) {
             char *argv[] = {"scancel", sig == SIGKILL ? "--signal=KILL" : "--signal=TERM", l->w.hb[r].slurm_step, NULL};
             char out[256];
             keel_run_capture(argv, SLURM_CMD_TIMEOUT_S, out, sizeof out); /* the step may be gone already */
-        } else if (!keel_launch_in_slurm() && l->w.hb[r].pid > 0) {
+        } else if (keel_launch_ranks_here() && l->w.hb[r].pid > 0) {
             kill(l->w.hb[r].pid, sig);
         }
     }
@@ -178,12 +178,22 @@ static void note_recovery(launch *l) {
  * catch the signal from their first heartbeat on; one still starting gets it later. */
 static void forward_stop(launch *l) {
     l->stopping = true;
-    bool first = true;
+    bool first = true, remote = !keel_launch_in_slurm() && !keel_launch_ranks_here();
     for (int r = 0; r < l->sv->nproc; r++) first &= !l->signaled[r];
     if (first)
         keel_event_with(l->sv->run_dir, "preempt", l->w.have[0] ? l->w.hb[0].step : -1,
                         &(keel_event_fields){.cause = "preempted"}, "signal %d: asking the ranks to "
-                   "checkpoint at the next step boundary and exit", (int)g_stop);
+                        "checkpoint at the next step boundary and exit%s", (int)g_stop,
+                        remote ? " (through mpirun: the ranks run on the hostfile's hosts)" : "");
+    if (remote) {
+        /* over a hostfile the ranks are on other hosts: mpirun forwards SIGUSR1
+         * (a stop, as SIGTERM), once every rank can catch it */
+        bool all = true;
+        for (int r = 0; r < l->sv->nproc; r++) all &= l->w.have[r];
+        if (all && !l->signaled[0]) keel_proc_kill(l->proc, SIGUSR1);
+        for (int r = 0; r < l->sv->nproc && all; r++) l->signaled[r] = true;
+        return;
+    }
     for (int r = 0; r < l->sv->nproc; r++)
         if (l->w.have[r] && !l->signaled[r]) {
             signal_ranks(l, SIGTERM, r);
@@ -207,7 +217,7 @@ static void fail_launch(launch *l, keel_end kind, int rank, double now, double o
  * an error of its own: the launcher would notice in seconds; act now. */
 static bool detect_crash(launch *l, double now) {
     keel_watch_finding f;
-    if (!keel_watch_dead(&l->w, !keel_launch_in_slurm(), NULL, &f)) return false;
+    if (!keel_watch_dead(&l->w, keel_launch_ranks_here(), NULL, &f)) return false;
     snprintf(l->cause, sizeof l->cause, "%s", f.cause);
     fail_launch(l, KEEL_END_CRASHED, f.rank, now, f.onset_unix);
     return true;
@@ -216,7 +226,7 @@ static bool detect_crash(launch *l, double now) {
 /* A hang, and whose it is (keel_watch_hung). */
 static bool detect_hang(launch *l, double now) {
     keel_watch_finding f;
-    if (!keel_watch_hung(&l->w, now, !keel_launch_in_slurm(), NULL, &f)) return false;
+    if (!keel_watch_hung(&l->w, now, keel_launch_ranks_here(), NULL, &f)) return false;
     snprintf(l->cause, sizeof l->cause, "%s", f.cause);
     fail_launch(l, KEEL_END_HUNG, f.rank, now, f.onset_unix);
     return true;
@@ -225,7 +235,7 @@ static bool detect_hang(launch *l, double now) {
 /* Ranks outlive their launcher for a moment: never start the next launch beside them. */
 static void reap_leftover_ranks(launch *l) {
     keel_watch_read(&l->w, l->sv->run_dir);
-    if (keel_launch_in_slurm()) return;
+    if (!keel_launch_ranks_here()) return;
     for (int r = 0; r < l->sv->nproc; r++)
         for (int i = 0; l->w.have[r] && l->w.hb[r].pid > 0 && keel_pid_alive(l->w.hb[r].pid) && i < 100; i++) {
             kill(l->w.hb[r].pid, SIGKILL);
