@@ -49,10 +49,11 @@ typedef struct {
     char *etcd_image;                     /* etcdImage (PyTorchJob) */
 } keel_k8s_spec;
 
-/* Read and check a spec file: every error is one line naming the file, the
- * key, the value and the fix (KEEL_ERR_INPUT). A spec without runId gets
- * "<name>-<UTC time of rendering>" so that two jobs of one name never share
- * a rendezvous. *s is the caller's to free (on success). */
+/* Read and check a spec file — JSON, or with a name ending in ".env" the AWS
+ * guide's shell variables (keel_k8s_env_parse): every error is one line
+ * naming the file, the key, the value and the fix (KEEL_ERR_INPUT). A spec
+ * without runId gets "<name>-<UTC time of rendering>" so that two jobs of one
+ * name never share a rendezvous. *s is the caller's to free (on success). */
 keel_status keel_k8s_spec_load(const char *path, keel_k8s_spec *s);
 /* The same on len bytes of spec text (no NUL needed; a NUL byte is refused);
  * path only names the spec in messages; default_run_id is what a spec
@@ -60,6 +61,23 @@ keel_status keel_k8s_spec_load(const char *path, keel_k8s_spec *s);
 keel_status keel_k8s_spec_parse(const char *text, size_t len, const char *path, const char *default_run_id,
                                 keel_k8s_spec *s);
 void keel_k8s_spec_free(keel_k8s_spec *s);
+/* The same from a .env file's text (keel_k8s_spec_load reads a file whose
+ * name ends in ".env" so): the AWS EKS guide's shell variables (IMAGE_URI,
+ * NUM_NODES, GPU_PER_NODE, ...; docs/kubernetes.md has the table), NAME=VALUE
+ * lines, '#' comments, an optional `export `, a value bare or quoted, never
+ * expanded ('$', '`' and '\' are refused). Every error is one line naming
+ * the file, the line, the variable and the fix. */
+keel_status keel_k8s_env_parse(const char *text, size_t len, const char *path, const char *default_run_id,
+                               keel_k8s_spec *s);
+
+/* The Kubernetes name grammars (every spec name is held to one): a DNS-1123
+ * label ([a-z0-9]([-a-z0-9]*[a-z0-9])?, at most 63), a DNS-1035 label (the
+ * same with a letter first: a job's name), a DNS-1123 subdomain (such labels
+ * joined by '.', at most 253: a pod's or a claim's name). None can start with
+ * '-', so none can be read as an option. */
+bool keel_k8s_dns1123_label(const char *v);
+bool keel_k8s_dns1035_label(const char *v);
+bool keel_k8s_dns1123_subdomain(const char *v);
 
 /* The manifests: one file's worth each (its name, e.g. "pytorchjob.yaml",
  * and its YAML, one or more documents). */
