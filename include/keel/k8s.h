@@ -19,6 +19,8 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
 
 #include "keel/core.h"
 
@@ -97,5 +99,47 @@ keel_status keel_k8s_write(const keel_k8s_spec *s, const char *dir, bool replace
 /* Append v to b as a YAML double-quoted scalar: '"' and '\\' escaped, every
  * byte below 0x20 and 0x7f as \xNN, so the value stays one scalar on one line. */
 void keel_k8s_yaml_quote(keel_strbuf *b, const char *v);
+
+/* ---- keel k8s status: a job on a cluster as kubectl tells it ------------------------ */
+
+/* kubectl's JSON for a job of 1000 pods is a few MB; more is not kubectl's answer. */
+#define KEEL_K8S_ANSWER_MAX_BYTES (64u << 20)
+
+/* What `keel k8s status` shows, read from kubectl's JSON (status.c): every
+ * text cut to its field and kept to printable ASCII. */
+#define KEEL_K8S_MAX_REPLICA_TYPES 4 /* a job has two: Master or Launcher, and Worker */
+#define KEEL_K8S_MAX_PODS 4096       /* shown; more are counted (a spec has at most 1000 nodes) */
+typedef struct {
+    char type[32];                 /* "Master", "Worker", "Launcher" */
+    int active, succeeded, failed; /* -1: not a count */
+} keel_k8s_replicas;
+typedef struct {
+    char name[254], phase[32], node[254]; /* node "": not scheduled */
+    char waiting[64];                     /* a container's waiting reason ("ContainerCreating"), or "" */
+    int ready, containers;                /* containers ready, of the pod's */
+    int restarts;                         /* over its containers; -1: not a count */
+    int64_t created_s;                    /* Unix seconds; -1: unknown */
+} keel_k8s_pod;
+typedef struct {
+    char kind[32], name[254], ns[64];
+    char state[32];    /* the type of the last condition whose status is "True" ("Running", "Failed"); "": none */
+    char reason[128], message[512];
+    keel_k8s_replicas replicas[KEEL_K8S_MAX_REPLICA_TYPES];
+    int n_replicas, more_replicas;
+    keel_k8s_pod *pods; /* malloc'd */
+    int n_pods, more_pods;
+} keel_k8s_state;
+/* Read kubectl's answers: the job (`kubectl get KIND NAME -o json`) and its
+ * pods (`kubectl get pods -l ... -o json`), job_len and pods_len bytes (no NUL
+ * needed). Fields missing or of the wrong type are shown as unknown; a text
+ * that is not one JSON object is an error line. *st is the caller's to free
+ * with keel_k8s_state_free (also after an error). */
+keel_status keel_k8s_state_parse(const char *job_json, size_t job_len, const char *pods_json, size_t pods_len,
+                                  keel_k8s_state *st);
+void keel_k8s_state_free(keel_k8s_state *st);
+/* The summary: the job and its namespace, its state with reason and message,
+ * replicas per type, then one line per pod (name, phase, ready, restarts,
+ * node, age at now_s). */
+void keel_k8s_state_print(const keel_k8s_state *st, int64_t now_s, FILE *out);
 
 #endif

@@ -102,8 +102,9 @@ static keel_status check_value(const char *path, int no, const struct var *v, co
                     path, no, v->name, c);
     }
     if (v->type == NUMBER) {
-        size_t digits = n && val[0] == '-';
-        if (n == digits || strspn(val + digits, "0123456789") != n - digits)
+        size_t sign = n && val[0] == '-', end = sign; /* val is not NUL-ended: the file's last line may end it */
+        while (end < n && val[end] >= '0' && val[end] <= '9') end++;
+        if (end == sign || end != n)
             ENV_ERR("%s:%d: %s: '%.*s' is not a whole number; write digits, e.g. %s=4", path, no, v->name,
                     (int)(n < 80 ? n : 80), val, v->name);
     }
