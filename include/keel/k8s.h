@@ -142,4 +142,43 @@ void keel_k8s_state_free(keel_k8s_state *st);
  * node, age at now_s). */
 void keel_k8s_state_print(const keel_k8s_state *st, int64_t now_s, FILE *out);
 
+/* ---- keel k8s status|logs|delete: a job on a cluster, through kubectl ---------------- */
+
+/* A job as the commands name it: its kind, name (a DNS-1035 label) and
+ * namespace (a DNS-1123 label; NULL: kubectl's current namespace). */
+typedef struct {
+    keel_k8s_kind kind;
+    const char *name;
+    const char *ns;
+} keel_k8s_job;
+
+/* The labels keel puts on every object it renders (render.c): `keel k8s
+ * delete` deletes an etcd Deployment or Service only where all three say it
+ * is keel's for this job. */
+#define KEEL_K8S_LABEL_NAME "app.kubernetes.io/name"             /* "keel", "etcd" */
+#define KEEL_K8S_LABEL_INSTANCE "app.kubernetes.io/instance"     /* the job's name */
+#define KEEL_K8S_LABEL_MANAGED_BY "app.kubernetes.io/managed-by" /* "keel" */
+
+/* The commands (kubectl.c). Each checks the job's name and namespace first
+ * (nothing runs on a bad one: exit 2), then runs kubectl — $KEEL_KUBECTL, or
+ * kubectl on PATH — from an argv, never a shell. kubectl missing, or failing,
+ * is one error line (its own first line); a job that is not there is
+ * KEEL_ERR_INPUT naming it and its namespace. */
+/* Print the job's summary to out; *failed: its state is Failed. */
+keel_status keel_k8s_status(const keel_k8s_job *job, FILE *out, bool *failed);
+typedef struct {
+    const char *pod; /* one pod by name ("NAME-..."), or NULL */
+    int node;        /* one pod by index: NAME-worker-I; KEEL_K8S_MASTER: NAME-master-0; -1: none */
+    bool follow;
+    int tail; /* lines per pod; -1: kubectl's default */
+} keel_k8s_logs_opts;
+#define KEEL_K8S_MASTER (-2)
+/* Stream the logs to stdout: every pod of a PyTorchJob (container "pytorch",
+ * lines prefixed with the pod), the launcher of an MPIJob, or one pod. */
+keel_status keel_k8s_logs(const keel_k8s_job *job, const keel_k8s_logs_opts *o);
+/* Delete the job and, for a PyTorchJob unless keep_etcd, the NAME-etcd
+ * Deployment and Service that carry keel's labels (nothing else); each thing
+ * deleted, or not found, is a line on out. */
+keel_status keel_k8s_delete(const keel_k8s_job *job, bool keep_etcd, FILE *out);
+
 #endif
