@@ -28,6 +28,7 @@ static void usage(FILE *out) {
             "  logs         the logs of every pod of a PyTorchJob (container pytorch, each line prefixed with its\n"
             "               pod), of an MPIJob's launcher, or of one pod: --pod POD, --node I (NAME-worker-I),\n"
             "               --node master (NAME-master-0); --follow streams them, --tail N keeps the last N lines\n"
+            "               of each (without it, kubectl keeps 10 a pod when it shows several)\n"
             "  delete       the job, and a PyTorchJob's NAME-etcd Deployment and Service where they carry keel's\n"
             "               labels (never anything keel did not render); --keep-etcd keeps them\n"
             "  --namespace NS (-n NS)  the job's namespace (default: kubectl's current one)\n"
