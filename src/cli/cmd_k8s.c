@@ -13,7 +13,8 @@ static void usage(FILE *out) {
     fprintf(out,
             "usage: keel k8s manifest SPEC.json|SPEC.env [--out DIR] [--force]\n"
             "       keel k8s status NAME [--namespace NS] [--kind PyTorchJob|MPIJob]\n"
-            "       keel k8s logs NAME [--namespace NS] [--kind K] [--pod POD | --node I|master] [--follow] [--tail N]\n"
+            "       keel k8s logs NAME [--namespace NS] [--kind K] [--pod POD | --node I|master] [--follow]\n"
+            "                     [--tail N]\n"
             "       keel k8s delete NAME [--namespace NS] [--kind K] [--keep-etcd]\n"
             "  manifest     a kubeflow.org/v1 PyTorchJob (pods run `keel agent CONFIG`) and the etcd Deployment\n"
             "               and Service its rendezvous uses, or with \"kind\": \"MPIJob\" a kubeflow.org/v2beta1\n"
@@ -60,7 +61,8 @@ static int manifest(int argc, char **argv) {
         else return bad_option("manifest", c, argv);
     }
     if (argc - optind != 1) {
-        keel_errorf("keel k8s manifest: want one spec file: keel k8s manifest SPEC.json|SPEC.env [--out DIR] [--force]");
+        keel_errorf("keel k8s manifest: want one spec file: keel k8s manifest SPEC.json|SPEC.env [--out DIR] "
+                    "[--force]");
         return 2;
     }
     if (force && !out) {

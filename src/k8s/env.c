@@ -43,7 +43,8 @@ static const struct var {
     {"MAX_NODES", "elastic.maxNodes", NUMBER, NULL},
     {"MAX_RESTARTS", "elastic.maxRestarts", NUMBER, NULL},
     {"MASTER", "master", FLAG, NULL},
-    {"GPU_PER_NODE", "gpusPerNode", NUMBER, NULL}, /* and nprocPerNode: the guide runs torchrun --nproc_per_node=$GPU_PER_NODE */
+    /* and nprocPerNode unless NPROC_PER_NODE is set: the guide runs torchrun --nproc_per_node=$GPU_PER_NODE */
+    {"GPU_PER_NODE", "gpusPerNode", NUMBER, NULL},
     {"NPROC_PER_NODE", "nprocPerNode", NUMBER, NULL},
     {"EFA_PER_NODE", "efaPerNode", NUMBER, NULL},
     {"FI_PROVIDER", NULL, TEXT, NULL},

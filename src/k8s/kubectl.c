@@ -307,8 +307,9 @@ keel_status keel_k8s_delete(const keel_k8s_job *job, bool keep_etcd, FILE *out) 
         add(&e, "--ignore-not-found");
         namespace(&e, job);
         if ((st = delete_some(&e, missing, out, &etcd)) != KEEL_OK) return st;
-        if (!etcd) fprintf(out, "no etcd Deployment or Service %s-etcd labelled " KEEL_K8S_LABEL_MANAGED_BY "=keel in %s\n",
-                           job->name, in);
+        if (!etcd)
+            fprintf(out, "no etcd Deployment or Service %s-etcd labelled " KEEL_K8S_LABEL_MANAGED_BY "=keel in %s\n",
+                    job->name, in);
     }
     if (!jobs && !etcd)
         K8S_ERR(KEEL_ERR_INPUT, "keel k8s delete: no %s%s; nothing deleted", missing,

@@ -27,7 +27,8 @@ keel_status keel_k8s_spec_load(const char *path, keel_k8s_spec *s) {
     struct tm utc;
     gmtime_r(&now, &utc);
     strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &utc);
-    st = env_file(path) ? keel_k8s_env_parse(text, len, path, stamp, s) : keel_k8s_spec_parse(text, len, path, stamp, s);
+    st = env_file(path) ? keel_k8s_env_parse(text, len, path, stamp, s)
+                        : keel_k8s_spec_parse(text, len, path, stamp, s);
     keel_free(text);
     return st;
 }

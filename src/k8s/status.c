@@ -106,14 +106,15 @@ static void read_pod(const cJSON *p, keel_k8s_pod *pod) {
     }
 }
 
-/* text[0, len) as one JSON value (no NUL: kubectl's answer is text), or NULL with the error said. */
-static cJSON *parse_answer(const char *what, const char *text, size_t len) {
-    if (!text) text = "", len = 0;
-    if (memchr(text, 0, len) || len > KEEL_K8S_ANSWER_MAX_BYTES) {
-        keel_errorf("kubectl's %s: %s; not kubectl's JSON", what, len > KEEL_K8S_ANSWER_MAX_BYTES ? "over 64 MiB" : "a NUL byte");
+/* json[0, len) as one JSON object (no NUL: kubectl's answer is text), or NULL with the error said. */
+static cJSON *parse_answer(const char *what, const char *json, size_t len) {
+    if (!json) json = "", len = 0;
+    if (memchr(json, 0, len) || len > KEEL_K8S_ANSWER_MAX_BYTES) {
+        keel_errorf("kubectl's %s: %s; not kubectl's JSON", what,
+                    len > KEEL_K8S_ANSWER_MAX_BYTES ? "over 64 MiB" : "a NUL byte");
         return NULL;
     }
-    cJSON *j = cJSON_ParseWithLength(text, len);
+    cJSON *j = cJSON_ParseWithLength(json, len);
     if (!cJSON_IsObject(j)) {
         keel_errorf("kubectl's %s is not a JSON object (%s); is KEEL_KUBECTL a kubectl?", what,
                     j ? "another JSON value" : "not valid JSON");

@@ -64,7 +64,6 @@ grep -qx 'PyTorchJob llama in namespace training' "$TMP/out" &&
 asked | grep -qx 'GET /apis/kubeflow.org/v1/namespaces/training/pytorchjobs/llama' &&
   asked | grep -qx 'GET /api/v1/namespaces/training/pods?labelSelector=training.kubeflow.org/job-name=llama' ||
   fail "status asked: $(asked)"
-cp "$TMP/out" "$TMP/status-running"
 pass "status of a running job: state, replicas, a line per pod (kubectl get pytorchjobs.v1.kubeflow.org, pods -l)"
 
 rc=0
@@ -135,7 +134,6 @@ asked_reset
 "$K" k8s delete llama -n training >"$TMP/out" 2>"$TMP/err" || fail "delete: $(cat "$TMP/err")"
 printf '%s\n' 'pytorchjob.kubeflow.org "llama" deleted' 'deployment.apps "llama-etcd" deleted' 'service "llama-etcd" deleted' >"$TMP/want"
 diff "$TMP/want" "$TMP/out" >"$TMP/diff" || fail "delete says: $(cat "$TMP/diff")"
-cp "$TMP/out" "$TMP/delete-llama"
 asked | grep '^DELETE' >"$TMP/deleted" || true
 printf '%s\n' 'DELETE /apis/kubeflow.org/v1/namespaces/training/pytorchjobs/llama' \
   'DELETE /apis/apps/v1/namespaces/training/deployments/llama-etcd' 'DELETE /api/v1/namespaces/training/services/llama-etcd' >"$TMP/want"
@@ -252,7 +250,3 @@ pass "manifest JOB.env: every bad line refused naming the file, the line and the
 "$K" k8s --help >"$TMP/help" && grep -q "keel k8s status NAME" "$TMP/help" && grep -q "keel k8s logs NAME" "$TMP/help" &&
   grep -q "keel k8s delete NAME" "$TMP/help" || fail "keel k8s --help lacks status/logs/delete"
 pass "keel k8s --help shows status, logs, delete"
-if [ -n "${KEEL_K8S_EXAMPLES:-}" ]; then # docs/kubernetes.md's examples come from here
-  mkdir -p "$KEEL_K8S_EXAMPLES"
-  cp "$TMP/status-running" "$TMP/logs-all" "$TMP/delete-llama" "$KEEL_K8S_EXAMPLES/"
-fi
