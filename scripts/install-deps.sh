@@ -49,6 +49,10 @@ KEEL_BUILD_DEPS=(
     clang                    # the fuzz harnesses (tests/fuzz, scripts/fuzz.sh): libFuzzer is clang's
     libclang-rt-14-dev       #   its runtime: -fsanitize=fuzzer (with ASan + UBSan) links against it
 )
+# kubectl: tests/k8s/k8s_kubectl_cli.sh runs the real one (keel k8s status|logs|delete). Debian's
+# kubernetes-client conflicts with a kubectl installed another way (the Google Cloud SDK's, a
+# snap, a download), so it is asked for only when no kubectl is on PATH.
+command -v kubectl >/dev/null 2>&1 || KEEL_BUILD_DEPS+=(kubernetes-client)
 KEEL_CORPUS_DEPS=(
     r-base-core              # Rscript: reads the .rda/lazy-load data of the R text packages
     r-cran-janeaustenr       # six Jane Austen novels (only needs r-base-core)

@@ -82,6 +82,24 @@ void keel_launch_shm_clear(const char *dir, bool last);
  * no limit). Returns its exit status, 128+signal, 124 when it timed out, or
  * -1 when it could not start. */
 int keel_run_capture(char *const *argv, double timeout_s, char *out, size_t n);
+/* What keel_run_collect kept of a command's streams. */
+#define KEEL_RUN_STDOUT 1u
+#define KEEL_RUN_STDERR 2u
+typedef struct {
+    char *out, *err;       /* stdout, stderr: NUL-ended, malloc'd ("" for a stream not kept) */
+    bool out_cut, err_cut; /* more came than max_bytes: the rest was read and dropped */
+    int exec_errno;        /* != 0: argv[0] could not be run (ENOENT: not found); the exit code is 127 */
+} keel_run_output;
+/* Run argv (execvp, never a shell) to its end, keeping up to max_bytes of each
+ * stream named in `keep` (KEEL_RUN_STDOUT | KEEL_RUN_STDERR; a stream not kept
+ * stays ours: `keel k8s logs` streams kubectl's stdout and keeps its stderr
+ * for the error line). With timeout_s > 0 the command runs in a process group
+ * of its own, killed when the time is up; with 0 (no limit) it stays in ours,
+ * so a terminal's Ctrl-C ends it with us. Returns its exit status, 128+signal,
+ * 124 when it timed out, or -1 when it could not fork; *o is the caller's to
+ * free with keel_run_output_free (also after -1). */
+int keel_run_collect(char *const *argv, double timeout_s, unsigned keep, size_t max_bytes, keel_run_output *o);
+void keel_run_output_free(keel_run_output *o);
 /* The rank a launcher's stderr line blames, or -1 (mpirun: "process rank N",
  * srun: "task N"); *sig becomes the signal it names, or 0. */
 int keel_launch_blamed_rank(const char *line, int *sig);

@@ -25,7 +25,7 @@ static const command COMMANDS[] = {
     {"status", keel_cmd_status, "a run at a glance: keel status RUN_DIR [--watch[=S]] [--json]"},
     {"plot", keel_cmd_plot, "loss and throughput curves: keel plot RUN_DIR --out FILE.svg"},
     {"cluster", keel_cmd_cluster, "a Slurm cluster from a spec: keel cluster up|down|status|env|exec|slurm-conf SPEC.json"},
-    {"k8s", keel_cmd_k8s, "Kubernetes manifests from a spec: keel k8s manifest SPEC.json [--out DIR]"},
+    {"k8s", keel_cmd_k8s, "Kubernetes: keel k8s manifest SPEC.json|SPEC.env | keel k8s status|logs|delete NAME"},
     {"worker", keel_cmd_worker, "one rank of a distributed run (started by keel train --nproc)"},
     {"agent", keel_cmd_agent, "one node of a job whose nodes meet in etcd (Kubernetes): keel agent CONFIG --run-dir RUN"},
     {"launch", keel_cmd_launch, "N ranks on this machine over Gloo: keel launch -n N -- PROGRAM [ARGS...]"},

@@ -73,16 +73,16 @@ static void metadata(keel_strbuf *b, const keel_k8s_spec *s, const char *name, c
     str(b, 2, "name", name);
     if (s->ns[0]) str(b, 2, "namespace", s->ns);
     key(b, 2, "labels");
-    str(b, 4, "app.kubernetes.io/name", component);
-    str(b, 4, "app.kubernetes.io/instance", s->name);
-    str(b, 4, "app.kubernetes.io/managed-by", "keel");
+    str(b, 4, KEEL_K8S_LABEL_NAME, component);
+    str(b, 4, KEEL_K8S_LABEL_INSTANCE, s->name);
+    str(b, 4, KEEL_K8S_LABEL_MANAGED_BY, "keel");
 }
 
 static void pod_labels(keel_strbuf *b, int indent, const keel_k8s_spec *s, const char *component) {
     key(b, indent, "metadata");
     key(b, indent + 2, "labels");
-    str(b, indent + 4, "app.kubernetes.io/name", component);
-    str(b, indent + 4, "app.kubernetes.io/instance", s->name);
+    str(b, indent + 4, KEEL_K8S_LABEL_NAME, component);
+    str(b, indent + 4, KEEL_K8S_LABEL_INSTANCE, s->name);
 }
 
 /* GPUs and EFA devices, as extended resources (limits; requests default to them) */
@@ -197,8 +197,8 @@ static void etcd_deployment(keel_strbuf *b, const keel_k8s_spec *s) {
     num(b, 2, "replicas", 1);
     key(b, 2, "selector");
     key(b, 4, "matchLabels");
-    str(b, 6, "app.kubernetes.io/name", "etcd");
-    str(b, 6, "app.kubernetes.io/instance", s->name);
+    str(b, 6, KEEL_K8S_LABEL_NAME, "etcd");
+    str(b, 6, KEEL_K8S_LABEL_INSTANCE, s->name);
     key(b, 2, "template");
     pod_labels(b, 4, s, "etcd");
     key(b, 4, "spec");
@@ -232,8 +232,8 @@ static void etcd_service(keel_strbuf *b, const keel_k8s_spec *s) {
     metadata(b, s, name, "etcd");
     key(b, 0, "spec");
     key(b, 2, "selector");
-    str(b, 4, "app.kubernetes.io/name", "etcd");
-    str(b, 4, "app.kubernetes.io/instance", s->name);
+    str(b, 4, KEEL_K8S_LABEL_NAME, "etcd");
+    str(b, 4, KEEL_K8S_LABEL_INSTANCE, s->name);
     key(b, 2, "ports");
     named_item(b, 2, "client");
     num(b, 4, "port", ETCD_CLIENT_PORT);

@@ -6,11 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "k8s/spec.h"
 #include "keel/k8s.h"
 
-#define MAX_SPEC_BYTES (64 << 10)
 #define MAX_NODES 1000
 #define MAX_NPROC 64
 #define MAX_IMAGE 512
@@ -57,6 +56,10 @@ static bool dns_subdomain(const char *v) {
     }
 }
 
+bool keel_k8s_dns1123_label(const char *v) { return dns_label(v, strlen(v), KEEL_K8S_NAME_MAX, false); }
+bool keel_k8s_dns1035_label(const char *v) { return dns_label(v, strlen(v), KEEL_K8S_NAME_MAX, true); }
+bool keel_k8s_dns1123_subdomain(const char *v) { return dns_subdomain(v); }
+
 /* An image reference's characters ([registry/]repo[:tag][@digest]): no blank, quote or control. */
 static bool image_ok(const char *v) {
     size_t n = strlen(v);
@@ -88,10 +91,31 @@ static bool under(const char *path, const char *dir) {
 /* ---- reading keys --------------------------------------------------------------- */
 
 typedef struct {
-    const char *path; /* the spec, as error lines name it */
-    const cJSON *obj; /* the object being read */
-    const char *at;   /* its key path: "" or "elastic." */
+    const char *path;          /* the spec, as error lines name it */
+    const cJSON *obj;          /* the object being read */
+    const char *at;            /* its key path: "" or "elastic." */
+    const k8s_origin *origins; /* where keys came from (a .env file's lines), or NULL */
 } reader;
+
+typedef struct {
+    char s[1200];
+} label;
+
+/* How an error line names key: "PATH: KEY", or for a key a .env file's
+ * variable gives, "PATH:LINE: VARIABLE (KEY)" (no line when it is absent). */
+static label where(const reader *r, const char *key) {
+    label l;
+    char full[64];
+    snprintf(full, sizeof full, "%s%s", r->at, key);
+    for (const k8s_origin *o = r->origins; o && o->key; o++) {
+        if (strcmp(o->key, full)) continue;
+        if (o->line) snprintf(l.s, sizeof l.s, "%.1000s:%d: %s (%s)", r->path, o->line, o->var, full);
+        else snprintf(l.s, sizeof l.s, "%.1000s: %s (%s)", r->path, o->var, full);
+        return l;
+    }
+    snprintf(l.s, sizeof l.s, "%.1000s: %s", r->path, full);
+    return l;
+}
 
 static const char *type_name(const cJSON *x) {
     return cJSON_IsString(x) ? "a string" : cJSON_IsNumber(x) ? "a number" : cJSON_IsBool(x) ? "true/false"
@@ -103,16 +127,17 @@ static keel_status int_key(const reader *r, const char *key, int64_t lo, int64_t
                            const char *fix, int *out) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(r->obj, key);
     if (!x) {
-        if (required) SPEC_ERR("%s: %s%s: missing; %s", r->path, r->at, key, fix);
+        if (required) SPEC_ERR("%s: missing; %s", where(r, key).s, fix);
         *out = dflt;
         return KEEL_OK;
     }
     int64_t v;
-    if (!cJSON_IsNumber(x)) SPEC_ERR("%s: %s%s: want a whole number %lld..%lld, not %s", r->path, r->at, key,
-                                     (long long)lo, (long long)hi, type_name(x));
+    if (!cJSON_IsNumber(x))
+        SPEC_ERR("%s: want a whole number %lld..%lld, not %s", where(r, key).s, (long long)lo, (long long)hi,
+                 type_name(x));
     if (!keel_json_int(x, lo, hi, &v))
-        SPEC_ERR("%s: %s%s: %g is not a whole number %lld..%lld; %s", r->path, r->at, key, x->valuedouble,
-                 (long long)lo, (long long)hi, fix);
+        SPEC_ERR("%s: %g is not a whole number %lld..%lld; %s", where(r, key).s, x->valuedouble, (long long)lo,
+                 (long long)hi, fix);
     *out = (int)v;
     return KEEL_OK;
 }
@@ -122,10 +147,10 @@ static keel_status str_key(const reader *r, const char *key, bool required, cons
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(r->obj, key);
     *out = NULL;
     if (!x) {
-        if (required) SPEC_ERR("%s: %s%s: missing; %s", r->path, r->at, key, fix);
+        if (required) SPEC_ERR("%s: missing; %s", where(r, key).s, fix);
         return KEEL_OK;
     }
-    if (!cJSON_IsString(x)) SPEC_ERR("%s: %s%s: want a string, not %s; %s", r->path, r->at, key, type_name(x), fix);
+    if (!cJSON_IsString(x)) SPEC_ERR("%s: want a string, not %s; %s", where(r, key).s, type_name(x), fix);
     *out = x->valuestring;
     return KEEL_OK;
 }
@@ -152,25 +177,26 @@ static keel_status parse_names(const reader *r, keel_k8s_spec *s) {
     const char *fix = "want a DNS-1035 label: lower-case letters, digits and '-', a letter first, at most 63";
     if ((st = str_key(r, "name", true, fix, &v)) != KEEL_OK) return st;
     if (!dns_label(v, strlen(v), KEEL_K8S_NAME_MAX, true))
-        SPEC_ERR("%s: name: '" SHOW "' is not a DNS-1035 label; %s (e.g. \"llama-fsdp\")", r->path, v,
+        SPEC_ERR("%s: '" SHOW "' is not a DNS-1035 label; %s (e.g. \"llama-fsdp\")", where(r, "name").s, v,
                  "write lower-case letters, digits and '-', a letter first and a letter or digit last");
     memcpy(s->name, v, strlen(v) + 1);
     if ((st = str_key(r, "namespace", false, "want a DNS-1123 label, e.g. \"training\"", &v)) != KEEL_OK) return st;
     if (v && !dns_label(v, strlen(v), KEEL_K8S_NAME_MAX, false))
-        SPEC_ERR("%s: namespace: '" SHOW "' is not a DNS-1123 label; write lower-case letters, digits and '-' (at "
-                 "most 63, a letter or digit at each end)", r->path, v);
+        SPEC_ERR("%s: '" SHOW "' is not a DNS-1123 label; write lower-case letters, digits and '-' (at most 63, a "
+                 "letter or digit at each end)", where(r, "namespace").s, v);
     if (v) memcpy(s->ns, v, strlen(v) + 1);
     const char *kind;
     if ((st = str_key(r, "kind", false, "want \"PyTorchJob\" or \"MPIJob\"", &kind)) != KEEL_OK) return st;
     if (!kind || !strcmp(kind, "PyTorchJob")) s->kind = KEEL_K8S_PYTORCHJOB;
     else if (!strcmp(kind, "MPIJob")) s->kind = KEEL_K8S_MPIJOB;
-    else SPEC_ERR("%s: kind: '" SHOW "' is not a kind keel renders; want \"PyTorchJob\" or \"MPIJob\"", r->path, kind);
+    else SPEC_ERR("%s: '" SHOW "' is not a kind keel renders; want \"PyTorchJob\" or \"MPIJob\"", where(r, "kind").s,
+                  kind);
     if ((st = str_key(r, "image", true, "name keel's container image, e.g. \"registry.example.com/keel:1.0\"",
                       &v)) != KEEL_OK)
         return st;
     if (!image_ok(v))
-        SPEC_ERR("%s: image: '" SHOW "' is not an image reference; write [registry/]repository[:tag][@digest] of "
-                 "letters, digits and . _ - / : @ +", r->path, v);
+        SPEC_ERR("%s: '" SHOW "' is not an image reference; write [registry/]repository[:tag][@digest] of letters, "
+                 "digits and . _ - / : @ +", where(r, "image").s, v);
     s->image = keel_xstrdup(v);
     return KEEL_OK;
 }
@@ -179,13 +205,13 @@ static keel_status parse_elastic(const reader *top, keel_k8s_spec *s) {
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(top->obj, "elastic");
     if (!e) return KEEL_OK;
     if (!cJSON_IsObject(e))
-        SPEC_ERR("%s: elastic: want an object {\"minNodes\": N, \"maxNodes\": M, \"maxRestarts\": R}, not %s",
-                 top->path, type_name(e));
+        SPEC_ERR("%s: want an object {\"minNodes\": N, \"maxNodes\": M, \"maxRestarts\": R}, not %s",
+                 where(top, "elastic").s, type_name(e));
     if (s->kind == KEEL_K8S_MPIJOB)
-        SPEC_ERR("%s: elastic: an MPIJob has a fixed number of workers; remove elastic, or use \"kind\": "
-                 "\"PyTorchJob\" for an elastic job", top->path);
+        SPEC_ERR("%s: an MPIJob has a fixed number of workers; remove elastic, or use \"kind\": \"PyTorchJob\" for "
+                 "an elastic job", where(top, "elastic").s);
     static const char *const keys[] = {"minNodes", "maxNodes", "maxRestarts", NULL};
-    reader r = {top->path, e, "elastic."};
+    reader r = {top->path, e, "elastic.", top->origins};
     keel_status st;
     if ((st = known_keys(&r, keys, "minNodes, maxNodes, maxRestarts")) != KEEL_OK) return st;
     const char *fix = "the number of pods the job may run on";
@@ -195,7 +221,7 @@ static keel_status parse_elastic(const reader *top, keel_k8s_spec *s) {
             KEEL_OK)
         return st;
     if (s->min_nodes > s->max_nodes)
-        SPEC_ERR("%s: elastic.minNodes: %d is more than elastic.maxNodes %d; make minNodes <= maxNodes", top->path,
+        SPEC_ERR("%s: %d is more than elastic.maxNodes %d; make minNodes <= maxNodes", where(&r, "minNodes").s,
                  s->min_nodes, s->max_nodes);
     s->elastic = true;
     return KEEL_OK;
@@ -209,15 +235,15 @@ static keel_status parse_shape(const reader *r, keel_k8s_spec *s) {
         KEEL_OK)
         return st;
     if (s->elastic && (s->nodes < s->min_nodes || s->nodes > s->max_nodes))
-        SPEC_ERR("%s: nodes: %d is outside elastic.minNodes..maxNodes (%d..%d); start with a count in that range",
-                 r->path, s->nodes, s->min_nodes, s->max_nodes);
+        SPEC_ERR("%s: %d is outside elastic.minNodes..maxNodes (%d..%d); start with a count in that range",
+                 where(r, "nodes").s, s->nodes, s->min_nodes, s->max_nodes);
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(r->obj, "master");
-    if (m && !cJSON_IsBool(m)) SPEC_ERR("%s: master: want true or false, not %s", r->path, type_name(m));
+    if (m && !cJSON_IsBool(m)) SPEC_ERR("%s: want true or false, not %s", where(r, "master").s, type_name(m));
     if (m && s->kind == KEEL_K8S_MPIJOB)
-        SPEC_ERR("%s: master: an MPIJob has a Launcher, not a Master; remove master", r->path);
+        SPEC_ERR("%s: an MPIJob has a Launcher, not a Master; remove master", where(r, "master").s);
     if (m && cJSON_IsTrue(m) && s->elastic)
-        SPEC_ERR("%s: master: true with elastic: an elastic PyTorchJob has Workers only (the operator's webhook "
-                 "refuses a Master beside elasticPolicy's rendezvous); remove master", r->path);
+        SPEC_ERR("%s: true with elastic: an elastic PyTorchJob has Workers only (the operator's webhook refuses a "
+                 "Master beside elasticPolicy's rendezvous); remove master", where(r, "master").s);
     s->master = s->kind == KEEL_K8S_PYTORCHJOB && !s->elastic && (!m || cJSON_IsTrue(m));
     if ((st = int_key(r, "nprocPerNode", 1, MAX_NPROC, 1, false, "ranks per pod", &s->nproc_per_node)) != KEEL_OK ||
         (st = int_key(r, "gpusPerNode", 0, MAX_NPROC, 0, false, "GPUs per pod, one per rank", &s->gpus_per_node)) !=
@@ -227,8 +253,8 @@ static keel_status parse_shape(const reader *r, keel_k8s_spec *s) {
                       &s->shm_gib)) != KEEL_OK)
         return st;
     if (s->gpus_per_node && s->gpus_per_node != s->nproc_per_node)
-        SPEC_ERR("%s: gpusPerNode: %d GPUs for nprocPerNode %d ranks; keel runs one rank per GPU: make them equal "
-                 "(or gpusPerNode 0 for CPU ranks)", r->path, s->gpus_per_node, s->nproc_per_node);
+        SPEC_ERR("%s: %d GPUs for nprocPerNode %d ranks; keel runs one rank per GPU: make them equal (or "
+                 "gpusPerNode 0 for CPU ranks)", where(r, "gpusPerNode").s, s->gpus_per_node, s->nproc_per_node);
     return KEEL_OK;
 }
 
@@ -239,8 +265,8 @@ static keel_status path_key(const reader *r, const char *key, const char *dflt, 
     if (st != KEEL_OK) return st;
     if (!v) v = dflt;
     if (!path_ok(v))
-        SPEC_ERR("%s: %s: '" SHOW "' is not an absolute path of A-Z a-z 0-9 . _ - and / (no '.' or '..'); %s", r->path,
-                 key, v, fix);
+        SPEC_ERR("%s: '" SHOW "' is not an absolute path of A-Z a-z 0-9 . _ - and / (no '.' or '..'); %s",
+                 where(r, key).s, v, fix);
     *out = keel_xstrdup(v);
     return KEEL_OK;
 }
@@ -251,15 +277,15 @@ static keel_status parse_storage(const reader *r, keel_k8s_spec *s) {
     const char *fix = "name the PersistentVolumeClaim (ReadWriteMany) every pod mounts for checkpoints";
     if ((st = str_key(r, "checkpointClaim", true, fix, &v)) != KEEL_OK) return st;
     if (!dns_subdomain(v))
-        SPEC_ERR("%s: checkpointClaim: '" SHOW "' is not a DNS-1123 subdomain (a claim's name); write lower-case "
-                 "letters, digits, '-' and '.', e.g. \"keel-checkpoints\"", r->path, v);
+        SPEC_ERR("%s: '" SHOW "' is not a DNS-1123 subdomain (a claim's name); write lower-case letters, digits, "
+                 "'-' and '.', e.g. \"keel-checkpoints\"", where(r, "checkpointClaim").s, v);
     memcpy(s->claim, v, strlen(v) + 1);
     if ((st = path_key(r, "checkpointMountPath", "/checkpoints", "e.g. \"/checkpoints\"", &s->checkpoint_mount)) !=
         KEEL_OK)
         return st;
     if (under(s->checkpoint_mount, "/dev/shm") || !strcmp(s->checkpoint_mount, "/dev"))
-        SPEC_ERR("%s: checkpointMountPath: %s is where the pod's memory-backed /dev/shm is; mount checkpoints "
-                 "elsewhere, e.g. \"/checkpoints\"", r->path, s->checkpoint_mount);
+        SPEC_ERR("%s: %s is where the pod's memory-backed /dev/shm is; mount checkpoints elsewhere, e.g. "
+                 "\"/checkpoints\"", where(r, "checkpointMountPath").s, s->checkpoint_mount);
     return path_key(r, "config", "/etc/keel/config.json",
                     "the keel config inside the container (in the image or on the checkpoint volume)", &s->config);
 }
@@ -271,12 +297,12 @@ static keel_status parse_rendezvous(const reader *r, const char *default_run_id,
         (st = str_key(r, "etcdImage", false, "e.g. \"quay.io/coreos/etcd:v3.5.21\"", &etcd)) != KEEL_OK)
         return st;
     if (s->kind == KEEL_K8S_MPIJOB && (run_id || etcd))
-        SPEC_ERR("%s: %s: an MPIJob's ranks meet through mpirun, not etcd; remove it", r->path,
-                 run_id ? "runId" : "etcdImage");
+        SPEC_ERR("%s: an MPIJob's ranks meet through mpirun, not etcd; remove it",
+                 where(r, run_id ? "runId" : "etcdImage").s);
     if (s->kind == KEEL_K8S_MPIJOB) return KEEL_OK;
     if (run_id && !dns_label(run_id, strlen(run_id), KEEL_K8S_NAME_MAX, false))
-        SPEC_ERR("%s: runId: '" SHOW "' is not a DNS-1123 label; write lower-case letters, digits and '-' (at most "
-                 "63), unique to this job", r->path, run_id);
+        SPEC_ERR("%s: '" SHOW "' is not a DNS-1123 label; write lower-case letters, digits and '-' (at most 63), "
+                 "unique to this job", where(r, "runId").s, run_id);
     char dflt[KEEL_K8S_NAME_MAX + 1];
     if (!run_id) {
         /* "<name>-<suffix>", the name cut so that it fits a label */
@@ -287,14 +313,14 @@ static keel_status parse_rendezvous(const reader *r, const char *default_run_id,
         size_t n = strlen(dflt);
         while (n && dflt[n - 1] == '-') dflt[--n] = 0; /* a cut name may end in '-' */
         if (!dns_label(dflt, n, KEEL_K8S_NAME_MAX, false))
-            SPEC_ERR("%s: runId: the default '" SHOW "' is not a DNS-1123 label; set runId", r->path, dflt);
+            SPEC_ERR("%s: the default '" SHOW "' is not a DNS-1123 label; set runId", where(r, "runId").s, dflt);
         run_id = dflt;
     }
     memcpy(s->run_id, run_id, strlen(run_id) + 1);
     etcd = etcd ? etcd : "quay.io/coreos/etcd:v3.5.21";
     if (!image_ok(etcd))
-        SPEC_ERR("%s: etcdImage: '" SHOW "' is not an image reference; write [registry/]repository[:tag][@digest]",
-                 r->path, etcd);
+        SPEC_ERR("%s: '" SHOW "' is not an image reference; write [registry/]repository[:tag][@digest]",
+                 where(r, "etcdImage").s, etcd);
     s->etcd_image = keel_xstrdup(etcd);
     return KEEL_OK;
 }
@@ -306,12 +332,13 @@ static keel_status check_pod_names(const reader *r, const keel_k8s_spec *s) {
     char host[160];
     snprintf(host, sizeof host, "%s-worker-%d", s->name, last);
     if (strlen(host) > KEEL_K8S_NAME_MAX)
-        SPEC_ERR("%s: name: '%s' is too long: its pod %s has %zu characters, more than a DNS label's 63; shorten the "
-                 "name", r->path, s->name, host, strlen(host));
+        SPEC_ERR("%s: '%s' is too long: its pod %s has %zu characters, more than a DNS label's 63; shorten the name",
+                 where(r, "name").s, s->name, host, strlen(host));
     return KEEL_OK;
 }
 
-static keel_status parse_spec(const cJSON *j, const char *path, const char *default_run_id, keel_k8s_spec *s) {
+static keel_status parse_spec(const cJSON *j, const char *path, const k8s_origin *origins, const char *default_run_id,
+                              keel_k8s_spec *s) {
     static const char *const keys[] = {"name",       "namespace",   "kind",       "image",           "nodes",
                                        "master",     "elastic",     "nprocPerNode", "gpusPerNode",   "efaPerNode",
                                        "shmSizeGiB", "checkpointClaim", "checkpointMountPath", "config", "runId",
@@ -319,7 +346,7 @@ static keel_status parse_spec(const cJSON *j, const char *path, const char *defa
     if (!cJSON_IsObject(j))
         SPEC_ERR("%s: not a JSON object (a spec: {\"name\": ..., \"image\": ..., \"nodes\": ..., ...}; see "
                  "docs/kubernetes.md)", path);
-    reader r = {path, j, ""};
+    reader r = {path, j, "", origins};
     keel_status st;
     if ((st = known_keys(&r, keys,
                          "name, namespace, kind, image, nodes, master, elastic, nprocPerNode, gpusPerNode, efaPerNode, "
@@ -330,14 +357,29 @@ static keel_status parse_spec(const cJSON *j, const char *path, const char *defa
     return check_pod_names(&r, s);
 }
 
+keel_status k8s_spec_text_check(const char *text, size_t len, const char *path) {
+    const char *nul = memchr(text, 0, len);
+    if (nul) SPEC_ERR("%s: a NUL byte at offset %zu; a spec is text", path, (size_t)(nul - text));
+    if (len > K8S_SPEC_MAX_BYTES)
+        SPEC_ERR("%s: %zu bytes; a spec is a small text file (at most %d bytes)", path, len, K8S_SPEC_MAX_BYTES);
+    return KEEL_OK;
+}
+
+keel_status k8s_spec_from_json(const cJSON *j, const char *path, const k8s_origin *origins,
+                               const char *default_run_id, keel_k8s_spec *s) {
+    *s = (keel_k8s_spec){0};
+    s->path = keel_xstrdup(path);
+    keel_status st = parse_spec(j, path, origins, default_run_id, s);
+    if (st != KEEL_OK) keel_k8s_spec_free(s);
+    return st;
+}
+
 keel_status keel_k8s_spec_parse(const char *text, size_t len, const char *path, const char *default_run_id,
                                 keel_k8s_spec *s) {
     *s = (keel_k8s_spec){0};
     if (!text) text = "", len = 0; /* a fuzzer's empty input */
-    const char *nul = memchr(text, 0, len);
-    if (nul) SPEC_ERR("%s: a NUL byte at offset %zu; a spec is JSON text", path, (size_t)(nul - text));
-    if (len > MAX_SPEC_BYTES)
-        SPEC_ERR("%s: %zu bytes; a spec is a small JSON file (at most %d bytes)", path, len, MAX_SPEC_BYTES);
+    keel_status st = k8s_spec_text_check(text, len, path);
+    if (st != KEEL_OK) return st;
     if (keel_json_escaped_nul(text, len))
         SPEC_ERR("%s: a string holds \\u0000 (NUL), which would cut its value short; no spec value has one", path);
     const char *end = NULL;
@@ -350,28 +392,7 @@ keel_status keel_k8s_spec_parse(const char *text, size_t len, const char *path, 
         cJSON_Delete(j);
         return KEEL_ERR_INPUT;
     }
-    s->path = keel_xstrdup(path);
-    keel_status st = parse_spec(j, path, default_run_id, s);
+    st = k8s_spec_from_json(j, path, NULL, default_run_id, s);
     cJSON_Delete(j);
-    if (st != KEEL_OK) keel_k8s_spec_free(s);
-    return st;
-}
-
-keel_status keel_k8s_spec_load(const char *path, keel_k8s_spec *s) {
-    *s = (keel_k8s_spec){0};
-    char *text = NULL, why[160];
-    size_t len = 0;
-    keel_status st = keel_read_regular(path, MAX_SPEC_BYTES, &text, &len, why, sizeof why);
-    if (st != KEEL_OK) {
-        keel_errorf("%s: cannot read the spec: %s (a spec is a small JSON file: see docs/kubernetes.md)", path, why);
-        return st;
-    }
-    char stamp[32];
-    time_t now = time(NULL);
-    struct tm utc;
-    gmtime_r(&now, &utc);
-    strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &utc);
-    st = keel_k8s_spec_parse(text, len, path, stamp, s);
-    keel_free(text);
     return st;
 }

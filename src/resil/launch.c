@@ -154,64 +154,132 @@ static int exit_code_of(int status) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-/* fork + exec argv with stream `fd` (stdout or stderr) into a new pipe whose
- * read end comes back in *read_fd; in a process group of its own. */
-static pid_t spawn(char *const *argv, int fd, int *read_fd) {
-    int p[2];
-    if (pipe(p) != 0) return -1;
-    pid_t pid = fork();
+/* fork + exec argv (never a shell). Each stream asked for (pipe_out: stdout,
+ * pipe_err: stderr) goes into a new pipe whose read end comes back in fds[0]
+ * or fds[1] (-1 where the stream stays ours). own_group: the child leads a
+ * process group of its own, so that killing the group ends all it started (and
+ * a terminal's Ctrl-C reaches only us). An exec failure is the child's exit
+ * code 127 with a line on its stderr, and its errno in *exec_errno (told over
+ * a close-on-exec pipe: nothing to read there means the exec worked). */
+static pid_t spawn(char *const *argv, bool pipe_out, bool pipe_err, bool own_group, int fds[2], int *exec_errno) {
+    int po[2] = {-1, -1}, pe[2] = {-1, -1}, pexec[2] = {-1, -1};
+    fds[0] = fds[1] = -1;
+    *exec_errno = 0;
+    pid_t pid = -1;
+    if ((pipe_out && pipe(po) != 0) || (pipe_err && pipe(pe) != 0) || pipe2(pexec, O_CLOEXEC) != 0) goto done;
+    pid = fork();
     if (pid == 0) {
-        setpgid(0, 0);
-        dup2(p[1], fd);
-        close(p[0]);
-        close(p[1]);
+        if (own_group) setpgid(0, 0);
+        if (pipe_out) dup2(po[1], STDOUT_FILENO);
+        if (pipe_err) dup2(pe[1], STDERR_FILENO);
+        for (int i = 0; i < 2; i++) {
+            if (po[i] >= 0) close(po[i]);
+            if (pe[i] >= 0) close(pe[i]);
+        }
         execvp(argv[0], argv);
-        dprintf(STDERR_FILENO, "keel: error: cannot run %s: %s\n", argv[0], strerror(errno));
+        int e = errno;
+        (void)!write(pexec[1], &e, sizeof e);
+        dprintf(STDERR_FILENO, "keel: error: cannot run %s: %s\n", argv[0], strerror(e));
         _exit(127);
     }
-    close(p[1]);
-    if (pid < 0) {
-        close(p[0]);
-        return -1;
+    if (pid > 0) {
+        if (own_group) setpgid(pid, pid); /* also here: no race with the child's own call */
+        close(pexec[1]);
+        pexec[1] = -1;
+        int e;
+        ssize_t got;
+        while ((got = read(pexec[0], &e, sizeof e)) < 0 && errno == EINTR) {}
+        if (got == (ssize_t)sizeof e) *exec_errno = e;
+        fds[0] = po[0], fds[1] = pe[0];
+        po[0] = pe[0] = -1;
     }
-    setpgid(pid, pid); /* also here: no race with the child's own call */
-    *read_fd = p[0];
+done:
+    for (int i = 0; i < 2; i++) {
+        if (po[i] >= 0) close(po[i]);
+        if (pe[i] >= 0) close(pe[i]);
+        if (pexec[i] >= 0) close(pexec[i]);
+    }
     return pid;
 }
 
-int keel_run_capture(char *const *argv, double timeout_s, char *out, size_t n) {
+/* A stream being kept: up to max bytes, the rest read and dropped. */
+typedef struct {
     int fd;
-    out[0] = 0;
-    pid_t pid = spawn(argv, STDOUT_FILENO, &fd);
-    if (pid < 0) return -1;
-    size_t len = 0;
+    char *buf;
+    size_t len, cap, max;
+    bool cut;
+} kept;
+
+/* Read what fd has; false once it closed (or failed). */
+static bool keep_more(kept *k) {
+    char chunk[16384];
+    ssize_t got = read(k->fd, chunk, sizeof chunk);
+    if (got < 0 && errno == EINTR) return true;
+    if (got <= 0) return false;
+    size_t take = (size_t)got <= k->max - k->len ? (size_t)got : k->max - k->len;
+    if (take < (size_t)got) k->cut = true;
+    if (k->len + take + 1 > k->cap) {
+        k->cap = k->len + take + 1 > 2 * k->cap ? k->len + take + 1 : 2 * k->cap;
+        k->buf = keel_xrealloc(k->buf, k->cap, "a command's output");
+    }
+    memcpy(k->buf + k->len, chunk, take);
+    k->len += take;
+    return true;
+}
+
+int keel_run_collect(char *const *argv, double timeout_s, unsigned keep, size_t max_bytes, keel_run_output *o) {
+    *o = (keel_run_output){0};
+    int fds[2];
+    pid_t pid = spawn(argv, keep & KEEL_RUN_STDOUT, keep & KEEL_RUN_STDERR, timeout_s > 0, fds, &o->exec_errno);
+    kept k[2] = {{.fd = fds[0], .max = max_bytes}, {.fd = fds[1], .max = max_bytes}};
     double deadline = timeout_s > 0 ? keel_now_s() + timeout_s : 0;
     bool timed_out = false;
-    for (;;) {
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    while (pid > 0 && (k[0].fd >= 0 || k[1].fd >= 0)) {
+        struct pollfd pfd[2];
+        nfds_t n = 0;
+        for (int i = 0; i < 2; i++)
+            if (k[i].fd >= 0) pfd[n++] = (struct pollfd){.fd = k[i].fd, .events = POLLIN};
         int wait_ms = deadline > 0 ? (int)((deadline - keel_now_s()) * 1000) + 1 : -1;
         if (deadline > 0 && wait_ms <= 0) {
             timed_out = true;
             break;
         }
-        int ready = poll(&pfd, 1, wait_ms);
-        if (ready < 0 && errno == EINTR) continue;
-        if (ready <= 0) continue; /* the deadline check above ends it */
-        char drop[4096];
-        char *dst = len < n - 1 ? out + len : drop;
-        size_t room = len < n - 1 ? n - 1 - len : sizeof drop;
-        ssize_t got = read(fd, dst, room);
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) break;
-        if (dst != drop) len += (size_t)got;
+        if (poll(pfd, n, wait_ms) <= 0) continue; /* EINTR, or the deadline check above ends it */
+        for (nfds_t j = 0; j < n; j++) {
+            kept *s = pfd[j].fd == k[0].fd ? &k[0] : &k[1];
+            if (pfd[j].revents && !keep_more(s)) {
+                close(s->fd);
+                s->fd = -1;
+            }
+        }
     }
-    out[len] = 0;
-    close(fd);
+    char **dst[2] = {&o->out, &o->err};
+    for (int i = 0; i < 2; i++) {
+        if (k[i].fd >= 0) close(k[i].fd);
+        *dst[i] = k[i].buf ? k[i].buf : keel_xcalloc(1, "a command's output");
+        (*dst[i])[k[i].len] = 0;
+    }
+    o->out_cut = k[0].cut, o->err_cut = k[1].cut;
+    if (pid < 0) return -1;
     if (timed_out) kill(-pid, SIGKILL);
     int status;
     while (waitpid(pid, &status, 0) < 0)
         if (errno != EINTR) return -1;
     return timed_out ? 124 : exit_code_of(status);
+}
+
+void keel_run_output_free(keel_run_output *o) {
+    keel_free(o->out);
+    keel_free(o->err);
+    *o = (keel_run_output){0};
+}
+
+int keel_run_capture(char *const *argv, double timeout_s, char *out, size_t n) {
+    keel_run_output o;
+    int code = keel_run_collect(argv, timeout_s, KEEL_RUN_STDOUT, n - 1, &o);
+    memcpy(out, o.out, strlen(o.out) + 1); /* at most n - 1 bytes and the NUL */
+    keel_run_output_free(&o);
+    return code;
 }
 
 /* ---- a child with its stderr read line by line ----------------------------------- */
@@ -227,7 +295,9 @@ struct keel_proc {
 
 keel_status keel_proc_start(char *const *argv, keel_proc **out) {
     keel_proc *p = keel_xcalloc(sizeof *p, "process");
-    p->pid = spawn(argv, STDERR_FILENO, &p->fd);
+    int fds[2], exec_errno;
+    p->pid = spawn(argv, false, true, true, fds, &exec_errno);
+    p->fd = fds[1];
     if (p->pid < 0) {
         keel_errorf("cannot start %s: %s", argv[0], strerror(errno));
         keel_free(p);

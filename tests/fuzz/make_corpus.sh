@@ -13,7 +13,7 @@ cd "$WORK"
 DATA=$HERE/data CORPUS=$HERE/corpus
 KEEL_SRC_FIXTURE=$HERE/../reference/fixtures/hf_tiny KEEL_SRC_CONFIGS=$HERE/../../configs
 rm -rf "$DATA" "$CORPUS"
-mkdir -p "$DATA/hf" "$CORPUS"/{tokenizer_model,tokenizer_text,hf,ckpt,token_shard,config,node_config,cluster_spec,k8s_spec,chat_record}
+mkdir -p "$DATA/hf" "$CORPUS"/{tokenizer_model,tokenizer_text,hf,ckpt,token_shard,config,node_config,cluster_spec,k8s_spec,k8s_status,chat_record}
 
 # --- tokenizer models: BPE, byte fallback, user symbols, custom (de)normalization rules
 head -c 20000 /usr/share/common-licenses/GPL-3 > text.txt
@@ -176,6 +176,29 @@ printf '{"name": "job", "namespace": "ml", "image": "keel@sha256:00ff", "nodes":
   > "$CORPUS/k8s_spec/master.json"
 printf '{"name": "Job\\n", "image": "k\\"\\n---", "nodes": 1e300, "elastic": {"minNodes": 3, "maxNodes": 2}, "checkpointClaim": "x"}' \
   > "$CORPUS/k8s_spec/refused.json"
+# --- keel k8s status (first byte 0): kubectl's JSON for each job of tests/k8s/kube_stand_in.py's world and
+# its pods, a NUL between them; one with every field of a wrong type. .env files (first byte 1): the guide's
+# variables, one with a command substitution that must be refused
+python3 - "$HERE/../k8s" "$CORPUS/k8s_status" <<'PY'
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import kube_stand_in
+objs = kube_stand_in.world()
+for job in (o for o in objs if o["kind"] in ("PyTorchJob", "MPIJob")):
+    name = job["metadata"]["name"]
+    pods = [o for o in objs if o["kind"] == "Pod" and o["metadata"]["labels"].get("training.kubeflow.org/job-name") == name]
+    pod_list = {"apiVersion": "v1", "items": pods, "kind": "List", "metadata": {"resourceVersion": ""}}
+    with open(f"{sys.argv[2]}/{name}", "wb") as f:  # as `kubectl get ... -o json` prints them
+        f.write(b"\0" + json.dumps(job, indent=4, sort_keys=True).encode() + b"\0" +
+                json.dumps(pod_list, indent=4, sort_keys=True).encode())
+PY
+printf '\0{"kind": 7, "metadata": [], "status": {"conditions": {"type": "Running", "status": "True"}, "replicaStatuses": {"Worker": {"active": "2", "failed": -1, "succeeded": 1e300}, "Master": 3}}}\0{"items": [{"metadata": {"name": "p\\u001b[31m\\u00e9", "creationTimestamp": "2026-13-01T00:00:00Z"}, "spec": {"containers": {}}, "status": {"phase": 1, "containerStatuses": [{"restartCount": 2147483647, "ready": "yes"}, {"restartCount": 1, "state": {"waiting": {"reason": ["x"]}}}]}}, 3, null]}' \
+  > "$CORPUS/k8s_status/wrong_types"
+printf '\1# the AWS guide'"'"'s env_vars, for keel\nexport IMAGE_URI=registry.example.com/keel:0.1\nexport NUM_NODES=4  # p5\n  export GPU_PER_NODE='"'"'8'"'"'\r\nEFA_PER_NODE="32"\nFI_PROVIDER=efa\nJOB_NAME=llama-fsdp\nNAMESPACE=training\nCHECKPOINT_CLAIM=fsx-claim\nCHECKPOINT_DIR=/fsx\nKEEL_CONFIG=/fsx/c.json\nSHM_SIZE_GIB=64\nRUN_ID=r1\n' \
+  > "$CORPUS/k8s_status/guide.env"
+printf '\1JOB_NAME=j\nIMAGE_URI=k\nCHECKPOINT_CLAIM=c\nMIN_NODES=1\nMAX_NODES=3\nMAX_RESTARTS=2\nETCD_IMAGE=etcd:3\n' \
+  > "$CORPUS/k8s_status/elastic.env"
+printf '\1JOB_NAME=j\nNUM_NODES=$(touch /tmp/keel-fuzz-pwned)\nNAMESPACE="`id`"\n' > "$CORPUS/k8s_status/substitution.env"
 printf '#hosts\n# name address group\nhead 192.168.1.10 ctl\ngpu-a 192.168.1.21 gpu\ngpu-b node-b.example gpu  # rack 2\n' \
   > "$CORPUS/cluster_spec/hosts"
 # --- keel data prepare: JSON Lines records (first byte: the key, 0 "text" 1 "content") and the

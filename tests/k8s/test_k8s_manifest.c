@@ -5,8 +5,11 @@
  * MPIJob's launcher running `keel train --nproc N` with no OpenMPI setting
  * that pins it to loopback); every bad spec is refused in one line naming
  * the file and the key; a hostile value stays one quoted scalar; --out
- * writes the files and never overwrites unless asked. (tests/k8s/
- * k8s_manifest_schema.sh checks the same YAML against the CRDs' schemas.) */
+ * writes the files and never overwrites unless asked. A .env file of the AWS
+ * guide's variables renders what the JSON spec of the same values renders,
+ * and each bad line is refused naming the file, the line and the variable.
+ * (tests/k8s/k8s_manifest_schema.sh checks the same YAML against the CRDs'
+ * schemas.) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,6 +205,97 @@ static void test_hostile(void) {
     keel_free(b.s);
 }
 
+/* ---- the .env form ---------------------------------------------------------------------- */
+
+static keel_status env_parse(const char *text, keel_k8s_spec *s, const char **err) {
+    capture_begin();
+    keel_status st = keel_k8s_env_parse(text, strlen(text), "job.env", "20260101-000000", s);
+    *err = capture_end();
+    return st;
+}
+
+static void expect_env_refused(const char *name, const char *text, const char *want) {
+    keel_k8s_spec s;
+    const char *err;
+    keel_status st = env_parse(text, &s, &err);
+    EXPECT(st == KEEL_ERR_INPUT && count_lines(err) == 1 && strstr(err, want),
+           "%s: refused in one line naming '%s' (got: %.*s)", name, want, (int)strcspn(err, "\n"), err);
+    if (st == KEEL_OK) keel_k8s_spec_free(&s);
+}
+
+#define ENV_BASE "JOB_NAME=job\nIMAGE_URI=keel:1\nCHECKPOINT_CLAIM=ckpt\n"
+
+static void test_env(void) {
+    /* the guide's own lines (export, a bare value), a comment, quotes of both kinds, a CRLF line */
+    const char *env = "# the guide's env_vars, for keel\n"
+                      "export IMAGE_URI=registry.example.com/keel:0.1\n"
+                      "export INSTANCE_TYPE_NOTE_IS_A_COMMENT_HERE=x\n";
+    keel_k8s_spec s;
+    const char *err;
+    expect_env_refused("an unknown variable", env, "job.env:3: INSTANCE_TYPE_NOTE_IS_A_COMMENT_HERE: not a variable");
+    env = "# the guide's env_vars, for keel\n"
+          "export IMAGE_URI=registry.example.com/keel:0.1\n"
+          "export NUM_NODES=4   # p5.48xlarge\n"
+          "  export GPU_PER_NODE='8'\r\n"
+          "EFA_PER_NODE=\"32\"\n"
+          "FI_PROVIDER=efa\n"
+          "\n"
+          "JOB_NAME=llama-fsdp\nNAMESPACE=training\nCHECKPOINT_CLAIM=fsx-claim\nCHECKPOINT_DIR=/fsx\n"
+          "KEEL_CONFIG=/fsx/configs/llama-7b.json\nSHM_SIZE_GIB=64\nRUN_ID=llama-fsdp-1\n";
+    const char *json = "{\"name\": \"llama-fsdp\", \"namespace\": \"training\", \"image\": "
+                       "\"registry.example.com/keel:0.1\", \"nodes\": 4, \"nprocPerNode\": 8, \"gpusPerNode\": 8, "
+                       "\"efaPerNode\": 32, \"checkpointClaim\": \"fsx-claim\", \"checkpointMountPath\": \"/fsx\", "
+                       "\"config\": \"/fsx/configs/llama-7b.json\", \"shmSizeGiB\": 64, \"runId\": \"llama-fsdp-1\"}";
+    keel_status st = env_parse(env, &s, &err);
+    EXPECT(st == KEEL_OK, "the guide's variables parse (%s)", err);
+    if (st == KEEL_OK) {
+        char *from_env = keel_k8s_render(&s), *from_json = render_text(json);
+        EXPECT(from_env && from_json && !strcmp(from_env, from_json), "and render what the JSON spec renders");
+        keel_free(from_env);
+        keel_free(from_json);
+        keel_k8s_spec_free(&s);
+    }
+    st = env_parse(ENV_BASE "MIN_NODES=2\nMAX_NODES=4\nMAX_RESTARTS=5\n", &s, &err);
+    EXPECT(st == KEEL_OK && s.elastic && s.min_nodes == 2 && s.max_nodes == 4 && s.max_restarts == 5 &&
+               s.nodes == 4 && !s.master,
+           "MIN_NODES and MAX_NODES: an elastic job (%s)", err);
+    if (st == KEEL_OK) keel_k8s_spec_free(&s);
+
+    expect_env_refused("a command substitution", ENV_BASE "NUM_NODES=$(touch /tmp/keel-env-pwned)\n",
+                       "job.env:4: NUM_NODES: '$' in the value");
+    expect_env_refused("one in quotes", ENV_BASE "NAMESPACE=\"$(id -u)\"\n", "job.env:4: NAMESPACE: '$'");
+    expect_env_refused("a backtick", ENV_BASE "NAMESPACE='`id`'\n", "NAMESPACE: '`'");
+    expect_env_refused("a variable", ENV_BASE "ETCD_IMAGE=${REGISTRY}etcd:3\n", "ETCD_IMAGE: '$'");
+    expect_env_refused("a backslash", ENV_BASE "NAMESPACE=\"a\\\\b\"\n", "'\\'");
+    expect_env_refused("a blank in a bare value", ENV_BASE "NUM_NODES=4 2\n", "job.env:4: NUM_NODES: '2' after the value");
+    expect_env_refused("a shell character", ENV_BASE "NAMESPACE=a;b\n", "';' in a bare value; quote");
+    expect_env_refused("an open quote", ENV_BASE "NAMESPACE='training\n", "not closed");
+    expect_env_refused("blanks around =", ENV_BASE "NUM_NODES = 4\n", "job.env:4: NUM_NODES: want '=' right after");
+    expect_env_refused("not NAME=VALUE", ENV_BASE "4=4\n", "job.env:4: '4=4' is not NAME=VALUE");
+    expect_env_refused("set twice", ENV_BASE "NUM_NODES=1\nNUM_NODES=2\n", "job.env:5: NUM_NODES: set again (first on line 4)");
+    expect_env_refused("INSTANCE_TYPE", ENV_BASE "INSTANCE_TYPE=p5.48xlarge\n", "INSTANCE_TYPE: keel renders no nodeSelector");
+    expect_env_refused("HF_TOKEN", ENV_BASE "HF_TOKEN=hf_x\n", "HF_TOKEN: keel's pods read no Hugging Face Hub");
+    expect_env_refused("not a number", ENV_BASE "NUM_NODES=four\n", "job.env:4: NUM_NODES: 'four' is not a whole number");
+    expect_env_refused("not a flag", ENV_BASE "NUM_NODES=2\nMASTER=yes\n", "MASTER: 'yes' is not true or false");
+    expect_env_refused("another libfabric provider", ENV_BASE "NUM_NODES=1\nFI_PROVIDER=tcp\n", "FI_PROVIDER: 'tcp'");
+    expect_env_refused("efa without devices", ENV_BASE "NUM_NODES=1\nFI_PROVIDER=efa\n",
+                       "job.env:5: FI_PROVIDER: efa without EFA devices");
+    /* what spec.c refuses names the variable and its line */
+    expect_env_refused("nodes 0", ENV_BASE "NUM_NODES=0\n", "job.env:4: NUM_NODES (nodes): 0 is not a whole number 1..1000");
+    expect_env_refused("a bad name", "JOB_NAME=Llama\nIMAGE_URI=k\nNUM_NODES=1\nCHECKPOINT_CLAIM=c\n",
+                       "job.env:1: JOB_NAME (name): 'Llama' is not a DNS-1035 label");
+    expect_env_refused("a missing claim", "JOB_NAME=j\nIMAGE_URI=k\nNUM_NODES=1\n",
+                       "job.env: CHECKPOINT_CLAIM (checkpointClaim): missing");
+    expect_env_refused("min > max", ENV_BASE "MIN_NODES=4\nMAX_NODES=2\n",
+                       "job.env:4: MIN_NODES (elastic.minNodes): 4 is more than elastic.maxNodes 2");
+    expect_env_refused("GPUs beside another nproc", ENV_BASE "NUM_NODES=1\nGPU_PER_NODE=8\nNPROC_PER_NODE=4\n",
+                       "job.env:5: GPU_PER_NODE (gpusPerNode): 8 GPUs for nprocPerNode 4");
+    capture_begin();
+    st = keel_k8s_env_parse("JOB_NAME=a\0b\n", 12, "job.env", NULL, &s);
+    err = capture_end();
+    EXPECT(st == KEEL_ERR_INPUT && strstr(err, "job.env: a NUL byte at offset 10"), "a NUL byte is refused: %s", err);
+}
+
 static void test_write(void) {
     char out[400];
     snprintf(out, sizeof out, "%s/out", dir);
@@ -241,6 +335,7 @@ int main(void) {
     test_mpijob();
     test_refusals();
     test_hostile();
+    test_env();
     test_write();
     remove_tree(dir);
     return test_summary("test_k8s_manifest");

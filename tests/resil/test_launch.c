@@ -2,7 +2,11 @@
  * machine OpenMPI is pinned to loopback and ob1; inside a Slurm allocation
  * neither (the ranks are on several hosts: OpenMPI picks their interfaces),
  * and a setting the user made is never replaced; mpirun locally, srun with
- * --mpi=pmix and --kill-on-bad-exit in Slurm, nodes and node list passed. */
+ * --mpi=pmix and --kill-on-bad-exit in Slurm, nodes and node list passed.
+ * Commands run from argv (keel_run_collect, keel_run_capture): the streams
+ * asked for are kept (up to a bound, the rest dropped and said so), a program
+ * that cannot be run is told apart by its errno, a time limit kills it. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +33,33 @@ static bool has(char **argv, const char *arg) {
     for (int i = 0; argv[i]; i++)
         if (!strcmp(argv[i], arg)) return true;
     return false;
+}
+
+static void test_run_collect(void) {
+    char *both[] = {"sh", "-c", "printf out; printf 'err\\nmore' >&2; exit 3", NULL};
+    keel_run_output o;
+    int code = keel_run_collect(both, 10, KEEL_RUN_STDOUT | KEEL_RUN_STDERR, 1024, &o);
+    EXPECT(code == 3 && !strcmp(o.out, "out") && !strcmp(o.err, "err\nmore") && !o.exec_errno && !o.out_cut,
+           "both streams kept, the exit code passed on (%d, '%s', '%s')", code, o.out, o.err);
+    keel_run_output_free(&o);
+    char *big[] = {"sh", "-c", "head -c 100000 /dev/zero | tr '\\0' x", NULL};
+    code = keel_run_collect(big, 10, KEEL_RUN_STDOUT, 10, &o);
+    EXPECT(code == 0 && !strcmp(o.out, "xxxxxxxxxx") && o.out_cut && !o.err[0],
+           "stdout past max_bytes read and dropped, and said so (%d, '%s')", code, o.out);
+    keel_run_output_free(&o);
+    char *missing[] = {"/nonexistent/kubectl", "version", NULL};
+    code = keel_run_collect(missing, 10, KEEL_RUN_STDERR, 1024, &o);
+    EXPECT(code == 127 && o.exec_errno == ENOENT, "a program that is not there: 127 and ENOENT (%d, errno %d)", code,
+           o.exec_errno);
+    keel_run_output_free(&o);
+    char *slow[] = {"sleep", "30", NULL};
+    double t0 = keel_now_s();
+    code = keel_run_collect(slow, 0.3, KEEL_RUN_STDOUT, 16, &o);
+    EXPECT(code == 124 && keel_now_s() - t0 < 5, "a time limit kills it: 124 after %.1f s", keel_now_s() - t0);
+    keel_run_output_free(&o);
+    char out[4], *longer[] = {"sh", "-c", "printf output; exit 3", NULL};
+    code = keel_run_capture(longer, 10, out, sizeof out);
+    EXPECT(code == 3 && !strcmp(out, "out"), "keel_run_capture keeps n - 1 bytes of stdout (%d, '%s')", code, out);
 }
 
 int main(void) {
@@ -86,5 +117,6 @@ int main(void) {
                "%s set: no shared-memory directory of this host's named to the others", hostfiles[i]);
     }
     clear();
+    test_run_collect();
     return test_summary("test_launch");
 }
