@@ -11,6 +11,7 @@
 #           losses    50 steps of configs/tiny.json: cpu fp32, cuda fp32, cuda bf16;
 #                     each step's loss compared with the CPU's
 #           nccl      FSDP on GPUs: keel train --nproc (MPI from the pack, NCCL): 1 rank
+#                     (and under --launcher local: NCCL bootstrapped over Gloo, keel agent's way)
 #                     against the one-process GPU run, bf16 gathers and reduce-scatters
 #                     against the CPU; 2 ranks against 1 where the machine has 2 GPUs,
 #                     else more ranks than GPUs refused
@@ -240,6 +241,9 @@ if want nccl; then
   train nccl-1 150 "${tiny[@]}" --device cuda --nproc 1
   # world size 1 exercises NCCL's API; its copies leave the one-process run's math as it was
   record nccl_1rank "$(compare_losses cuda-fp32 nccl-1 1e-4 2>>"$logs/compare.log" || echo '{"passed": false, "log": "nccl-1.log"}')"
+  # started by keel's own launcher (keel agent's way, no mpirun): NCCL's unique id over Gloo
+  train nccl-1-local 150 "${tiny[@]}" --device cuda --nproc 1 --launcher local
+  record nccl_1rank_local "$(compare_losses nccl-1 nccl-1-local 1e-6 2>>"$logs/compare.log" || echo '{"passed": false, "log": "nccl-1-local.log"}')"
   # the compute stream's waits for collectives, timed on the GPU (comm_stall_s): medians over the steps
   record nccl_1rank_comm_wait "$(python3 - "$run_dir/nccl-1/metrics.jsonl" <<'PY' 2>/dev/null || echo null
 import json, statistics, sys
@@ -257,6 +261,9 @@ PY
     mb=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["train"]["micro_batch_size"] // 2)' "$tiny_config")
     train nccl-2 150 "${tiny[@]}" --device cuda --nproc 2 --set train.micro_batch_size="$mb"
     record nccl_2ranks "$(compare_losses nccl-1 nccl-2 2e-3 2>>"$logs/compare.log" || echo '{"passed": false, "log": "nccl-2.log"}')"
+    # ranks keel's own launcher started (keel agent's way, no mpirun): NCCL's unique id over Gloo, the same sums
+    train nccl-2-local 150 "${tiny[@]}" --device cuda --nproc 2 --launcher local --set train.micro_batch_size="$mb"
+    record nccl_2ranks_local "$(compare_losses nccl-2 nccl-2-local 1e-6 2>>"$logs/compare.log" || echo '{"passed": false, "log": "nccl-2-local.log"}')"
   else
     train nccl-too-many 60 "${tiny[@]}" --device cuda --nproc $(( gpus + 1 ))
     rc=$?
