@@ -397,11 +397,15 @@ static bool decide(agent *a, int *code, char *why, size_t why_n) {
     }
     if (act.skip_step > 0) {
         keel_run_state state;
-        if (keel_run_state_read(a->run_dir, &state) == KEEL_OK) {
+        keel_status st = keel_run_state_read(a->run_dir, &state);
+        if (st == KEEL_OK) {
             keel_run_state_skip(&state, act.skip_step);
-            keel_run_state_write(a->run_dir, &state);
+            st = keel_run_state_write(a->run_dir, &state);
             keel_run_state_free(&state);
         }
+        if (st != KEEL_OK)
+            keel_log_warn("%s/%s not updated: step %" PRId64 "'s data window will not be skipped", a->run_dir,
+                          KEEL_RUN_SUPERVISOR, act.skip_step);
     }
     if (o.kind == KEEL_END_DIVERGED) { /* the snapshots hold the steps that led to it: back to a checkpoint */
         char k[400];
