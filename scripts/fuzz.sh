@@ -16,7 +16,7 @@
 # features), corpus. Exit 1 when a harness found something.
 set -euo pipefail
 SRC=$(cd "$(dirname "$0")/.." && pwd)
-ALL=(tokenizer_model tokenizer_text hf ckpt token_shard config node_config cluster_spec jsonl_record decompress tokenizer_json chat_record parquet prompts task completions k8s_spec k8s_status)
+ALL=(tokenizer_model tokenizer_text hf ckpt token_shard config node_config cluster_spec jsonl_record decompress tokenizer_json chat_record parquet prompts task completions k8s_spec k8s_status etcd)
 build="" time_s=3600 jobs=2 replay=false harnesses=()
 while [ $# -gt 0 ]; do
   case $1 in
