@@ -773,6 +773,10 @@ keel_status keel_agent_run(const keel_config *cfg, const char *run_dir, const ke
     keel_log_info("agent %s: %d-%d node(s) x %d rank(s), rendezvous at etcd %s, run id %s", o->node, o->min_nodes,
                   o->max_nodes, o->nproc, o->endpoint, o->run_id);
     st = rounds(&a, exit_code);
+    /* this node's part of the job is over (done, stopped, or it left): its ranks' snapshots go, as a
+     * supervisor's do when its run ends; a later run resumes from the checkpoints */
+    int removed = keel_snap_remove_run(run_dir);
+    if (removed > 0) keel_log_info("agent: removed %d in-memory snapshot segment(s) of this node", removed);
     pthread_mutex_lock(&a.mu);
     a.stop_keeper = true;
     pthread_cond_signal(&a.cv);

@@ -212,6 +212,12 @@ grep -q '"event":"straggler".*"cause":"straggler","rank":1' "$TMP/slow/events.js
   fail "no straggler event for rank 1: $(grep -v checkpoint "$TMP/slow/events.jsonl" | tail -5)"
 pass "rank 1 throttled: $(grep -o '"detail":"rank 1 on [^"]*' "$TMP/slow/events.jsonl" | head -1 | cut -c11-130)"
 
+# every agent that ended took its node's snapshots with it (another test's segment_of lists /dev/shm)
+for run in plain rank hang node late etcd-run div loop sick slow; do
+  [ -z "$(segments "$TMP/$run")" ] || fail "$run: snapshot segments left in /dev/shm: $(segments "$TMP/$run")"
+done
+pass "no run left a snapshot segment in /dev/shm"
+
 # 6. a finished run id is refused; --reset clears it and nothing else
 expect_input_error "a finished run id" "^keel: error: run id plain already finished" \
   "$KEEL_BIN" agent "$CFG" --run-dir "$TMP/again" --rdzv-endpoint "$EP" --rdzv-id plain --nnodes 1

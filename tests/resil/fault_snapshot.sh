@@ -73,7 +73,11 @@ slot_steps() {
   [ "$(od -An -tu4 -j 64 -N4 "$1" | tr -d ' ')" = 2 ] && [ "$(od -An -tu4 -j 88 -N4 "$1" | tr -d ' ')" = 2 ] &&
     { od -An -td8 -j 72 -N8 "$1"; od -An -td8 -j 96 -N8 "$1"; } | tr -d ' ' | sort -rn | tr '\n' ' '
 }
-segment_of() { ls /dev/shm/keel-snap-*-"$2" | while read -r f; do grep -q -a -- "$(realpath "$1")" "$f" && echo "$f"; done; }
+segment_of() { # RUN rR: the run's segment of rank R (another run's segments may lie beside it, listed after it)
+  local f
+  for f in /dev/shm/keel-snap-*-"$2"; do grep -q -a -- "$(realpath "$1")" "$f" 2>/dev/null && echo "$f"; done
+  return 0
+}
 damaged() {
   local run=$1 every=$2 sup p0 p1 seg0 seg1 steps size rc res got
   "$KEEL_BIN" train "$CFG" "${args[@]}" --set checkpoint.every_steps="$every" --run-dir "$run" >"$run.out" 2>&1 &
