@@ -102,3 +102,14 @@ wait_train_step() {
 segments() { grep -l --null -a -- "$(realpath "$1")" /dev/shm/keel-snap-* 2>/dev/null | tr '\0' ' ' || true; }
 # event_count RUN TYPE: how many RUN/events.jsonl lines have this event type.
 event_count() { grep -c "\"event\":\"$2\"" "$1/events.jsonl" || true; }
+# final_loss_near REF RUN STEP WHAT: RUN's last logged loss is at STEP, as REF's, and within the
+# resharding tolerance (1e-4 relative) of it; prints an ok line ending in WHAT.
+final_loss_near() {
+  python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" "$3" "$4" <<'PY' || fail "the loss left the resharding tolerance"
+import json, sys
+last = lambda p: [json.loads(l) for l in open(p) if '"loss"' in l][-1]
+a, b, step = last(sys.argv[1]), last(sys.argv[2]), int(sys.argv[3])
+assert a["step"] == b["step"] == step and abs(a["loss"] - b["loss"]) <= 1e-4 * abs(a["loss"]), (a, b)
+print(f"ok   final loss {b['loss']:.6f} {sys.argv[4]}, undisturbed {a['loss']:.6f}")
+PY
+}

@@ -107,13 +107,7 @@ grep -q '"event":"rendezvous".*round 1: 1 node(s) x 1 rank(s) = world 1: a' "$TM
   fail "no round on the node left: $(grep rendezvous "$TMP/node/events.jsonl")"
 grep -q '"event":"resumed".*resharded from 2 rank' "$TMP/node/events.jsonl" ||
   fail "not resharded: $(grep resumed "$TMP/node/events.jsonl")"
-python3 - "$TMP/ref/metrics.jsonl" "$TMP/node/metrics.jsonl" <<'PY' || fail "the loss left the resharding tolerance"
-import json, sys
-last = lambda p: [json.loads(l) for l in open(p) if '"loss"' in l][-1]
-a, b = last(sys.argv[1]), last(sys.argv[2])
-assert a["step"] == b["step"] and abs(a["loss"] - b["loss"]) <= 1e-4 * abs(a["loss"]), (a, b)
-print(f"ok   final loss {b['loss']:.6f} on 1 node, undisturbed {a['loss']:.6f}")
-PY
+final_loss_near "$TMP/ref" "$TMP/node" 80 "on 1 node"
 pass "node b killed (agent and rank): round 1 on node a alone, resharded from 2 ranks' snapshots"
 
 # 4. a node that comes late is admitted at the next round (the global batch
