@@ -24,6 +24,10 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+#define XXH_STATIC_LINKING_ONLY /* a streaming state on the stack */
 #include <xxhash.h>
 
 #include "keel/ckpt.h"
@@ -226,11 +230,64 @@ float *keel_snap_begin(keel_snap *s, int64_t step, int *slot) {
     return s->data[*slot];
 }
 
-void keel_snap_commit(keel_snap *s, int slot, int64_t step) {
+static void commit(keel_snap *s, int slot, int64_t step, uint64_t xxh3) {
     slot_header *x = &s->h->slot[slot];
-    x->xxh3 = XXH3_64bits(s->data[slot], sizeof(float) * s->h->floats);
+    x->xxh3 = xxh3;
     x->step = step;
     atomic_store_explicit(&x->state, SLOT_COMMITTED, memory_order_release);
+}
+
+void keel_snap_commit(keel_snap *s, int slot, int64_t step) {
+    commit(s, slot, step, XXH3_64bits(s->data[slot], sizeof(float) * s->h->floats));
+}
+
+/* n bytes that nothing reads soon: streaming stores, which skip the caches
+ * (and the read of each line a plain store does first). Ordered before a
+ * later store only by an sfence. */
+static void stream_copy(char *dst, const char *src, size_t n) {
+#ifdef __SSE2__
+    size_t i = (16 - ((uintptr_t)dst & 15)) & 15;
+    if (i > n) i = n;
+    memcpy(dst, src, i);
+    for (; i + 16 <= n; i += 16) _mm_stream_si128((__m128i *)(dst + i), _mm_loadu_si128((const __m128i *)(src + i)));
+    memcpy(dst + i, src + i, n - i);
+#else
+    memcpy(dst, src, n);
+#endif
+}
+
+static int by_offset(const void *a, const void *b) {
+    int64_t x = ((const keel_snap_piece *)a)->at, y = ((const keel_snap_piece *)b)->at;
+    return (x > y) - (x < y);
+}
+
+/* A piece at a time of FILL_CHUNK bytes: hashed (which brings it into the
+ * cache) and then streamed into the slot from there. */
+#define FILL_CHUNK (64 << 10)
+
+void keel_snap_fill(keel_snap *s, int slot, int64_t step, keel_snap_piece *pieces, int n) {
+    qsort(pieces, (size_t)n, sizeof *pieces, by_offset);
+    char *slot_bytes = (char *)s->data[slot];
+    XXH3_state_t h;
+    KEEL_CHECK(XXH3_64bits_reset(&h) == XXH_OK, "XXH3 state");
+    size_t done = 0; /* bytes of the slot hashed */
+    for (int i = 0; i < n; i++) {
+        size_t at = sizeof(float) * (size_t)pieces[i].at, bytes = sizeof(float) * (size_t)pieces[i].n;
+        KEEL_CHECK(at >= done && at + bytes <= sizeof(float) * s->h->floats, "snapshot piece %d out of place", i);
+        XXH3_64bits_update(&h, slot_bytes + done, at - done); /* padding between pieces, as it is */
+        const char *src = (const char *)pieces[i].src;
+        for (size_t lo = 0; lo < bytes; lo += FILL_CHUNK) {
+            size_t k = bytes - lo < FILL_CHUNK ? bytes - lo : FILL_CHUNK;
+            XXH3_64bits_update(&h, src + lo, k);
+            stream_copy(slot_bytes + at + lo, src + lo, k);
+        }
+        done = at + bytes;
+    }
+    XXH3_64bits_update(&h, slot_bytes + done, sizeof(float) * s->h->floats - done);
+#ifdef __SSE2__
+    _mm_sfence(); /* the streamed bytes before the commit */
+#endif
+    commit(s, slot, step, XXH3_64bits_digest(&h));
 }
 
 keel_status keel_snap_get(const keel_snap *s, int64_t step, const float **data) {

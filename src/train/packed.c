@@ -52,6 +52,18 @@ void trainer_packed_copy_out(const trainer_packed *p, float *dst, bool async) {
         }
 }
 
+int trainer_packed_pieces(const trainer_packed *p, keel_snap_piece *out) {
+    KEEL_CHECK(p->be->host_memory, "packed pieces of a device's arrays");
+    int n = 0;
+    for (int a = 0; a < KEEL_CKPT_ARRAYS; a++)
+        for (int i = 0; i < p->n_ranges; i++) {
+            const keel_param_range *r = &p->ranges[i];
+            out[n++] = (keel_snap_piece){(int64_t)a * p->plan->shard_total + packed_offset(p, r),
+                                         p->arrays[a] + r->buffer_offset, r->len};
+        }
+    return n;
+}
+
 void trainer_packed_copy_in(const trainer_packed *p, const float *src) {
     for (int a = 0; a < KEEL_CKPT_ARRAYS; a++)
         for (int i = 0; i < p->n_ranges; i++) {

@@ -29,6 +29,9 @@ int64_t trainer_packed_floats(const trainer_packed *p);
 /* Copy the live arrays into dst in the packed layout (padding untouched).
  * async: the backend's to_host_async, done at its copies_wait. */
 void trainer_packed_copy_out(const trainer_packed *p, float *dst, bool async);
+/* The live arrays as pieces of the packed layout, for keel_snap_fill (host
+ * memory only): KEEL_CKPT_ARRAYS * n_ranges of them into out. How many. */
+int trainer_packed_pieces(const trainer_packed *p, keel_snap_piece *out);
 /* Copy a packed state back into the live arrays. */
 void trainer_packed_copy_in(const trainer_packed *p, const float *src);
 /* Zero every live array (the ranges this rank holds). */

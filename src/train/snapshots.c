@@ -5,8 +5,9 @@
  * replicas too, in the layout of its checkpoint file) into the older slot of
  * its shared-memory segment (ckpt/segment.c) on a thread of its own, and
  * commits it with its step and checksum. The copy overlaps the next forward
- * and backward as a save's does; that step's update waits for the copy (not
- * for the checksum). Nothing else is needed to resume: the data position and
+ * and backward as a save's does; that step's update waits for the copy (on
+ * the host, copied and hashed in one pass; a device's copy is hashed during
+ * the update). Nothing else is needed to resume: the data position and
  * the learning rate follow from the step, and no RNG state is kept.
  *
  * Buddies: when the ranks span several nodes, each rank also keeps a replica
@@ -50,6 +51,7 @@ struct trainer_snap {
     /* the snapshot in flight */
     int step;
     float *dst;                    /* its slot */
+    keel_snap_piece *pieces;       /* host memory: room for the live state as the slot's pieces */
     int slot;
     pthread_t thread;
     bool live;
@@ -141,6 +143,8 @@ void trainer_snap_init(trainer *t) {
     s->every = t->world ? t->cfg->resilience.snapshot_every_steps : 0;
     if (s->every <= 0) return;
     s->floats = trainer_packed_floats(&t->packed);
+    if (s->be->host_memory)
+        s->pieces = keel_xmalloc(sizeof(keel_snap_piece) * KEEL_CKPT_ARRAYS * (size_t)t->packed.n_ranges, "snapshot pieces");
     pick_buddies(t, s);
     const keel_fsdp_plan *plan = keel_fsdp_get_plan(t->fsdp);
     double mine = keel_fsdp_shard_rank(t->fsdp), *all = keel_xmalloc(sizeof(double) * (size_t)t->world_size, "shards");
@@ -196,6 +200,7 @@ void trainer_snap_free(trainer *t, bool completed) {
     join(s);
     finish_exchange(s);
     close_all(s, completed); /* a run that completed has no use for them */
+    keel_free(s->pieces);
     keel_free(s->holder);
     keel_free(s->shard_of);
     keel_free(s);
@@ -213,20 +218,20 @@ double trainer_snap_take_stall(trainer *t) {
     return x;
 }
 
-/* The state into the segment's free slot: at once on the host; on a device
- * the copies are issued (by the caller: a backend is used from one thread)
- * and the thread waits for them. */
-static void snapshot_copy(trainer *t, bool async) {
-    trainer_snap *s = t->snap;
-    s->dst = keel_snap_begin(s->own, s->step, &s->slot);
-    trainer_packed_copy_out(&t->packed, s->dst, async);
-}
-
+/* The state into the segment's free slot. On the host the thread copies and
+ * hashes it in one pass (keel_snap_fill); on a device the copies are issued
+ * (by the caller: a backend is used from one thread), and the thread waits
+ * for them and hashes the copy while the update changes the arrays. */
 static void *snapshot_thread(void *arg) {
     trainer *t = arg;
     trainer_snap *s = t->snap;
-    if (s->be->host_memory) snapshot_copy(t, false);
-    else s->be->copies_wait();
+    if (s->be->host_memory) {
+        s->dst = keel_snap_begin(s->own, s->step, &s->slot);
+        keel_snap_fill(s->own, s->slot, s->step, s->pieces, trainer_packed_pieces(&t->packed, s->pieces));
+        atomic_store(&s->copied, true);
+        return NULL;
+    }
+    s->be->copies_wait();
     atomic_store(&s->copied, true); /* the arrays may change; the checksum reads the copy */
     keel_snap_commit(s->own, s->slot, s->step);
     return NULL;
@@ -264,7 +269,10 @@ void trainer_snap_boundary(trainer *t, int steps_done, bool last_or_stop) {
         atomic_store(&s->copied, false);
         /* A device's copies are issued here and run beside the next step;
          * host memory is copied on the thread, also overlapping it. */
-        if (!s->be->host_memory) snapshot_copy(t, true);
+        if (!s->be->host_memory) {
+            s->dst = keel_snap_begin(s->own, s->step, &s->slot);
+            trainer_packed_copy_out(&t->packed, s->dst, true);
+        }
         KEEL_CHECK(pthread_create(&s->thread, NULL, snapshot_thread, t) == 0, "snapshot thread");
         s->live = true;
     }

@@ -105,6 +105,28 @@ int main(void) {
     keel_snap_close(s, false);
     EXPECT(access(path, F_OK) == 0, "closing keeps the segment");
 
+    /* keel_snap_fill: pieces given out of order, at odd offsets, one larger than its
+     * 64 KiB chunks, with padding between them that keeps its bytes: the slot holds
+     * the pieces and passes keel_snap_get's checksum of the whole slot */
+    enum { BIG = 40000 };
+    keel_snap *big;
+    keel_snap_shape big_shape = {3, 4, 4, 3, BIG};
+    EXPECT(keel_snap_open(dir, &big_shape, 43, false, &big) == KEEL_OK, "a larger segment");
+    float *src = keel_xmalloc(sizeof(float) * BIG, "src");
+    for (int i = 0; i < BIG; i++) src[i] = (float)i * 0.5f - 7.0f;
+    float *slot_data = keel_snap_begin(big, 3, &slot);
+    for (int i = 0; i < BIG; i++) slot_data[i] = -1.0f; /* what the padding holds */
+    keel_snap_piece pieces[] = {{30001, src + 30001, 9000}, {1, src + 1, 20003}, {20005, src + 20005, 9990}};
+    keel_snap_fill(big, slot, 3, pieces, 3);
+    bool same = keel_snap_get(big, 3, &got) == KEEL_OK;
+    for (int i = 0; i < BIG && same; i++) {
+        bool pad = i == 0 || i == 20004 || (i >= 29995 && i <= 30000) || i >= 39001;
+        same = got[i] == (pad ? -1.0f : src[i]);
+    }
+    EXPECT(same, "filled in one pass: pieces in place, padding kept, checksum of the whole slot");
+    keel_free(src);
+    keel_snap_close(big, true);
+
     /* another world size is a segment of its own: the last world's stay for a relaunch to reshard from */
     keel_snap *w4, **found;
     EXPECT(open_seg(dir, 1, 4, 43, false, &w4) == KEEL_OK && keel_snap_steps(w4, steps) == 0 &&
