@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
 # ranks_threads.sh: the FSDP tax on one node — configs/small.json at the same global batch on
-# 1 rank x 2 threads (one process, no FSDP) and on 2 ranks x 1 thread (full_shard), fp32 and
-# bf16, in one run. Prints tokens/s (median after two warm-up steps), the 2-rank / 1-rank ratio,
-# and where the second step's time went on rank 0 (train.profile_steps: that step is left out of
-# the median): GEMMs, attention, elementwise kernels (norms, RoPE, SwiGLU, cross-entropy, casts,
-# copies), the optimizer (AdamW, the gradient norm), collectives issued, the waits for them, and
-# time outside the backend's calls. Not a test.
+# 1 rank x 2 threads (--nproc 1: no FSDP) and on 2 ranks x 1 thread (--nproc 2: full_shard),
+# both under the supervisor with its defaults (in-memory snapshots every step), fp32 and bf16.
+# The machine this runs on is shared and its speed drifts by 5-10% from one minute to the
+# next, so the two layouts run alternately, BENCH_ROUNDS times, and the ratio quoted is the
+# median of each round's 2x1 / 1x2. Prints per precision (and snapshot setting): tokens/s (the
+# median over rounds of each run's median after two warm-up steps), the ratio, its range over
+# the rounds, and where the second step's time went on rank 0 in the last round
+# (train.profile_steps: that step is left out of the median): GEMMs, attention, elementwise
+# kernels (norms, RoPE, SwiGLU, cross-entropy, casts, copies), the optimizer (AdamW, the
+# gradient norm), collectives issued, the waits for them, and time outside the backend's
+# calls. Not a test.
 #
 #   bash bench/ranks_threads.sh
-#   BENCH_STEPS=8 BENCH_PRECISIONS=fp32 bash bench/ranks_threads.sh
+#   BENCH_ROUNDS=5 BENCH_PRECISIONS=bf16 BENCH_SNAPSHOTS="on off" bash bench/ranks_threads.sh
+#
+# BENCH_STEPS (8 a run), BENCH_ROUNDS (3), BENCH_PRECISIONS ("fp32 bf16"), BENCH_SNAPSHOTS
+# ("on": resilience.snapshot_every_steps 1, the default; "off": 0), KEEL_BIN.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-steps=${BENCH_STEPS:-6}
+steps=${BENCH_STEPS:-8}
+rounds=${BENCH_ROUNDS:-3}
 precisions=${BENCH_PRECISIONS:-fp32 bf16}
+snapshots=${BENCH_SNAPSHOTS:-on}
 if [ -z "${KEEL_BIN:-}" ]; then
   make -C "$root" keel >/dev/null
   KEEL_BIN="$root/build/keel"
@@ -21,25 +31,31 @@ tmp=$(mktemp -d /tmp/keel-bench-ranks.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 export KEEL_METRICS_PORT=0
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "configs/small.json, T 512, 2 sequences a step; $steps steps, tok/s the median of steps 3-$steps, step 2 profiled"
+echo "configs/small.json, T 512, 2 sequences a step; $rounds rounds of 1x2 then 2x1, $steps steps a run"
 echo
-printf '| precision | layout | tok/s | vs 1x2 | GEMM | attention | elementwise | optimizer | collectives | waits | outside calls |\n'
-printf '|---|---|---|---|---|---|---|---|---|---|---|\n'
+printf '| precision | snapshots | layout | tok/s | 2x1 / 1x2 (range) | GEMM | attention | elementwise | optimizer | collectives | waits | outside calls |\n'
+printf '|---|---|---|---|---|---|---|---|---|---|---|---|\n'
 for p in $precisions; do
-  one=""
-  for layout in 1x2 2x1; do
-    dir=$tmp/$p-$layout
-    if [ "$layout" = 1x2 ]; then shape=(--set train.threads=2 --set train.micro_batch_size=2)
-    else shape=(--nproc 2 --set train.threads=1 --set train.micro_batch_size=1); fi
-    "$KEEL_BIN" train "$root/configs/small.json" "${shape[@]}" --set train.steps="$steps" --set train.profile_steps=1 \
-      --set fsdp.mixed_precision="$p" --set checkpoint.every_steps=0 --set train.eval_every=0 --run-dir "$dir" \
-      >"$tmp/log" 2>&1 || { tail -5 "$tmp/log" >&2; echo "bench: $p $layout failed" >&2; exit 1; }
-    row=$(python3 - "$dir" "$p" "$layout" "$one" <<'PY'
+  for snap in $snapshots; do
+    every=1; [ "$snap" = on ] || every=0
+    for r in $(seq 1 "$rounds"); do
+      for layout in 1x2 2x1; do
+        if [ "$layout" = 1x2 ]; then shape=(--nproc 1 --set train.threads=2 --set train.micro_batch_size=2)
+        else shape=(--nproc 2 --set train.threads=1 --set train.micro_batch_size=1); fi
+        "$KEEL_BIN" train "$root/configs/small.json" "${shape[@]}" --set train.steps="$steps" --set train.profile_steps=1 \
+          --set fsdp.mixed_precision="$p" --set resilience.snapshot_every_steps=$every --set checkpoint.every_steps=0 \
+          --set train.eval_every=0 --run-dir "$tmp/$p-$snap-$layout-$r" >"$tmp/log" 2>&1 ||
+          { tail -5 "$tmp/log" >&2; echo "bench: $p $layout failed" >&2; exit 1; }
+      done
+    done
+    python3 - "$tmp" "$p" "$snap" "$rounds" <<'PY'
 import json, statistics, sys
-d, p, layout, one = sys.argv[1:5]
-rows = [json.loads(l) for l in open(f"{d}/metrics.jsonl") if '"tokens_per_s"' in l]
-prof = json.load(open(f"{d}/profile.json"))
-tps = statistics.median(r["tokens_per_s"] for r in rows[2:] if r["step"] != prof["first_step"])
+tmp, p, snap, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+def run(layout, r):
+    d = f"{tmp}/{p}-{snap}-{layout}-{r}"
+    rows = [json.loads(l) for l in open(f"{d}/metrics.jsonl") if '"tokens_per_s"' in l]
+    prof = json.load(open(f"{d}/profile.json"))
+    return statistics.median(x["tokens_per_s"] for x in rows[2:] if x["step"] != prof["first_step"]), prof
 def kind(op):
     if op.startswith(("matmul", "gemm")): return "gemm"
     if op.startswith("attention"): return "attention"
@@ -47,16 +63,17 @@ def kind(op):
     if op == "collective_wait": return "waits"
     if op in ("all_gather", "reduce_scatter", "allreduce", "broadcast"): return "collectives"
     return "elementwise"
-share = {k: 0.0 for k in ("gemm", "attention", "elementwise", "optimizer", "collectives", "waits")}
-for o in prof["ops"]:
-    share[kind(o["op"])] += o["seconds"]
-step = prof["step_s"]  # the profiled steps, all of them
-cells = [f"{100 * share[k] / step:.1f}%" for k in share] + [f"{100 * prof['outside_calls_s'] / step:.1f}%"]
-ratio = f"{tps / float(one):.2f}" if one else "1.00"
-print(f"{tps:.1f}\t| {p} | {layout} | {tps:.0f} | {ratio} | " + " | ".join(cells) + " |")
+tps = {l: [run(l, r)[0] for r in range(1, rounds + 1)] for l in ("1x2", "2x1")}
+ratios = sorted(b / a for a, b in zip(tps["1x2"], tps["2x1"]))
+for layout in ("1x2", "2x1"):
+    prof = run(layout, rounds)[1]
+    share = {k: 0.0 for k in ("gemm", "attention", "elementwise", "optimizer", "collectives", "waits")}
+    for o in prof["ops"]:
+        share[kind(o["op"])] += o["seconds"]
+    step = prof["step_s"]
+    cells = [f"{100 * share[k] / step:.1f}%" for k in share] + [f"{100 * prof['outside_calls_s'] / step:.1f}%"]
+    ratio = "1.00" if layout == "1x2" else f"**{statistics.median(ratios):.2f}** ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+    print(f"| {p} | {snap} | {layout} | {statistics.median(tps[layout]):.0f} | {ratio} | " + " | ".join(cells) + " |")
 PY
-)
-    [ -n "$one" ] || one=${row%%$'\t'*}
-    echo "${row#*$'\t'}"
   done
 done

@@ -114,7 +114,7 @@ void keel_fsdp_memory_items(const keel_fsdp_memory *m,
                             keel_fsdp_memory_item out[KEEL_FSDP_MEMORY_CATEGORIES]);
 
 /* Bytes of the runtime's unit-sized buffers: gathered parameters (bf16 with
- * bf16_params, plus a bf16 send buffer of one shard per slot) and unit gradients
+ * bf16_params; each rank's slice is rounded into its place, gathered in place) and unit gradients
  * with their reduce-scatter results (and bf16 copies with bf16_reduce). */
 int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy,
                                   bool bf16_params, bool bf16_reduce);
@@ -211,7 +211,7 @@ keel_status keel_fsdp_grad_sumsq(keel_fsdp *f, double *sumsq);
 
 typedef struct {
     int64_t master_bytes, grad_bytes;  /* persistent fp32 shards */
-    int64_t gathered_bytes;            /* unit slots for gathered parameters (+ bf16 send buffers) */
+    int64_t gathered_bytes;            /* unit slots for gathered parameters */
     int64_t unit_grad_bytes;           /* unit-sized gradient buffers (+ bf16 copies) */
     double gather_wait_s, reduce_wait_s; /* compute thread blocked on communication (the host's clock) */
     double device_wait_s; /* a device's compute stream waiting for collectives (its clock; 0 on the cpu) */

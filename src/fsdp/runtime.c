@@ -43,10 +43,9 @@ struct keel_fsdp {
     float *master;              /* (shard_total) fp32 master shard */
     float *grads;               /* (shard_total) fp32 gradient shard */
     /* bf16 parameters (a bf16 model): a unit's slice of the master shard is
-     * rounded into its slot's send buffer as its gather starts, and the
-     * slots hold gathered bf16 units. */
+     * rounded into this rank's place in its slot as its gather starts (the
+     * gather runs in place), and the slots hold gathered bf16 units. */
     bool bf16;
-    keel_bf16 **send16;         /* (n_slots) one unit's shard each */
     size_t elem;                /* bytes per gathered parameter: 4, or 2 in bf16 */
     void **slots;               /* (n_slots) gathered unit parameters */
     int *slot_unit;             /* (n_slots) unit in each slot, -1 if free */
@@ -91,8 +90,9 @@ static void start_gather(keel_fsdp *f, int u) {
                           &f->gather_req[u]);
         return;
     }
-    f->be->f32_to_bf16(f->send16[s], f->master + x->shard_offset, x->shard);
-    f->be->iallgather(f->group, f->send16[s], f->slots[s], (size_t)x->shard, KEEL_COMM_BF16, &f->gather_req[u]);
+    keel_bf16 *own = (keel_bf16 *)f->slots[s] + (size_t)f->rank * (size_t)x->shard;
+    f->be->f32_to_bf16(own, f->master + x->shard_offset, x->shard);
+    f->be->iallgather(f->group, own, f->slots[s], (size_t)x->shard, KEEL_COMM_BF16, &f->gather_req[u]);
 }
 
 static void *ready(keel_fsdp *f, int u) {
@@ -301,15 +301,11 @@ keel_status keel_fsdp_build_set(keel_model *model, keel_comm *world, keel_fsdp_s
     f->elem = f->bf16 ? sizeof(keel_bf16) : sizeof(float);
     f->n_slots = strategy == KEEL_FSDP_SHARD_GRAD_OP ? f->plan.n_units : buffers_needed(f->plan.tied);
     f->slots = keel_xcalloc(sizeof(void *) * (size_t)f->n_slots, "fsdp slots");
-    f->send16 = keel_xcalloc(sizeof(keel_bf16 *) * (size_t)f->n_slots, "fsdp slots");
     f->slot_unit = keel_xmalloc(sizeof(int) * (size_t)f->n_slots, "fsdp slots");
     for (int s = 0; s < f->n_slots; s++) {
         bool own = strategy == KEEL_FSDP_SHARD_GRAD_OP; /* slot s holds unit s */
         int64_t floats = own ? f->plan.units[s].padded : f->plan.max_padded;
         f->slots[s] = floats ? be->alloc(f->elem * (size_t)floats, "fsdp unit slot") : NULL; /* empty: an adapter set's */
-        if (f->bf16)
-            f->send16[s] = be->alloc(sizeof(keel_bf16) * (size_t)(own ? f->plan.units[s].shard : max_shard(&f->plan)),
-                                     "fsdp bf16 send buffer");
         f->slot_unit[s] = -1;
     }
     for (int b = 0; b < GRAD_BUFFERS; b++) {
@@ -343,8 +339,7 @@ void keel_fsdp_free(keel_fsdp *f) {
     keel_fsdp_invalidate(f);
     if (f->set != KEEL_FSDP_SET_ADAPTERS) keel_model_set_hooks(f->model, NULL);
     const keel_backend *be = f->be;
-    for (int s = 0; s < f->n_slots; s++) be->free(f->slots[s]), be->free(f->send16[s]);
-    keel_free(f->send16);
+    for (int s = 0; s < f->n_slots; s++) be->free(f->slots[s]);
     keel_free(f->slots);
     keel_free(f->slot_unit);
     for (int b = 0; b < GRAD_BUFFERS; b++) {
@@ -468,19 +463,18 @@ keel_status keel_fsdp_grad_sumsq(keel_fsdp *f, double *sumsq) {
     return keel_comm_allreduce_scalar(f->group, sumsq, KEEL_COMM_SUM);
 }
 
-/* Bytes of the gathered-parameter slots (with their bf16 send buffers) and of the unit gradient buffers with
+/* Bytes of the gathered-parameter slots and of the unit gradient buffers with
  * their reduce-scatter results; a frozen set has one unit buffer instead, for gather_unit. */
 static void transient_parts(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy, bool frozen,
                             bool bf16_params, bool bf16_reduce, int64_t *gathered,
                             int64_t *unit_grads) {
     int n = buffers_needed(plan->tied);
-    int64_t slots = n * plan->max_padded, sends = n * max_shard(plan);
+    int64_t slots = n * plan->max_padded;
     if (strategy == KEEL_FSDP_SHARD_GRAD_OP) {
         slots = 0;
         for (int u = 0; u < plan->n_units; u++) slots += plan->units[u].padded;
-        sends = plan->shard_total;
     }
-    *gathered = bf16_params ? 2 * (slots + sends) : 4 * slots;
+    *gathered = (bf16_params ? 2 : 4) * slots;
     *unit_grads = frozen ? 4 * plan->max_padded : (bf16_reduce ? 6 : 4) * n * plan->max_padded; /* results in place */
 }
 

@@ -76,11 +76,10 @@ static counted count_memory(keel_fsdp_strategy s, int W, int per_node, bool bf16
         if (padded(u, S) > max_padded) max_padded = padded(u, S);
     }
     counted c = {.params = 4 * shard, .grads = 4 * shard, .optimizer = 8 * shard};
-    /* compute copies: two unit slots (every unit under shard_grad_op) — in bf16 with a send buffer
-     * of one unit's shard each (the shard under shard_grad_op) — and two fp32 unit-gradient buffers */
+    /* compute copies: two unit slots (every unit under shard_grad_op), in bf16 (each
+     * rank's slice is rounded into its place: no send buffer), and two fp32 unit-gradient buffers */
     int64_t slots = s == KEEL_FSDP_SHARD_GRAD_OP ? all_padded : 2 * max_padded;
-    int64_t sends = s == KEEL_FSDP_SHARD_GRAD_OP ? shard : 2 * (max_padded / S);
-    c.gathered = (bf16 ? 2 * (slots + sends) : 4 * slots) + 4 * 2 * max_padded;
+    c.gathered = (bf16 ? 2 : 4) * slots + 4 * 2 * max_padded;
     c.checkpoint_buffer = checkpointing ? 12 * shard : 0;
     /* the micro-batch's tokens (B x (T + 1) int32) and the GPU attention's rowsum, (B, NH, T) floats
      * (HS = 64: bf16 also keeps q, k, v and dO in bf16 for the tensor cores) */
