@@ -20,19 +20,13 @@ if [ -z "${KEEL_BUILD:-}" ]; then
     make -C "$root" keel >/dev/null
     KEEL_BUILD="$root/build"
 fi
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
 
-sources=("$root/bench/comm_bench.c")
-# shellcheck disable=SC2046  # pkg-config prints a word list
-${CC:-cc} -std=c17 -O3 -march=native -Wall -Wextra -Werror -D_GNU_SOURCE -fno-math-errno \
-    -I"$root/include" -I"$root/src" "${sources[@]}" "$KEEL_BUILD/libkeelcore.a" \
-    $(pkg-config --cflags --libs ompi-c) -lcjson -lxxhash -lpthread -lm -o "$tmp/comm_bench"
+cmake --build "$KEEL_BUILD" --target comm_bench >/dev/null # CMakeLists.txt: linked as keel is
 
 export OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
 export OMPI_MCA_rmaps_base_oversubscribe=1
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 for mode in keel raw; do
-    mpirun --allow-run-as-root --oversubscribe -np "$np" "$tmp/comm_bench" "$mode" </dev/null
+    mpirun --allow-run-as-root --oversubscribe -np "$np" "$KEEL_BUILD/comm_bench" "$mode" </dev/null
     echo
 done

@@ -49,11 +49,7 @@ fi
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
-# shellcheck disable=SC2046  # pkg-config prints a word list
-${CC:-cc} -std=c17 -O3 -march=x86-64-v3 -Wall -Wextra -Werror -D_GNU_SOURCE \
-    -I"$root/include" -I"$root/src" "$root/bench/bandwidth_bench.c" "$KEEL_BUILD/libkeelcore.a" \
-    $(pkg-config --cflags --libs ompi-c) -L/usr/lib/x86_64-linux-gnu/openblas-pthread -lopenblas \
-    -ldnnl -lgomp -lcjson -lxxhash -lpthread -lm -o "$tmp/bandwidth_bench"
+cmake --build "$KEEL_BUILD" --target bandwidth_bench >/dev/null # CMakeLists.txt: linked as keel is
 
 cache="$root/.cache/bench-generate"
 model="$cache/$(basename "$config" .json)"
@@ -66,7 +62,7 @@ echo "machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p' | head -1)
 echo "keel: $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD || echo '+changes'); $("$torch_python" -c 'import torch, transformers; print(f"torch {torch.__version__}, transformers {transformers.__version__}")')"
 : >"$tmp/lines"
 for round in $(seq "$reps"); do
-    echo "bandwidth round=$round $("$tmp/bandwidth_bench" "$threads")"
+    echo "bandwidth round=$round $("$KEEL_BUILD/bandwidth_bench" "$threads")"
     for b in $batches; do
         for precision in fp32 bf16; do
             flag=()
@@ -90,7 +86,7 @@ print(f"run impl=transformers batch={sys.argv[2]} round={sys.argv[3]} prefill={d
 EOF
     done
 done | tee -a "$tmp/lines" >&2
-echo "bandwidth round=end $("$tmp/bandwidth_bench" "$threads")" | tee -a "$tmp/lines" >&2
+echo "bandwidth round=end $("$KEEL_BUILD/bandwidth_bench" "$threads")" | tee -a "$tmp/lines" >&2
 echo "load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 python3 - "$tmp/lines" "$model/config.json" "$prompt_len" "$new" "$threads" <<'EOF'
