@@ -9,8 +9,9 @@
 # the rounds, and where the second step's time went on rank 0 in the last round
 # (train.profile_steps: that step is left out of the median): GEMMs, attention, elementwise
 # kernels (norms, RoPE, SwiGLU, cross-entropy, casts, copies), the optimizer (AdamW, the
-# gradient norm), collectives issued, the waits for them, and time outside the backend's
-# calls. Not a test.
+# gradient norm), collectives issued, the waits for them, time outside the backend's calls,
+# and beside them the comm thread's time moving data (profile.json's comm_thread: on these
+# cores, time the calls lose). Not a test.
 #
 #   bash bench/ranks_threads.sh
 #   BENCH_ROUNDS=5 BENCH_PRECISIONS=bf16 BENCH_SNAPSHOTS="on off" bash bench/ranks_threads.sh
@@ -33,8 +34,8 @@ export KEEL_METRICS_PORT=0
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "configs/small.json, T 512, 2 sequences a step; $rounds rounds of 1x2 then 2x1, $steps steps a run"
 echo
-printf '| precision | snapshots | layout | tok/s | 2x1 / 1x2 (range) | GEMM | attention | elementwise | optimizer | collectives | waits | outside calls |\n'
-printf '|---|---|---|---|---|---|---|---|---|---|---|---|\n'
+printf '| precision | snapshots | layout | tok/s | 2x1 / 1x2 (range) | GEMM | attention | elementwise | optimizer | collectives | waits | outside calls | comm thread, beside |\n'
+printf '|---|---|---|---|---|---|---|---|---|---|---|---|---|\n'
 for p in $precisions; do
   for snap in $snapshots; do
     every=1; [ "$snap" = on ] || every=0
@@ -72,6 +73,8 @@ for layout in ("1x2", "2x1"):
         share[kind(o["op"])] += o["seconds"]
     step = prof["step_s"]
     cells = [f"{100 * share[k] / step:.1f}%" for k in share] + [f"{100 * prof['outside_calls_s'] / step:.1f}%"]
+    comm = prof.get("comm_thread")
+    cells.append(f"{100 * comm['transfer_s'] / step:.1f}%" if comm else "-")
     ratio = "1.00" if layout == "1x2" else f"**{statistics.median(ratios):.2f}** ({ratios[0]:.2f}-{ratios[-1]:.2f})"
     print(f"| {p} | {snap} | {layout} | {statistics.median(tps[layout]):.0f} | {ratio} | " + " | ".join(cells) + " |")
 PY

@@ -75,8 +75,14 @@ static int64_t max_shard(const keel_fsdp_plan *plan) {
 
 static bool frozen(const keel_fsdp *f) { return f->set == KEEL_FSDP_SET_FROZEN_BASE; }
 
+/* A shard group of one rank (NO_SHARD, or one rank in all) holds whole units:
+ * in fp32 the model computes from the master shard itself — no slots, and no
+ * gather that would only copy it. */
+static bool whole_units(const keel_fsdp_plan *plan, bool bf16) { return plan->shard_ranks == 1 && !bf16; }
+
 static void start_gather(keel_fsdp *f, int u) {
-    if (f->unit_slot[u] >= 0 || f->plan.units[u].padded == 0) return; /* gathered, or empty (an adapter set's) */
+    if (f->unit_slot[u] >= 0 || f->plan.units[u].padded == 0 || whole_units(&f->plan, f->bf16))
+        return; /* gathered, empty (an adapter set's), or never */
     int s = 0;
     if (f->strategy == KEEL_FSDP_SHARD_GRAD_OP) s = u; /* each unit has its own */
     else
@@ -97,6 +103,7 @@ static void start_gather(keel_fsdp *f, int u) {
 
 static void *ready(keel_fsdp *f, int u) {
     if (f->plan.units[u].padded == 0) return NULL;
+    if (whole_units(&f->plan, f->bf16)) return f->master + f->plan.units[u].shard_offset;
     start_gather(f, u);
     if (f->gather_req[u]) {
         double t0 = keel_now_s();
@@ -304,8 +311,8 @@ keel_status keel_fsdp_build_set(keel_model *model, keel_comm *world, keel_fsdp_s
     f->slot_unit = keel_xmalloc(sizeof(int) * (size_t)f->n_slots, "fsdp slots");
     for (int s = 0; s < f->n_slots; s++) {
         bool own = strategy == KEEL_FSDP_SHARD_GRAD_OP; /* slot s holds unit s */
-        int64_t floats = own ? f->plan.units[s].padded : f->plan.max_padded;
-        f->slots[s] = floats ? be->alloc(f->elem * (size_t)floats, "fsdp unit slot") : NULL; /* empty: an adapter set's */
+        int64_t floats = whole_units(&f->plan, f->bf16) ? 0 : own ? f->plan.units[s].padded : f->plan.max_padded;
+        f->slots[s] = floats ? be->alloc(f->elem * (size_t)floats, "fsdp unit slot") : NULL; /* none: whole units, or an adapter set's empty unit */
         f->slot_unit[s] = -1;
     }
     for (int b = 0; b < GRAD_BUFFERS; b++) {
@@ -474,6 +481,7 @@ static void transient_parts(const keel_fsdp_plan *plan, keel_fsdp_strategy strat
         slots = 0;
         for (int u = 0; u < plan->n_units; u++) slots += plan->units[u].padded;
     }
+    if (whole_units(plan, bf16_params)) slots = 0;
     *gathered = (bf16_params ? 2 : 4) * slots;
     *unit_grads = frozen ? 4 * plan->max_padded : (bf16_reduce ? 6 : 4) * n * plan->max_padded; /* results in place */
 }

@@ -22,7 +22,15 @@ bool trainer_profile_begin(trainer *t, int step) {
         if (t->profile.end > c->steps) t->profile.end = c->steps;
     }
     t->profile.now = step >= t->profile.first && step < t->profile.end;
-    if (t->profile.now) keel_backend_profile_window(true);
+    if (t->profile.now) {
+        keel_backend_profile_window(true);
+        if (t->world) {
+            keel_comm_stats s;
+            keel_comm_get_stats(t->world, &s);
+            t->profile.comm_transfer0 = s.transfer_s, t->profile.comm_wait0 = s.peer_wait_s;
+            t->profile.comm_bytes0 = s.bytes;
+        }
+    }
     return t->profile.now;
 }
 
@@ -30,6 +38,13 @@ void trainer_profile_end(trainer *t, double step_s) {
     keel_backend_profile_window(false);
     t->profile.done++;
     t->profile.step_s += step_s;
+    if (t->world) {
+        keel_comm_stats s;
+        keel_comm_get_stats(t->world, &s);
+        t->profile.comm_transfer_s += s.transfer_s - t->profile.comm_transfer0;
+        t->profile.comm_wait_s += s.peer_wait_s - t->profile.comm_wait0;
+        t->profile.comm_bytes += s.bytes - t->profile.comm_bytes0;
+    }
 }
 
 void trainer_profile_report(trainer *t, bool final) {
@@ -83,6 +98,15 @@ void trainer_profile_report(trainer *t, bool final) {
     }
     keel_progress_note(&t->progress, "  %-26s %8s %10.4f %6.1f%%", "(outside the calls)", "", outside,
                        total > 0 ? 100 * outside / total : 0);
+    if (t->world) { /* on its own thread, beside the calls above: cores it took from them where they are few */
+        cJSON *c = cJSON_AddObjectToObject(o, "comm_thread");
+        cJSON_AddNumberToObject(c, "transfer_s", t->profile.comm_transfer_s);
+        cJSON_AddNumberToObject(c, "peer_wait_s", t->profile.comm_wait_s);
+        cJSON_AddNumberToObject(c, "bytes", (double)t->profile.comm_bytes);
+        keel_progress_note(&t->progress, "  comm thread, beside them: %.4f s (%.1f%%) moving %.2f GB, %.4f s waiting for peers",
+                           t->profile.comm_transfer_s, total > 0 ? 100 * t->profile.comm_transfer_s / total : 0,
+                           (double)t->profile.comm_bytes / 1e9, t->profile.comm_wait_s);
+    }
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     if (keel_run_write_file(t->run_dir, KEEL_RUN_PROFILE, text) == KEEL_OK)

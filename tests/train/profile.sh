@@ -92,7 +92,18 @@ for op in all_gather reduce_scatter collective_wait attention_forward_bf16; do
   [ "$(calls "$TMP/fsdp" $op)" -gt 0 ] || fail "bf16 FSDP: no $op in the profile"
 done
 [ "$(json "$TMP/fsdp/profile.json" '(j["rank"], j["world_size"])')" = "(0, 2)" ] || fail "FSDP: rank and world size"
-pass "FSDP, 2 ranks, bf16: $(( 6 * (7 * L + 1) )) bf16 GEMMs, the all-gathers, reduce-scatters and their waits"
+# the comm thread beside the calls: at least every gradient reduce-scattered in fp32 each step
+python3 - "$TMP/fsdp/profile.json" "$TMP/fsdp/summary.json" <<'PY' || fail "the comm thread's line in profile.json (above)"
+import json, sys
+p, s = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+c = p["comm_thread"]
+assert 0 < c["transfer_s"] < p["step_s"] and c["peer_wait_s"] >= 0, c
+assert c["bytes"] >= 4 * s["n_params"] * p["steps"], (c, s["n_params"])
+PY
+grep -Eq '^  comm thread, beside them: [0-9.]+ s \([0-9.]+%\) moving [0-9.]+ GB' "$TMP/fsdp.log" ||
+  fail "no comm thread line on the console: $(cat "$TMP/fsdp.log")"
+! grep -q comm_thread "$P/profile.json" || fail "one process without the supervisor has no comm thread to report"
+pass "FSDP, 2 ranks, bf16: $(( 6 * (7 * L + 1) )) bf16 GEMMs, the all-gathers, reduce-scatters and their waits, the comm thread's time and bytes"
 
 expect_input_error "a negative profile_steps" "train.profile_steps.*-1" \
   "$KEEL_BIN" train "$CFG" --set train.profile_steps=-1 --run-dir "$TMP/bad"
