@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ranks_threads.sh: the FSDP tax on one node — configs/small.json at the same global batch on
-# 1 rank x 2 threads (--nproc 1: no FSDP) and on 2 ranks x 1 thread (--nproc 2: full_shard),
+# 1 rank x 2 threads (--nproc 1: nothing sharded) and on 2 ranks x 1 thread (--nproc 2: full_shard),
 # both under the supervisor with its defaults (in-memory snapshots every step), fp32 and bf16.
 # The machine this runs on is shared and its speed drifts by 5-10% from one minute to the
 # next, so the two layouts run alternately, BENCH_ROUNDS times, and the ratio quoted is the
