@@ -11,7 +11,7 @@
 # kernels (norms, RoPE, SwiGLU, cross-entropy, casts, copies), the optimizer (AdamW, the
 # gradient norm), collectives issued, the waits for them, time outside the backend's calls,
 # and beside them the comm thread's time moving data (profile.json's comm_thread: on these
-# cores, time the calls lose). Not a test.
+# cores a bound on what it takes from the calls, not the cost itself). Not a test.
 #
 #   bash bench/ranks_threads.sh
 #   BENCH_ROUNDS=5 BENCH_PRECISIONS=bf16 BENCH_SNAPSHOTS="on off" bash bench/ranks_threads.sh

@@ -24,12 +24,7 @@ bool trainer_profile_begin(trainer *t, int step) {
     t->profile.now = step >= t->profile.first && step < t->profile.end;
     if (t->profile.now) {
         keel_backend_profile_window(true);
-        if (t->world) {
-            keel_comm_stats s;
-            keel_comm_get_stats(t->world, &s);
-            t->profile.comm_transfer0 = s.transfer_s, t->profile.comm_wait0 = s.peer_wait_s;
-            t->profile.comm_bytes0 = s.bytes;
-        }
+        if (t->world) keel_comm_get_stats(t->world, &t->profile.comm_at);
     }
     return t->profile.now;
 }
@@ -39,11 +34,11 @@ void trainer_profile_end(trainer *t, double step_s) {
     t->profile.done++;
     t->profile.step_s += step_s;
     if (t->world) {
-        keel_comm_stats s;
-        keel_comm_get_stats(t->world, &s);
-        t->profile.comm_transfer_s += s.transfer_s - t->profile.comm_transfer0;
-        t->profile.comm_wait_s += s.peer_wait_s - t->profile.comm_wait0;
-        t->profile.comm_bytes += s.bytes - t->profile.comm_bytes0;
+        keel_comm_stats now, *at = &t->profile.comm_at, *sum = &t->profile.comm;
+        keel_comm_get_stats(t->world, &now);
+        sum->transfer_s += now.transfer_s - at->transfer_s;
+        sum->peer_wait_s += now.peer_wait_s - at->peer_wait_s;
+        sum->bytes += now.bytes - at->bytes;
     }
 }
 
@@ -100,12 +95,13 @@ void trainer_profile_report(trainer *t, bool final) {
                        total > 0 ? 100 * outside / total : 0);
     if (t->world) { /* on its own thread, beside the calls above: cores it took from them where they are few */
         cJSON *c = cJSON_AddObjectToObject(o, "comm_thread");
-        cJSON_AddNumberToObject(c, "transfer_s", t->profile.comm_transfer_s);
-        cJSON_AddNumberToObject(c, "peer_wait_s", t->profile.comm_wait_s);
-        cJSON_AddNumberToObject(c, "bytes", (double)t->profile.comm_bytes);
+        const keel_comm_stats *sum = &t->profile.comm;
+        cJSON_AddNumberToObject(c, "transfer_s", sum->transfer_s);
+        cJSON_AddNumberToObject(c, "peer_wait_s", sum->peer_wait_s);
+        cJSON_AddNumberToObject(c, "bytes", (double)sum->bytes);
         keel_progress_note(&t->progress, "  comm thread, beside them: %.4f s (%.1f%%) moving %.2f GB, %.4f s waiting for peers",
-                           t->profile.comm_transfer_s, total > 0 ? 100 * t->profile.comm_transfer_s / total : 0,
-                           (double)t->profile.comm_bytes / 1e9, t->profile.comm_wait_s);
+                           sum->transfer_s, total > 0 ? 100 * sum->transfer_s / total : 0, (double)sum->bytes / 1e9,
+                           sum->peer_wait_s);
     }
     char *text = cJSON_Print(o);
     cJSON_Delete(o);

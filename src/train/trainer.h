@@ -59,9 +59,9 @@ typedef struct {
         int first, end, done;
         double step_s;      /* the profiled steps' time */
         bool now, reported; /* now: the current step is profiled (its work and its metrics line) */
-        /* the comm thread's work in them, beside the calling thread's: at the step's start, and summed */
-        double comm_transfer0, comm_wait0, comm_transfer_s, comm_wait_s;
-        uint64_t comm_bytes0, comm_bytes;
+        /* the comm thread's work in them, beside the calling thread's: its counters at the step's
+         * start, and the steps' share summed (transfer_s, peer_wait_s, bytes) */
+        keel_comm_stats comm_at, comm;
     } profile;
     struct {                /* $KEEL_FAULT: a fault injected on purpose (chaos tests) */
         int sig, step, rank;/* as it begins step `step` (1-based): raise sig, or hang (-1); rank -1: every rank */
