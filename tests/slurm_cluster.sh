@@ -20,8 +20,36 @@ slurm_cluster_stop() {
   pkill -9 -f "$SLURM_BASE/slurm.conf" 2>/dev/null || true
   SLURM_BASE=
 }
+# SLURM_PORT: a first port for slurmctld and its N nodes, below the kernel's ephemeral
+# range (an outgoing connection elsewhere on the machine cannot take it), none listened on.
+slurm_free_ports() { # N
+  local lo i busy
+  lo=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range)
+  for _ in $(seq 1 50); do
+    SLURM_PORT=$(( 10000 + RANDOM % (lo - 10000 - $1 - 1) )) busy=
+    for i in $(seq 0 "$1"); do
+      [ -z "$(ss -Htan "sport = :$(( SLURM_PORT + i ))")" ] || busy=1
+    done
+    [ -n "$busy" ] || return 0
+  done
+  fail "no free ports for Slurm below $lo"
+}
 slurm_cluster_start() {
-  local n=$1 port=$(( 20000 + RANDOM % 20000 )) i
+  local n=$1
+  # a port found free can still be taken before slurmctld binds it: then it exits at once
+  # ("Address already in use") and the cluster starts again on other ports
+  for _ in 1 2 3; do
+    slurm_cluster_try "$n" && return 0
+    grep -q 'Address already in use' "$SLURM_BASE/slurmctld.log" 2>/dev/null ||
+      fail "slurmctld stopped: $(tail -5 "$SLURM_BASE/slurmctld.log" 2>/dev/null)"
+    slurm_cluster_stop
+  done
+  fail "slurmctld lost its port 3 times"
+}
+slurm_cluster_try() {
+  local n=$1 port i
+  slurm_free_ports "$n"
+  port=$SLURM_PORT
   command -v slurmctld >/dev/null && command -v slurmd >/dev/null \
     || fail "Slurm is not installed: run scripts/install-deps.sh (slurmctld slurmd slurm-client)"
   SLURM_BASE=$TMP/slurm
@@ -67,6 +95,7 @@ CONF
     unshare -m --propagation private slurmd -f "$SLURM_CONF" -N "n$i" || fail "slurmd n$i did not start"
   done
   for _ in $(seq 1 200); do
+    pgrep -f "slurmctld -c -i -f $SLURM_CONF" >/dev/null || return 1 # it exited: sinfo would wait on it
     [ "$(sinfo -h -N -o '%t' 2>/dev/null | grep -c idle)" = "$n" ] && return 0
     sleep 0.1
   done
