@@ -10,20 +10,24 @@
 # (train.profile_steps: that step is left out of the median): GEMMs, attention, elementwise
 # kernels (norms, RoPE, SwiGLU, cross-entropy, casts, copies), the optimizer (AdamW, the
 # gradient norm), collectives issued, the waits for them, time outside the backend's calls,
-# and beside them the comm thread's time moving data (profile.json's comm_thread: on these
-# cores a bound on what it takes from the calls, not the cost itself). Not a test.
+# and beside them the comm thread's time moving data and the CPU time that took (profile.json's
+# comm_thread: the wall time bounds what it takes from the calls on these cores, the CPU time
+# is what it took). Not a test.
 #
 #   bash bench/ranks_threads.sh
 #   BENCH_ROUNDS=5 BENCH_PRECISIONS=bf16 BENCH_SNAPSHOTS="on off" bash bench/ranks_threads.sh
 #
 # BENCH_STEPS (8 a run), BENCH_ROUNDS (3), BENCH_PRECISIONS ("fp32 bf16"), BENCH_SNAPSHOTS
-# ("on": resilience.snapshot_every_steps 1, the default; "off": 0), KEEL_BIN.
+# ("on": resilience.snapshot_every_steps 1, the default; "off": 0), BENCH_SET (more settings for
+# every run, e.g. "fsdp.node_windows=false"), KEEL_BIN.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 steps=${BENCH_STEPS:-8}
 rounds=${BENCH_ROUNDS:-3}
 precisions=${BENCH_PRECISIONS:-fp32 bf16}
 snapshots=${BENCH_SNAPSHOTS:-on}
+extra=()
+for kv in ${BENCH_SET:-}; do extra+=(--set "$kv"); done
 if [ -z "${KEEL_BIN:-}" ]; then
   make -C "$root" keel >/dev/null
   KEEL_BIN="$root/build/keel"
@@ -32,10 +36,10 @@ tmp=$(mktemp -d /tmp/keel-bench-ranks.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 export KEEL_METRICS_PORT=0
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "configs/small.json, T 512, 2 sequences a step; $rounds rounds of 1x2 then 2x1, $steps steps a run"
+echo "configs/small.json, T 512, 2 sequences a step; $rounds rounds of 1x2 then 2x1, $steps steps a run${BENCH_SET:+; $BENCH_SET}"
 echo
-printf '| precision | snapshots | layout | tok/s | 2x1 / 1x2 (range) | GEMM | attention | elementwise | optimizer | collectives | waits | outside calls | comm thread, beside |\n'
-printf '|---|---|---|---|---|---|---|---|---|---|---|---|---|\n'
+printf '| precision | snapshots | layout | tok/s | 2x1 / 1x2 (range) | GEMM | attention | elementwise | optimizer | collectives | waits | outside calls | comm thread, beside | comm thread, CPU |\n'
+printf '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n'
 for p in $precisions; do
   for snap in $snapshots; do
     every=1; [ "$snap" = on ] || every=0
@@ -45,7 +49,7 @@ for p in $precisions; do
         else shape=(--nproc 2 --set train.threads=1 --set train.micro_batch_size=1); fi
         "$KEEL_BIN" train "$root/configs/small.json" "${shape[@]}" --set train.steps="$steps" --set train.profile_steps=1 \
           --set fsdp.mixed_precision="$p" --set resilience.snapshot_every_steps=$every --set checkpoint.every_steps=0 \
-          --set train.eval_every=0 --run-dir "$tmp/$p-$snap-$layout-$r" >"$tmp/log" 2>&1 ||
+          --set train.eval_every=0 ${extra[@]+"${extra[@]}"} --run-dir "$tmp/$p-$snap-$layout-$r" >"$tmp/log" 2>&1 ||
           { tail -5 "$tmp/log" >&2; echo "bench: $p $layout failed" >&2; exit 1; }
       done
     done
@@ -74,7 +78,7 @@ for layout in ("1x2", "2x1"):
     step = prof["step_s"]
     cells = [f"{100 * share[k] / step:.1f}%" for k in share] + [f"{100 * prof['outside_calls_s'] / step:.1f}%"]
     comm = prof.get("comm_thread")
-    cells.append(f"{100 * comm['transfer_s'] / step:.1f}%" if comm else "-")
+    cells += [f"{100 * comm[k] / step:.1f}%" if comm else "-" for k in ("transfer_s", "cpu_s")]
     ratio = "1.00" if layout == "1x2" else f"**{statistics.median(ratios):.2f}** ({ratios[0]:.2f}-{ratios[-1]:.2f})"
     print(f"| {p} | {snap} | {layout} | {statistics.median(tps[layout]):.0f} | {ratio} | " + " | ".join(cells) + " |")
 PY

@@ -178,6 +178,21 @@ typedef struct keel_backend {
                             keel_backend_req **req);
     void (*allreduce)(keel_comm *c, void *buf, size_t count, keel_comm_dtype dtype); /* in place */
     void (*wait)(keel_backend_req *req);
+    /* Node windows (keel/comm.h): slots that every rank of c maps, one copy
+     * on the machine, so a gather copies nothing. cpu only (its memory is
+     * the host's); NULL in fenced (its memory is its arena) and cuda. Made
+     * collectively over c; NULL on every rank where they do not share a
+     * machine. A gather into slot s: window_claim returns once every rank
+     * has released the slot's last unit; window_gather writes this rank's
+     * part at `part` inside it from n fp32 values at src — rounded to bf16 or
+     * copied — and publishes it; window_wait returns when every rank's part
+     * is there; window_release: this rank reads the slot no more. */
+    keel_comm_window *(*window_create)(keel_comm *c, const size_t *bytes, int n);
+    void (*window_claim)(keel_comm_window *w, int s);
+    void (*window_gather)(keel_comm_window *w, int s, void *part, const float *src, int64_t n, bool bf16);
+    void (*window_wait)(keel_comm_window *w, int s);
+    void (*window_release)(keel_comm_window *w, int s);
+    void (*window_free)(keel_comm_window *w);
     /* Before keel_comm_free(c): what the backend holds for the group (cuda: its communicator). */
     void (*release_group)(keel_comm *c);
     /* Seconds the device's compute sat waiting in wait() (and allreduce)

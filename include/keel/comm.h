@@ -203,6 +203,35 @@ keel_status keel_comm_wait(keel_comm_req *req);
  * the requests issued before it in this process. */
 keel_status keel_comm_test(keel_comm_req *req, bool *done);
 
+/* ---- node windows ---------------------------------------------------------- */
+
+/* Slots of memory that every rank of a group maps at once, one copy on the
+ * machine (comm/window.c): an all-gather between ranks that share a machine
+ * without copying anything. Each rank writes its own part of a slot in place
+ * and reads the others' parts where they lie. Per slot, every rank of the
+ * group calls, in the same order as the others:
+ *   claim    wait until every rank has released the slot's last contents
+ *            (then this rank may write its part)
+ *   publish  this rank's part is written
+ *   await    wait until every rank has published (then the slot is read)
+ *   release  this rank reads the slot no more
+ * The waits sleep on the slot's counters and count as operations of the
+ * process's sequence (keel_comm_stats' issued and waiting), so a hung peer is
+ * named as it is in a collective; a peer whose process is gone ends this one
+ * as a lost peer does (exit KEEL_EXIT_PEER_LOST). */
+typedef struct keel_comm_window keel_comm_window;
+/* Collective over c: n slots of bytes[s] bytes each (0: no memory), page
+ * aligned. NULL on every rank when they do not share a machine (or its
+ * /dev/shm: another host, another mount namespace, too little room) or c has
+ * one rank: the caller uses its own memory and the collectives instead. */
+keel_comm_window *keel_comm_window_create(keel_comm *c, const size_t *bytes, int n);
+void keel_comm_window_free(keel_comm_window *w); /* each rank its own mapping; NULL is fine */
+void *keel_comm_window_slot(const keel_comm_window *w, int s);
+void keel_comm_window_claim(keel_comm_window *w, int s);
+void keel_comm_window_publish(keel_comm_window *w, int s);
+void keel_comm_window_await(keel_comm_window *w, int s);
+void keel_comm_window_release(keel_comm_window *w, int s);
+
 /* ---- statistics ----------------------------------------------------------- */
 
 typedef struct {
@@ -210,10 +239,12 @@ typedef struct {
     uint64_t bytes;      /* their local buffer sizes: the gathered/reduced/broadcast array */
     double transfer_s;   /* comm thread time in collectives once all peers had arrived */
     double peer_wait_s;  /* comm thread time waiting (mostly asleep) for peers to arrive */
+    double cpu_s;        /* CPU time the comm thread spent in both: what it took from a core */
     /* Where this process is in the sequence of operations, numbered from 1 in
      * issue order over all groups (every rank issues the same sequence, so
      * operation k is the same collective on every rank): the last one issued,
-     * the one the comm thread is running (0: idle), the one a caller is
+     * the one the comm thread is running (0: idle; or a node window's wait
+     * in progress on a caller, which waits for its peers as one does), the one a caller is
      * blocked waiting for (0: none). A hung rank's peers run the collective
      * it never issued. */
     uint64_t issued, running, waiting;

@@ -537,6 +537,7 @@ typedef struct {
      * 0 (false) none; keel_config_checkpoint_blocks resolves it. */
     int activation_checkpointing;
     bool prefetch;        /* start the next unit's all-gather before computing this one */
+    bool node_windows;    /* a shard group's ranks on one machine gather into memory they all map */
     keel_dtype mixed_precision; /* GEMM weights and inputs */
     keel_dtype reduce_dtype;    /* gradient reductions */
     keel_unit_kind unit;        /* what one gather holds */

@@ -174,6 +174,14 @@ int keel_fsdp_shard_rank(const keel_fsdp *f);
 /* Prefetch (default on): start the next unit's all-gather as soon as the
  * current one is ready. Off: gather each unit only when it is needed. */
 void keel_fsdp_set_prefetch(keel_fsdp *f, bool prefetch);
+/* Collective over the shard group, with nothing gathered (after build):
+ * on, the gathered-unit slots become a node window (keel/comm.h) where the
+ * group's ranks share a machine and the backend's memory is the host's —
+ * one gathered copy on the machine, and a gather copies nothing; off (the
+ * default), every rank's own slots and the backend's all-gathers. The
+ * results are bit for bit the same. Applies to chained adapters too; true
+ * when some slots are a window. */
+bool keel_fsdp_set_node_windows(keel_fsdp *f, bool on);
 /* fsdp.reduce_dtype bf16: round unit gradients to bf16 for the reduce-scatter
  * (and the replicas' all-reduce); sums combine pairs in fp32 (keel/comm.h). The
  * gradient shard and everything after stay fp32. Default fp32. */

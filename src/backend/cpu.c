@@ -45,6 +45,11 @@ static void cpu_allreduce(keel_comm *c, void *buf, size_t count, keel_comm_dtype
 static void cpu_wait(keel_backend_req *req) {
     KEEL_CHECK(keel_comm_wait((keel_comm_req *)req) == KEEL_OK, "collective wait");
 }
+static void cpu_window_gather(keel_comm_window *w, int s, void *part, const float *src, int64_t n, bool bf16) {
+    if (bf16) keel_f32_to_bf16(part, src, n);
+    else memcpy(part, src, sizeof(float) * (size_t)n);
+    keel_comm_window_publish(w, s);
+}
 static void cpu_release_group(keel_comm *c) { (void)c; }
 static double no_stalls(void) { return 0; } /* wait blocks the host: its clock counts it */
 
@@ -101,6 +106,12 @@ static const keel_backend CPU = {
     .ireduce_scatter = cpu_ireduce_scatter,
     .allreduce = cpu_allreduce,
     .wait = cpu_wait,
+    .window_create = keel_comm_window_create,
+    .window_claim = keel_comm_window_claim,
+    .window_gather = cpu_window_gather,
+    .window_wait = keel_comm_window_await,
+    .window_release = keel_comm_window_release,
+    .window_free = keel_comm_window_free,
     .release_group = cpu_release_group,
     .comm_stall_s = no_stalls,
 };

@@ -28,13 +28,7 @@ enum { STREAM_RING_0 = 0, STREAM_RING_1 = 1, STREAM_BARRIER = 2 };
 static _Noreturn void lost(engine *eng, int rank, const char *why) {
     keel_errorf("comm: lost rank %d (%s): it died or its host went away; this rank ends the attempt (exit %d)", rank,
                 why, KEEL_EXIT_PEER_LOST);
-    pthread_mutex_lock(&eng->mu);
-    void (*fn)(void *) = eng->on_lost;
-    void *ctx = eng->on_lost_ctx;
-    pthread_mutex_unlock(&eng->mu);
-    if (fn) fn(ctx);
-    fflush(NULL);
-    _exit(KEEL_EXIT_PEER_LOST);
+    comm_end_lost(eng);
 }
 
 static void gloo_exchange(keel_comm *c, const void *send, size_t send_bytes, int dest, void *recv, size_t recv_bytes,

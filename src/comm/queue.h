@@ -65,6 +65,7 @@ struct engine {
     keel_status start_status;
     int live_groups;          /* split groups not yet freed */
     keel_comm_stats stats;    /* written by the comm thread under mu */
+    uint64_t window_op;       /* a node window's wait in progress on a caller (under mu; 0: none) */
     /* transport state, comm thread only */
     const struct transport *tp;
     keel_comm *world;         /* filled by tp->start: its handle, rank and size */
@@ -104,6 +105,10 @@ extern const transport keel_transport_mpi, keel_transport_gloo;
 /* Elements of one message at most (KEEL_COMM_MAX_COUNT lowers it, so tests
  * can take the path that cuts a collective into pieces). */
 size_t comm_max_count(void);
+
+/* A peer is gone (its line already logged): the trainer's keel_comm_on_peer_lost
+ * callback, then the process ends with KEEL_EXIT_PEER_LOST. */
+_Noreturn void comm_end_lost(engine *eng);
 
 /* ring.c's all-gather: every rank's `count` elements into recv, rank after
  * rank, around the ring (the transports without one of their own). */

@@ -164,6 +164,9 @@ static const key_spec KEYS[] = {
      "hybrid_shard: ranks per shard group, a divisor of --nproc (0 = 2)", NULL},
     {"fsdp.prefetch", K_BOOL, OFF(fsdp.prefetch), 0, 0,
      "start the next unit's all-gather before computing the current one (forward and backward)", NULL},
+    {"fsdp.node_windows", K_BOOL, OFF(fsdp.node_windows), 0, 0,
+     "a shard group's ranks on one machine gather units into memory they all map: one copy on the "
+     "machine, nothing copied (CPU; false: every rank its own copy, through the all-gathers)", NULL},
     {"fsdp.mixed_precision", K_ENUM, OFF(fsdp.mixed_precision), 0, 0,
      "fp32 or bf16: GEMMs on bf16 weights and inputs (gathered in bf16), fp32 master weights, "
      "optimizer and accumulation (any run; emulated on CPUs without bf16 instructions)", DTYPE_NAMES},
@@ -314,6 +317,7 @@ void keel_config_defaults(keel_config *cfg) {
     cfg->data.synthetic_seed = 1;
     cfg->fsdp.strategy = KEEL_FSDP_FULL_SHARD;
     cfg->fsdp.prefetch = true;
+    cfg->fsdp.node_windows = true;
     cfg->checkpoint = (keel_checkpoint_config){.keep_last = 3, .async = true};
     cfg->fsdp.mixed_precision = cfg->fsdp.reduce_dtype = KEEL_DTYPE_FP32;
     cfg->data.synthetic_branching = 4;

@@ -48,6 +48,13 @@ struct keel_fsdp {
     bool bf16;
     size_t elem;                /* bytes per gathered parameter: 4, or 2 in bf16 */
     void **slots;               /* (n_slots) gathered unit parameters */
+    /* Ranks of the shard group on one machine, on a backend that has them
+     * (cpu): the slots are a node window's (keel/comm.h), one copy on the
+     * machine. A gather writes this rank's part in place and publishes it;
+     * nothing is copied, and every rank reads the others' parts where they
+     * lie. NULL: the slots are this rank's and the gathers collectives. */
+    keel_comm_window *win;
+    bool *slot_awaited;         /* (n_slots) win: every rank's part of the slot is known written */
     int *slot_unit;             /* (n_slots) unit in each slot, -1 if free */
     int *unit_slot;             /* (n_units) slot of each unit, -1 if not gathered */
     keel_backend_req **gather_req; /* (n_units) outstanding gather of each unit */
@@ -91,6 +98,15 @@ static void start_gather(keel_fsdp *f, int u) {
     f->slot_unit[s] = u;
     f->unit_slot[u] = s;
     const keel_fsdp_unit *x = &f->plan.units[u];
+    if (f->win) {
+        void *own = (char *)f->slots[s] + f->elem * (size_t)f->rank * (size_t)x->shard;
+        double t0 = keel_now_s(); /* for the slot's last unit to be released everywhere: mostly, it is */
+        f->be->window_claim(f->win, s);
+        f->gather_wait_s += keel_now_s() - t0;
+        f->be->window_gather(f->win, s, own, f->master + x->shard_offset, x->shard, f->bf16);
+        f->slot_awaited[s] = false;
+        return;
+    }
     if (!f->bf16) {
         f->be->iallgather(f->group, f->master + x->shard_offset, f->slots[s], (size_t)x->shard, KEEL_COMM_F32,
                           &f->gather_req[u]);
@@ -105,21 +121,34 @@ static void *ready(keel_fsdp *f, int u) {
     if (f->plan.units[u].padded == 0) return NULL;
     if (whole_units(&f->plan, f->bf16)) return f->master + f->plan.units[u].shard_offset;
     start_gather(f, u);
-    if (f->gather_req[u]) {
+    int s = f->unit_slot[u];
+    if (f->gather_req[u] || (f->win && !f->slot_awaited[s])) {
         double t0 = keel_now_s();
-        f->be->wait(f->gather_req[u]);
+        if (f->win) f->be->window_wait(f->win, s), f->slot_awaited[s] = true;
+        else f->be->wait(f->gather_req[u]);
         f->gather_req[u] = NULL;
         f->gather_wait_s += keel_now_s() - t0;
     }
-    return f->slots[f->unit_slot[u]];
+    return f->slots[s];
+}
+
+/* Unit u's slot is free: every unit, the pinned one too (invalidate). */
+static void free_slot(keel_fsdp *f, int u) {
+    int s = f->unit_slot[u];
+    if (s < 0) return;
+    if (f->gather_req[u]) {
+        f->be->wait(f->gather_req[u]);
+        f->gather_req[u] = NULL;
+    }
+    if (f->win) f->be->window_release(f->win, s); /* the others may write their next unit's parts */
+    f->slot_unit[s] = -1;
+    f->unit_slot[u] = -1;
 }
 
 static void release(keel_fsdp *f, int u) {
-    int s = f->unit_slot[u];
-    if (s < 0 || u == pinned_unit(f)) return;
-    KEEL_CHECK(!f->gather_req[u], "releasing unit %d with its gather outstanding", u);
-    f->slot_unit[s] = -1;
-    f->unit_slot[u] = -1;
+    if (u == pinned_unit(f)) return;
+    KEEL_CHECK(f->unit_slot[u] < 0 || !f->gather_req[u], "releasing unit %d with its gather outstanding", u);
+    free_slot(f, u);
 }
 
 /* Finish buffer b's reduce-scatter and add it into this rank's gradient shard. */
@@ -195,14 +224,8 @@ static void set_unit(keel_fsdp *f, int u, void *params, float *grads) {
  * pass, or a training forward whose backward did not come, may have left
  * units (and a prefetch) behind. */
 static void release_all(keel_fsdp *f) {
-    for (int u = 0; u < f->plan.n_units; u++) {
-        if (f->unit_slot[u] < 0 || u == pinned_unit(f)) continue;
-        if (f->gather_req[u]) {
-            f->be->wait(f->gather_req[u]);
-            f->gather_req[u] = NULL;
-        }
-        release(f, u);
-    }
+    for (int u = 0; u < f->plan.n_units; u++)
+        if (u != pinned_unit(f)) free_slot(f, u);
 }
 
 /* The model's next unit: gather it while this one computes. */
@@ -247,6 +270,30 @@ static void after_backward(void *p, int u, int next) {
      * which no step changes, stays gathered for the next (until a fill) */
     if (!(frozen(f) && f->strategy == KEEL_FSDP_SHARD_GRAD_OP)) release(f, u);
     if (f->adapters) after_backward(f->adapters, u, next);
+}
+
+/* The slots' memory: a node window's (collective over the group; none where
+ * its ranks do not share a machine, or the backend has no windows), else
+ * the backend's. */
+static void alloc_slots(keel_fsdp *f, bool node_window) {
+    size_t *bytes = keel_xmalloc(sizeof(size_t) * (size_t)f->n_slots, "fsdp slots");
+    for (int s = 0; s < f->n_slots; s++) {
+        bool own = f->strategy == KEEL_FSDP_SHARD_GRAD_OP; /* slot s holds unit s */
+        int64_t floats = whole_units(&f->plan, f->bf16) ? 0 : own ? f->plan.units[s].padded : f->plan.max_padded;
+        bytes[s] = f->elem * (size_t)floats; /* none: whole units, or an adapter set's empty unit */
+    }
+    if (node_window && f->be->window_create && !whole_units(&f->plan, f->bf16))
+        f->win = f->be->window_create(f->group, bytes, f->n_slots);
+    for (int s = 0; s < f->n_slots; s++)
+        f->slots[s] = f->win ? keel_comm_window_slot(f->win, s) : bytes[s] ? f->be->alloc(bytes[s], "fsdp unit slot") : NULL;
+    keel_free(bytes);
+}
+
+static void free_slots(keel_fsdp *f) {
+    if (f->win) f->be->window_free(f->win);
+    else
+        for (int s = 0; s < f->n_slots; s++) f->be->free(f->slots[s]);
+    f->win = NULL;
 }
 
 /* The shard group and the replica group of this rank for a strategy. */
@@ -309,12 +356,9 @@ keel_status keel_fsdp_build_set(keel_model *model, keel_comm *world, keel_fsdp_s
     f->n_slots = strategy == KEEL_FSDP_SHARD_GRAD_OP ? f->plan.n_units : buffers_needed(f->plan.tied);
     f->slots = keel_xcalloc(sizeof(void *) * (size_t)f->n_slots, "fsdp slots");
     f->slot_unit = keel_xmalloc(sizeof(int) * (size_t)f->n_slots, "fsdp slots");
-    for (int s = 0; s < f->n_slots; s++) {
-        bool own = strategy == KEEL_FSDP_SHARD_GRAD_OP; /* slot s holds unit s */
-        int64_t floats = whole_units(&f->plan, f->bf16) ? 0 : own ? f->plan.units[s].padded : f->plan.max_padded;
-        f->slots[s] = floats ? be->alloc(f->elem * (size_t)floats, "fsdp unit slot") : NULL; /* none: whole units, or an adapter set's empty unit */
-        f->slot_unit[s] = -1;
-    }
+    f->slot_awaited = keel_xcalloc(sizeof(bool) * (size_t)f->n_slots, "fsdp slots");
+    for (int s = 0; s < f->n_slots; s++) f->slot_unit[s] = -1;
+    alloc_slots(f, false);
     for (int b = 0; b < GRAD_BUFFERS; b++) {
         f->gstate[b].unit = -1;
         if (b >= buffers_needed(f->plan.tied) || frozen(f)) continue; /* the pinned unit's, only when tied */
@@ -346,8 +390,9 @@ void keel_fsdp_free(keel_fsdp *f) {
     keel_fsdp_invalidate(f);
     if (f->set != KEEL_FSDP_SET_ADAPTERS) keel_model_set_hooks(f->model, NULL);
     const keel_backend *be = f->be;
-    for (int s = 0; s < f->n_slots; s++) be->free(f->slots[s]);
+    free_slots(f);
     keel_free(f->slots);
+    keel_free(f->slot_awaited);
     keel_free(f->slot_unit);
     for (int b = 0; b < GRAD_BUFFERS; b++) {
         be->free(f->gbuf[b]);
@@ -373,6 +418,17 @@ int keel_fsdp_shard_rank(const keel_fsdp *f) { return f->rank; }
 void keel_fsdp_set_prefetch(keel_fsdp *f, bool prefetch) {
     f->prefetch = prefetch;
     if (f->adapters) f->adapters->prefetch = prefetch;
+}
+
+bool keel_fsdp_set_node_windows(keel_fsdp *f, bool on) {
+    keel_fsdp_invalidate(f); /* nothing gathered, so nothing lost */
+    if (on != (f->win != NULL)) {
+        free_slots(f);
+        alloc_slots(f, on);
+    }
+    bool used = f->win != NULL;
+    if (f->adapters) used = keel_fsdp_set_node_windows(f->adapters, on) || used;
+    return used;
 }
 
 void keel_fsdp_set_reduce_bf16(keel_fsdp *f, bool bf16) {
@@ -409,13 +465,7 @@ keel_status keel_fsdp_fill(keel_fsdp *f, keel_param_source fill, void *ctx) {
 }
 
 void keel_fsdp_invalidate(keel_fsdp *f) {
-    for (int u = 0; u < f->plan.n_units; u++)
-        if (f->gather_req[u]) {
-            f->be->wait(f->gather_req[u]);
-            f->gather_req[u] = NULL;
-        }
-    for (int s = 0; s < f->n_slots; s++) f->slot_unit[s] = -1;
-    for (int u = 0; u < f->plan.n_units; u++) f->unit_slot[u] = -1;
+    for (int u = 0; u < f->plan.n_units; u++) free_slot(f, u);
 }
 
 keel_status keel_fsdp_gather_unit(keel_fsdp *f, int u, const float **out) {

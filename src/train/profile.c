@@ -38,6 +38,7 @@ void trainer_profile_end(trainer *t, double step_s) {
         keel_comm_get_stats(t->world, &now);
         sum->transfer_s += now.transfer_s - at->transfer_s;
         sum->peer_wait_s += now.peer_wait_s - at->peer_wait_s;
+        sum->cpu_s += now.cpu_s - at->cpu_s;
         sum->bytes += now.bytes - at->bytes;
     }
 }
@@ -98,10 +99,13 @@ void trainer_profile_report(trainer *t, bool final) {
         const keel_comm_stats *sum = &t->profile.comm;
         cJSON_AddNumberToObject(c, "transfer_s", sum->transfer_s);
         cJSON_AddNumberToObject(c, "peer_wait_s", sum->peer_wait_s);
+        cJSON_AddNumberToObject(c, "cpu_s", sum->cpu_s);
         cJSON_AddNumberToObject(c, "bytes", (double)sum->bytes);
-        keel_progress_note(&t->progress, "  comm thread, beside them: %.4f s (%.1f%%) moving %.2f GB, %.4f s waiting for peers",
+        keel_progress_note(&t->progress,
+                           "  comm thread, beside them: %.4f s (%.1f%%) moving %.2f GB, %.4f s waiting for peers, "
+                           "%.4f s (%.1f%%) on a core",
                            sum->transfer_s, total > 0 ? 100 * sum->transfer_s / total : 0, (double)sum->bytes / 1e9,
-                           sum->peer_wait_s);
+                           sum->peer_wait_s, sum->cpu_s, total > 0 ? 100 * sum->cpu_s / total : 0);
     }
     char *text = cJSON_Print(o);
     cJSON_Delete(o);

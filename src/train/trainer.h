@@ -60,7 +60,7 @@ typedef struct {
         double step_s;      /* the profiled steps' time */
         bool now, reported; /* now: the current step is profiled (its work and its metrics line) */
         /* the comm thread's work in them, beside the calling thread's: its counters at the step's
-         * start, and the steps' share summed (transfer_s, peer_wait_s, bytes) */
+         * start, and the steps' share summed (transfer_s, peer_wait_s, cpu_s, bytes) */
         keel_comm_stats comm_at, comm;
     } profile;
     struct {                /* $KEEL_FAULT: a fault injected on purpose (chaos tests) */

@@ -524,6 +524,63 @@ static void check_progress(keel_comm *world) {
     free(buf);
 }
 
+/* Node windows (keel_comm_window_*): ranks of this machine share every slot.
+ * Each round a rank writes its part of one of two slots in turn, and reads
+ * every rank's part twice, rank 0 pausing 2 ms between the two readings:
+ * a rank that hurried on to the same slot two rounds later before rank 0
+ * released it would change what rank 0 reads the second time. An empty
+ * slot has no memory; a group of one gets no window; each claim counts as
+ * one operation of the process's sequence. */
+static float window_value(int round, int rank, size_t j) { return (float)(round * 1000 + rank * 10) + (float)(j % 7); }
+
+static void check_window(keel_comm *world) {
+    int size = keel_comm_size(world), rank = keel_comm_rank(world);
+    keel_comm *solo;
+    OK(keel_comm_split(world, rank, 0, &solo));
+    size_t one = 64;
+    keel_comm_window *none = keel_comm_window_create(solo, &one, 1);
+    EXPECT(!none, "a group of one rank got a node window");
+    keel_comm_window_free(none);
+    OK(keel_comm_free(solo));
+    if (size == 1) return;
+
+    const size_t part = 4099; /* floats per rank: slots of odd sizes */
+    size_t bytes[3] = {sizeof(float) * part * (size_t)size, 0, sizeof(float) * part * (size_t)size};
+    keel_comm_window *w = keel_comm_window_create(world, bytes, 3);
+    EXPECT(w, "no node window over %d ranks of one machine", size);
+    if (!w) return;
+    EXPECT(!keel_comm_window_slot(w, 1), "an empty slot has memory");
+    EXPECT((uintptr_t)keel_comm_window_slot(w, 0) % 4096 == 0 && (uintptr_t)keel_comm_window_slot(w, 2) % 4096 == 0,
+           "window slots are not page-aligned");
+    const char *stall = getenv("KEEL_TEST_WINDOW_STALL"); /* this rank never claims: its peers wait for it */
+    if (stall && atoi(stall) == rank) sleep_s(600);
+    keel_comm_stats before, after;
+    keel_comm_get_stats(world, &before);
+    const int rounds = 40;
+    int bad = 0;
+    for (int g = 1; g <= rounds; g++) {
+        int s = g % 2 ? 0 : 2;
+        float *slot = keel_comm_window_slot(w, s);
+        keel_comm_window_claim(w, s);
+        for (size_t j = 0; j < part; j++) slot[(size_t)rank * part + j] = window_value(g, rank, j);
+        keel_comm_window_publish(w, s);
+        keel_comm_window_await(w, s);
+        for (int look = 0; look < 2; look++) {
+            for (int r = 0; r < size; r++)
+                for (size_t j = 0; j < part; j++) bad += slot[(size_t)r * part + j] != window_value(g, r, j);
+            if (look == 0 && rank == 0) sleep_s(0.002);
+        }
+        keel_comm_window_release(w, s);
+    }
+    keel_comm_get_stats(world, &after);
+    EXPECT(bad == 0, "node window: %d values other than every rank's part of its round", bad);
+    EXPECT(after.issued - before.issued == (uint64_t)rounds, "node window: %llu operations counted for %d claims",
+           (unsigned long long)(after.issued - before.issued), rounds);
+    keel_comm_window_free(w);
+    OK(keel_comm_barrier(world));
+    if (rank == 0) printf("node window: %d ranks, %d rounds over two slots, every part read in place\n", size, rounds);
+}
+
 int main(void) {
     keel_comm *world, *shard;
     if (keel_comm_init(&world) != KEEL_OK) return 1;
@@ -533,10 +590,16 @@ int main(void) {
     EXPECT(!env_size || atoi(env_size) == size, "world size %d, mpirun says %s", size, env_size);
     EXPECT(keel_comm_rank(world) >= 0 && keel_comm_rank(world) < size, "rank out of range");
 
+    if (getenv("KEEL_TEST_WINDOW_STALL")) { /* gloo_transport.sh: a peer lost while the others wait on a window */
+        check_window(world);
+        OK(keel_comm_finalize(world));
+        return 1;
+    }
     check_all_collectives(world, "world");
     check_groups(world, &shard);
     check_outstanding(world, shard);
     OK(keel_comm_free(shard));
+    check_window(world);
     /* Progress is timed at MPI's own counts only. With KEEL_COMM_MAX_COUNT
      * lowered (the test of collectives in pieces) the 16 MB all-reduce is
      * thousands of tiny collectives in a row, each a round of every rank's

@@ -3,8 +3,8 @@
 # on this machine), with the build's tests/mpi_collectives.
 # The program checks exact results of every collective (also cut into pieces
 # below MPI's int counts, KEEL_COMM_MAX_COUNT), uneven groups,
-# in-order completion of many outstanding requests and progress during
-# compute; it prints "ok: N ranks ..." on rank 0 when every rank passed.
+# in-order completion of many outstanding requests, progress during
+# compute and node windows (slots every rank maps, read in place); it prints "ok: N ranks ..." on rank 0 when every rank passed.
 # Under ASan, OpenMPI's own leaks at MPI_Finalize are suppressed with
 # tests/lsan.supp (keel's leaks are still reported).
 source "$KEEL_SRC/tests/lib.sh"

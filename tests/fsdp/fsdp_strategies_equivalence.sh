@@ -8,6 +8,9 @@
 # of no block, of the first 2 of 3 (block 0 recomputed, block 1's activations
 # kept in place, block 2 not checkpointed) and of all (whose recomputation
 # gathers a block's units again), follow too.
+# Node windows (fsdp.node_windows, on by default: the gathered units in memory
+# every rank maps) are used wherever a shard group has 2 ranks or more, and
+# runs with them off end with bit-identical parameters.
 source "$KEEL_SRC/tests/lib.sh"
 prog=$KEEL_BUILD/tests/mpi_fsdp_equivalence
 [ -x "$prog" ] || fail "$prog not built"
@@ -16,7 +19,18 @@ run() { # W TIED STRATEGY [GROUP [KEY=VALUE...]]
   timeout 300 mpirun --allow-run-as-root --oversubscribe -np "$1" "$prog" 10 "$2" "$3" "${4:-0}" "${@:5}" \
     >"$TMP/out" 2>&1 || { cat "$TMP/out"; fail "W=$1 tied=$2 $3 ${*:5}"; }
   grep -q "^PASSED" "$TMP/out" || { cat "$TMP/out"; fail "W=$1 tied=$2 $3 ${*:5}: no PASSED line"; }
-  pass "$(grep "^W=$1 tied=$2" "$TMP/out") ${*:5}"
+  local want=yes
+  { [ "$1" = 1 ] || [ "$3" = no_shard ] || [[ " ${*:5} " == *" fsdp.node_windows=false "* ]]; } && want=no
+  grep -q "^node window: $want;" "$TMP/out" || { cat "$TMP/out"; fail "W=$1 $3 ${*:5}: node window should be $want"; }
+  pass "$(grep "^W=$1 tied=$2" "$TMP/out") ${*:5}; node window $want"
+}
+same_params() { # W TIED STRATEGY GROUP [KEY=VALUE...]: node windows on and off end bit for bit the same
+  run "$@" && cp "$TMP/out" "$TMP/on"
+  run "$@" fsdp.node_windows=false
+  local on off
+  on=$(grep -o 'parameters fnv 0x[0-9a-f]*' "$TMP/on") off=$(grep -o 'parameters fnv 0x[0-9a-f]*' "$TMP/out")
+  [ -n "$on" ] && [ "$on" = "$off" ] || fail "W=$1 $3 ${*:5}: node windows on ($on) and off ($off) differ"
+  pass "W=$1 tied=$2 $3 ${*:5}: node windows on and off, the same parameters ($on)"
 }
 for strategy in full_shard shard_grad_op no_shard; do
   for W in 1 2 3 4; do run "$W" 0 "$strategy"; done
@@ -33,3 +47,6 @@ for ac in false 2 true; do
 done
 run 2 0 full_shard 0 fsdp.activation_checkpointing=true
 run 3 0 full_shard 0 fsdp.activation_checkpointing=2
+same_params 2 0 full_shard 0
+same_params 3 1 shard_grad_op 0
+same_params 4 0 hybrid_shard 2 fsdp.unit=matrix fsdp.activation_checkpointing=2

@@ -87,6 +87,7 @@ int main(int argc, char **argv) {
     keel_model_build_with(&cfg.model, B, &opts, &m);
     keel_fsdp *f;
     if (keel_fsdp_build(m, world, strategy, group_size, &f) != KEEL_OK) return 2;
+    bool window = keel_fsdp_set_node_windows(f, cfg.fsdp.node_windows); /* on by default, as in keel train */
     keel_fsdp_fill(f, keel_params_from_buffer, keel_model_params(full));
     const keel_fsdp_plan *plan = keel_fsdp_get_plan(f);
     keel_param_range *ranges;
@@ -122,6 +123,9 @@ int main(int argc, char **argv) {
         max_err = fmax(max_err, fabs(e));
     }
     double rel_l2 = sqrt(sq_err / sq_ref);
+    uint64_t fnv = 1469598103934665603ull; /* the gathered parameters' bytes: windows on and off agree bit for bit */
+    for (size_t i = 0; i < sizeof(float) * (size_t)lay->n_params; i++)
+        fnv = (fnv ^ ((const unsigned char *)gathered)[i]) * 1099511628211ull;
     if (!(rel_l2 <= 1e-5)) failures++;
     keel_fsdp_stats st;
     keel_fsdp_get_stats(f, &st);
@@ -143,6 +147,7 @@ int main(int argc, char **argv) {
                W, tied, argc > 3 ? argv[3] : "full_shard", worst, rel_l2, max_err,
                (long long)keel_fsdp_persistent_bytes(plan), (long long)padded_total, shard_ranks,
                memory_ok ? "ok" : "MISMATCH");
+        printf("node window: %s; parameters fnv 0x%016llx\n", window ? "yes" : "no", (unsigned long long)fnv);
         printf("%s: %d failures\n", total_failures ? "FAILED" : "PASSED", (int)total_failures);
     }
     free(gathered), free(tokens), keel_free(ranges);

@@ -19,22 +19,35 @@
 #include "../testlib.h"
 
 /* Every field of the table is set: a new backend call the wrapper forgot would be NULL.
- * Generation's calls may be NULL where the backend has none (keel/backend.h: cuda). */
+ * Generation's calls may be NULL where the backend has none (keel/backend.h: cuda),
+ * node windows on every backend but the CPU's (all six of them, or none). */
 static void check_table_complete(const keel_backend *be) {
     const char *p = (const char *)be;
     size_t first = offsetof(keel_backend, alloc), n = (sizeof *be - first) / sizeof(void (*)(void));
     const size_t optional[] = {offsetof(keel_backend, rope_at), offsetof(keel_backend, attention_cached),
                                offsetof(keel_backend, attention_cached_bf16),
                                offsetof(keel_backend, matmul_few_rows), offsetof(keel_backend, matmul_few_rows_bf16)};
-    int missing = 0;
+    const size_t windows[] = {offsetof(keel_backend, window_create), offsetof(keel_backend, window_claim),
+                              offsetof(keel_backend, window_gather), offsetof(keel_backend, window_wait),
+                              offsetof(keel_backend, window_release), offsetof(keel_backend, window_free)};
+    int missing = 0, window_calls = 0;
     for (size_t i = 0; i < n; i++) {
         void (*fn)(void);
         memcpy(&fn, p + first + i * sizeof fn, sizeof fn);
         bool may_lack = be->kind == KEEL_BACKEND_CUDA;
         for (size_t j = 0; j < sizeof optional / sizeof *optional && may_lack; j++)
             if (first + i * sizeof fn == optional[j]) fn = (void (*)(void))1; /* counted as set */
+        for (size_t j = 0; j < sizeof windows / sizeof *windows; j++)
+            if (first + i * sizeof fn == windows[j]) {
+                window_calls += fn != NULL;
+                fn = be->window_create ? fn : (void (*)(void))1; /* with windows, every call of them */
+            }
         missing += fn == NULL;
     }
+    EXPECT(window_calls == 0 || window_calls == (int)(sizeof windows / sizeof *windows),
+           "%s backend: node windows' calls all set or none (%d set)", be->name, window_calls);
+    EXPECT(!be->window_create == (strcmp(be->name, "cpu") != 0), "%s backend: node windows on the CPU's alone",
+           be->name);
     EXPECT(missing == 0, "%s backend: every one of its %zu calls set (%d missing)", be->name, n, missing);
 }
 

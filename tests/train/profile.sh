@@ -98,12 +98,14 @@ import json, sys
 p, s = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 c = p["comm_thread"]
 assert 0 < c["transfer_s"] < p["step_s"] and c["peer_wait_s"] >= 0, c
+# its CPU time is inside its wall time (waits included), and it moved something
+assert 0 < c["cpu_s"] <= 1.01 * (c["transfer_s"] + c["peer_wait_s"]) + 0.01, c
 assert c["bytes"] >= 4 * s["n_params"] * p["steps"], (c, s["n_params"])
 PY
-grep -Eq '^  comm thread, beside them: [0-9.]+ s \([0-9.]+%\) moving [0-9.]+ GB' "$TMP/fsdp.log" ||
+grep -Eq '^  comm thread, beside them: [0-9.]+ s \([0-9.]+%\) moving [0-9.]+ GB, [0-9.]+ s waiting for peers, [0-9.]+ s \([0-9.]+%\) on a core$' "$TMP/fsdp.log" ||
   fail "no comm thread line on the console: $(cat "$TMP/fsdp.log")"
 ! grep -q comm_thread "$P/profile.json" || fail "one process without the supervisor has no comm thread to report"
-pass "FSDP, 2 ranks, bf16: $(( 6 * (7 * L + 1) )) bf16 GEMMs, the all-gathers, reduce-scatters and their waits, the comm thread's time and bytes"
+pass "FSDP, 2 ranks, bf16: $(( 6 * (7 * L + 1) )) bf16 GEMMs, the all-gathers, reduce-scatters and their waits, the comm thread's time, CPU time and bytes"
 
 expect_input_error "a negative profile_steps" "train.profile_steps.*-1" \
   "$KEEL_BIN" train "$CFG" --set train.profile_steps=-1 --run-dir "$TMP/bad"
