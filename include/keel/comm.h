@@ -217,8 +217,9 @@ keel_status keel_comm_test(keel_comm_req *req, bool *done);
  *   release  this rank reads the slot no more
  * The waits sleep on the slot's counters and count as operations of the
  * process's sequence (keel_comm_stats' issued and waiting), so a hung peer is
- * named as it is in a collective; a peer whose process is gone ends this one
- * as a lost peer does (exit KEEL_EXIT_PEER_LOST). */
+ * named as it is in a collective; a peer whose process has been gone for 5 s
+ * ends this one as a lost peer does (exit KEEL_EXIT_PEER_LOST) — a backstop
+ * for a rank that nothing else watches (keel train's watch is faster). */
 typedef struct keel_comm_window keel_comm_window;
 /* Collective over c: n slots of bytes[s] bytes each (0: no memory), page
  * aligned. NULL on every rank when they do not share a machine (or its

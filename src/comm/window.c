@@ -36,8 +36,12 @@
 #define LINE 64
 #define PAGE 4096
 #define NAME_BYTES 64
-/* A wait checks that its peers' processes still exist this often. */
+/* A wait checks that its peers' processes still exist this often, and ends
+ * the rank when one has been gone this long: a backstop — keel train's own
+ * watch of its peers (train/peers.c, the supervisor) names a lost rank first,
+ * with its event, within a second or two. */
 #define ALIVE_CHECK_S 1.0
+#define LOST_GRACE_S 5.0
 
 typedef struct {
     uint64_t token;
@@ -218,7 +222,7 @@ static void wait_all(const keel_comm_window *w, _Atomic uint32_t *rows, int s, u
     bool marked = false;
     for (int r = 0; r < w->size; r++) {
         _Atomic uint32_t *a = counter(w, rows, r, s);
-        double checked = keel_now_s();
+        double checked = keel_now_s(), gone = 0; /* when rank r's process was first seen gone */
         for (int spin = 0;; spin++) {
             uint32_t v = atomic_load_explicit(a, memory_order_acquire);
             if ((int32_t)(v - target) >= 0) break;
@@ -237,8 +241,10 @@ static void wait_all(const keel_comm_window *w, _Atomic uint32_t *rows, int s, u
             if (keel_now_s() - checked > ALIVE_CHECK_S) {
                 checked = keel_now_s();
                 const member *m = &w->member[r];
-                if (m->pid_ns == w->pid_ns && m->pid > 0 && kill((pid_t)m->pid, 0) != 0 && errno == ESRCH)
-                    peer_lost(w, r);
+                if (m->pid_ns == w->pid_ns && m->pid > 0 && kill((pid_t)m->pid, 0) != 0 && errno == ESRCH) {
+                    if (gone == 0) gone = checked;
+                    if (checked - gone >= LOST_GRACE_S) peer_lost(w, r);
+                }
             }
         }
     }
