@@ -192,6 +192,12 @@ typedef struct keel_backend {
     void (*window_gather)(keel_comm_window *w, int s, void *part, const float *src, int64_t n, bool bf16);
     void (*window_wait)(keel_comm_window *w, int s);
     void (*window_release)(keel_comm_window *w, int s);
+    /* A reduce-scatter of every rank's part of slot s in place
+     * (keel_comm_window_ireduce_scatter: parts `stride` elements apart, the
+     * result in this rank's slice of its own part), instead of window_gather,
+     * window_wait and window_release; after window_claim, waited with wait. */
+    void (*window_reduce_scatter)(keel_comm_window *w, int s, size_t stride, size_t count, keel_comm_dtype dtype,
+                                  keel_backend_req **req);
     void (*window_free)(keel_comm_window *w);
     /* Before keel_comm_free(c): what the backend holds for the group (cuda: its communicator). */
     void (*release_group)(keel_comm *c);

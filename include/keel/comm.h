@@ -232,6 +232,17 @@ void keel_comm_window_claim(keel_comm_window *w, int s);
 void keel_comm_window_publish(keel_comm_window *w, int s);
 void keel_comm_window_await(keel_comm_window *w, int s);
 void keel_comm_window_release(keel_comm_window *w, int s);
+/* A reduce-scatter in a window, instead of publish, await and release:
+ * slot s holds every rank's part, `stride` elements apart (part k from
+ * element k * stride), each `size` x count elements; this rank's part is
+ * published at once, and the comm thread (in issue order, like any
+ * operation) waits for the others', sums this rank's slice — elements
+ * [rank * count, (rank + 1) * count) — of every part into its own part's
+ * slice, in the ring's order of sums (keel_comm_ireduce_scatter's result
+ * bit for bit), and releases the slot. The result stays until this rank
+ * writes its part again (each rank writes only its own part). Sums only. */
+keel_status keel_comm_window_ireduce_scatter(keel_comm_window *w, int s, size_t stride, size_t count,
+                                            keel_comm_dtype dtype, keel_comm_req **req);
 
 /* ---- statistics ----------------------------------------------------------- */
 

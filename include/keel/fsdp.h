@@ -115,9 +115,10 @@ void keel_fsdp_memory_items(const keel_fsdp_memory *m,
 
 /* Bytes of the runtime's unit-sized buffers: gathered parameters (bf16 with
  * bf16_params; each rank's slice is rounded into its place, gathered in place) and unit gradients
- * with their reduce-scatter results (and bf16 copies with bf16_reduce). */
+ * with their reduce-scatter results (and bf16 copies with bf16_reduce); with node_windows (the
+ * group on one machine), a rank's slices of the other ranks' gradient buffers too (fp32 reductions). */
 int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy,
-                                  bool bf16_params, bool bf16_reduce);
+                                  bool bf16_params, bool bf16_reduce, bool node_windows);
 /* The same for a frozen set (a LoRA base): the slots, and one unit-sized
  * fp32 buffer that gathers a unit for the final weights; no gradients. */
 int64_t keel_fsdp_frozen_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy, bool bf16_params);

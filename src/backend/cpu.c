@@ -50,6 +50,12 @@ static void cpu_window_gather(keel_comm_window *w, int s, void *part, const floa
     else memcpy(part, src, sizeof(float) * (size_t)n);
     keel_comm_window_publish(w, s);
 }
+static void cpu_window_reduce_scatter(keel_comm_window *w, int s, size_t stride, size_t count, keel_comm_dtype dtype,
+                                      keel_backend_req **req) {
+    keel_comm_req *r;
+    KEEL_CHECK(keel_comm_window_ireduce_scatter(w, s, stride, count, dtype, &r) == KEEL_OK, "window reduce-scatter");
+    *req = (keel_backend_req *)r;
+}
 static void cpu_release_group(keel_comm *c) { (void)c; }
 static double no_stalls(void) { return 0; } /* wait blocks the host: its clock counts it */
 
@@ -111,6 +117,7 @@ static const keel_backend CPU = {
     .window_gather = cpu_window_gather,
     .window_wait = keel_comm_window_await,
     .window_release = keel_comm_window_release,
+    .window_reduce_scatter = cpu_window_reduce_scatter,
     .window_free = keel_comm_window_free,
     .release_group = cpu_release_group,
     .comm_stall_s = no_stalls,

@@ -97,11 +97,17 @@ TIMED(iallgather, COLLECTIVE_PARAMS, COLLECTIVE_ARGS)
 TIMED(ireduce_scatter, COLLECTIVE_PARAMS, COLLECTIVE_ARGS)
 TIMED(allreduce, (keel_comm *c, void *buf, size_t count, keel_comm_dtype dtype), (c, buf, count, dtype))
 TIMED(wait, (keel_backend_req *req), (req))
-/* A node window's gather is the all-gather's issue; its claim and wait are waits */
+/* A node window's gather and reduce-scatter are the collectives' issue; its claim and wait are waits */
 static void p_window_gather(keel_comm_window *w, int s, void *part, const float *src, int64_t n, bool bf16) {
     double t0 = begin();
     inner->window_gather(w, s, part, src, n, bf16);
     end(P_iallgather, t0, 0);
+}
+static void p_window_reduce_scatter(keel_comm_window *w, int s, size_t stride, size_t count, keel_comm_dtype dtype,
+                                    keel_backend_req **req) {
+    double t0 = begin();
+    inner->window_reduce_scatter(w, s, stride, count, dtype, req);
+    end(P_ireduce_scatter, t0, 0);
 }
 static void p_window_claim(keel_comm_window *w, int s) {
     double t0 = begin();
@@ -132,7 +138,8 @@ const keel_backend *keel_backend_profiled(const keel_backend *of) {
     table.iallgather = p_iallgather, table.ireduce_scatter = p_ireduce_scatter, table.allreduce = p_allreduce;
     table.wait = p_wait, table.sync = p_sync;
     if (of->window_create)
-        table.window_claim = p_window_claim, table.window_gather = p_window_gather, table.window_wait = p_window_wait;
+        table.window_claim = p_window_claim, table.window_gather = p_window_gather, table.window_wait = p_window_wait,
+        table.window_reduce_scatter = p_window_reduce_scatter;
     return &table;
 }
 

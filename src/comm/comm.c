@@ -45,6 +45,7 @@ static void transfer(engine *eng, keel_comm_req *req) {
         break;
     case OP_BROADCAST: eng->tp->broadcast(eng, req); break;
     case OP_SENDRECV: sendrecv(req); break;
+    case OP_WINDOW_REDUCE_SCATTER: req->run(eng, req); break;
     case OP_BARRIER: break; /* await_peers was the barrier */
     case OP_SPLIT:
     case OP_FREE: KEEL_CHECK(false, "group operation %d reached transfer()", (int)req->kind);
@@ -54,7 +55,7 @@ static void transfer(engine *eng, keel_comm_req *req) {
 /* The local array an operation reads or writes, in bytes. */
 static uint64_t payload_bytes(const keel_comm_req *req) {
     uint64_t bytes = (uint64_t)req->count * keel_comm_dtype_size(req->dtype);
-    if (req->kind == OP_ALLGATHER || req->kind == OP_REDUCE_SCATTER)
+    if (req->kind == OP_ALLGATHER || req->kind == OP_REDUCE_SCATTER || req->kind == OP_WINDOW_REDUCE_SCATTER)
         bytes *= (uint64_t)req->comm->size;
     if (req->kind == OP_SENDRECV) bytes *= (uint64_t)(req->dest >= 0) + (req->source >= 0);
     return req->kind == OP_BARRIER ? 0 : bytes;
@@ -79,7 +80,7 @@ static void run_op(engine *eng, keel_comm_req *req, keel_comm_stats *stats) {
         return;
     }
     double t0 = keel_now_s(), cpu0 = thread_cpu_s();
-    eng->tp->await_peers(c);
+    if (req->kind != OP_WINDOW_REDUCE_SCATTER) eng->tp->await_peers(c); /* a window's counters are its own */
     double t1 = keel_now_s();
     transfer(eng, req);
     double t2 = keel_now_s();
@@ -167,7 +168,7 @@ static keel_status run_blocking(keel_comm_req *req) {
     return KEEL_OK;
 }
 
-static keel_status run_async(keel_comm_req req, keel_comm_req **out) {
+keel_status comm_run_async(keel_comm_req req, keel_comm_req **out) {
     KEEL_CHECK(out, "NULL request pointer");
     keel_comm_req *heap = keel_xmalloc(sizeof *heap, "comm request");
     *heap = req;
@@ -336,7 +337,7 @@ keel_status keel_comm_allgather(keel_comm *c, const void *send, void *recv, size
 
 keel_status keel_comm_iallgather(keel_comm *c, const void *send, void *recv, size_t count,
                                  keel_comm_dtype dtype, keel_comm_req **req) {
-    return run_async(allgather_req(c, send, recv, count, dtype), req);
+    return comm_run_async(allgather_req(c, send, recv, count, dtype), req);
 }
 
 static keel_comm_req reduce_scatter_req(keel_comm *c, const void *send, void *recv, size_t count,
@@ -360,7 +361,7 @@ keel_status keel_comm_reduce_scatter(keel_comm *c, const void *send, void *recv,
 
 keel_status keel_comm_ireduce_scatter(keel_comm *c, const void *send, void *recv, size_t count,
                                       keel_comm_dtype dtype, keel_comm_op op, keel_comm_req **req) {
-    return run_async(reduce_scatter_req(c, send, recv, count, dtype, op), req);
+    return comm_run_async(reduce_scatter_req(c, send, recv, count, dtype, op), req);
 }
 
 static keel_comm_req allreduce_req(keel_comm *c, const void *send, void *recv, size_t count,
@@ -383,7 +384,7 @@ keel_status keel_comm_allreduce(keel_comm *c, const void *send, void *recv, size
 
 keel_status keel_comm_iallreduce(keel_comm *c, const void *send, void *recv, size_t count,
                                  keel_comm_dtype dtype, keel_comm_op op, keel_comm_req **req) {
-    return run_async(allreduce_req(c, send, recv, count, dtype, op), req);
+    return comm_run_async(allreduce_req(c, send, recv, count, dtype, op), req);
 }
 
 keel_status keel_comm_allreduce_scalar(keel_comm *c, double *value, keel_comm_op op) {
@@ -409,7 +410,7 @@ keel_status keel_comm_broadcast(keel_comm *c, void *buf, size_t count, keel_comm
 
 keel_status keel_comm_ibroadcast(keel_comm *c, void *buf, size_t count, keel_comm_dtype dtype,
                                  int root, keel_comm_req **req) {
-    return run_async(broadcast_req(c, buf, count, dtype, root), req);
+    return comm_run_async(broadcast_req(c, buf, count, dtype, root), req);
 }
 
 static keel_comm_req sendrecv_req(keel_comm *c, const void *send, int dest, void *recv, int source,
@@ -434,7 +435,7 @@ keel_status keel_comm_sendrecv(keel_comm *c, const void *send, int dest, void *r
 
 keel_status keel_comm_isendrecv(keel_comm *c, const void *send, int dest, void *recv, int source, size_t count,
                                 keel_comm_dtype dtype, keel_comm_req **req) {
-    return run_async(sendrecv_req(c, send, dest, recv, source, count, dtype), req);
+    return comm_run_async(sendrecv_req(c, send, dest, recv, source, count, dtype), req);
 }
 
 keel_status keel_comm_barrier(keel_comm *c) {
@@ -445,7 +446,7 @@ keel_status keel_comm_barrier(keel_comm *c) {
 
 keel_status keel_comm_ibarrier(keel_comm *c, keel_comm_req **req) {
     KEEL_CHECK(c, "NULL group");
-    return run_async((keel_comm_req){.kind = OP_BARRIER, .comm = c}, req);
+    return comm_run_async((keel_comm_req){.kind = OP_BARRIER, .comm = c}, req);
 }
 
 void keel_comm_get_stats(const keel_comm *c, keel_comm_stats *out) {

@@ -17,6 +17,7 @@ typedef enum {
     OP_BROADCAST,
     OP_BARRIER,
     OP_SENDRECV,
+    OP_WINDOW_REDUCE_SCATTER,
     OP_SPLIT,
     OP_FREE,
 } op_kind;
@@ -49,6 +50,13 @@ struct keel_comm_req {
     int dest, source;   /* OP_SENDRECV: group ranks, -1 for none */
     int color, key;     /* OP_SPLIT in */
     keel_comm *child;   /* OP_SPLIT out: the transport fills its handle, rank and size */
+    /* OP_WINDOW_REDUCE_SCATTER: the window, its slot, the parts' stride, and
+     * its transfer (window.c's: comm.c calls no window code) */
+    keel_comm_window *win;
+    void (*run)(engine *eng, const keel_comm_req *req);
+    int slot;
+    uint32_t gen;       /* the slot's generation this rank published */
+    size_t stride;
     bool done;          /* under eng->mu */
     uint64_t seq;       /* its place in this process's issue order, from 1 (under eng->mu) */
     keel_comm_req *next;
@@ -109,6 +117,13 @@ size_t comm_max_count(void);
 /* A peer is gone (its line already logged): the trainer's keel_comm_on_peer_lost
  * callback, then the process ends with KEEL_EXIT_PEER_LOST. */
 _Noreturn void comm_end_lost(engine *eng);
+
+/* Queue a copy of req on its group's comm thread; *out is its handle for
+ * keel_comm_wait (the i-forms, window.c's reduce-scatter too). */
+keel_status comm_run_async(keel_comm_req req, keel_comm_req **out);
+
+/* ring.c's element-wise out = a op b (out may alias a or b). */
+void ring_combine(void *out, const void *a, const void *b, size_t n, keel_comm_dtype dtype, keel_comm_op op);
 
 /* ring.c's all-gather: every rank's `count` elements into recv, rank after
  * rank, around the ring (the transports without one of their own). */

@@ -46,8 +46,7 @@ static void combine_bf16(uint16_t *out, const uint16_t *a, const uint16_t *b, si
         for (size_t i = 0; i < n; i++) out[i] = keel_bf16_to_float(a[i]) > keel_bf16_to_float(b[i]) ? a[i] : b[i];
 }
 
-static void combine(void *out, const void *a, const void *b, size_t n, keel_comm_dtype dtype,
-                    keel_comm_op op) {
+void ring_combine(void *out, const void *a, const void *b, size_t n, keel_comm_dtype dtype, keel_comm_op op) {
     switch (dtype) {
     case KEEL_COMM_F32: combine_f32(out, a, b, n, op); return;
     case KEEL_COMM_F64: combine_f64(out, a, b, n, op); return;
@@ -100,7 +99,7 @@ static void ring_segment(const ring *g, size_t lo) {
         size_t send_len = seg_len(g, c_send, lo), recv_len = seg_len(g, c_recv, lo);
         g->comm->eng->tp->exchange(g->comm, send, send_len, next, recv, recv_len, prev, 0);
         char *out = s == p - 2 ? g->dst + lo : recv; /* at the last step c_recv == r */
-        combine(out, recv, src_at(g, c_recv, lo), recv_len / g->esize, g->dtype, g->op);
+        ring_combine(out, recv, src_at(g, c_recv, lo), recv_len / g->esize, g->dtype, g->op);
     }
 }
 

@@ -62,12 +62,12 @@ struct keel_comm_window {
     int rank, size, n;
     uint64_t pid_ns;            /* this process's */
     size_t stride;              /* counters a rank's row, padded to whole lines */
-    _Atomic uint32_t *published; /* [rank * stride + slot] */
-    _Atomic uint32_t *released;
-    member *member;             /* (size) after the header */
+    /* where the parts lie, from the mapping's start: the counters
+     * ([rank * stride + slot] from each) and the slots */
+    size_t published_at, released_at;
+    size_t *slot_at, *bytes;    /* (n) each slot's offset and size */
     uint32_t *gen;              /* (n) this rank's claims of each slot */
     uint64_t *seq;              /* (n) the operation number of each slot's gather */
-    void **slot;
 };
 
 static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
@@ -81,24 +81,24 @@ static uint64_t pid_namespace(void) {
     return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
-static size_t layout(keel_comm_window *w, const size_t *bytes) {
+/* Where each part lies (w->bytes set); returns the mapping's size. */
+static size_t layout(keel_comm_window *w) {
     w->stride = round_up(sizeof(uint32_t) * (size_t)w->n, LINE) / sizeof(uint32_t);
-    size_t at = header_bytes(w->size), rows = sizeof(uint32_t) * w->stride * (size_t)w->size;
-    size_t published = at, released = at + rows;
-    at = round_up(released + rows, PAGE);
-    size_t *offset = keel_xmalloc(sizeof(size_t) * (size_t)w->n, "window offsets");
+    size_t rows = sizeof(uint32_t) * w->stride * (size_t)w->size;
+    w->published_at = header_bytes(w->size);
+    w->released_at = w->published_at + rows;
+    size_t at = round_up(w->released_at + rows, PAGE);
     for (int s = 0; s < w->n; s++) {
-        offset[s] = at;
-        at = round_up(at + bytes[s], PAGE);
+        w->slot_at[s] = at;
+        at = round_up(at + w->bytes[s], PAGE);
     }
-    if (w->base) {
-        w->member = (member *)(w->base + sizeof(header));
-        w->published = (_Atomic uint32_t *)(w->base + published);
-        w->released = (_Atomic uint32_t *)(w->base + released);
-        for (int s = 0; s < w->n; s++) w->slot[s] = bytes[s] ? w->base + offset[s] : NULL;
-    }
-    keel_free(offset);
     return at;
+}
+
+static member *members(const keel_comm_window *w) { return (member *)(w->base + sizeof(header)); }
+
+static void check_slot(const keel_comm_window *w, int s) {
+    KEEL_CHECK(s >= 0 && s < w->n, "window slot %d of %d", s, w->n);
 }
 
 /* Rank 0: make, size and reserve the file; map it. */
@@ -143,8 +143,10 @@ keel_comm_window *keel_comm_window_create(keel_comm *c, const size_t *bytes, int
     if (c->size == 1) return NULL; /* nobody to share with */
     keel_comm_window *w = keel_xcalloc(sizeof *w, "window");
     w->comm = c, w->rank = c->rank, w->size = c->size, w->n = n;
-    w->slot = keel_xcalloc(sizeof(void *) * (size_t)n, "window slots");
-    w->map_bytes = layout(w, bytes);
+    w->slot_at = keel_xmalloc(sizeof(size_t) * (size_t)n, "window slots");
+    w->bytes = keel_xmalloc(sizeof(size_t) * (size_t)n, "window slots");
+    memcpy(w->bytes, bytes, sizeof(size_t) * (size_t)n);
+    w->map_bytes = layout(w);
 
     /* rank 0's name and token, broadcast as 16-bit words (moved untouched) */
     struct {
@@ -167,37 +169,39 @@ keel_comm_window *keel_comm_window_create(keel_comm *c, const size_t *bytes, int
     if (w->rank == 0 && id.name[0]) shm_unlink(id.name); /* every rank has it open, or gives up on it */
     if (failed > 0) {
         if (w->base) munmap(w->base, w->map_bytes);
-        keel_free(w->slot);
+        keel_free(w->slot_at);
+        keel_free(w->bytes);
         keel_free(w);
         return NULL;
     }
-    layout(w, bytes);
-    w->member[w->rank] = (member){.pid_ns = pid_namespace(), .pid = (int64_t)getpid()};
+    w->pid_ns = pid_namespace();
+    members(w)[w->rank] = (member){.pid_ns = w->pid_ns, .pid = (int64_t)getpid()};
     w->gen = keel_xcalloc(sizeof(uint32_t) * (size_t)n, "window generations");
     w->seq = keel_xcalloc(sizeof(uint64_t) * (size_t)n, "window operations");
     KEEL_CHECK(keel_comm_barrier(c) == KEEL_OK, "window barrier"); /* every member written */
-    w->pid_ns = pid_namespace();
     return w;
 }
 
 void keel_comm_window_free(keel_comm_window *w) {
     if (!w) return;
     munmap(w->base, w->map_bytes);
-    keel_free(w->slot);
+    keel_free(w->slot_at);
+    keel_free(w->bytes);
     keel_free(w->gen);
     keel_free(w->seq);
     keel_free(w);
 }
 
 void *keel_comm_window_slot(const keel_comm_window *w, int s) {
-    KEEL_CHECK(s >= 0 && s < w->n, "window slot %d of %d", s, w->n);
-    return w->slot[s];
+    check_slot(w, s);
+    return w->bytes[s] ? w->base + w->slot_at[s] : NULL;
 }
 
 /* ---- the counters ------------------------------------------------------------- */
 
-static _Atomic uint32_t *counter(const keel_comm_window *w, _Atomic uint32_t *rows, int rank, int s) {
-    return rows + (size_t)rank * w->stride + (size_t)s;
+/* rows: published_at or released_at */
+static _Atomic uint32_t *counter(const keel_comm_window *w, size_t rows, int rank, int s) {
+    return (_Atomic uint32_t *)(w->base + rows) + (size_t)rank * w->stride + (size_t)s;
 }
 
 static void put(_Atomic uint32_t *a, uint32_t v) {
@@ -208,16 +212,17 @@ static void put(_Atomic uint32_t *a, uint32_t v) {
 static _Noreturn void peer_lost(const keel_comm_window *w, int rank) {
     keel_errorf("comm: lost rank %d (its process %d is gone) while waiting on a node window; this rank ends the "
                 "attempt (exit %d)",
-                rank, (int)w->member[rank].pid, KEEL_EXIT_PEER_LOST);
+                rank, (int)members(w)[rank].pid, KEEL_EXIT_PEER_LOST);
     comm_end_lost(w->comm->eng);
 }
 
 /* Until every rank's counter of slot s has reached target (counters wrap:
  * compared as a difference). Sleeps on the word, waking now and then to see
- * that the rank it waits for still exists; while it sleeps, the heartbeat
- * names operation seq as the one this rank waits for and runs (a hung peer
- * is the one that never issued it). */
-static void wait_all(const keel_comm_window *w, _Atomic uint32_t *rows, int s, uint32_t target, uint64_t seq) {
+ * that the rank it waits for still exists; while a caller sleeps, the
+ * heartbeat names operation seq as the one this rank waits for and runs (a
+ * hung peer is the one that never issued it). seq 0: the comm thread, whose
+ * running operation names it already. */
+static void wait_all(const keel_comm_window *w, size_t rows, int s, uint32_t target, uint64_t seq) {
     engine *eng = w->comm->eng;
     bool marked = false;
     for (int r = 0; r < w->size; r++) {
@@ -230,7 +235,7 @@ static void wait_all(const keel_comm_window *w, _Atomic uint32_t *rows, int s, u
                 __builtin_ia32_pause();
                 continue;
             }
-            if (!marked) {
+            if (!marked && seq) {
                 pthread_mutex_lock(&eng->mu);
                 eng->stats.waiting = eng->window_op = seq;
                 pthread_mutex_unlock(&eng->mu);
@@ -240,7 +245,7 @@ static void wait_all(const keel_comm_window *w, _Atomic uint32_t *rows, int s, u
             syscall(SYS_futex, a, FUTEX_WAIT, v, &nap, NULL, 0);
             if (keel_now_s() - checked > ALIVE_CHECK_S) {
                 checked = keel_now_s();
-                const member *m = &w->member[r];
+                const member *m = &members(w)[r];
                 if (m->pid_ns == w->pid_ns && m->pid > 0 && kill((pid_t)m->pid, 0) != 0 && errno == ESRCH) {
                     if (gone == 0) gone = checked;
                     if (checked - gone >= LOST_GRACE_S) peer_lost(w, r);
@@ -256,26 +261,69 @@ static void wait_all(const keel_comm_window *w, _Atomic uint32_t *rows, int s, u
 }
 
 void keel_comm_window_claim(keel_comm_window *w, int s) {
-    KEEL_CHECK(s >= 0 && s < w->n, "window slot %d of %d", s, w->n);
+    check_slot(w, s);
     engine *eng = w->comm->eng;
     pthread_mutex_lock(&eng->mu); /* numbered with the queue's operations: the same k on every rank */
     w->seq[s] = ++eng->stats.issued;
     pthread_mutex_unlock(&eng->mu);
     uint32_t g = ++w->gen[s];
-    wait_all(w, w->released, s, g - 1, w->seq[s]);
+    wait_all(w, w->released_at, s, g - 1, w->seq[s]);
 }
 
 void keel_comm_window_publish(keel_comm_window *w, int s) {
-    KEEL_CHECK(s >= 0 && s < w->n, "window slot %d of %d", s, w->n);
-    put(counter(w, w->published, w->rank, s), w->gen[s]);
+    check_slot(w, s);
+    put(counter(w, w->published_at, w->rank, s), w->gen[s]);
 }
 
 void keel_comm_window_await(keel_comm_window *w, int s) {
-    KEEL_CHECK(s >= 0 && s < w->n, "window slot %d of %d", s, w->n);
-    wait_all(w, w->published, s, w->gen[s], w->seq[s]);
+    check_slot(w, s);
+    wait_all(w, w->published_at, s, w->gen[s], w->seq[s]);
 }
 
 void keel_comm_window_release(keel_comm_window *w, int s) {
-    KEEL_CHECK(s >= 0 && s < w->n, "window slot %d of %d", s, w->n);
-    put(counter(w, w->released, w->rank, s), w->gen[s]);
+    check_slot(w, s);
+    put(counter(w, w->released_at, w->rank, s), w->gen[s]);
+}
+
+/* ---- reduce-scatter in place ----------------------------------------------------- */
+
+/* This rank's slice of every rank's part, summed into its own part's slice
+ * in the ring's order (ring.c): starting at rank r+1 and going around, rank
+ * r's own values last — so the result is keel_comm_reduce_scatter's bit for
+ * bit. Then the slot is released: its owner may write its part again. On the
+ * comm thread, as the operation's transfer. */
+static void window_reduce_scatter(engine *eng, const keel_comm_req *req) {
+    keel_comm_window *w = req->win;
+    int s = req->slot, r = w->rank, W = w->size;
+    wait_all(w, w->published_at, s, req->gen, 0);
+    size_t esize = keel_comm_dtype_size(req->dtype), bytes = req->count * esize;
+    char *base = keel_comm_window_slot(w, s);
+#define PART(k, lo) (base + ((size_t)(k) * req->stride + (size_t)r * req->count) * esize + (lo))
+    for (size_t lo = 0; lo < bytes; lo += RING_SEGMENT_BYTES) {
+        size_t n = (bytes - lo < RING_SEGMENT_BYTES ? bytes - lo : RING_SEGMENT_BYTES) / esize;
+        const char *acc = PART((r + 1) % W, lo);
+        for (int k = 2; k < W; k++) {
+            ring_combine(eng->ring_scratch[0], acc, PART((r + k) % W, lo), n, req->dtype, req->op);
+            acc = eng->ring_scratch[0];
+        }
+        ring_combine(PART(r, lo), acc, PART(r, lo), n, req->dtype, req->op);
+    }
+#undef PART
+    put(counter(w, w->released_at, r, s), req->gen);
+}
+
+keel_status keel_comm_window_ireduce_scatter(keel_comm_window *w, int s, size_t stride, size_t count,
+                                            keel_comm_dtype dtype, keel_comm_req **req) {
+    check_slot(w, s);
+    KEEL_CHECK(dtype == KEEL_COMM_F32 || dtype == KEEL_COMM_BF16 || dtype == KEEL_COMM_F64, "unknown dtype %d",
+               (int)dtype);
+    size_t esize = keel_comm_dtype_size(dtype);
+    KEEL_CHECK(count * (size_t)w->size <= stride && stride * (size_t)w->size * esize <= w->bytes[s],
+               "window reduce-scatter of %zu elements a rank, parts %zu apart, past slot %d's %zu bytes", count, stride,
+               s, w->bytes[s]);
+    put(counter(w, w->published_at, w->rank, s), w->gen[s]); /* this rank's part, at once */
+    return comm_run_async((keel_comm_req){.kind = OP_WINDOW_REDUCE_SCATTER, .comm = w->comm, .win = w,
+                                          .run = window_reduce_scatter, .slot = s, .gen = w->gen[s],
+                                          .stride = stride, .count = count, .dtype = dtype, .op = KEEL_COMM_SUM},
+                          req);
 }

@@ -67,7 +67,7 @@ static void one_process(const keel_model_layout *lay, const keel_model_layout *l
  * NO_SHARD/HYBRID's bf16 copy of the gradient shard for its all-reduce across
  * replicas (runtime.c, keel_fsdp_finish_grads). Returns the shard's floats. */
 static int64_t one_rank(const keel_config *cfg, const keel_model_layout *lay, const keel_model_layout *lora,
-                        int world_size, bool bf16, keel_fsdp_memory *m) {
+                        int world_size, int nodes, bool bf16, keel_fsdp_memory *m) {
     keel_fsdp_strategy strategy = cfg->fsdp.strategy;
     keel_parallel_dims dims;
     char why[256];
@@ -77,6 +77,11 @@ static int64_t one_rank(const keel_config *cfg, const keel_model_layout *lay, co
         dims.shard_ranks = cfg->fsdp.shard_group_size;
     int shard_ranks = dims.shard_ranks;
     bool bf16_reduce = cfg->fsdp.reduce_dtype == KEEL_DTYPE_BF16;
+    /* node windows (runtime.c): a CPU run whose shard groups each sit on one
+     * machine — all ranks on one, or hybrid groups that machines' ranks divide */
+    int per_node = nodes > 0 && world_size % nodes == 0 ? world_size / nodes : 0;
+    bool windows = cfg->fsdp.node_windows && cfg->device != KEEL_BACKEND_CUDA &&
+                   (nodes <= 1 || (per_node > 0 && per_node % shard_ranks == 0));
     keel_fsdp_plan plan;
     keel_fsdp_plan_init(&plan, lay, shard_ranks);
     m->runtime = RUNTIME_RANK_BYTES;
@@ -87,7 +92,7 @@ static int64_t one_rank(const keel_config *cfg, const keel_model_layout *lay, co
         m->params = 4 * (plan.shard_total + ap.shard_total);
         m->grads = 4 * ap.shard_total;
         m->gathered = keel_fsdp_frozen_transient_bytes(&plan, strategy, bf16) +
-                      keel_fsdp_transient_bytes(&ap, strategy, false, bf16_reduce) + 4 * largest_unit(lay);
+                      keel_fsdp_transient_bytes(&ap, strategy, false, bf16_reduce, windows) + 4 * largest_unit(lay);
         if (world_size > shard_ranks && bf16_reduce) m->workspaces += 2 * ap.shard_total;
         int64_t shard = ap.shard_total;
         keel_fsdp_plan_free(&ap);
@@ -95,7 +100,7 @@ static int64_t one_rank(const keel_config *cfg, const keel_model_layout *lay, co
         return shard;
     }
     m->params = m->grads = 4 * plan.shard_total;
-    m->gathered = keel_fsdp_transient_bytes(&plan, strategy, bf16, bf16_reduce);
+    m->gathered = keel_fsdp_transient_bytes(&plan, strategy, bf16, bf16_reduce, windows);
     if (world_size > shard_ranks && bf16_reduce) m->workspaces += 2 * plan.shard_total;
     int64_t shard = plan.shard_total;
     keel_fsdp_plan_free(&plan);
@@ -118,7 +123,7 @@ void keel_fsdp_memory_plan_run(const keel_config *cfg, int world_size, bool dist
     m.workspaces = 4 * (int64_t)B * (lay.T + 1); /* the micro-batch's tokens (train.c) */
     if (cfg->device == KEEL_BACKEND_CUDA) m.workspaces += cuda_attention_scratch(&lay, B, bf16);
     int64_t shard = lora_on ? lora.n_params : lay.n_params; /* the trained set's floats on this rank */
-    if (distributed) shard = one_rank(cfg, &lay, lora_on ? &lora : NULL, world_size, bf16, &m);
+    if (distributed) shard = one_rank(cfg, &lay, lora_on ? &lora : NULL, world_size, nodes, bf16, &m);
     else one_process(&lay, lora_on ? &lora : NULL, bf16, &m);
     m.optimizer = 2 * 4 * shard; /* AdamW m and v of the trained set */
     m.checkpoint_buffer = checkpoint_buffer_bytes(cfg, distributed, shard);

@@ -59,6 +59,10 @@ struct keel_fsdp {
     int *unit_slot;             /* (n_units) slot of each unit, -1 if not gathered */
     keel_backend_req **gather_req; /* (n_units) outstanding gather of each unit */
     float *gbuf[GRAD_BUFFERS];  /* (max_padded) full unit gradients */
+    /* Node windows for them too (fp32 reductions): buffer b is this rank's
+     * part of slot b, every rank's part max_padded floats apart, and a
+     * reduce-scatter sums this rank's slice of every part where it lies. */
+    keel_comm_window *gwin;
     /* reduce_dtype bf16: unit gradients are rounded to bf16 before their
      * reduce-scatter (gbuf16). Reduce-scatters run in place: this rank's
      * result is its own shard's slice of the buffer it was sent from. */
@@ -124,9 +128,13 @@ static void *ready(keel_fsdp *f, int u) {
     int s = f->unit_slot[u];
     if (f->gather_req[u] || (f->win && !f->slot_awaited[s])) {
         double t0 = keel_now_s();
-        if (f->win) f->be->window_wait(f->win, s), f->slot_awaited[s] = true;
-        else f->be->wait(f->gather_req[u]);
-        f->gather_req[u] = NULL;
+        if (f->win) {
+            f->be->window_wait(f->win, s);
+            f->slot_awaited[s] = true;
+        } else {
+            f->be->wait(f->gather_req[u]);
+            f->gather_req[u] = NULL;
+        }
         f->gather_wait_s += keel_now_s() - t0;
     }
     return f->slots[s];
@@ -188,6 +196,11 @@ static float *grad_buffer_for(keel_fsdp *f, int u) {
     if (frozen(f) || f->plan.units[u].padded == 0) return NULL;
     size_t bytes = sizeof(float) * (size_t)f->plan.units[u].padded;
     int b = claim_slot(f, u);
+    if (f->gwin) { /* every rank has summed its slice of this buffer's last unit: mostly, they have */
+        double t0 = keel_now_s();
+        f->be->window_claim(f->gwin, b);
+        f->reduce_wait_s += keel_now_s() - t0;
+    }
     f->be->zero(f->gbuf[b], bytes);
     return f->gbuf[b];
 }
@@ -195,6 +208,10 @@ static float *grad_buffer_for(keel_fsdp *f, int u) {
 /* Reduce-scatter unit u's full gradient in gradient buffer b, in place. */
 static void reduce_scatter(keel_fsdp *f, int u, int b) {
     size_t shard = (size_t)f->plan.units[u].shard, own = (size_t)f->rank * shard;
+    if (f->gwin) {
+        f->be->window_reduce_scatter(f->gwin, b, (size_t)f->plan.max_padded, shard, KEEL_COMM_F32, &f->gstate[b].req);
+        return;
+    }
     if (f->reduce_bf16) {
         f->be->f32_to_bf16(f->gbuf16[b], f->gbuf[b], f->plan.units[u].padded);
         f->be->ireduce_scatter(f->group, f->gbuf16[b], f->gbuf16[b] + own, shard, KEEL_COMM_BF16, &f->gstate[b].req);
@@ -289,6 +306,30 @@ static void alloc_slots(keel_fsdp *f, bool node_window) {
     keel_free(bytes);
 }
 
+/* The unit gradient buffers: a node window's where the slots are one's too
+ * and reductions are fp32 (collective over the group), else the backend's. */
+static void alloc_grad_buffers(keel_fsdp *f, bool node_window) {
+    int n = frozen(f) ? 0 : buffers_needed(f->plan.tied); /* the pinned unit's, only when tied */
+    size_t part = sizeof(float) * (size_t)f->plan.max_padded;
+    if (node_window && n > 0 && f->win && !f->reduce_bf16) {
+        size_t bytes[GRAD_BUFFERS];
+        for (int b = 0; b < n; b++) bytes[b] = part * (size_t)keel_comm_size(f->group);
+        f->gwin = f->be->window_create(f->group, bytes, n);
+    }
+    for (int b = 0; b < n; b++)
+        f->gbuf[b] = f->gwin ? (float *)((char *)keel_comm_window_slot(f->gwin, b) + part * (size_t)f->rank)
+                             : f->be->alloc(part, "fsdp unit grads");
+}
+
+static void free_grad_buffers(keel_fsdp *f) {
+    for (int b = 0; b < GRAD_BUFFERS; b++) {
+        if (!f->gwin) f->be->free(f->gbuf[b]);
+        f->gbuf[b] = NULL;
+    }
+    if (f->gwin) f->be->window_free(f->gwin);
+    f->gwin = NULL;
+}
+
 static void free_slots(keel_fsdp *f) {
     if (f->win) f->be->window_free(f->win);
     else
@@ -359,11 +400,8 @@ keel_status keel_fsdp_build_set(keel_model *model, keel_comm *world, keel_fsdp_s
     f->slot_awaited = keel_xcalloc(sizeof(bool) * (size_t)f->n_slots, "fsdp slots");
     for (int s = 0; s < f->n_slots; s++) f->slot_unit[s] = -1;
     alloc_slots(f, false);
-    for (int b = 0; b < GRAD_BUFFERS; b++) {
-        f->gstate[b].unit = -1;
-        if (b >= buffers_needed(f->plan.tied) || frozen(f)) continue; /* the pinned unit's, only when tied */
-        f->gbuf[b] = be->alloc(sizeof(float) * (size_t)f->plan.max_padded, "fsdp unit grads");
-    }
+    for (int b = 0; b < GRAD_BUFFERS; b++) f->gstate[b].unit = -1;
+    alloc_grad_buffers(f, false);
     f->unit_slot = keel_xmalloc(sizeof(int) * (size_t)f->plan.n_units, "fsdp unit slots");
     for (int u = 0; u < f->plan.n_units; u++) f->unit_slot[u] = -1;
     f->gather_req = keel_xcalloc(sizeof(keel_backend_req *) * (size_t)f->plan.n_units, "fsdp reqs");
@@ -394,10 +432,8 @@ void keel_fsdp_free(keel_fsdp *f) {
     keel_free(f->slots);
     keel_free(f->slot_awaited);
     keel_free(f->slot_unit);
-    for (int b = 0; b < GRAD_BUFFERS; b++) {
-        be->free(f->gbuf[b]);
-        be->free(f->gbuf16[b]);
-    }
+    free_grad_buffers(f);
+    for (int b = 0; b < GRAD_BUFFERS; b++) be->free(f->gbuf16[b]);
     be->free(f->master);
     be->free(f->grads);
     keel_free(f->host_unit);
@@ -422,9 +458,12 @@ void keel_fsdp_set_prefetch(keel_fsdp *f, bool prefetch) {
 
 bool keel_fsdp_set_node_windows(keel_fsdp *f, bool on) {
     keel_fsdp_invalidate(f); /* nothing gathered, so nothing lost */
+    for (int b = 0; b < GRAD_BUFFERS; b++) drain(f, b); /* nor a gradient on its way */
     if (on != (f->win != NULL)) {
         free_slots(f);
         alloc_slots(f, on);
+        free_grad_buffers(f);
+        alloc_grad_buffers(f, on);
     }
     bool used = f->win != NULL;
     if (f->adapters) used = keel_fsdp_set_node_windows(f->adapters, on) || used;
@@ -434,6 +473,10 @@ bool keel_fsdp_set_node_windows(keel_fsdp *f, bool on) {
 void keel_fsdp_set_reduce_bf16(keel_fsdp *f, bool bf16) {
     keel_fsdp_finish_grads(f);
     f->reduce_bf16 = bf16;
+    if (bf16 && f->gwin) { /* a window's reduce-scatter sums fp32: the buffers become this rank's */
+        free_grad_buffers(f);
+        alloc_grad_buffers(f, false);
+    }
     for (int b = 0; b < GRAD_BUFFERS && bf16; b++)
         if (f->gbuf[b] && !f->gbuf16[b]) {
             f->gbuf16[b] = f->be->alloc(sizeof(keel_bf16) * (size_t)f->plan.max_padded, "fsdp bf16 grads");
@@ -474,17 +517,22 @@ keel_status keel_fsdp_gather_unit(keel_fsdp *f, int u, const float **out) {
         drain(f, b);
     }
     const keel_fsdp_unit *x = &f->plan.units[u];
-    /* a frozen set has no gradient buffers: one unit buffer, made the first time */
-    if (!f->gbuf[0]) f->gbuf[0] = f->be->alloc(sizeof(float) * (size_t)f->plan.max_padded, "fsdp unit gather");
+    /* through gradient buffer 0 (a frozen set has none: one unit buffer,
+     * made the first time). In a window, once every rank has summed its
+     * slice of this rank's part, no rank reads it until this rank publishes
+     * it again: a claim, and it is scratch until the next. */
+    float **buf = &f->gbuf[0];
+    if (!*buf) *buf = f->be->alloc(sizeof(float) * (size_t)f->plan.max_padded, "fsdp unit gather");
+    if (f->gwin) f->be->window_claim(f->gwin, 0), f->be->window_release(f->gwin, 0);
     keel_backend_req *req = NULL;
     if (x->padded > 0) {
-        f->be->iallgather(f->group, f->master + x->shard_offset, f->gbuf[0], (size_t)x->shard, KEEL_COMM_F32, &req);
+        f->be->iallgather(f->group, f->master + x->shard_offset, *buf, (size_t)x->shard, KEEL_COMM_F32, &req);
         f->be->wait(req);
     }
-    *out = f->gbuf[0];
+    *out = *buf;
     if (f->be->host_memory) return KEEL_OK;
     if (!f->host_unit) f->host_unit = keel_xmalloc(sizeof(float) * (size_t)f->plan.max_padded, "fsdp unit on the host");
-    f->be->to_host(f->host_unit, f->gbuf[0], sizeof(float) * (size_t)x->padded);
+    f->be->to_host(f->host_unit, *buf, sizeof(float) * (size_t)x->padded);
     *out = f->host_unit;
     return KEEL_OK;
 }
@@ -523,7 +571,7 @@ keel_status keel_fsdp_grad_sumsq(keel_fsdp *f, double *sumsq) {
 /* Bytes of the gathered-parameter slots and of the unit gradient buffers with
  * their reduce-scatter results; a frozen set has one unit buffer instead, for gather_unit. */
 static void transient_parts(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy, bool frozen,
-                            bool bf16_params, bool bf16_reduce, int64_t *gathered,
+                            bool bf16_params, bool bf16_reduce, bool grad_window, int64_t *gathered,
                             int64_t *unit_grads) {
     int n = buffers_needed(plan->tied);
     int64_t slots = n * plan->max_padded;
@@ -534,18 +582,23 @@ static void transient_parts(const keel_fsdp_plan *plan, keel_fsdp_strategy strat
     if (whole_units(plan, bf16_params)) slots = 0;
     *gathered = (bf16_params ? 2 : 4) * slots;
     *unit_grads = frozen ? 4 * plan->max_padded : (bf16_reduce ? 6 : 4) * n * plan->max_padded; /* results in place */
+    /* in a node window a rank also reads its slice of every other rank's
+     * buffers, pages its RSS counts */
+    if (grad_window && !frozen)
+        *unit_grads += 4 * n * (plan->max_padded / plan->shard_ranks) * (plan->shard_ranks - 1);
 }
 
 int64_t keel_fsdp_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy,
-                                  bool bf16_params, bool bf16_reduce) {
+                                  bool bf16_params, bool bf16_reduce, bool node_windows) {
     int64_t gathered, unit_grads;
-    transient_parts(plan, strategy, false, bf16_params, bf16_reduce, &gathered, &unit_grads);
+    bool grad_window = node_windows && !bf16_reduce && plan->shard_ranks > 1;
+    transient_parts(plan, strategy, false, bf16_params, bf16_reduce, grad_window, &gathered, &unit_grads);
     return gathered + unit_grads;
 }
 
 int64_t keel_fsdp_frozen_transient_bytes(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy, bool bf16_params) {
     int64_t gathered, unit_buffer;
-    transient_parts(plan, strategy, true, bf16_params, false, &gathered, &unit_buffer);
+    transient_parts(plan, strategy, true, bf16_params, false, false, &gathered, &unit_buffer);
     return gathered + unit_buffer;
 }
 
@@ -558,6 +611,6 @@ void keel_fsdp_get_stats(keel_fsdp *f, keel_fsdp_stats *out) {
         .gather_wait_s = f->gather_wait_s,
         .reduce_wait_s = f->reduce_wait_s,
     };
-    transient_parts(&f->plan, f->strategy, frozen(f), f->bf16, f->reduce_bf16, &out->gathered_bytes,
+    transient_parts(&f->plan, f->strategy, frozen(f), f->bf16, f->reduce_bf16, f->gwin != NULL, &out->gathered_bytes,
                     &out->unit_grad_bytes);
 }

@@ -655,8 +655,8 @@ static keel_status build_state(trainer *t) {
         }
         KEEL_CHECK(st == KEEL_OK, "fsdp setup failed after validation");
         keel_fsdp_set_prefetch(t->base ? t->base : t->fsdp, cfg->fsdp.prefetch);
+        keel_fsdp_set_reduce_bf16(t->fsdp, cfg->fsdp.reduce_dtype == KEEL_DTYPE_BF16); /* before: fp32 sums in windows */
         keel_fsdp_set_node_windows(t->base ? t->base : t->fsdp, cfg->fsdp.node_windows);
-        keel_fsdp_set_reduce_bf16(t->fsdp, cfg->fsdp.reduce_dtype == KEEL_DTYPE_BF16);
         const keel_fsdp_plan *plan = keel_fsdp_get_plan(t->fsdp);
         keel_param_range *ranges;
         int n = keel_fsdp_param_ranges(plan, keel_fsdp_shard_rank(t->fsdp), &ranges);

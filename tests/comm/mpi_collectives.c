@@ -573,12 +573,36 @@ static void check_window(keel_comm *world) {
         keel_comm_window_release(w, s);
     }
     keel_comm_get_stats(world, &after);
+    /* a reduce-scatter in place (sums that round): this rank's slice of every
+     * part, in the ring's order, bit for bit; parts an odd stride apart */
+    const keel_comm_dtype sum_types[] = {KEEL_COMM_F32, KEEL_COMM_BF16};
+    for (int t = 0; t < 2; t++) {
+        keel_comm_dtype dt = sum_types[t];
+        size_t count = 1003, stride = count * (size_t)size + 5, esize = keel_comm_dtype_size(dt);
+        /* a slot each: the result stays in this rank's part until it writes the part again, but
+         * parts laid out for bf16 would overlap f32 ones, which a faster rank may write meanwhile */
+        int slot_at = t == 0 ? 0 : 2;
+        char *slot = keel_comm_window_slot(w, slot_at), *own = slot + (size_t)rank * stride * esize;
+        keel_comm_window_claim(w, slot_at);
+        for (size_t j = 0; j < count * (size_t)size; j++) put(own, dt, j, inexact_value(dt, rank, j));
+        keel_comm_req *req;
+        OK(keel_comm_window_ireduce_scatter(w, slot_at, stride, count, dt, &req));
+        OK(keel_comm_wait(req));
+        int wrong = 0;
+        for (size_t j = 0; j < count; j++) {
+            size_t at = (size_t)rank * count + j;
+            wrong += get(own, dt, at) != ring_sum(dt, size, rank, at);
+        }
+        EXPECT(wrong == 0, "node window reduce-scatter %s: %d of %zu sums not the ring's", dtype_name(dt), wrong, count);
+    }
     EXPECT(bad == 0, "node window: %d values other than every rank's part of its round", bad);
     EXPECT(after.issued - before.issued == (uint64_t)rounds, "node window: %llu operations counted for %d claims",
            (unsigned long long)(after.issued - before.issued), rounds);
     keel_comm_window_free(w);
     OK(keel_comm_barrier(world));
-    if (rank == 0) printf("node window: %d ranks, %d rounds over two slots, every part read in place\n", size, rounds);
+    if (rank == 0)
+        printf("node window: %d ranks, %d rounds over two slots, every part read in place; reduce-scatters in place "
+               "(f32, bf16) the ring's sums\n", size, rounds);
 }
 
 int main(void) {

@@ -20,7 +20,7 @@
 
 /* Every field of the table is set: a new backend call the wrapper forgot would be NULL.
  * Generation's calls may be NULL where the backend has none (keel/backend.h: cuda),
- * node windows on every backend but the CPU's (all six of them, or none). */
+ * node windows on every backend but the CPU's (all seven of them, or none). */
 static void check_table_complete(const keel_backend *be) {
     const char *p = (const char *)be;
     size_t first = offsetof(keel_backend, alloc), n = (sizeof *be - first) / sizeof(void (*)(void));
@@ -29,7 +29,8 @@ static void check_table_complete(const keel_backend *be) {
                                offsetof(keel_backend, matmul_few_rows), offsetof(keel_backend, matmul_few_rows_bf16)};
     const size_t windows[] = {offsetof(keel_backend, window_create), offsetof(keel_backend, window_claim),
                               offsetof(keel_backend, window_gather), offsetof(keel_backend, window_wait),
-                              offsetof(keel_backend, window_release), offsetof(keel_backend, window_free)};
+                              offsetof(keel_backend, window_release), offsetof(keel_backend, window_reduce_scatter),
+                              offsetof(keel_backend, window_free)};
     int missing = 0, window_calls = 0;
     for (size_t i = 0; i < n; i++) {
         void (*fn)(void);
