@@ -53,34 +53,22 @@ for p in $precisions; do
           { tail -5 "$tmp/log" >&2; echo "bench: $p $layout failed" >&2; exit 1; }
       done
     done
-    python3 - "$tmp" "$p" "$snap" "$rounds" <<'PY'
+    python3 - "$tmp" "$p" "$snap" "$rounds" "$root/bench" <<'PY'
 import json, statistics, sys
 tmp, p, snap, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+sys.path.insert(0, sys.argv[5])
+from profile_shares import cells, shares
 def run(layout, r):
     d = f"{tmp}/{p}-{snap}-{layout}-{r}"
     rows = [json.loads(l) for l in open(f"{d}/metrics.jsonl") if '"tokens_per_s"' in l]
     prof = json.load(open(f"{d}/profile.json"))
     return statistics.median(x["tokens_per_s"] for x in rows[2:] if x["step"] != prof["first_step"]), prof
-def kind(op):
-    if op.startswith(("matmul", "gemm")): return "gemm"
-    if op.startswith("attention"): return "attention"
-    if op in ("adamw_update", "sumsq"): return "optimizer"
-    if op == "collective_wait": return "waits"
-    if op in ("all_gather", "reduce_scatter", "allreduce", "broadcast"): return "collectives"
-    return "elementwise"
 tps = {l: [run(l, r)[0] for r in range(1, rounds + 1)] for l in ("1x2", "2x1")}
 ratios = sorted(b / a for a, b in zip(tps["1x2"], tps["2x1"]))
 for layout in ("1x2", "2x1"):
-    prof = run(layout, rounds)[1]
-    share = {k: 0.0 for k in ("gemm", "attention", "elementwise", "optimizer", "collectives", "waits")}
-    for o in prof["ops"]:
-        share[kind(o["op"])] += o["seconds"]
-    step = prof["step_s"]
-    cells = [f"{100 * share[k] / step:.1f}%" for k in share] + [f"{100 * prof['outside_calls_s'] / step:.1f}%"]
-    comm = prof.get("comm_thread")
-    cells += [f"{100 * comm[k] / step:.1f}%" if comm else "-" for k in ("transfer_s", "cpu_s")]
     ratio = "1.00" if layout == "1x2" else f"**{statistics.median(ratios):.2f}** ({ratios[0]:.2f}-{ratios[-1]:.2f})"
-    print(f"| {p} | {snap} | {layout} | {statistics.median(tps[layout]):.0f} | {ratio} | " + " | ".join(cells) + " |")
+    print(f"| {p} | {snap} | {layout} | {statistics.median(tps[layout]):.0f} | {ratio} | " +
+          " | ".join(cells(shares(run(layout, rounds)[1]))) + " |")
 PY
   done
 done

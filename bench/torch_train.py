@@ -5,7 +5,9 @@ anchor keel is compared with in bench/train_throughput.sh.
 Same model shape (transformers' LlamaForCausalLM, fp32, eager attention by
 default), batch, sequence length and optimizer (AdamW with keel's decay mask,
 clip_grad_norm_) as `keel train CONFIG`, in a plain single-process loop on
-random tokens. Prints one JSON line: the median tokens/s after warm-up.
+random tokens; --batch sets the sequences a step, --bf16 runs the forward under
+bf16 autocast (fp32 weights and optimizer, as bench/torch_fsdp.py's ddp bf16).
+Prints one JSON line: the median tokens/s after warm-up.
 
     OMP_WAIT_POLICY=PASSIVE /opt/keel-torch/bin/python bench/torch_train.py \
         configs/tiny.json --threads 2 --steps 12 --warmup 2
@@ -70,13 +72,15 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2, help="first steps left out of the median")
     ap.add_argument("--attn", default="eager", choices=["eager", "sdpa"])
+    ap.add_argument("--batch", type=int, default=0, help="sequences a step (default: the config's micro_batch_size)")
+    ap.add_argument("--bf16", action="store_true", help="forward under torch.autocast('cpu', bfloat16)")
     args = ap.parse_args()
 
     with open(args.config) as f:
         keel_cfg = json.load(f)
     m = dict(MODEL_DEFAULTS, **keel_cfg.get("model", {}))
     t = dict(TRAIN_DEFAULTS, **keel_cfg.get("train", {}))
-    B, T, V = t["micro_batch_size"], m["max_seq_len"], m["vocab_size"]
+    B, T, V = args.batch or t["micro_batch_size"], m["max_seq_len"], m["vocab_size"]
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -98,8 +102,9 @@ def main():
         loss_sum = 0.0
         for _ in range(t["grad_accum_steps"]):
             tokens = torch.randint(0, V, (B, T + 1), generator=gen)
-            logits = model(input_ids=tokens[:, :-1]).logits
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V),
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+                logits = model(input_ids=tokens[:, :-1]).logits
+            loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, V),
                                                      tokens[:, 1:].reshape(-1))
             (loss / t["grad_accum_steps"]).backward()
             loss_sum += loss.item()
@@ -110,7 +115,7 @@ def main():
         losses.append(loss_sum / t["grad_accum_steps"])
     measured = step_tps[args.warmup:] or step_tps
     print(json.dumps({
-        "config": args.config, "threads": args.threads, "attn": args.attn,
+        "config": args.config, "threads": args.threads, "attn": args.attn, "batch": B, "bf16": args.bf16,
         "steps": args.steps, "warmup": args.warmup,
         "tokens_per_s_median": statistics.median(measured),
         "tokens_per_s": step_tps, "loss_first": losses[0], "loss_last": losses[-1],
