@@ -205,10 +205,12 @@ keel_status keel_fsdp_fill(keel_fsdp *f, keel_param_source read, void *ctx);
  * first), or a host copy of it when the backend's memory is not the host's:
  * host memory either way, valid until the next gather_unit or backward. */
 keel_status keel_fsdp_gather_unit(keel_fsdp *f, int u, const float **out);
-/* Start an optimizer step: zero the gradient shard. Every micro-batch's
- * backward reduce-scatters its unit gradients into the shard, which sums
- * them: accumulation costs no full-size gradient buffers (more reductions
- * than PyTorch's no_sync, whose memory is one full gradient per unit). */
+/* Start an optimizer step: the gradient shard counts as zero. Every
+ * micro-batch's backward reduce-scatters its unit gradients into the shard,
+ * which sums them (a unit's first result is copied, not added to zeros
+ * written for it): accumulation costs no full-size gradient buffers (more
+ * reductions than PyTorch's no_sync, whose memory is one full gradient per
+ * unit). */
 void keel_fsdp_zero_grads(keel_fsdp *f);
 /* The master shard changed (optimizer step, load): drop every gathered unit. */
 void keel_fsdp_invalidate(keel_fsdp *f);

@@ -250,6 +250,9 @@ double keel_sumsq(const float *x, int64_t n);
  * gives the same bits. */
 void keel_accumulate(float *dst, const float *src, int64_t n);
 void keel_accumulate_bf16(float *dst, const keel_bf16 *src, int64_t n);
+/* memset(dst, 0, bytes) and memmove(dst, src, bytes) on the pool's threads. */
+void keel_zero(void *dst, size_t bytes);
+void keel_copy(void *dst, const void *src, size_t bytes);
 
 /* ---- LoRA's scale and dropout (scale_masked.c) ------------------------------
  * out[i] = keep(i) ? mult · x[i] : 0, plus out[i]'s old value when

@@ -13,7 +13,9 @@ static void *cpu_alloc(size_t bytes, const char *what) {
 }
 static int64_t cpu_allocations(void) { return cpu_allocs; }
 static void cpu_free(void *p) { keel_free(p); }
-static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
+/* Transfers, on any thread (a snapshot's copies run beside the step): plain
+ * memmove. The compute thread's copy and zero run on the kernel pool
+ * (keel_copy, keel_zero), which only that thread may use. */
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
 static keel_status cpu_sync(void) { return KEEL_OK; }
 static void cpu_copies_wait(void) {}
@@ -68,8 +70,8 @@ static const keel_backend CPU = {
     .allocations = cpu_allocations,
     .alloc = cpu_alloc,
     .free = cpu_free,
-    .zero = cpu_zero,
-    .copy = cpu_copy,
+    .zero = keel_zero,
+    .copy = keel_copy,
     .to_device = cpu_copy,
     .to_host = cpu_copy,
     .sync = cpu_sync,

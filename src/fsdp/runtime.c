@@ -42,6 +42,10 @@ struct keel_fsdp {
     int n_slots;                /* SHARD_GRAD_OP: one per unit; else buffers_needed() */
     float *master;              /* (shard_total) fp32 master shard */
     float *grads;               /* (shard_total) fp32 gradient shard */
+    /* (n_units) unit u's part of grads holds nothing of this optimizer step
+     * yet: its first reduce-scatter result is copied there, not added to a
+     * zeroed shard (keel_fsdp_zero_grads writes nothing) */
+    bool *grads_unset;
     /* bf16 parameters (a bf16 model): a unit's slice of the master shard is
      * rounded into this rank's place in its slot as its gather starts (the
      * gather runs in place), and the slots hold gathered bf16 units. */
@@ -172,8 +176,11 @@ static void drain(keel_fsdp *f, int b) {
     const keel_fsdp_unit *x = &f->plan.units[g->unit];
     float *dst = f->grads + x->shard_offset;
     int64_t own = (int64_t)f->rank * x->shard;
-    if (f->reduce_bf16) f->be->accumulate_bf16(dst, f->gbuf16[b] + own, x->shard);
+    bool first = f->grads_unset[g->unit];
+    if (f->reduce_bf16) (first ? f->be->bf16_to_f32 : f->be->accumulate_bf16)(dst, f->gbuf16[b] + own, x->shard);
+    else if (first) f->be->copy(dst, f->gbuf[b] + own, sizeof(float) * (size_t)x->shard);
     else f->be->accumulate(dst, f->gbuf[b] + own, x->shard);
+    f->grads_unset[g->unit] = false;
     g->unit = -1;
 }
 
@@ -392,6 +399,7 @@ keel_status keel_fsdp_build_set(keel_model *model, keel_comm *world, keel_fsdp_s
     const keel_backend *be = f->be;
     f->master = be->alloc(sizeof(float) * (size_t)f->plan.shard_total, "fsdp master shard");
     if (!frozen(f)) f->grads = be->alloc(sizeof(float) * (size_t)f->plan.shard_total, "fsdp grad shard");
+    f->grads_unset = keel_xcalloc(sizeof(bool) * (size_t)f->plan.n_units, "fsdp units");
     f->bf16 = keel_model_is_bf16(model) && set != KEEL_FSDP_SET_ADAPTERS; /* adapters compute in fp32 */
     f->elem = f->bf16 ? sizeof(keel_bf16) : sizeof(float);
     f->n_slots = strategy == KEEL_FSDP_SHARD_GRAD_OP ? f->plan.n_units : buffers_needed(f->plan.tied);
@@ -436,6 +444,7 @@ void keel_fsdp_free(keel_fsdp *f) {
     for (int b = 0; b < GRAD_BUFFERS; b++) be->free(f->gbuf16[b]);
     be->free(f->master);
     be->free(f->grads);
+    keel_free(f->grads_unset);
     keel_free(f->host_unit);
     keel_free(f->unit_slot);
     keel_free(f->gather_req);
@@ -538,11 +547,16 @@ keel_status keel_fsdp_gather_unit(keel_fsdp *f, int u, const float **out) {
 }
 
 void keel_fsdp_zero_grads(keel_fsdp *f) {
-    if (f->grads) f->be->zero(f->grads, sizeof(float) * (size_t)f->plan.shard_total);
+    for (int u = 0; u < f->plan.n_units && f->grads; u++) f->grads_unset[u] = true;
 }
 
 keel_status keel_fsdp_finish_grads(keel_fsdp *f) {
     for (int b = 0; b < GRAD_BUFFERS; b++) drain(f, b);
+    for (int u = 0; u < f->plan.n_units && f->grads; u++) /* no gradient came this step: 0 */
+        if (f->grads_unset[u]) {
+            f->be->zero(f->grads + f->plan.units[u].shard_offset, sizeof(float) * (size_t)f->plan.units[u].shard);
+            f->grads_unset[u] = false;
+        }
     /* Replicas hold the same shard: sum their gradients (NO_SHARD, HYBRID_SHARD). */
     if (frozen(f) || !f->replicas || keel_comm_size(f->replicas) == 1) return KEEL_OK;
     const keel_backend *be = f->be;

@@ -258,6 +258,15 @@ void keel_f32_to_bf16(keel_bf16 *dst, const float *src, int64_t n) {
     keel_pool_for(n, 1 << 16, to_bf16_range, &c);
 }
 
+static void to_f32_range(void *p, int64_t begin, int64_t end, int chunk) {
+    (void)chunk;
+    const convert_ctx *c = p;
+    float *d = c->dst;
+    const keel_bf16 *s = c->src;
+    for (int64_t i = begin; i < end; i++) d[i] = keel_bf16_to_float(s[i]);
+}
+
 void keel_bf16_to_f32(float *dst, const keel_bf16 *src, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] = keel_bf16_to_float(src[i]);
+    convert_ctx c = {dst, src, 0, 0};
+    keel_pool_for(n, 1 << 16, to_f32_range, &c);
 }

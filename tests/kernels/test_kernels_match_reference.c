@@ -181,10 +181,40 @@ static void test_adamw(void) {
     free(p1); free(p2); free(g); free(m1); free(m2); free(v1); free(v2);
 }
 
+/* The whole-buffer passes on the pool: bit for bit what one loop, memset and
+ * memmove give, over a size that splits into chunks with a ragged end. */
+static void test_passes(void) {
+    int64_t n = (3 << 18) + 5; /* 3 MiB + 20 bytes of floats: more than two 1 MiB chunks */
+    float *src = rand_vec(n, 1), *dst = rand_vec(n, 1), *want = copy(dst, n);
+    keel_bf16 *half = malloc(sizeof(keel_bf16) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) half[i] = keel_bf16_from_float(src[i]);
+    keel_accumulate(dst, src, n);
+    for (int64_t i = 0; i < n; i++) want[i] += src[i];
+    EXPECT(memcmp(dst, want, sizeof(float) * (size_t)n) == 0, "accumulate: the loop's sums");
+    keel_accumulate_bf16(dst, half, n);
+    for (int64_t i = 0; i < n; i++) want[i] += keel_bf16_to_float(half[i]);
+    EXPECT(memcmp(dst, want, sizeof(float) * (size_t)n) == 0, "accumulate_bf16: the loop's sums");
+    keel_bf16_to_f32(dst, half, n);
+    for (int64_t i = 0; i < n; i++) want[i] = keel_bf16_to_float(half[i]);
+    EXPECT(memcmp(dst, want, sizeof(float) * (size_t)n) == 0, "bf16_to_f32: every value");
+    keel_copy(dst, src, sizeof(float) * (size_t)n);
+    EXPECT(memcmp(dst, src, sizeof(float) * (size_t)n) == 0, "copy: every byte");
+    keel_copy(dst + 1000, dst, sizeof(float) * (size_t)(n - 1000)); /* overlapping: memmove's result */
+    memmove(want, src, sizeof(float) * (size_t)n);
+    memmove(want + 1000, want, sizeof(float) * (size_t)(n - 1000));
+    EXPECT(memcmp(dst, want, sizeof(float) * (size_t)n) == 0, "copy, overlapping: memmove's bytes");
+    keel_zero(dst + 3, sizeof(float) * (size_t)(n - 4));
+    bool zeros = dst[0] == want[0] && dst[n - 1] == want[n - 1];
+    for (int64_t i = 3; i < n - 1; i++) zeros = zeros && dst[i] == 0;
+    EXPECT(zeros, "zero: every byte asked for and none beside");
+    free(src); free(dst); free(want); free(half);
+}
+
 int main(void) {
     for (int threads = 1; threads <= 2; threads++) {
         keel_kernels_init(threads);
         printf("-- %d thread(s)\n", threads);
+        test_passes();
         test_rmsnorm();
         test_rope();
         for (int docs = 0; docs < 2; docs++) {
