@@ -183,7 +183,9 @@ assert at == len(w)
 print(f"ok   PEFT export: {len(t)} adapter tensors with PEFT's names and shapes; --merge equals the run's final weights")
 PY
 torch_python="${KEEL_TORCH_VENV:-/opt/keel-torch}/bin/python"
-if [ -x "$torch_python" ] && "$torch_python" -c "import peft" 2>/dev/null; then
+# (PeftModel, not just `import peft`: the export directory here named peft/ imports as an empty
+# namespace package where the venv has no peft)
+if [ -x "$torch_python" ] && "$torch_python" -c "from peft import PeftModel" 2>/dev/null; then
   "$torch_python" - <<'PY' 2>peft-live.err || fail "PEFT does not load keel's adapters as keel merges them: $(tail -3 peft-live.err)"
 import torch, transformers, peft
 from safetensors.torch import load_file
