@@ -115,6 +115,7 @@ typedef struct {
 
 static precision precision_of(bool bf16) {
     if (!bf16) return (precision){tile_product_fp32, tile_scratch_fp32, false};
+    if (keel_isa_active() >= KEEL_ISA_AMX) return (precision){tile_product_amx, tile_scratch_amx, true};
     if (keel_isa_active() >= KEEL_ISA_AVX512_BF16)
         return (precision){tile_product_bf16, tile_scratch_bf16, true};
     return (precision){tile_product_bf16_emulated, tile_scratch_bf16_emulated, true};

@@ -65,7 +65,7 @@ size_t tile_scratch_bf16(int max_dim) {
 /* ---- packing: fp32 -> bf16 (round to nearest even) ----------------------- */
 
 /* rows: dst (R, even(K)) with row stride ld from src (R, K) with row stride lds. */
-static void pack_rows(keel_bf16 *dst, int ld, const float *src, int64_t lds, int R, int K) {
+void tile_pack_rows(keel_bf16 *dst, int ld, const float *src, int64_t lds, int R, int K) {
     for (int r = 0; r < R; r++) {
         const float *s = src + r * lds;
         keel_bf16 *d = dst + (int64_t)r * ld;
@@ -84,7 +84,7 @@ static void pack_rows(keel_bf16 *dst, int ld, const float *src, int64_t lds, int
 }
 
 /* pairs: dst (even(R)/2 pair rows of up16(N) pairs, stride ld) from src (R, N). */
-static void pack_pairs(keel_bf16 *dst, int ld, const float *src, int64_t lds, int R, int N) {
+void tile_pack_pairs(keel_bf16 *dst, int ld, const float *src, int64_t lds, int R, int N) {
     /* cvtne2ps puts row 2p+1 in the upper 16 halves: interleave with row 2p */
     const __m512i mix = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
                                          24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
@@ -121,6 +121,15 @@ static void pack_pairs_t(keel_bf16 *dst, int ld, const keel_bf16 *rows, int ldr,
             __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, base, 4);
             _mm512_storeu_si512(dst + (int64_t)p * ld + 2 * r, g);
         }
+}
+
+void tile_pack_b(keel_bf16 *b, int ldb, keel_bf16 *rows, const tile_product *g) {
+    if (!g->b_t) { /* B (K, N) */
+        tile_pack_pairs(b, ldb, g->b, g->ldb, g->K, g->N);
+        return;
+    } /* B stored (N, K): rows first, then pairs of the transpose */
+    tile_pack_rows(rows, even(g->K), g->b, g->ldb, g->N, g->K);
+    pack_pairs_t(b, ldb, rows, even(g->K), g->N, g->K);
 }
 
 /* ---- the microkernel ------------------------------------------------------
@@ -203,22 +212,16 @@ void tile_product_bf16(const tile_product *g, char *scratch) {
                  .accumulate = g->accumulate, .ldb = ldb};
     if (!g->a_t) { /* A (M, K): rows */
         keel_bf16 *a = carve(&cv, (int64_t)g->M * Ke);
-        pack_rows(a, Ke, g->a, g->lda, g->M, g->K);
+        tile_pack_rows(a, Ke, g->a, g->lda, g->M, g->K);
         p.a = a, p.a_row = Ke, p.a_pair = 2;
     } else { /* A stored (K, M): pairs of its rows are pairs along the sum */
         int lda = 2 * up16(g->M);
         keel_bf16 *a = carve(&cv, (int64_t)Ke / 2 * lda);
-        pack_pairs(a, lda, g->a, g->lda, g->K, g->M);
+        tile_pack_pairs(a, lda, g->a, g->lda, g->K, g->M);
         p.a = a, p.a_row = 2, p.a_pair = lda;
     }
     keel_bf16 *b = carve(&cv, (int64_t)Ke / 2 * ldb);
-    if (!g->b_t) { /* B (K, N) */
-        pack_pairs(b, ldb, g->b, g->ldb, g->K, g->N);
-    } else { /* B stored (N, K): rows first, then pairs of the transpose */
-        keel_bf16 *rows = carve(&cv, (int64_t)g->N * Ke);
-        pack_rows(rows, Ke, g->b, g->ldb, g->N, g->K);
-        pack_pairs_t(b, ldb, rows, Ke, g->N, g->K);
-    }
+    tile_pack_b(b, ldb, carve(&cv, (int64_t)g->N * Ke), g);
     p.b = b;
     run_product(&p);
 }

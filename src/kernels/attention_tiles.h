@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "keel/core.h"
+
 typedef struct {
     const float *a; /* (M, K), or stored (K, M) when a_t */
     int64_t lda;
@@ -41,5 +43,19 @@ void tile_product_bf16(const tile_product *g, char *scratch);
 size_t tile_scratch_bf16(int max_dim);
 void tile_product_bf16_emulated(const tile_product *g, char *scratch);
 size_t tile_scratch_bf16_emulated(int max_dim);
+/* AMX (attention_amx.c): the same roundings, TDPBF16PS on 16 x 16 tiles. */
+void tile_product_amx(const tile_product *g, char *scratch);
+size_t tile_scratch_amx(int max_dim);
+
+/* attention_bf16.c's packing, which the AMX product shares (bf16 values,
+ * round to nearest even; even(x) is x rounded up to even, up16 to 16):
+ *   rows:  dst (R, even(K)), row stride ld, from src (R, K), row stride lds;
+ *   pairs: dst (even(R)/2 pair rows, stride ld, of up16(N) pairs: rows 2p
+ *          and 2p+1 interleaved) from src (R, N);
+ *   b:     the product's B as pairs (ldb), through `rows` (N x even(K)
+ *          values) when it is stored transposed. */
+void tile_pack_rows(keel_bf16 *dst, int ld, const float *src, int64_t lds, int R, int K);
+void tile_pack_pairs(keel_bf16 *dst, int ld, const float *src, int64_t lds, int R, int N);
+void tile_pack_b(keel_bf16 *b, int ldb, keel_bf16 *rows, const tile_product *g);
 
 #endif

@@ -10,10 +10,11 @@
  * value (measured: <= 0.53%), where a wrong index or a missed tail would be
  * off by O(1). The log-sum-exp comes from fp32 scores of bf16 q and k, so
  * it gets the same bound. The fp32 kernels are held to 1e-5 in
- * test_kernels_match_reference. The path is the machine's (the AVX512_BF16
- * microkernel, or the emulation without it); ctest also runs this as
- * test_attention_bf16_avx2 (KEEL_MAX_ISA=avx2), so the emulation is checked
- * on every machine. */
+ * test_kernels_match_reference. The path is the machine's (AMX tiles, the
+ * AVX512_BF16 microkernel, or the emulation without them); ctest also runs
+ * this as test_attention_bf16_avx512_bf16 and test_attention_bf16_avx2
+ * (KEEL_MAX_ISA caps), so an AMX machine checks the microkernel too and every
+ * machine the emulation. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,8 +98,9 @@ int main(void) {
     keel_kernels_init(1);
     keel_isa level = keel_isa_active();
     printf("bf16 attention at %s: %s\n", keel_isa_name(level),
-           level >= KEEL_ISA_AVX512_BF16 ? "AVX512_BF16 microkernel"
-                                         : "emulated (bf16-rounded operands, OpenBLAS sgemm)");
+           level >= KEEL_ISA_AMX           ? "AMX tiles"
+           : level >= KEEL_ISA_AVX512_BF16 ? "AVX512_BF16 microkernel"
+                                           : "emulated (bf16-rounded operands, OpenBLAS sgemm)");
     keel_kernels_shutdown();
     for (int threads = 1; threads <= 2; threads++) {
         keel_kernels_init(threads);
