@@ -51,11 +51,6 @@ struct keel_fsdp {
      * gather runs in place), and the slots hold gathered bf16 units. */
     bool bf16;
     size_t elem;                /* bytes per gathered parameter: 4, or 2 in bf16 */
-    /* Whole units in bf16 (a shard group of one rank): the master shard
-     * rounded once after each change (keel_fsdp_invalidate), every unit
-     * computed from it — no slots, and no rounding at each gather. */
-    keel_bf16 *master16;
-    bool master16_stale;
     void **slots;               /* (n_slots) gathered unit parameters */
     /* Ranks of the shard group on one machine, on a backend that has them
      * (cpu): the slots are a node window's (keel/comm.h), one copy on the
@@ -96,22 +91,12 @@ static int64_t max_shard(const keel_fsdp_plan *plan) {
 static bool frozen(const keel_fsdp *f) { return f->set == KEEL_FSDP_SET_FROZEN_BASE; }
 
 /* A shard group of one rank (NO_SHARD, or one rank in all) holds whole units:
- * the model computes from the master shard itself (fp32) or its bf16 copy —
- * no slots, and no gather that would only copy it. */
-static bool whole_units(const keel_fsdp_plan *plan) { return plan->shard_ranks == 1; }
-
-static void *whole_unit(keel_fsdp *f, int u) {
-    int64_t at = f->plan.units[u].shard_offset;
-    if (!f->bf16) return f->master + at;
-    if (f->master16_stale) {
-        f->be->f32_to_bf16(f->master16, f->master, f->plan.shard_total);
-        f->master16_stale = false;
-    }
-    return f->master16 + at;
-}
+ * in fp32 the model computes from the master shard itself — no slots, and no
+ * gather that would only copy it. */
+static bool whole_units(const keel_fsdp_plan *plan, bool bf16) { return plan->shard_ranks == 1 && !bf16; }
 
 static void start_gather(keel_fsdp *f, int u) {
-    if (f->unit_slot[u] >= 0 || f->plan.units[u].padded == 0 || whole_units(&f->plan))
+    if (f->unit_slot[u] >= 0 || f->plan.units[u].padded == 0 || whole_units(&f->plan, f->bf16))
         return; /* gathered, empty (an adapter set's), or never */
     int s = 0;
     if (f->strategy == KEEL_FSDP_SHARD_GRAD_OP) s = u; /* each unit has its own */
@@ -142,7 +127,7 @@ static void start_gather(keel_fsdp *f, int u) {
 
 static void *ready(keel_fsdp *f, int u) {
     if (f->plan.units[u].padded == 0) return NULL;
-    if (whole_units(&f->plan)) return whole_unit(f, u);
+    if (whole_units(&f->plan, f->bf16)) return f->master + f->plan.units[u].shard_offset;
     start_gather(f, u);
     int s = f->unit_slot[u];
     if (f->gather_req[u] || (f->win && !f->slot_awaited[s])) {
@@ -318,10 +303,10 @@ static void alloc_slots(keel_fsdp *f, bool node_window) {
     size_t *bytes = keel_xmalloc(sizeof(size_t) * (size_t)f->n_slots, "fsdp slots");
     for (int s = 0; s < f->n_slots; s++) {
         bool own = f->strategy == KEEL_FSDP_SHARD_GRAD_OP; /* slot s holds unit s */
-        int64_t floats = whole_units(&f->plan) ? 0 : own ? f->plan.units[s].padded : f->plan.max_padded;
+        int64_t floats = whole_units(&f->plan, f->bf16) ? 0 : own ? f->plan.units[s].padded : f->plan.max_padded;
         bytes[s] = f->elem * (size_t)floats; /* none: whole units, or an adapter set's empty unit */
     }
-    if (node_window && f->be->window_create && !whole_units(&f->plan))
+    if (node_window && f->be->window_create && !whole_units(&f->plan, f->bf16))
         f->win = f->be->window_create(f->group, bytes, f->n_slots);
     for (int s = 0; s < f->n_slots; s++)
         f->slots[s] = f->win ? keel_comm_window_slot(f->win, s) : bytes[s] ? f->be->alloc(bytes[s], "fsdp unit slot") : NULL;
@@ -417,9 +402,6 @@ keel_status keel_fsdp_build_set(keel_model *model, keel_comm *world, keel_fsdp_s
     f->grads_unset = keel_xcalloc(sizeof(bool) * (size_t)f->plan.n_units, "fsdp units");
     f->bf16 = keel_model_is_bf16(model) && set != KEEL_FSDP_SET_ADAPTERS; /* adapters compute in fp32 */
     f->elem = f->bf16 ? sizeof(keel_bf16) : sizeof(float);
-    if (f->bf16 && whole_units(&f->plan))
-        f->master16 = be->alloc(sizeof(keel_bf16) * (size_t)f->plan.shard_total, "fsdp bf16 shard");
-    f->master16_stale = true;
     f->n_slots = strategy == KEEL_FSDP_SHARD_GRAD_OP ? f->plan.n_units : buffers_needed(f->plan.tied);
     f->slots = keel_xcalloc(sizeof(void *) * (size_t)f->n_slots, "fsdp slots");
     f->slot_unit = keel_xmalloc(sizeof(int) * (size_t)f->n_slots, "fsdp slots");
@@ -461,7 +443,6 @@ void keel_fsdp_free(keel_fsdp *f) {
     free_grad_buffers(f);
     for (int b = 0; b < GRAD_BUFFERS; b++) be->free(f->gbuf16[b]);
     be->free(f->master);
-    be->free(f->master16);
     be->free(f->grads);
     keel_free(f->grads_unset);
     keel_free(f->host_unit);
@@ -537,7 +518,6 @@ keel_status keel_fsdp_fill(keel_fsdp *f, keel_param_source fill, void *ctx) {
 
 void keel_fsdp_invalidate(keel_fsdp *f) {
     for (int u = 0; u < f->plan.n_units; u++) free_slot(f, u);
-    f->master16_stale = true;
 }
 
 keel_status keel_fsdp_gather_unit(keel_fsdp *f, int u, const float **out) {
@@ -602,9 +582,8 @@ keel_status keel_fsdp_grad_sumsq(keel_fsdp *f, double *sumsq) {
     return keel_comm_allreduce_scalar(f->group, sumsq, KEEL_COMM_SUM);
 }
 
-/* Bytes of the gathered-parameter slots (whole units in bf16: the bf16 copy of
- * the shard) and of the unit gradient buffers with their reduce-scatter
- * results; a frozen set has one unit buffer instead, for gather_unit. */
+/* Bytes of the gathered-parameter slots and of the unit gradient buffers with
+ * their reduce-scatter results; a frozen set has one unit buffer instead, for gather_unit. */
 static void transient_parts(const keel_fsdp_plan *plan, keel_fsdp_strategy strategy, bool frozen,
                             bool bf16_params, bool bf16_reduce, bool grad_window, int64_t *gathered,
                             int64_t *unit_grads) {
@@ -614,7 +593,7 @@ static void transient_parts(const keel_fsdp_plan *plan, keel_fsdp_strategy strat
         slots = 0;
         for (int u = 0; u < plan->n_units; u++) slots += plan->units[u].padded;
     }
-    if (whole_units(plan)) slots = bf16_params ? plan->shard_total : 0; /* the bf16 copy of the shard */
+    if (whole_units(plan, bf16_params)) slots = 0;
     *gathered = (bf16_params ? 2 : 4) * slots;
     *unit_grads = frozen ? 4 * plan->max_padded : (bf16_reduce ? 6 : 4) * n * plan->max_padded; /* results in place */
     /* in a node window a rank also reads its slice of every other rank's

@@ -77,11 +77,10 @@ static counted count_memory(keel_fsdp_strategy s, int W, int per_node, bool bf16
     }
     counted c = {.params = 4 * shard, .grads = 4 * shard, .optimizer = 8 * shard};
     /* compute copies: two unit slots (every unit under shard_grad_op), in bf16 (each
-     * rank's slice is rounded into its place: no send buffer); none when a rank holds whole
-     * units (it computes from its master in fp32, from the master's bf16 copy in bf16);
-     * and two fp32 unit-gradient buffers */
+     * rank's slice is rounded into its place: no send buffer), none when a rank holds whole
+     * units in fp32 (it computes from its master), and two fp32 unit-gradient buffers */
     int64_t slots = s == KEEL_FSDP_SHARD_GRAD_OP ? all_padded : 2 * max_padded;
-    if (S == 1) slots = bf16 ? shard : 0;
+    if (S == 1 && !bf16) slots = 0;
     c.gathered = (bf16 ? 2 : 4) * slots + 4 * 2 * max_padded;
     c.checkpoint_buffer = checkpointing ? 12 * shard : 0;
     /* the micro-batch's tokens (B x (T + 1) int32) and the GPU attention's rowsum, (B, NH, T) floats
