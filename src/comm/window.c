@@ -143,8 +143,8 @@ keel_comm_window *keel_comm_window_create(keel_comm *c, const size_t *bytes, int
     if (c->size == 1) return NULL; /* nobody to share with */
     keel_comm_window *w = keel_xcalloc(sizeof *w, "window");
     w->comm = c, w->rank = c->rank, w->size = c->size, w->n = n;
-    w->slot_at = keel_xmalloc(sizeof(size_t) * (size_t)n, "window slots");
-    w->bytes = keel_xmalloc(sizeof(size_t) * (size_t)n, "window slots");
+    w->slot_at = keel_xmalloc(sizeof(size_t) * (size_t)n, "window slot offsets");
+    w->bytes = keel_xmalloc(sizeof(size_t) * (size_t)n, "window slot sizes");
     memcpy(w->bytes, bytes, sizeof(size_t) * (size_t)n);
     w->map_bytes = layout(w);
 

@@ -530,35 +530,37 @@ keel_status keel_fsdp_gather_unit(keel_fsdp *f, int u, const float **out) {
      * made the first time). In a window, once every rank has summed its
      * slice of this rank's part, no rank reads it until this rank publishes
      * it again: a claim, and it is scratch until the next. */
-    float **buf = &f->gbuf[0];
-    if (!*buf) *buf = f->be->alloc(sizeof(float) * (size_t)f->plan.max_padded, "fsdp unit gather");
+    if (!f->gbuf[0]) f->gbuf[0] = f->be->alloc(sizeof(float) * (size_t)f->plan.max_padded, "fsdp unit gather");
+    float *buf = f->gbuf[0];
     if (f->gwin) f->be->window_claim(f->gwin, 0), f->be->window_release(f->gwin, 0);
     keel_backend_req *req = NULL;
     if (x->padded > 0) {
-        f->be->iallgather(f->group, f->master + x->shard_offset, *buf, (size_t)x->shard, KEEL_COMM_F32, &req);
+        f->be->iallgather(f->group, f->master + x->shard_offset, buf, (size_t)x->shard, KEEL_COMM_F32, &req);
         f->be->wait(req);
     }
-    *out = *buf;
+    *out = buf;
     if (f->be->host_memory) return KEEL_OK;
     if (!f->host_unit) f->host_unit = keel_xmalloc(sizeof(float) * (size_t)f->plan.max_padded, "fsdp unit on the host");
-    f->be->to_host(f->host_unit, *buf, sizeof(float) * (size_t)x->padded);
+    f->be->to_host(f->host_unit, buf, sizeof(float) * (size_t)x->padded);
     *out = f->host_unit;
     return KEEL_OK;
 }
 
 void keel_fsdp_zero_grads(keel_fsdp *f) {
-    for (int u = 0; u < f->plan.n_units && f->grads; u++) f->grads_unset[u] = true;
+    if (frozen(f)) return;
+    for (int u = 0; u < f->plan.n_units; u++) f->grads_unset[u] = true;
 }
 
 keel_status keel_fsdp_finish_grads(keel_fsdp *f) {
     for (int b = 0; b < GRAD_BUFFERS; b++) drain(f, b);
-    for (int u = 0; u < f->plan.n_units && f->grads; u++) /* no gradient came this step: 0 */
+    if (frozen(f)) return KEEL_OK;
+    for (int u = 0; u < f->plan.n_units; u++) /* no gradient came this step: 0 */
         if (f->grads_unset[u]) {
             f->be->zero(f->grads + f->plan.units[u].shard_offset, sizeof(float) * (size_t)f->plan.units[u].shard);
             f->grads_unset[u] = false;
         }
     /* Replicas hold the same shard: sum their gradients (NO_SHARD, HYBRID_SHARD). */
-    if (frozen(f) || !f->replicas || keel_comm_size(f->replicas) == 1) return KEEL_OK;
+    if (!f->replicas || keel_comm_size(f->replicas) == 1) return KEEL_OK;
     const keel_backend *be = f->be;
     size_t n = (size_t)f->plan.shard_total;
     if (!f->reduce_bf16) {

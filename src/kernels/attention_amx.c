@@ -37,11 +37,7 @@ size_t tile_scratch_amx(int max_dim) {
 #endif
 #include <immintrin.h>
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
+#include "kernels/amx.h"
 
 /* rows (M, ld) of A from its pairs (A stored (K, M) and packed as pairs,
  * stride ldp): row m's pair p is pairs[p * ldp + 2m]. Pairs from even(K)/2 to
@@ -79,11 +75,8 @@ void tile_product_amx(const tile_product *g, char *scratch) {
         memset(b + (int64_t)p * ldb + 2 * up16(N), 0, sizeof(keel_bf16) * (size_t)(ldb - 2 * up16(N)));
     memset(b + (int64_t)even(K) / 2 * ldb, 0, sizeof(keel_bf16) * (size_t)(Kp - even(K)) / 2 * (size_t)ldb);
 
-    _Alignas(64) tile_config cfg = {.palette = 1};
-    for (int i = 0; i < 8; i++) cfg.rows[i] = 16, cfg.colsb[i] = 64;
     _Alignas(64) float out[4][16 * 16];
-    __asm__ volatile("" : : "r"(&cfg) : "memory"); /* GCC's tile intrinsics do not declare what they read */
-    _tile_loadconfig(&cfg);
+    amx_load_16x64();
     const __m512 alpha = _mm512_set1_ps(g->alpha);
     for (int m0 = 0; m0 < M; m0 += 32)
         for (int n0 = 0; n0 < N; n0 += 32) {

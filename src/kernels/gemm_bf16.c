@@ -13,7 +13,6 @@
 #include <dnnl.h>
 #include <omp.h>
 #include <pthread.h>
-#include <string.h>
 
 #include "keel/kernels.h"
 #include "kernels/gemm_bf16_emulated.h"
@@ -238,35 +237,3 @@ void keel_gemm_bf16_release(void) {
     pthread_mutex_unlock(&cache.lock);
 }
 
-/* ---- conversions --------------------------------------------------------- */
-typedef struct {
-    void *dst;
-    const void *src;
-    int rows, cols;
-} convert_ctx;
-
-static void to_bf16_range(void *p, int64_t begin, int64_t end, int chunk) {
-    (void)chunk;
-    const convert_ctx *c = p;
-    keel_bf16 *d = c->dst;
-    const float *s = c->src;
-    for (int64_t i = begin; i < end; i++) d[i] = keel_bf16_from_float(s[i]);
-}
-
-void keel_f32_to_bf16(keel_bf16 *dst, const float *src, int64_t n) {
-    convert_ctx c = {dst, src, 0, 0};
-    keel_pool_for(n, 1 << 16, to_bf16_range, &c);
-}
-
-static void to_f32_range(void *p, int64_t begin, int64_t end, int chunk) {
-    (void)chunk;
-    const convert_ctx *c = p;
-    float *d = c->dst;
-    const keel_bf16 *s = c->src;
-    for (int64_t i = begin; i < end; i++) d[i] = keel_bf16_to_float(s[i]);
-}
-
-void keel_bf16_to_f32(float *dst, const keel_bf16 *src, int64_t n) {
-    convert_ctx c = {dst, src, 0, 0};
-    keel_pool_for(n, 1 << 16, to_f32_range, &c);
-}

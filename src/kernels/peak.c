@@ -21,6 +21,7 @@
 #include <cblas.h>
 
 #include "keel/kernels.h"
+#include "kernels/amx.h"
 
 typedef struct {
     int64_t iters;
@@ -84,24 +85,14 @@ __attribute__((target("avx512f,avx512bf16"))) static void dpbf16_chains_avx512bf
 /* AMX: TDPBF16PS multiplies a 16x32 bf16 tile by a 32x16 one (as 16 rows of
  * 16 pairs) into a 16x16 fp32 tile: 16384 FLOPs. Four accumulator tiles from
  * two A and two B tiles cover its latency (~52 cycles at one per 16). The
- * tile configuration (palette 1; rows, bytes per row of tiles 0-7) is
- * Intel's 64-byte layout. Only called where keel_isa_active() is AMX, which
- * includes the kernel's permission (isa.c). GCC's tile intrinsics are asm
- * that does not declare the memory it reads, hence the barriers. */
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
+ * tiles' configuration is amx.h's. */
 
 __attribute__((target("amx-tile,amx-bf16"))) static void tdpbf16_tiles_amx(peak_ctx *c) {
-    _Alignas(64) tile_config cfg = {.palette = 1};
     _Alignas(64) keel_bf16 operand[16 * 32];
     _Alignas(64) float result[16 * 16];
-    for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
     for (int i = 0; i < 16 * 32; i++) operand[i] = 0x3a83; /* 1e-3 */
-    __asm__ volatile("" : : "r"(&cfg), "r"(operand) : "memory");
-    _tile_loadconfig(&cfg);
+    __asm__ volatile("" : : "r"(operand) : "memory"); /* the tile loads read it */
+    amx_load_16x64();
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
