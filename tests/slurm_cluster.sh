@@ -88,6 +88,13 @@ ${SLURM_EXTRA_CONF:-}
 CONF
   export SLURM_CONF=$SLURM_BASE/slurm.conf
   trap 'slurm_cluster_stop; rm -rf "$TMP"' EXIT
+  # A test that ctest kills at its timeout (SIGKILL) runs no EXIT trap, and daemons are no
+  # longer in its process tree for ctest to kill: a watcher outside that tree (double fork,
+  # its own session) kills them once the test's shell is gone. The path is in its
+  # environment, not its command line, so that the pgrep above does not wait on the watcher.
+  (KEEL_WATCH_PID=$$ KEEL_WATCH_CONF=$SLURM_CONF setsid sh -c \
+    'while kill -0 "$KEEL_WATCH_PID" 2>/dev/null; do sleep 1; done; pkill -9 -f "$KEEL_WATCH_CONF"' \
+    </dev/null >/dev/null 2>&1 &)
   slurmctld -c -i -f "$SLURM_CONF" || fail "slurmctld did not start: $(tail -5 "$SLURM_BASE/slurmctld.log" 2>/dev/null)"
   # each node in a mount namespace of its own: a test can break one node's view of the
   # filesystem (a read-only mount) and no other's
