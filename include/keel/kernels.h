@@ -109,9 +109,6 @@ void keel_gemm_bf16(float *out, const keel_bf16 *a, bool a_t, const keel_bf16 *b
                     int N, int K, bool accumulate);
 /* Free oneDNN's primitives, streams and scratchpads (keel_kernels_shutdown). */
 void keel_gemm_bf16_release(void);
-/* keel_bf16_from_float / keel_bf16_to_float (core.h) over arrays. */
-void keel_f32_to_bf16(keel_bf16 *dst, const float *src, int64_t n);
-void keel_bf16_to_f32(float *dst, const keel_bf16 *src, int64_t n);
 
 /* ---- RMSNorm: out = x / sqrt(mean(x²) + eps) * w ------------------------- */
 void keel_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N, int C,
@@ -245,6 +242,8 @@ void keel_ref_adamw_update(float *param, const float *grad, float *m, float *v, 
                            const keel_adamw_step *s);
 /* Sum of squares (double accumulation) for the global gradient norm. */
 double keel_sumsq(const float *x, int64_t n);
+
+/* ---- whole-buffer passes (passes.c): on the pool, the compute thread's only ---- */
 /* dst[i] += src[i] (an fp32 or a bf16 src): a reduce-scatter's result added
  * into a gradient shard. One fp32 add per element, so any order of elements
  * gives the same bits. */
@@ -253,6 +252,9 @@ void keel_accumulate_bf16(float *dst, const keel_bf16 *src, int64_t n);
 /* memset(dst, 0, bytes) and memmove(dst, src, bytes) on the pool's threads. */
 void keel_zero(void *dst, size_t bytes);
 void keel_copy(void *dst, const void *src, size_t bytes);
+/* keel_bf16_from_float / keel_bf16_to_float (core.h) over arrays. */
+void keel_f32_to_bf16(keel_bf16 *dst, const float *src, int64_t n);
+void keel_bf16_to_f32(float *dst, const keel_bf16 *src, int64_t n);
 
 /* ---- LoRA's scale and dropout (scale_masked.c) ------------------------------
  * out[i] = keep(i) ? mult · x[i] : 0, plus out[i]'s old value when

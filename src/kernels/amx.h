@@ -1,6 +1,6 @@
 /* kernels/amx.h: the AMX tile configuration keel's tile kernels load
  * (peak.c's yardstick, attention_amx.c's products). Include it after
- * <immintrin.h> with amx-tile enabled for the including code.
+ * <immintrin.h>.
  *
  * Palette 1 in Intel's 64-byte layout: a start row, then the bytes per row
  * and the rows of tiles 0-15. keel uses tiles 0-7 at their largest, 16 rows
